@@ -502,8 +502,10 @@ def main(argv=None) -> int:
     group.add_argument("--density-weight", type=float, default=0.0, metavar="LAMBDA",
                        help="λ of the density regulariser (Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1)")
     group.add_argument("--self-loops", action="store_true", help="the (+I) variant: M_ii = 1 (Table 8)")
-    group.add_argument("--path", choices=PATHS, default=None, help="sparse (fastRG, default) or dense")
-    group.add_argument("--ste", choices=STE_FORMS, default=None, help="Eq. 9 (paper, default) or hardtanh")
+    group.add_argument("--path", choices=PATHS, default=None,
+                       help="sparse (fastRG) or dense (reference); None: sparse, or dense with --official")
+    group.add_argument("--ste", choices=STE_FORMS, default=None,
+                       help="paper (Eq. 9) or official (hardtanh); None: paper, or official with --official")
     group.add_argument("--explore-in-eval", action="store_true", help="add δ in evaluation too (official)")
     group.add_argument("--shared-mlp", action="store_true", help="one node MLP for all heads (official)")
     group.add_argument("--official", action="store_true",
