@@ -7,8 +7,8 @@ Han, Binkiewicz, "A Note on Quickly Sampling a Sparse Matrix with Low Rank Expec
 used as Algorithm 1 of the SBM-Transformer paper (Cho et al., "Transformers meet Stochastic Block Models",
 NeurIPS 2022, §4.1, Eq. 8; papers/000). Inputs are non-negative memberships X (n × K), Y (m × K) and a
 non-negative block matrix S (K × K). Per graph the cost is O((n + m)K + K² + E) memory and
-O((n + m)K + K² + E log(nK)) time (radix sorts, binary searches), where E is the number of edges drawn: no
-n × m matrix is ever formed.
+O((n + m)K + K² + E) time (guide-table lookups; plus one radix sort of the edges for dedup/CSR), where E is
+the number of edges drawn: no n × m matrix is ever formed.
 
 Distribution (what `sample` returns)
 ------------------------------------
@@ -28,10 +28,11 @@ For a fixed (u, v) the total N_uv = Σ_ij A_ij^{uv} ~ Poisson(cx_u S_uv cy_v) wi
 cy_v = Σ_j Y_jv (the paper's B̄ = D_Y B D_Z, Algorithm 1 line 3), and given N_uv its edges are i.i.d. with
 source i ~ X[:, u] / cx_u and destination j ~ Y[:, v] / cy_v drawn independently (lines 8-9). So we draw
     1. N[r, u, v] ~ Poisson(cx[r, u] · S[r, u, v] · cy[r, v])    for all graphs and cluster pairs at once;
-    2. for every edge, i by inverse-CDF sampling of column u of X[r] and j of column v of Y[r]: one
-       `searchsorted` over a single table holding every (graph, cluster) CDF, each row shifted by an offset so
-       the whole table is sorted. The lookups are done in sorted order (an integer radix sort of
-       (row, uniform) keys), which makes the binary searches 2-5× faster on CPU; the result is unchanged.
+    2. for every edge, i by inverse-CDF sampling of column u of X[r] and j of column v of Y[r], each through
+       a guide table (Chen and Asau 1974): bucket ⌊U·G⌋ of a CDF row names the first candidate index, which
+       settles about half of the draws; the rest bisect their bucket. A constant number of gathers per edge,
+       no search over the whole table. Sources are drawn with the edges grouped by (r, u), destinations
+       grouped by (r, v), so consecutive lookups stay in one cached CDF row and nothing is sorted.
 Step 1 replaces Algorithm 1's "one Poisson total, then a categorical (u, v) per edge" (lines 4, 7) by
 independent Poisson counts per (u, v); the two are equal in distribution (Poisson splitting) and step 1 has
 no loop and no `torch.multinomial` category limit.
@@ -45,14 +46,12 @@ Deviations and notes
   grouped by u and by v separately, which breaks the joint (u, v) pairing (shared/notes/sbm_reference.md §5).
   Here each edge carries its own (u, v) from step 1, so the joint law is exact; tests/test_fastrg.py checks
   it with a zero-diagonal block matrix (no within-cluster edge may ever appear).
-* Float round-off. CDFs are float64; row o = r·K + u of the table holds 2·(o + C_i/C_n) for the prefix sums
-  C of column u. From the first index where C reaches its total the entry is exactly 2·(o + 1) (C/C = 1),
-  including any trailing zero weights. A draw for row o is the integer key o·2^F + (F random bits) with
-  F = 53 − bits(R·K), so its query 2·(o + U) = key·2^(1−F) is exact, U ∈ [0, 1 − 2^−F]. The first entry
-  strictly above the query is then always in row o (earlier rows end at 2·o ≤ query; row o ends at
-  2·(o + 1) > query), and never an index of zero weight (its entry equals its predecessor's). So every index
-  is in range by construction, with no clamp and no tail case. The offset costs precision: probabilities are
-  resolved to ~R·K·2⁻⁵² (≈ 3e-14 for one graph with K = 128).
+* Float round-off. CDFs are float64, C_i / C_n for the prefix sums C of a column; from the first index where
+  C reaches its total the entry is exactly 1 (C/C = 1), including any trailing zero weights, and division by
+  one positive total keeps the row non-decreasing. A draw is U ∈ [0, 1) on the 2⁻⁵³ grid (`torch.rand` in
+  float64) and picks the first entry strictly above U: always in range (the last entry is 1 > U, no clamp,
+  no tail case) and never an index of zero weight (its entry equals its predecessor's). The guide bucket
+  ⌊U·G⌋ is exact because G is a power of two. Probabilities are resolved to 2⁻⁵³ ≈ 1e-16.
 * Sorting. With `dedup=True` or `csr=True` the edges are deduplicated and grouped by (r, i, j) with one sort
   of the integer key r·2^(bn+bm) + i·2^bm + j (bn, bm = bits of n − 1, m − 1; power-of-two fields decode
   with shifts, not divisions). The key must fit int64: `sample` raises ValueError when R·2^(bn+bm) > 2⁶³
@@ -65,11 +64,11 @@ Deviations and notes
 Use in SBM-Transformer
 ----------------------
 X = Q̂ (B, H, N, K), S = Ŝ (H, K, K) (broadcast over the batch), Y = K̂ (B, H, M, K): R = B·H graphs, graph
-r = b·H + h; up to N = M = 16384, K = 128. Peak memory per graph is about 2 · 8·K·N bytes per side for the
-CDFs (≈ 70 MB in all at 16384 and K = 128) plus ~70 bytes per drawn edge while sampling. `csr=True` returns the edges
-grouped by flattened query row q = r·N + i with offsets `row_ptr`, so a sparse attention needs no sort of
-its own. Random edge exploration (+δ, SBM §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1],
-S' = blockdiag(S, δ).
+r = b·H + h; up to N = M = 16384, K = 128. Per graph and side the tables keep 12·K·N bytes (float64 CDF,
+int32 guide) and need about 32·K·N while built (≈ 50 MB kept, 130 MB transient at N = M = 16384, K = 128),
+plus ~70 bytes per drawn edge while sampling. `csr=True` returns the edges grouped by flattened query row
+q = r·N + i with offsets `row_ptr`, so a sparse attention needs no sort of its own. Random edge exploration
+(+δ, SBM §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ).
 
 Run `python fastrg.py` for a short self-check.
 
@@ -145,48 +144,84 @@ def _flat(t: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
     return t.expand(*lead, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
 
 
-def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse-CDF table of every column of W (R, n, K) → (table (R·K·n,), column sums (R, K)), float64.
+def _guide_size(n: int) -> int:
+    """G: buckets per CDF row of the guide table, the largest power of two ≤ n (≤ 2 CDF entries per bucket)."""
+    return 1 << (n.bit_length() - 1)
 
-    Row o = r·K + u of the table holds 2·(o + CDF of column u of graph r), so the whole table is sorted and
-    one `searchsorted` serves every (graph, cluster). From the first index where the prefix sum reaches its
-    total the CDF is exactly 1 (C/C = 1): the row ends at 2·(o + 1) (module docstring, "Float round-off").
+
+def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse-CDF tables of every column of W (R, n, K) → (cdf (R·K·n,), guide (R·K·(G+1),), totals (R, K)).
+
+    Row o = r·K + u of `cdf` is the CDF of column u of graph r, float64. From the first index where the prefix
+    sum reaches its total the CDF is exactly 1 (C/C = 1); division by one positive total keeps it monotone.
+    Row o of `guide` (Chen and Asau's guide table) holds, for b = 0…G, the first index whose CDF exceeds b/G,
+    i.e. the number of entries with CDF ≤ b/G = the number with ⌈CDF·G⌉ ≤ b. G is a power of two, so CDF·G is
+    exact and the guide is exact: a counting pass (bincount, cumsum), no search.
     """
     R, n, K = W.shape
+    G = _guide_size(n)
     C = W.cumsum(1, dtype=_WORK)                                     # (R, N, K) inclusive prefix sums
     totals = C[:, -1, :]                                             # (R, K) column sums cx
     safe = torch.where(totals > 0, totals, torch.ones_like(totals))  # empty columns draw no edge; avoid 0/0
-    offsets = torch.arange(R * K, dtype=_WORK, device=W.device).view(R, K, 1).mul_(2)
-    table = torch.empty(R, K, n, dtype=_WORK, device=W.device)       # (R, K, N) contiguous: rows are CDFs
-    torch.addcdiv(offsets, C.transpose(1, 2), safe[:, :, None], value=2, out=table)
-    return table.view(-1), totals
+    cdf = torch.empty(R, K, n, dtype=_WORK, device=W.device)         # (R, K, N) contiguous: rows are CDFs
+    torch.div(C.transpose(1, 2), safe[:, :, None], out=cdf)
+    bucket = cdf.mul(G).ceil_().to(torch.int64)                      # (R, K, N) ⌈CDF·G⌉ ∈ [0, G]
+    bucket += torch.arange(0, R * K * (G + 1), G + 1, device=W.device).view(R, K, 1)
+    guide = torch.bincount(bucket.view(-1), minlength=R * K * (G + 1)).view(R * K, G + 1).cumsum(1)
+    return cdf.view(-1), guide.to(torch.int32).view(-1), totals
 
 
-def _draw(table: torch.Tensor, rows: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
-    """One inverse-CDF draw per entry of `rows` (E,), each in [0, n), from that row of `table`.
+def _draw(cdf: torch.Tensor, guide: torch.Tensor, rows: torch.Tensor, n: int,
+          generator: torch.Generator | None) -> torch.Tensor:
+    """One inverse-CDF draw per entry of `rows` (E,), each in [0, n), from that row of the table."""
+    U = torch.rand(rows.shape, dtype=_WORK, device=rows.device, generator=generator)  # multiples of 2⁻⁵³
+    return _locate(cdf, guide, rows, U, n)
 
-    Each draw gets the integer key row·2^F + (F uniform random bits), F = 53 − bits(#rows), so the key is
-    exact in float64 and key·2^(1−F) = 2·(row + U), U ∈ [0, 1 − 2^−F], is its query. The lookups run in key
-    order: a binary search over random queries stalls on most of its steps (mispredicted branches, cache
-    misses), over sorted ones rarely (measured 2-5× faster on CPU), and sorting integer keys is a linear-time
-    radix sort. Each edge keeps its own uniform, so the order of the lookups does not change the result.
+
+def _locate(cdf: torch.Tensor, guide: torch.Tensor, rows: torch.Tensor, U: torch.Tensor, n: int) -> torch.Tensor:
+    """Index i in [0, n) of the first entry of CDF row `rows` strictly above U ∈ [0, 1): inverse-CDF sampling.
+
+    With b = ⌊U·G⌋ (exact), the answer lies in [guide[b], guide[b + 1]]: every entry before guide[b] is
+    ≤ b/G ≤ U, and entry guide[b + 1] exceeds (b + 1)/G > U (past the row's end, n − 1 holds CDF 1 > U). The
+    first candidate settles most draws with one gather (≤ 2 entries per bucket on average); the rest bisect
+    their bucket, all at once, for as many rounds as the widest bucket needs. No sort and no search over the
+    whole table: a constant number of gathers per edge. An index of zero weight repeats its predecessor's
+    CDF, so it is never the first one above U.
     """
-    F = 53 - _bits(len(table) // n)
-    key = torch.randint(0, 1 << F, rows.shape, device=rows.device, generator=generator)
-    key, order = torch.sort(key.add_(rows << F))                    # (E,) by row, then by uniform
-    i = _locate(table, key >> F, n, key.to(_WORK).mul_(2.0 ** (1 - F)))
-    return torch.empty_like(i).scatter_(0, order, i)                # back to the order of `rows`
+    G = _guide_size(n)
+    slot = (U * G).long().add_(rows, alpha=G + 1)                   # (E,) flat guide position of bucket b
+    base = rows * n                                                  # (E,) flat start of each CDF row
+    i = guide.take(slot).long()                                      # (E,) guide[b]
+    rest = (cdf.take(base + i) <= U).nonzero().squeeze(1)           # draws beyond the bucket's first entry
+    if len(rest) == 0:
+        return i
+    lo = i.take(rest).add_(1)
+    hi = guide.take(slot.take(rest).add_(1)).long().clamp_(max=n - 1)  # cdf[hi] > U: the answer is in [lo, hi]
+    u, start = U.take(rest), base.take(rest)
+    for _ in range(int((hi - lo).max()).bit_length()):              # bisection: each round halves [lo, hi]
+        mid = (lo + hi) >> 1
+        above = cdf.take(start + mid) > u
+        hi = torch.where(above, mid, hi)
+        lo = torch.where(above, lo, mid + 1)
+    i[rest] = lo
+    return i
 
 
-def _locate(table: torch.Tensor, rows: torch.Tensor, n: int, query: torch.Tensor) -> torch.Tensor:
-    """Index i in [0, n) within table row `rows` of the first CDF entry strictly above the query 2·(row + U).
+def _to_uv_order(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Reorder per-edge values from (r, v, u) group order to (r, u, v) group order, keeping order within groups.
 
-    Entries of earlier rows are ≤ 2·row ≤ query and the row's last entry 2·(row + 1) exceeds every query, so
-    the search never leaves the row; an index whose weight is zero repeats its predecessor's entry, so it is
-    never the first one above the query.
+    counts (R, K, K) holds N[r, u, v]. Group (r, u, v) starts at start_uv in the target order and at start_vu
+    in the source order, so its k-th edge moves by start_uv − start_vu: one scatter whose writes are runs of
+    consecutive positions.
     """
-    pos = torch.searchsorted(table, query, right=True)              # (E,) flat position
-    return pos.sub_(rows, alpha=n)
+    E = len(values)
+    start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)   # (R, K, K) [r, u, v]
+    counts_vu = counts.transpose(1, 2).contiguous()                                 # (R, K, K) [r, v, u]
+    start_vu = counts_vu.view(-1).cumsum(0).sub_(counts_vu.view(-1))               # (R·K·K,) [r, v, u]
+    shift = start_uv.transpose(1, 2).reshape(-1).sub_(start_vu)                    # (R·K·K,) [r, v, u]
+    target = torch.repeat_interleave(shift, counts_vu.view(-1), output_size=E)
+    target += torch.arange(E, device=values.device)
+    return torch.empty_like(values).scatter_(0, target, values)
 
 
 def _empty(R: int, n: int, device: torch.device, csr: bool) -> tuple[torch.Tensor, ...]:
@@ -239,8 +274,8 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
     if R * n * m * K == 0:
         return _empty(R, n, device, csr)
 
-    table_x, cx = _cdf_table(_flat(X, lead))                         # (R·K·N,), (R, K)
-    table_y, cy = _cdf_table(_flat(Y, lead))                         # (R·K·M,), (R, K)
+    cdf_x, guide_x, cx = _cdf_table(_flat(X, lead))                  # (R·K·N,), (R·K·(G+1),), (R, K)
+    cdf_y, guide_y, cy = _cdf_table(_flat(Y, lead))                  # (R·K·M,), (R·K·(G+1),), (R, K)
     rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
     total = float(rates.sum())
     if not total < _MAX_EXPECTED_EDGES:
@@ -251,12 +286,16 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
     if E == 0:
         return _empty(R, n, device, csr)
 
-    pair = torch.repeat_interleave(counts.view(-1), output_size=E)  # (E,) flat (r, u, v) of each edge
-    p = torch.arange(R * K * K, device=device)                      # (R·K·K,) flat (r, u, v)
-    i = _draw(table_x, (p // K)[pair], n, generator)                # (E,) source: CDF row r·K + u
-    del table_x
-    j = _draw(table_y, (p // (K * K) * K + p % K)[pair], m, generator)  # (E,) destination: row r·K + v
-    del table_y, pair
+    # Sources are drawn in (r, u, v) edge order and destinations in (r, v, u) order, so each side's lookups
+    # run row by row through its CDF table (one 8·n-byte row stays in cache) without sorting anything. Edges
+    # of one (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the
+    # law exact; `_to_uv_order` moves the destinations to the sources' order.
+    rows = torch.arange(R * K, device=device)                      # (R·K,) CDF row r·K + u (or r·K + v)
+    i = _draw(cdf_x, guide_x, torch.repeat_interleave(rows, counts.sum(2).view(-1), output_size=E), n, generator)
+    del cdf_x, guide_x
+    j = _draw(cdf_y, guide_y, torch.repeat_interleave(rows, counts.sum(1).view(-1), output_size=E), m, generator)
+    del cdf_y, guide_y
+    j = _to_uv_order(j, counts)
     per_graph = counts.view(R, K * K).sum(1)                         # (R,) edges per graph
     graph = torch.arange(R, device=device)
     if not (dedup or csr):

@@ -212,23 +212,50 @@ def test_reproducible_with_generator():
 
 
 def test_inverse_cdf_tails_never_pick_zero_weight():
-    # Column weights with zero runs at both ends and inside, and a weight too small to survive the prefix sum.
-    # Many columns, so the row offsets are large and 2·(o + CDF) is rounded. Queries are built as in
-    # fastrg._draw, at the extreme keys of each row (U = 0 and U = 1 − 2^−F) and on a grid in between.
+    # Column weights with zero runs at both ends and inside, and a weight too small to survive the prefix sum;
+    # many columns. Uniforms at the extremes of [0, 1) on the 2⁻⁵³ grid, at the step 1/3 and on a grid.
     K, n = 1 << 12, 8
     w = torch.tensor([0.0, 0.0, 1.0, 0.0, 1e-300, 2.0, 0.0, 0.0], dtype=torch.float64)
-    table, totals = fastrg._cdf_table(w[None, :, None].expand(1, n, K))
+    cdf, guide, totals = fastrg._cdf_table(w[None, :, None].expand(1, n, K))
     assert torch.equal(totals, torch.full((1, K), 3.0, dtype=torch.float64))
-    F = 53 - (K - 1).bit_length()
-    grid = torch.linspace(0, (1 << F) - 1, 1001, dtype=torch.float64).long()
-    bits = torch.cat([torch.tensor([0, 1, (1 << F) - 2, (1 << F) - 1]), grid])
+    third = float(cdf[2])                                            # CDF after index 2: 1/3 rounded
+    grid = torch.linspace(0, 1 - 2.0**-53, 1001, dtype=torch.float64)
+    U = torch.cat([torch.tensor([0.0, 2.0**-53, third - 2.0**-54, third, 1 - 2.0**-52, 1 - 2.0**-53],
+                                dtype=torch.float64), grid])
     for row in (0, 1, K // 2, K - 1):
-        query = (bits + (row << F)).double() * 2.0 ** (1 - F)
-        i = fastrg._locate(table, torch.full(bits.shape, row), n, query)
+        i = fastrg._locate(cdf, guide, torch.full(U.shape, row), U, n)
         assert bool((w[i] > 0).all())
-        assert i[:4].tolist() == [2, 2, 5, 5]
-        exact = (bits.double() * 2.0**-F >= 1 / 3).long() * 3 + 2  # inverse CDF over {2: 1/3, 5: 2/3}
-        assert int((i != exact).sum()) <= 1  # at most the grid point next to 1/3 is rounded across
+        assert i[:6].tolist() == [2, 2, 2, 5, 5, 5]
+        assert torch.equal(i[6:], (grid >= third).long() * 3 + 2)  # inverse CDF over {2: 1/3, 5: 2/3}
+
+
+def test_guide_table_lookup_equals_search():
+    # The guide table plus bisection must give exactly the first CDF entry above U, as a plain search does,
+    # for skewed weights (wide buckets, many bisection rounds) and for runs of zeros.
+    g = torch.Generator().manual_seed(23)
+    n, K = 300, 6
+    W = torch.rand(2, n, K, generator=g, dtype=torch.float64) ** 8
+    W[0, 100:250, 1] = 0
+    W[1, :, 2] = 0
+    W[1, 17, 2] = 5.0                                                # a single non-zero entry
+    cdf, guide, _ = fastrg._cdf_table(W)
+    rows = torch.randint(0, 2 * K, (20000,), generator=g)
+    U = torch.rand(20000, generator=g, dtype=torch.float64)
+    expected = torch.searchsorted(cdf.view(2 * K, n)[rows], U[:, None], right=True).squeeze(1)
+    assert torch.equal(fastrg._locate(cdf, guide, rows, U, n), expected)
+
+
+def test_reorder_between_group_orders():
+    # Values laid out group by group in (r, v, u) order move to (r, u, v) order, order within a group kept.
+    g = torch.Generator().manual_seed(24)
+    counts = torch.randint(0, 4, (2, 3, 3), generator=g)
+    def labelled(groups):  # each edge labelled by its group (r, u, v) and its rank k within the group
+        return torch.tensor([(r * 100 + u * 10 + v) * 10 + k for r, u, v in groups
+                             for k in range(int(counts[r, u, v]))], dtype=torch.int64)
+
+    values = labelled([(r, u, v) for r in range(2) for v in range(3) for u in range(3)])
+    expected = labelled([(r, u, v) for r in range(2) for u in range(3) for v in range(3)])
+    assert torch.equal(fastrg._to_uv_order(values, counts), expected)
 
 
 def test_expected_edges_and_edge_probability():
