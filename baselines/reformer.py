@@ -15,10 +15,12 @@ n_buckets = ⌈N / bucket_size⌉ rounded up to even (the hash needs n_buckets/2
 (causal with N ≤ C: 1, see below), so an average bucket fills about one chunk, as in the paper.
 
 Duplicate correction (implemented exactly): N_ij is the number of times key j is scored for query i over
-all rounds *and* both chunks of a round (with one or two chunks a round's window holds a key twice).
+all rounds *and* both chunks of a round (with a single chunk, U = 1, a round's window holds it twice).
 Subtracting log N_ij from every occurrence makes Σ_occurrences exp(s_ij − log N_ij) = Σ_distinct exp(s_ij),
-so o_i is the exact softmax over the union of the scored keys. N_ij is counted by sorting each query's
-R·2C scored key positions and taking run lengths (searchsorted), O(N·R·C·log(R·C)).
+so o_i is the exact softmax over the union of the scored keys. N_ij is counted without sorting: key j is in
+query i's window of round r' iff its chunk in round r' is i's chunk or the one before it (causal: same
+bucket, at most W − 1 sorted slots back), so N_ij = Σ_r' of that test, R lookups per scored pair,
+O(N·R²·C) elementwise work; the first occurrence (lowest round, own chunk first) counts the distinct pairs.
 
 Deviations from the paper and the official (trax) code:
 - Self-masking: the paper penalises i = j by a finite 10⁵ so that a token attends to itself only when it
@@ -101,6 +103,12 @@ def gather_keys(t: Tensor, index: Tensor) -> Tensor:
     return rows.index_select(0, (index + base).flatten()).view(b, h, r, n, w, *t.shape[3:])
 
 
+def density_of(distinct: Tensor, valid: Tensor) -> Tensor:
+    """Distinct admissible pairs (B, H) → density (H,): summed over the batch, over valid queries × valid keys."""
+    tokens = valid.sum(1).double()  # (B,)
+    return (distinct.double().sum(0) / (tokens ** 2).sum().clamp_min(1)).float()
+
+
 class ReformerAttention(nn.Module):
     """Multi-round LSH attention with shared QK (INTERFACE.md).
 
@@ -177,17 +185,26 @@ class ReformerAttention(nn.Module):
         self_needed = ~gather_slots(has_other[:, :, None].expand(b, h, r, n_pad), perm)  # (B, H, R, N')
         allowed = other | (admissible & is_self & self_needed.view(b, h, r, u, c, 1))  # (B, H, R, U, C, W)
 
-        # N_ij: occurrences of key j among query i's R·W scored keys (all rounds, both chunks).
-        keys_of_query = k_pos[..., None, :].expand(b, h, r, u, c, 2 * c).reshape(b, h, r, n_pad, 2 * c)
-        keys_of_query = gather_slots(keys_of_query, inv)  # (B, H, R, N', W), queries by position
-        keys_of_query = keys_of_query.permute(0, 1, 3, 2, 4).reshape(b, h, n_pad, r * 2 * c)  # (B, H, N', R·W)
-        ordered = keys_of_query.sort(-1).values
-        count = (torch.searchsorted(ordered, keys_of_query, right=True)
-                 - torch.searchsorted(ordered, keys_of_query))  # (B, H, N', R·W)
-        count = count.view(b, h, n_pad, r, 2 * c).transpose(2, 3)  # (B, H, R, N', W) by position
-        count = gather_slots(count, perm).view(b, h, r, u, c, 2 * c).to(q.dtype)  # (B, H, R, U, C, W)
+        # N_ij: occurrences of key j among query i's R·W scored keys (all rounds, both chunks). Within a chunk
+        # every query scores the same W keys, so round r' needs the chunks of (B, H, R, U, W) keys and
+        # (B, H, R, U, C) queries; only the test itself is (B, H, R, U, C, W). Chunk −1 wraps as in the sort.
+        chunk = inv // c  # (B, H, R, N'): chunk of each position in each round
+        rounds = torch.arange(r, device=q.device).view(r, 1, 1, 1)  # (R, 1, 1, 1): the slot's own round
+        count = torch.zeros(b, h, r, u, c, 2 * c, dtype=q.dtype, device=q.device)  # (B, H, R, U, C, W)
+        earlier = torch.zeros(b, h, r, u, c, 2 * c, dtype=torch.bool, device=q.device)
+        for other_round in range(r):
+            key_chunk = chunk[:, :, other_round].gather(2, k_pos.view(b, h, -1)).view(b, h, r, u, 1, 2 * c)
+            query_chunk = chunk[:, :, other_round].gather(2, q_pos.view(b, h, -1)).view(b, h, r, u, c, 1)
+            hit = (key_chunk == query_chunk) | (key_chunk == (query_chunk - 1) % u)  # (B, H, R, U, C, W)
+            count += hit
+            earlier |= hit & (rounds > other_round)
+        if u == 1:  # one chunk: it is its own previous chunk, so every key occurs twice per round
+            count *= 2
+        first = ~earlier  # the key's first occurrence for this query: lowest round, own-chunk copy if U = 1
+        if u == 1:
+            first[..., c:] = False
 
-        scores = torch.einsum("bhrucd,bhruwd->bhrucw", sq, wk) / math.sqrt(d) - count.log()
+        scores = torch.einsum("bhrucd,bhruwd->bhrucw", sq / math.sqrt(d), wk) - count.log()
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)  # (B, H, R, U, C, W)
         lse = scores.logsumexp(-1, keepdim=True)  # (B, H, R, U, C, 1): z(i, P̃_i^(r))
         probs = (scores - lse).exp()
@@ -202,10 +219,8 @@ class ReformerAttention(nn.Module):
         # A valid query always has at least itself; a padded query has nothing admissible: zeros.
         y = (y * valid[:, None, :, None])[:, :, :n]  # (B, H, N, D)
 
-        tokens = valid.sum(1).double()  # (B,)
-        distinct = (admissible.to(torch.float64) / count.double()).sum((2, 3, 4, 5))  # (B, H)
-        density = (distinct.sum(0) / (tokens ** 2).sum().clamp_min(1)).float()  # (H,)
-        return y, density
+        distinct = (first & admissible).sum((2, 3, 4, 5))  # (B, H): first occurrences of admissible pairs
+        return y, density_of(distinct, valid)
 
     def attend_causal(self, q: Tensor, v: Tensor, valid: Tensor, generator: Optional[torch.Generator]):
         """Strictly causal LSH attention (module docstring, "Causal attention"): per round, query i scores
@@ -237,15 +252,22 @@ class ReformerAttention(nn.Module):
         has_other = other.any(-1).any(2)  # (B, H, N): some round scores a non-self key for query i
         allowed = other | (admissible & is_self & ~has_other[:, :, None, :, None])  # (B, H, R, N, W)
 
-        # N_ij: rounds whose window scores key j for query i (unscored slots get the sentinel −1).
-        scored = key_pos.masked_fill(~admissible, -1).permute(0, 1, 3, 2, 4)  # (B, H, N, R, W)
-        scored = scored.reshape(b, h, n, r * w)  # (B, H, N, R·W)
-        ordered = scored.sort(-1).values
-        count = torch.searchsorted(ordered, scored, right=True) - torch.searchsorted(ordered, scored)
-        count = count.view(b, h, n, r, w).transpose(2, 3).to(q.dtype)  # (B, H, R, N, W)
+        # N_ij: rounds whose window scores key j for query i: same bucket in round r' and at most W − 1 sorted
+        # slots before i there (a bucket's slots are in position order, so j ≤ i holds).
+        rounds = torch.arange(r, device=q.device).view(r, 1, 1)  # (R, 1, 1): the slot's own round
+        count = torch.zeros(b, h, r, n, w, dtype=q.dtype, device=q.device)  # (B, H, R, N, W)
+        earlier = torch.zeros(b, h, r, n, w, dtype=torch.bool, device=q.device)
+        for other_round in range(r):
+            bucket_of_key = buckets[:, :, other_round].gather(2, key_pos.view(b, h, -1)).view(b, h, r, n, w)
+            behind = inv[:, :, other_round, None, :, None] - inv[:, :, other_round].gather(
+                2, key_pos.view(b, h, -1)).view(b, h, r, n, w)  # (B, H, R, N, W) sorted slots from i back to j
+            hit = (bucket_of_key == buckets[:, :, other_round, None, :, None]) & (behind >= 0) & (behind < w)
+            count += hit
+            earlier |= hit & (rounds > other_round)
+        count.clamp_(min=1)  # unscored slots are masked below; keep their log finite
 
         wk, wv = gather_keys(k, key_pos), gather_keys(v, key_pos)  # (B, H, R, N, W, D)
-        scores = (wk @ q[:, :, None, :, :, None]).squeeze(-1) / math.sqrt(d) - count.log()  # (B, H, R, N, W)
+        scores = (wk @ (q / math.sqrt(d))[:, :, None, :, :, None]).squeeze(-1) - count.log()  # (B, H, R, N, W)
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)  # (B, H, R, N, W)
         lse = scores.logsumexp(-1)  # (B, H, R, N): z(i, P̃_i^(r))
         # masked_fill: a round with nothing allowed for i outputs exactly 0 (its round weight is 0 anyway).
@@ -256,7 +278,5 @@ class ReformerAttention(nn.Module):
         y = (lse.softmax(2)[..., None] * o).sum(2)  # (B, H, N, D): multi-round combination
         y = y * valid[:, None, :, None]  # a padded query has nothing admissible: zeros
 
-        tokens = valid.sum(1).double()  # (B,)
-        distinct = (admissible.to(torch.float64) / count.double()).sum((2, 3, 4))  # (B, H)
-        density = (distinct.sum(0) / (tokens ** 2).sum().clamp_min(1)).float()  # (H,)
-        return y, density
+        distinct = (admissible & ~earlier).sum((2, 3, 4))  # (B, H): first occurrences of admissible pairs
+        return y, density_of(distinct, valid)
