@@ -165,18 +165,25 @@ def main(argv=None) -> int:
     allocator = " ".join(f"{k}={v}" for k, v in ALLOCATORS[args.allocator].items()) or "glibc defaults"
     where = (torch.cuda.get_device_name() if device.startswith("cuda") else
              f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
-    reference = next((m for m in methods if parse_method(m) == ("full", {})), methods[0])
-    print(f"Attention scaling — {where}, torch {torch.__version__}; batch {args.batch}, {args.heads} heads, "
-          f"head dim {args.head_dim}, {'causal' if args.causal else 'non-causal'}; allocator: {allocator}; "
-          f"median of {args.repeats} after {args.warmup} warm-up; memory: peak of one fwd+bwd above baseline "
-          f"({'CUDA max_memory_allocated' if device.startswith('cuda') else 'CPU peak RSS'}); "
-          f"ratios to {reference}.\n")
-    print(table(rows, reference))
+    memory = "CUDA max_memory_allocated" if device.startswith("cuda") else "CPU peak RSS"
+    result = {"device": where, "torch": torch.__version__, "allocator": allocator, "memory": memory,
+              "args": vars(args), "rows": rows}
+    print(render(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": where, "allocator": allocator, "args": vars(args),
-                                              "rows": rows}, indent=2))
+        Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def render(result: dict) -> str:
+    """The scaling table with its conditions, from what main() measured or wrote with --out."""
+    args, rows = result["args"], result["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    reference = next((m for m in methods if parse_method(m) == ("full", {})), methods[0])
+    return (f"Attention scaling — {result['device']}, torch {result['torch']}; batch {args['batch']}, "
+            f"{args['heads']} heads, head dim {args['head_dim']}, {'causal' if args['causal'] else 'non-causal'}; "
+            f"allocator: {result['allocator']}; median of {args['repeats']} after {args['warmup']} warm-up; memory: "
+            f"peak of one fwd+bwd above baseline ({result['memory']}); ratios to {reference}.\n\n" + table(rows, reference))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """bench.scaling, bench.grid and bench.report through their command lines (tiny sizes)."""
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 from conftest import ROOT
 
@@ -56,3 +59,58 @@ def test_grid_skips_complete_cells_records_failures_and_reports(tmp_path):
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
     assert "| full " in text and "failed: " in text and "seeds [0]" in text
+
+
+def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
+    out = tmp_path / "results"
+    args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), *TINY]
+    grid = subprocess.Popen([sys.executable, "-m", "bench.grid", *args], cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    first = out / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
+    deadline = time.time() + 240
+    while not (first.exists() and json.loads(first.read_text())["status"] == "complete"):
+        assert grid.poll() is None and time.time() < deadline, "the grid ended before its first cell completed"
+        time.sleep(0.05)
+    os.killpg(grid.pid, signal.SIGKILL)  # the grid and the cell it is running
+    grid.wait()
+    records = [out / "runs" / f"{m}-duplicates-cpu-s0" / "metrics.json" for m in ("full", "linear", "performer")]
+    assert not records[2].exists(), "the kill came too late to leave a cell undone"
+    stamp = first.stat().st_mtime_ns
+
+    rerun = run("bench.grid", *args)
+    assert "full-duplicates-cpu-s0: complete, skipped" in rerun.stdout
+    assert first.stat().st_mtime_ns == stamp
+    assert "performer-duplicates-cpu-s0: done" in rerun.stdout
+    assert all(json.loads(r.read_text())["status"] == "complete" for r in records)
+
+
+def test_grid_pairs_the_kernel_pipeline_with_its_masked_lm_task_and_refuses_unknown_tasks(tmp_path):
+    from bench.grid import applicable
+    assert applicable("kernel", "wikitext2") and not applicable("kernel", "listops")
+    assert applicable("full", "listops") and not applicable("full", "wikitext2")
+    result = run("bench.grid", "--methods", "kernel,full", "--tasks", "duplicates,nonsense", "--out",
+                 str(tmp_path), check=False)
+    assert result.returncode == 2 and "unknown tasks ['nonsense']" in result.stderr
+
+
+def test_grid_runs_methods_with_their_own_entry_points(tmp_path):
+    """SBM and SSA cells run their files' main(); the kernel cell runs the whole pipeline on its masked LM."""
+    import pytest
+    from conftest import DATA
+    tasks = "duplicates,wikitext2" if (DATA / "wikitext-2" / "valid.txt").is_file() else "duplicates"
+    kernel = ["--analysis-sequences", "4", "--predictor-steps", "2", "--predictor-batch", "2", "--predictor-rows",
+              "4", "--finetune-steps", "1", "--thresholds", "0.5", "--top-ks", "2", "--handcrafted-k", "4",
+              "--learned-kernels", "2", "--hidden", "8"]
+    out = tmp_path / "results"
+    result = run("bench.grid", "--methods", "sbm,ssa", "--tasks", "duplicates", "--out", str(out), *TINY)
+    assert "sbm-duplicates-cpu-s0: done" in result.stdout and "ssa-duplicates-cpu-s0: done" in result.stdout
+    for method in ("sbm", "ssa"):
+        assert json.loads((out / "runs" / f"{method}-duplicates-cpu-s0" / "metrics.json").read_text())["method"] == method
+    if tasks == "duplicates":
+        pytest.skip(f"no WikiText-2 in {DATA} for the kernel cell (set SPARSE_ATTN_DATA)")
+    result = run("bench.grid", "--methods", "kernel", "--tasks", tasks, "--out", str(out), "--data-dir", str(DATA),
+                 *TINY, *kernel)
+    assert "kernel-wikitext2-cpu-s0: done" in result.stdout and "kernel-duplicates" not in result.stdout
+    record = json.loads((out / "runs" / "kernel-wikitext2-cpu-s0" / "metrics.json").read_text())
+    assert "finetune" in record["kernel"]
