@@ -61,10 +61,11 @@ Shape legend: B batch, H heads, N queries, M keys, D head dim, W windows, K sour
 Nw = N/W queries per window, R×C grid rows × columns.
 """
 import argparse
+import contextlib
 import math
 import sys
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -370,31 +371,43 @@ def fine_tune_callback(fraction: float = 0.1) -> Callable[[nn.Module, int, int],
 
 
 @torch.no_grad()
-def ensemble_forward(model: nn.Module, inputs: dict, n_samples: int = 50,
-                     generator: Optional[torch.Generator] = None):
-    """§3.5: (log of the mean predicted probabilities of `n_samples` SSA sub-models, stats with the density
-    averaged over them). Eval mode, so dropout is off (unspecified in the paper); the layers built as SSA
-    layers sample, also after +FT (Table 4), the others stay dense. `model(**inputs, generator=...)`
-    returns (logits, stats); the result has the logits' shape."""
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+@contextlib.contextmanager
+def sampling_in_eval(model: nn.Module):
+    """Eval mode with the layers built as SSA layers sampling (also after +FT, as Table 4 ensembles +FT
+    models); the others stay dense. Dropout is off (unspecified in the paper). Modes restored on exit."""
     modules = [m for m in ssa_modules(model) if m.sampled_layer]
     saved_modes, was_training = [m.mode for m in modules], model.training
     model.eval()
     for m in modules:
         m.mode = "ensemble"
     try:
-        total, density = None, 0.0
+        yield model
+    finally:
+        for m, mode in zip(modules, saved_modes):
+            m.mode = mode
+        model.train(was_training)
+
+
+def ensemble_forward(model: nn.Module, inputs: dict, n_samples: int = 50,
+                     generator: Optional[torch.Generator] = None):
+    """§3.5: (log of the mean predicted probabilities of `n_samples` SSA sub-models, stats with the density
+    averaged over them), sub-models drawn as sampling_in_eval does. `model(**inputs, generator=...)`
+    returns (logits, stats); the result has the logits' shape."""
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    total, density = None, 0.0
+    with sampling_in_eval(model):
         for _ in range(n_samples):
             logits, stats = model(**inputs, generator=generator)
             log_probs = logits.float().log_softmax(-1)
             total = log_probs if total is None else torch.logaddexp(total, log_probs)  # log Σ p, stably
             density = density + stats["density"] / n_samples
-    finally:
-        for m, mode in zip(modules, saved_modes):
-            m.mode = mode
-        model.train(was_training)
     return total - math.log(n_samples), {"density": density}
+
+
+def ensemble_sizes(n_samples: int) -> List[int]:
+    """The ensemble sizes of a Fig. 7 curve up to n_samples: 1, 2, 4, ... and n_samples itself."""
+    return sorted({2 ** i for i in range(n_samples.bit_length()) if 2 ** i < n_samples} | {n_samples})
 
 
 def self_ensemble(model: nn.Module, tokens: Tensor, key_padding_mask: Optional[Tensor] = None,
@@ -416,7 +429,7 @@ def _grid(text: str) -> Tuple[int, int]:
 
 def main(argv=None) -> int:
     """`python ssa.py --task T [harness options] [SSA options]`: trains through the shared harness."""
-    from bench import train  # the harness is needed only to run, never to import this file
+    from bench import measure, train  # the harness is needed only to run, never to import this file
 
     parser = train.build_parser("Train and evaluate SSA (Hussain et al., KDD 2023) on one task.")
     parser.set_defaults(method="ssa")
@@ -464,13 +477,29 @@ def main(argv=None) -> int:
         first = depth - cfg.sampled_layers(depth)
         record = {"setting": cfg.name(depth) + ("+FT" if cfg.finetune_fraction > 0 else ""),
                   "sigma_per_layer": [layer_sigma(cfg, i, depth) if i >= first else None for i in range(depth)]}
-        if cfg.ensemble_samples:
-            def forward(model, inputs):
-                return ensemble_forward(model, inputs, cfg.ensemble_samples)
+        sampled_flops = {}
 
-            for split in ("valid", "test"):
-                result = evaluate(split, limit=config["final_eval_batches"], forward=forward)
-                record[f"ensemble_{split}"] = result["metric"]
+        def counted_sample(model, inputs):  # one sub-model as a training step draws it (evaluation is dense)
+            out = {}
+            with sampling_in_eval(model):
+                sampled_flops.update(measure.model_flops_per_example(
+                    model, lambda: out.setdefault("result", model(**inputs)), len(inputs["tokens"])))
+            return out["result"]
+
+        sampled = evaluate("valid", limit=1, forward=counted_sample)
+        record["sampled_flops_per_example"] = sampled_flops  # the SSA paper's Table 1 compute (training)
+        record["sampled_density"] = sampled["density"]
+        if cfg.ensemble_samples:
+            def ensemble_of(n):
+                return lambda model, inputs: ensemble_forward(model, inputs, n)
+
+            # Fig. 7: the metric against the number of sub-models, on the validation split
+            record["ensemble_curve"] = {n: evaluate("valid", limit=config["final_eval_batches"],
+                                                    forward=ensemble_of(n))["metric"]
+                                        for n in ensemble_sizes(cfg.ensemble_samples)}
+            record["ensemble_valid"] = record["ensemble_curve"][cfg.ensemble_samples]
+            record["ensemble_test"] = evaluate("test", limit=config["final_eval_batches"],
+                                               forward=ensemble_of(cfg.ensemble_samples))["metric"]
             record["ensemble_samples"] = cfg.ensemble_samples
         return {"ssa": record}
 

@@ -339,11 +339,24 @@ def test_command_line_trains_with_fine_tuning_and_self_ensembling(tmp_path):
     out = tmp_path / "run"
     argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "4", "--batch-size", "4", "--eval-every", "4",
             "--eval-batches", "1", "--final-eval-batches", "1", "--finetune-fraction", "0.5",
-            "--ensemble-samples", "2", "--sigma", "0.2", "--out", str(out)]
+            "--ensemble-samples", "3", "--sigma", "0.2", "--out", str(out)]
     assert ssa.main(argv) == 0
     record = json.loads((out / "metrics.json").read_text())
     assert record["method"] == "ssa" and record["ssa"]["setting"] == "S1-L4+FT"
     assert record["ssa"]["sigma_per_layer"] == [0.2] and 0 <= record["ssa"]["ensemble_test"] <= 1
+    curve = record["ssa"]["ensemble_curve"]  # Fig. 7: sizes 1, 2 and the requested 3
+    assert list(curve) == ["1", "2", "3"] and record["ssa"]["ensemble_valid"] == curve["3"]
+    assert all(0 <= v <= 1 for v in curve.values())
+    # evaluation is dense; a training step's sub-model sees a quarter of the keys and costs less attention
+    assert record["density"] == pytest.approx(1.0) and record["ssa"]["sampled_density"] == pytest.approx(0.25)
+    sampled, dense = record["ssa"]["sampled_flops_per_example"], record["flops_per_example"]
+    assert sampled["attention"] < dense["attention"] and sampled["model"] - sampled["attention"] == \
+        dense["model"] - dense["attention"]
+
+
+def test_ensemble_sizes_double_up_to_the_requested_count():
+    assert ssa.ensemble_sizes(1) == [1] and ssa.ensemble_sizes(8) == [1, 2, 4, 8]
+    assert ssa.ensemble_sizes(50) == [1, 2, 4, 8, 16, 32, 50]
 
 
 @pytest.mark.parametrize("bad", [["--grid", "3x5"], ["--attn", "windows=2"], ["--ssa-layers", "5"],
