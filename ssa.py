@@ -108,6 +108,8 @@ class SSAConfig:
     def name(self, num_layers: int) -> str:
         """The paper's setting name, e.g. S12-L4 or S6-U20 (Table 1, Table 3)."""
         layers = self.sampled_layers(num_layers)
+        if layers == 0:
+            return "S0"  # dense everywhere
         scheme = f"U{round(100 * (1 - self.unbiased))}" if self.unbiased is not None else f"L{self.windows}"
         return f"S{layers}-{scheme}"
 
@@ -476,6 +478,7 @@ def main(argv=None) -> int:
         depth = config["depth"]
         first = depth - cfg.sampled_layers(depth)
         record = {"setting": cfg.name(depth) + ("+FT" if cfg.finetune_fraction > 0 else ""),
+                  "finetune_fraction": cfg.finetune_fraction,
                   "sigma_per_layer": [layer_sigma(cfg, i, depth) if i >= first else None for i in range(depth)]}
         sampled_flops = {}
 

@@ -114,3 +114,33 @@ def test_grid_runs_methods_with_their_own_entry_points(tmp_path):
     assert "kernel-wikitext2-cpu-s0: done" in result.stdout and "kernel-duplicates" not in result.stdout
     record = json.loads((out / "runs" / "kernel-wikitext2-cpu-s0" / "metrics.json").read_text())
     assert "finetune" in record["kernel"]
+
+
+def test_ssa_table_runs_every_setting_and_normalises_to_s0(tmp_path):
+    import pytest
+    from conftest import DATA
+    if not (DATA / "wikitext-2" / "valid.txt").is_file():
+        pytest.skip(f"no WikiText-2 in {DATA} (set SPARSE_ATTN_DATA)")
+    out = tmp_path / "ssa"
+    assert TINY[:2] == ["--seq-len", "16"]
+    tiny = TINY[2:]  # the table sets the length
+    result = run("bench.ssa_table", "--out", str(out), "--seq-len", "32", "--eval-context", "8",
+                 "--ensemble-samples", "2", "--data-dir", str(DATA), *tiny)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in result.stdout.splitlines() if line.startswith("| S")}
+    assert list(rows) == ["S0", "S-L2", "S-L4", "S-L4+FT", "S-U75"]
+    assert [rows[s][0] for s in rows] == ["S0", "S1-L2", "S1-L4", "S1-L4+FT", "S1-U75"]
+    assert all(v == "1.00" for v in rows["S0"][5:8]) and rows["S0"][9] == "1.00"
+    attention = {s: float(rows[s][5]) for s in rows}  # a training step's attention FLOPs × S0
+    assert attention["S-L4"] < attention["S-L2"] < 1 and attention["S-L4"] < attention["S-L4+FT"] < 1
+    assert "Self-ensembling" in result.stdout and (out / "table.md").read_text() in result.stdout
+    records = json.loads((out / "table.json").read_text())
+    assert list(records["S-L4"]["ssa"]["ensemble_curve"]) == ["1", "2"]
+    rerun = run("bench.ssa_table", "--out", str(out), "--seq-len", "32", "--eval-context", "8",
+                "--ensemble-samples", "2", "--data-dir", str(DATA), *tiny)
+    assert rerun.stdout.count("complete, skipped") == 5
+
+
+def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):
+    result = run("bench.ssa_table", "--task", "listops", "--out", str(tmp_path), check=False)
+    assert result.returncode == 2 and "language-modelling" in result.stderr

@@ -1,0 +1,138 @@
+"""The SSA paper's Table 1 and Fig. 7 on one task, measured in one run: dense S0 beside the SSA settings.
+
+    python -m bench.ssa_table                                   # bytes (WikiText-2 text), length 1024
+    python -m bench.ssa_table --steps 600 --out runs/ssa_table  # other options go to every setting's run
+
+Settings (the SSA paper's names, §4 and Table 8; SSA on every layer, σ ramped 0.1 → 0.225 of the length):
+    S0        dense attention                       ssa.py --ssa-layers 0
+    S-L2      locally biased SSA, 2 windows         ssa.py --windows 2
+    S-L4      locally biased SSA, 4 windows         ssa.py --windows 4 (+ the self-ensembling curve)
+    S-L4+FT   S-L4, dense for the last 10 % (§3.4)  ssa.py --windows 4 --finetune-fraction 0.1
+    S-U75     unbiased SSA keeping 25 % of sources  ssa.py --unbiased 0.25 (the attention budget of L4;
+              the paper's Table 8 compares the two; U<x> names the percentage dropped)
+Every setting trains in its own process with the same model, data order and budget, one after another, so
+step times are taken on an otherwise idle machine; a setting whose record is complete is skipped on a re-run.
+The ALiBi decoder of the paper's App. B.1 (no positional embeddings) at the CPU preset's width.
+
+Columns, normalised to S0 as in the paper's Table 1: bits per byte of the dense ("renormalised", §3.4)
+evaluation; FLOPs of a training step's forward per example (for +FT the mean over its steps: 90 % sampled,
+10 % dense); peak memory of training; median training step time. The targets of our issue are checked and
+printed: S-L4 step time ≤ 0.65 × S0's; S-L4+FT within 2 % of S0's bits per byte; S-L4 better than S-U75.
+"""
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tabulate import tabulate
+
+from bench.tasks import TASKS, get_task
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = {
+    "S0": ["--ssa-layers", "0"],
+    "S-L2": ["--windows", "2"],
+    "S-L4": ["--windows", "4"],
+    "S-L4+FT": ["--windows", "4", "--finetune-fraction", "0.1"],
+    "S-U75": ["--unbiased", "0.25"],
+}
+ENSEMBLED = "S-L4"
+
+
+def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
+    record_path = folder / "metrics.json"
+    if record_path.exists() and json.loads(record_path.read_text()).get("status") == "complete":
+        print(f"{name}: complete, skipped", flush=True)
+        return json.loads(record_path.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
+    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder)]
+    print(f"{name}: {' '.join(cmd[1:])}", flush=True)
+    with open(folder / "train.log", "w") as log:
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
+        tail = (folder / "train.log").read_text().strip().splitlines()[-3:]
+        raise SystemExit(f"{name} failed (exit {code}): " + " | ".join(tail))
+    return json.loads(record_path.read_text())
+
+
+def training_flops(record: dict) -> dict:
+    """Forward FLOPs per example of a training step, averaged over the steps (+FT: its dense tail)."""
+    dense, sampled = record["flops_per_example"], record["ssa"]["sampled_flops_per_example"]
+    tail = record["ssa"]["finetune_fraction"]
+    return {k: (1 - tail) * sampled[k] + tail * dense[k] for k in dense}
+
+
+def render(records: dict) -> str:
+    s0 = records["S0"]
+    base_flops = training_flops(s0)
+    rows = []
+    for name, r in records.items():
+        flops = training_flops(r)
+        rows.append([name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}",
+                     f"{r['test'] / s0['test']:.3f}", f"{r['ssa']['sampled_density']:.3f}",
+                     f"{flops['attention'] / base_flops['attention']:.2f}",
+                     f"{flops['model'] / base_flops['model']:.2f}",
+                     f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}",
+                     f"{r['median_step_ms']:.0f}", f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"])
+    headers = ["setting", "ssa.py name", "valid bpb", "test bpb", "test bpb × S0", "train density",
+               "attn FLOPs × S0", "model FLOPs × S0", "peak mem × S0", "step ms", "step × S0"]
+    c = s0["config"]
+    lines = [f"SSA paper Table 1 shape, task `{s0['task']}` (test split: {s0['scored']['test']} bytes scored), "
+             f"{s0['device']}, torch {s0['versions']['torch']}, seed {s0['seed']}: length {c['seq_len']}, "
+             f"{c['depth']} layers × {c['heads']} heads × {c['head_dim']}, width {c['dim']}, "
+             f"{c['steps']} steps × batch {c['batch_size']}, evaluation context {c['eval_context']} bytes, "
+             f"allocator {s0.get('allocator') or 'default'}.", "",
+             tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    l4, ft, u = records.get("S-L4"), records.get("S-L4+FT"), records.get("S-U75")
+    checks = []
+    if l4:
+        ratio = l4["median_step_ms"] / s0["median_step_ms"]
+        checks.append(f"S-L4 step time {ratio:.2f} × S0 (target ≤ 0.65): {'met' if ratio <= 0.65 else 'not met'}")
+    if ft:
+        gap = ft["test"] / s0["test"] - 1
+        checks.append(f"S-L4+FT test bpb {100 * gap:+.1f} % from S0 (target within 2 %): "
+                      f"{'met' if abs(gap) <= 0.02 or gap < 0 else 'not met'}")
+    if l4 and u:
+        checks.append(f"S-L4 {l4['test']:.4f} vs S-U75 {u['test']:.4f} bpb (target: locally biased better): "
+                      f"{'met' if l4['test'] < u['test'] else 'not met'}")
+    lines += [f"- {c}" for c in checks]
+    if l4 and "ensemble_curve" in l4["ssa"]:
+        curve = l4["ssa"]["ensemble_curve"]
+        lines += ["", f"Self-ensembling (Fig. 7 shape), S-L4, validation bits per byte: dense (renormalised) "
+                      f"{l4['valid']:.4f}", "",
+                  tabulate([[n, f"{v:.4f}", f"{v - l4['valid']:+.4f}"] for n, v in curve.items()],
+                           headers=["sub-models", "valid bpb", "− dense"], tablefmt="github",
+                           disable_numparse=True)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="Other options (e.g. --steps, --batch-size, --data-dir) go to every run.")
+    p.add_argument("--task", default="bytes", help="an LM task (bytes, enwik8)")
+    p.add_argument("--seq-len", type=int, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")
+    p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, from " + ",".join(SETTINGS))
+    p.add_argument("--ensemble-samples", type=int, default=16, help="Fig. 7 curve up to this many sub-models")
+    p.add_argument("--out", default="runs/ssa_table", help="folder: one sub-folder per setting, table.md")
+    args, extra = p.parse_known_args(argv)
+    names = args.settings.split(",")
+    if not set(names) <= set(SETTINGS) or "S0" not in names:
+        p.error(f"--settings must include S0 and come from {list(SETTINGS)}, got {names}")
+    if args.ensemble_samples < 0:
+        p.error("--ensemble-samples must be >= 0")
+    common = ["--task", args.task, "--seq-len", str(args.seq_len), "--pos-emb", "false", *extra]
+    if args.task not in TASKS or get_task(args.task).metric != "bpb":
+        p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")
+    out = Path(args.out)
+    records = {name: run_setting(out / name, name, common, args.ensemble_samples) for name in names}
+    text = render(records)
+    (out / "table.md").write_text(text)
+    (out / "table.json").write_text(json.dumps(records, indent=2))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
