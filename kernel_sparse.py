@@ -69,8 +69,6 @@ Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model w
 groups (1: shared by the heads, or H), L max length, R rows (queries) taken, S selected (row, head, kernel)
 triples or sequences, E edges; "global" query / key indices are (b·H + h)·N + i / (b·H + h)·M + s.
 """
-import argparse
-import json
 import math
 import sys
 import time

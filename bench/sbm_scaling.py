@@ -25,8 +25,6 @@ least-squares line through the measured densities (cost is linear in the edges).
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,8 +32,7 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
-from bench import measure
-from bench.scaling import ALLOCATORS, run_cell as run_full_cell
+from bench import measure, scaling
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
 
@@ -129,21 +126,8 @@ def measure_cell(cell: dict) -> dict:
 
 def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
     if cell["kind"] == "full":
-        return run_full_cell({**cell, "causal": False}, allocator, timeout)
-    env = dict(os.environ, **ALLOCATORS[allocator])
-    for key in ALLOCATORS["keep"]:
-        if allocator == "default":
-            env.pop(key, None)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "bench.sbm_scaling", "--cell", json.dumps(cell)], env=env,
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=Path(__file__).resolve().parents[1])
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout} s"}
-    if proc.returncode != 0:
-        lines = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
-        return {"error": lines[-1][:200]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        return scaling.run_cell({**cell, "causal": False}, allocator, timeout)
+    return scaling.run_cell(cell, allocator, timeout, module="bench.sbm_scaling")
 
 
 def crossover(points: list, target: float):
@@ -177,16 +161,7 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="1024,2048,4096,8192", help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
     p.add_argument("--kinds", default="full,full-ref,core,sbm,sbm-dense", help="which cells (see the docstring)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep", help="glibc allocator setting")
-    p.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
-    p.add_argument("--out", default=None, help="also write the rows as JSON here")
-    p.add_argument("--cell", help=argparse.SUPPRESS)
+    scaling.add_measurement_arguments(p, warmup=1, repeats=3, timeout=1800)
     args = p.parse_args(argv)
     if args.cell:
         print(json.dumps(measure_cell(json.loads(args.cell))))
@@ -201,8 +176,7 @@ def main(argv=None) -> int:
             raise ValueError(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
     except ValueError as exc:
         p.error(str(exc))
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
-        "cpu" if args.device == "auto" else args.device)
+    device = scaling.resolve_device(args.device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     started, rows = time.time(), []
     base = {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "device": device,
@@ -217,16 +191,13 @@ def main(argv=None) -> int:
             cell = {**base, "n": n, "kind": "full" if method else kind, "density": dens, "method": method}
             rows.append({**run_cell(cell, args.allocator, args.timeout), "method": name, "n": n})
             print(f"measured {name} n={n}", file=sys.stderr, flush=True)
-    allocator = " ".join(f"{k}={v}" for k, v in ALLOCATORS[args.allocator].items()) or "glibc defaults"
-    where = (torch.cuda.get_device_name() if device.startswith("cuda") else
-             f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    where, allocator = scaling.describe(device, args.allocator)
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch}, {args.heads} heads, "
           f"head dim {args.head_dim}, training mode; allocator: {allocator}; median of {args.repeats} after "
           f"{args.warmup} warm-up; load average {load:.2f} at start, {end_load:.2f} at end; "
           f"{time.time() - started:.0f} s.\n")
-    from bench.scaling import table
-    print(table(rows, "full"))
+    print(scaling.table(rows, "full"))
     print("\nCrossover densities (least squares over the measured densities): SBM fwd+bwd time = fused SDPA's; "
           "peak memory = the reference path's.\n")
     print(tabulate(summary(rows), headers=["n", "core: time", "core: memory", "module: time", "module: memory"],

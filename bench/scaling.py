@@ -85,13 +85,15 @@ def measure_cell(cell: dict) -> dict:
     return result
 
 
-def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
+def run_cell(cell: dict, allocator: str, timeout: int, module: str = "bench.scaling") -> dict:
+    """Measure one cell in a fresh process (`python -m MODULE --cell JSON`), so peak memory is its own and
+    no allocator state carries over; the row, or {"error": reason}."""
     env = dict(os.environ, **ALLOCATORS[allocator])
     for key in ALLOCATORS["keep"]:
         if allocator == "default":
             env.pop(key, None)
     try:
-        proc = subprocess.run([sys.executable, "-m", "bench.scaling", "--cell", json.dumps(cell)], env=env,
+        proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env,
                               capture_output=True, text=True, timeout=timeout,
                               cwd=Path(__file__).resolve().parents[1])
     except subprocess.TimeoutExpired:
@@ -100,6 +102,31 @@ def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
         lines = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
         return {"error": lines[-1][:200]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def add_measurement_arguments(p: argparse.ArgumentParser, warmup: int, repeats: int, timeout: int) -> None:
+    """The options every scaling benchmark shares (shapes, device, repetitions, allocator, output)."""
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep", help="glibc allocator setting")
+    p.add_argument("--timeout", type=int, default=timeout, help="seconds per cell")
+    p.add_argument("--out", default=None, help="also write the rows as JSON here")
+    p.add_argument("--cell", help=argparse.SUPPRESS)
+
+
+def resolve_device(name: str) -> str:
+    return "cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name)
+
+
+def describe(device: str, allocator: str) -> tuple:
+    """(where the cells ran, the allocator setting) in words, for the table's conditions."""
+    where = (torch.cuda.get_device_name() if device.startswith("cuda") else
+             f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    return where, " ".join(f"{k}={v}" for k, v in ALLOCATORS[allocator].items()) or "glibc defaults"
 
 
 def table(rows: list, reference: str) -> str:
@@ -127,17 +154,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--methods", default="full,full-ref", help="comma-separated method specs")
     p.add_argument("--lengths", default="1024,2048,4096", help="comma-separated sequence lengths")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--causal", action="store_true", help="causal attention")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep", help="glibc allocator setting")
-    p.add_argument("--timeout", type=int, default=900, help="seconds per cell")
-    p.add_argument("--out", default=None, help="also write the rows as JSON here")
-    p.add_argument("--cell", help=argparse.SUPPRESS)
+    add_measurement_arguments(p, warmup=2, repeats=5, timeout=900)
     args = p.parse_args(argv)
     if args.cell:
         print(json.dumps(measure_cell(json.loads(args.cell))))
@@ -153,8 +171,7 @@ def main(argv=None) -> int:
             raise ValueError("lengths, batch, heads, head-dim and repeats must be positive")
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
-    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else (
-        "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     rows = []
     for n in lengths:
         for method in methods:
@@ -162,9 +179,7 @@ def main(argv=None) -> int:
                     "causal": args.causal, "device": device, "warmup": args.warmup, "repeats": args.repeats}
             rows.append({"method": method, "n": n, **run_cell(cell, args.allocator, args.timeout)})
             print(f"measured {method} n={n}", file=sys.stderr, flush=True)
-    allocator = " ".join(f"{k}={v}" for k, v in ALLOCATORS[args.allocator].items()) or "glibc defaults"
-    where = (torch.cuda.get_device_name() if device.startswith("cuda") else
-             f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+    where, allocator = describe(device, args.allocator)
     memory = "CUDA max_memory_allocated" if device.startswith("cuda") else "CPU peak RSS"
     result = {"device": where, "torch": torch.__version__, "allocator": allocator, "memory": memory,
               "args": vars(args), "rows": rows}

@@ -144,3 +144,14 @@ def test_ssa_table_runs_every_setting_and_normalises_to_s0(tmp_path):
 def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):
     result = run("bench.ssa_table", "--task", "listops", "--out", str(tmp_path), check=False)
     assert result.returncode == 2 and "language-modelling" in result.stderr
+
+
+def test_sbm_scaling_measures_core_module_and_full_attention_in_one_table(tmp_path):
+    out = tmp_path / "sbm.json"
+    result = run("bench.sbm_scaling", "--lengths", "32", "--densities", "0.25", "--kinds", "full,core,sbm",
+                 "--repeats", "1", "--warmup", "0", "--out", str(out))
+    assert "Crossover densities" in result.stdout and "MALLOC_MMAP_MAX_=0" in result.stdout
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"full", "core@0.25", "sbm@0.25"}
+    assert all("error" not in r and r["fwdbwd_ms"] > 0 for r in rows.values())
+    assert abs(rows["core@0.25"]["density"] - 0.25) < 0.05 and rows["full"]["density"] == 1.0

@@ -13,22 +13,9 @@ import torch
 
 import kernel_sparse as ks
 from bench.model import Model, ModelConfig
-from conftest import DATA, ROOT
+from conftest import DATA, ROOT, seeded
 
 H, D, DIM, L, N = 2, 4, 16, 12, 10
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny shapes gain nothing from intra-op threads, and lose much when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def padding(batch=2, n=N):

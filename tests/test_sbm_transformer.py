@@ -10,21 +10,9 @@ import torch
 import sbm_transformer as sbm
 from baselines.full import FullAttention
 from bench import measure
+from conftest import seeded
 
 H, D, DIM = 2, 8, 16
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny shapes gain nothing from intra-op threads, and lose much when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
 
 
 def make(dtype=torch.float64, **kwargs) -> sbm.SBMAttention:
