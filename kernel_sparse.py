@@ -865,6 +865,21 @@ def run_pipeline(model: nn.Module, evaluate, task, config: dict, cfg: KernelConf
     point = min(within, key=lambda p: p["valid_ppl"]) if within else min(record["fig5"], key=lambda p: p["core_flops_x_dense"])
     rule = {"select": point["select"], "threshold": point["value"] if point["select"] == "threshold" else None,
             "top_k": point["value"] if point["select"] == "topk" else None}
+    # The control: the same fine-tuning (steps, schedule, batches) with dense attention, from the same teacher,
+    # so that the sparse model's perplexity is not credited with what more training of the teacher would give.
+    control = None
+    if cfg.finetune_steps > 0:
+        teacher_backbone = {name: t.detach().clone() for name, t in model.state_dict().items()
+                            if ".predictor." not in name}
+        install(model, mode="dense")
+        fine_tune(model, task, config, cfg, seed, grad_clip)
+        control = {split: math.exp(evaluate(split, final_limit)["loss"]) for split in ("valid", "test")}
+        with torch.no_grad():
+            for name, t in model.state_dict().items():
+                if name in teacher_backbone:
+                    t.copy_(teacher_backbone[name])
+        print(f"dense control fine-tuned {cfg.finetune_steps} steps: valid ppl {control['valid']:.3f} | test ppl "
+              f"{control['test']:.3f}", flush=True)
     install(model, sweep, "sparse", **rule)
     losses = fine_tune(model, task, config, cfg, seed, grad_clip) if cfg.finetune_steps > 0 else []
     final = sparse_result(model, evaluate, final_limit, inputs, dense_flops)
@@ -875,6 +890,9 @@ def run_pipeline(model: nn.Module, evaluate, task, config: dict, cfg: KernelConf
     final["ppl_x_teacher"] = final["test_ppl"] / record["teacher"]["test_ppl"]
     final["valid_ppl_x_teacher"] = final["valid_ppl"] / record["teacher"]["valid_ppl"]
     final["target_met"] = final["core_flops_x_dense"] <= cfg.flops_budget and final["ppl_x_teacher"] <= 1.2
+    if control is not None:
+        final["dense_control"] = {"valid_ppl": control["valid"], "test_ppl": control["test"]}
+        final["ppl_x_dense_control"] = final["test_ppl"] / control["test"]
     record["finetune"] = final
     torch.save({"model": model.state_dict(), "setting": final["setting"]}, out / "finetuned.pt")
     record["seconds"] = time.time() - start
@@ -909,6 +927,10 @@ def report(record: dict) -> str:
               f"FLOPs {f['core_flops_x_dense']:.3f} × dense (attention {f['attention_flops_x_dense']:.3f}, model "
               f"{f['model_flops_x_dense']:.3f}); target (core ≤ {record['config']['flops_budget']} × dense, ppl ≤ 1.2 × "
               f"teacher) {'met' if f['target_met'] else 'not met'}."]
+    if "dense_control" in f:
+        lines += ["", f"Dense control (the teacher fine-tuned the same {f['steps']} steps with dense attention): test "
+                      f"ppl {f['dense_control']['test_ppl']:.3f}; the sparse model's is {f['ppl_x_dense_control']:.3f} × "
+                      f"the control's."]
     return "\n".join(lines) + "\n"
 
 

@@ -699,5 +699,9 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
         assert 0 < v["density"] <= 1 and math.isfinite(v["valid_ppl"])
         assert v["keys_per_query"] == pytest.approx(v["density"] * 32)
     final = kernel["finetune"]
+    control = final["dense_control"]  # the teacher fine-tuned as long, densely: the fair reference
+    assert math.isfinite(control["test_ppl"]) and final["ppl_x_dense_control"] == pytest.approx(
+        final["test_ppl"] / control["test_ppl"])
+    assert "Dense control" in (out / "kernel_report.md").read_text()
     assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
     assert (out / "kernel_report.md").is_file() and (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
