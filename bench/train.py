@@ -452,9 +452,9 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
         if hooks.after_training is not None:
             record.update(hooks.after_training(model, eval_split))
         write_json_atomic(out / "metrics.json", record)
-        print(f"final: valid {task.metric} {valid['metric']:.4f} | test {task.metric} {test['metric']:.4f} | "
-              f"density {test['density']:.3f} | {record['wall_time_s']:.1f} s | record {out / 'metrics.json'}",
-              flush=True)
+        print(f"final: valid {task.metric} {record['valid']:.4f} | test {task.metric} {record['test']:.4f} | "
+              f"density {record['density']:.3f} | {record['wall_time_s']:.1f} s | record {out / 'metrics.json'}",
+              flush=True)  # the record's figures: an after-training hook may replace the dense evaluation's
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
