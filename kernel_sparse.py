@@ -53,13 +53,16 @@ Deviations (named):
 
 Attention FLOPs (Table 3): bench.measure's counter on one validation batch, split into the attention core
 (scores, softmax and weighted sum on the computed entries, plus building the (query, key) list), the q/k/v/out
-projections and the predictor; "core × dense" is the ratio the issue's target refers to, the other ratios
-(whole attention module, whole model) are reported beside it.
+projections and the predictor; "core × dense" is the ratio that sparsity can change (the paper's Table 3 counts
+the same products), and the other ratios (whole attention module, whole model) are reported beside it.
+The fine-tuned sparse model is compared with the teacher and with a dense control: the same teacher fine-tuned
+for as many steps with dense attention, so that extra training is not credited to the masks.
 
 metrics.json: the top-level valid/test/density/FLOPs are the final sparse model's (fine-tuned when
 --finetune-steps > 0); the dense teacher's are under kernel.teacher; kernel_report.md is generated from it.
 
-Commands (`python -m bench.train --method kernel ...` runs the same code; `--help` lists every option):
+Commands (`--help` lists every option; `python -m bench.train --method kernel` trains the dense teacher only,
+on the tasks of bench, without this pipeline):
     python kernel_sparse.py --task wikitext2                         # CPU preset, minutes on one core
     python kernel_sparse.py --task wikitext2 --preset paper          # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR      # re-run the pipeline on a trained teacher
