@@ -61,8 +61,8 @@ for as many steps with dense attention, so that extra training is not credited t
 metrics.json: the top-level valid/test/density/FLOPs are the final sparse model's (fine-tuned when
 --finetune-steps > 0); the dense teacher's are under kernel.teacher; kernel_report.md is generated from it.
 
-Commands (`--help` lists every option; `python -m bench.train --method kernel` trains the dense teacher only,
-on the tasks of bench, without this pipeline):
+Commands (`--help` lists every option). `python -m bench.train --method kernel --attn mode=dense` uses the module
+as one more attention on bench's tasks; the pipeline below runs only through this file's main():
     python kernel_sparse.py --task wikitext2                         # CPU preset, minutes on one core
     python kernel_sparse.py --task wikitext2 --preset paper          # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR      # re-run the pipeline on a trained teacher
