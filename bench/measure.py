@@ -24,6 +24,8 @@ counter: we report the peak resident set size above the baseline taken just befo
 Time. Warm-up iterations, then the median of repeated ones; CUDA synchronised around each; forward and
 forward+backward measured apart (``time_fn``).
 """
+import ctypes
+import ctypes.util
 import os
 import resource
 import statistics
@@ -197,13 +199,31 @@ def _status_kib(field: str) -> Optional[int]:
     return None
 
 
+def release_free_heap() -> bool:
+    """Return the heap's free pages to the OS (glibc ``malloc_trim(0)``); False where unavailable.
+
+    Needed before a resident-set baseline: with the benchmarks' allocator setting (glibc keeps freed memory,
+    shared/notes/cpu_attention_limits.md) a warm-up pass of the same size leaves its pages resident, and the
+    measured pass would reuse them without raising the high-water mark, reading as ~0 bytes."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return True
+
+
 class PeakRSS:
-    """Peak resident memory above a baseline taken at construction. On Linux the high-water mark (VmHWM) is
-    reset first (writing 5 to /proc/self/clear_refs), so what ran before — data loading, imports — does not
-    count; elsewhere the lifetime peak ``ru_maxrss`` is used, and the measured work must be the process's
-    largest (which is why each measured cell runs in its own process)."""
+    """Peak resident memory above a baseline taken at construction. Freed heap pages are returned to the OS
+    first (``release_free_heap``), so memory freed by earlier work (a warm-up) is not silently reused; on
+    Linux the high-water mark (VmHWM) is then reset (writing 5 to /proc/self/clear_refs), so what ran before —
+    data loading, imports — does not count; elsewhere the lifetime peak ``ru_maxrss`` is used, and the
+    measured work must be the process's largest (which is why each measured cell runs in its own process)."""
 
     def __init__(self):
+        release_free_heap()
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
