@@ -317,6 +317,15 @@ class LRATask(Task):
     def may_download(self) -> bool:
         return self.download_allowed and not offline()
 
+    def given_file(self) -> Optional[Path]:
+        """The path named by --data-file (which must exist), or None when the data is looked up."""
+        if self.data_file is None:
+            return None
+        path = Path(self.data_file)
+        if not path.exists():
+            raise DataError(f"{self.name}: nothing at {path} (given by --data-file)")
+        return path
+
 
 def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: int, eval_every: int,
                 eval_batches: int, cpu_batch: int = 32) -> Dict[str, Preset]:
@@ -350,11 +359,9 @@ class Text(LRATask):
                          presets=lra_presets(3072, 128, 5e-4, 20_000, 8000, 500, 20))
 
     def locate(self, data_dir: Path) -> Path:
-        if self.data_file is not None:
-            path = Path(self.data_file)
-            if not path.exists():
-                raise DataError(f"text: nothing at {path} (given by --data-file)")
-            return path
+        given = self.given_file()
+        if given is not None:
+            return given
         for name in self.FOLDERS:
             if (data_dir / name / "train" / "pos").is_dir():
                 return data_dir / name
@@ -483,11 +490,9 @@ class Image(LRATask):
                          presets=lra_presets(1024, 1024, 5e-4, 35_000, 175, 175, 5))
 
     def locate(self, data_dir: Path) -> Path:
-        if self.data_file is not None:
-            path = Path(self.data_file)
-            if not path.exists():
-                raise DataError(f"image: nothing at {path} (given by --data-file)")
-            return path
+        given = self.given_file()
+        if given is not None:
+            return given
         for name in self.PYTHON_FOLDERS + self.PYTHON_ARCHIVES + self.IMAGE_FOLDERS + self.IMAGE_ARCHIVES:
             if (data_dir / name).exists():
                 return data_dir / name

@@ -9,7 +9,9 @@ One block per (preset, device), each stating device, preset, training budget and
   does not apply (bench/grid.py's ONLY); the average over the accuracy tasks when a method has all of them;
 - cost (SBM paper Table 3 and SSA paper Table 1 shape): per task, each method's attention FLOPs, model FLOPs,
   peak memory and median training step time, normalised to full attention's on the same task.
-RESULTS/scaling*.json written by ``bench.scaling --out`` become the scaling tables. With --readme, the
+RESULTS/scaling*.json written by ``bench.scaling --out`` become the scaling tables. RESULTS/benchmarks/*.md,
+the saved output of a benchmark script (its command on the first line; e.g. ``bench.fastrg_bench``,
+``bench.sbm_scaling``, ``bench.ssa_table``), are appended as they are, in name order. With --readme, the
 Markdown between the markers <!-- results:start --> and <!-- results:end --> is replaced.
 """
 import argparse
@@ -118,7 +120,7 @@ def cost_table(recs) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def tables(records, failures, scaling_results=()) -> str:
+def tables(records, failures, scaling_results=(), benchmarks=()) -> str:
     groups = defaultdict(list)
     for rec in records:
         groups[(rec["preset"], rec["device"])].append(rec)
@@ -134,6 +136,7 @@ def tables(records, failures, scaling_results=()) -> str:
     for f in unplaced:
         out.append(f"- {f['method']} on {f['task']} ({f['preset']}): failed: {f['reason']}")
     out += [scaling.render(result) for result in scaling_results]
+    out += [text.strip() for text in benchmarks]
     return "\n\n".join(out) if out else "No results yet: run ./run_all.sh."
 
 
@@ -144,7 +147,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     results = Path(args.results)
     scaling_results = [json.loads(path.read_text()) for path in sorted(results.glob("scaling*.json"))]
-    text = tables(*load(results), scaling_results)
+    benchmarks = [path.read_text() for path in sorted((results / "benchmarks").glob("*.md"))]
+    text = tables(*load(results), scaling_results, benchmarks)
     print(text)
     if args.readme:
         readme = Path(args.readme)

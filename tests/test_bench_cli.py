@@ -53,12 +53,16 @@ def test_grid_skips_complete_cells_records_failures_and_reports(tmp_path):
     second = run("bench.grid", "--methods", "full", "--tasks", "duplicates", "--out", str(out), *TINY)
     assert "complete, skipped" in second.stdout and record.stat().st_mtime_ns == stamp
 
+    (out / "benchmarks").mkdir()
+    (out / "benchmarks" / "b.md").write_text("`python -m bench.b`\n\n| b table |\n")
+    (out / "benchmarks" / "a.md").write_text("`python -m bench.a`\n\n| a table |\n")
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\noutro\n")
     run("bench.report", "--results", str(out), "--readme", str(readme))
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
     assert "| full " in text and "failed: " in text and "seeds [0]" in text
+    assert text.index("| full ") < text.index("| a table |") < text.index("| b table |")  # saved benchmarks
 
 
 def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
