@@ -32,14 +32,15 @@ ONLY = {"kernel": {"wikitext2"}}  # methods that run on some tasks only; the res
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"sbm": "sbm_transformer.py", "ssa": "ssa.py", "kernel": "kernel_sparse.py"}
 EVAL = ["--eval-batches", "2", "--final-eval-batches", "8"]
-QUICK = {  # per task: overrides of the CPU preset for --quick (each cell about a minute of one core)
-    "duplicates": ["--steps", "300", "--batch-size", "64", "--eval-every", "150", *EVAL],
-    "listops": ["--steps", "300", "--eval-every", "150", *EVAL],
-    "bytes": ["--steps", "200", "--eval-every", "100", *EVAL],
-    "text": ["--steps", "200", "--eval-every", "100", *EVAL],
-    "image": ["--steps", "200", "--eval-every", "100", *EVAL],
-    "pathfinder": ["--steps", "200", "--eval-every", "100", *EVAL],
-    "retrieval": ["--steps", "200", "--eval-every", "100", *EVAL],
+QUICK = {  # per task: overrides of the CPU preset for --quick (each cell well under a minute of one core for
+    # most methods; the whole grid, 2 cells side by side, then the scaling table, in about 30 minutes)
+    "duplicates": ["--steps", "200", "--batch-size", "64", "--eval-every", "100", *EVAL],
+    "listops": ["--steps", "200", "--eval-every", "100", *EVAL],
+    "bytes": ["--steps", "150", "--eval-every", "75", *EVAL],
+    "text": ["--steps", "150", "--eval-every", "75", *EVAL],
+    "image": ["--steps", "150", "--eval-every", "75", *EVAL],
+    "pathfinder": ["--steps", "150", "--eval-every", "75", *EVAL],
+    "retrieval": ["--steps", "150", "--eval-every", "75", *EVAL],
     "wikitext2": ["--steps", "300", "--eval-every", "150", *EVAL, "--analysis-sequences", "32",
                   "--predictor-steps", "100", "--finetune-steps", "100", "--thresholds", "0.3,0.5,0.7",
                   "--top-ks", "1,3,5"],
