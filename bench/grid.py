@@ -3,12 +3,12 @@
     python -m bench.grid                 # --quick: CPU presets on the quick budget (what ./run_all.sh runs)
     python -m bench.grid --full          # paper presets, 3 seeds (a GPU job)
 
---quick fits every method × task on a 2-core machine in about 30 minutes: the CPU preset's model and recipe,
+--quick runs every method × task on a 2-core machine (45 minutes here; see QUICK): the CPU preset's model and recipe,
 with the steps and evaluation batches of QUICK (stated in every record's config and in the report). Those
 numbers are a smoke-level comparison; claims come from the full presets. Every cell of a task uses the same
 backbone and recipe; only the attention differs. The kernel method is a masked-LM pipeline (paper 003, §4):
-it runs on `wikitext2` only, and the other methods are not run on that task (its masked-LM task is defined
-in kernel_sparse.py); the report marks those cells as not applicable.
+it runs on `wikitext2` only (the masked-LM task of bench/tasks.py), and the other methods are not run on that
+task; the report marks those cells as not applicable.
 
 Resumable: a cell whose OUT/runs/CELL/metrics.json is complete is skipped, so a killed grid re-run finishes
 the rest. A cell that fails is recorded in OUT/runs/CELL/failed.json with the last lines of its output, and
@@ -32,8 +32,8 @@ ONLY = {"kernel": {"wikitext2"}}  # methods that run on some tasks only; the res
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"sbm": "sbm_transformer.py", "ssa": "ssa.py", "kernel": "kernel_sparse.py"}
 EVAL = ["--eval-batches", "2", "--final-eval-batches", "8"]
-QUICK = {  # per task: overrides of the CPU preset for --quick (each cell well under a minute of one core for
-    # most methods; the whole grid, 2 cells side by side, then the scaling table, in about 30 minutes)
+QUICK = {  # per task: overrides of the CPU preset for --quick (most cells under a minute of one core; Reformer and
+    # SBM cells 2-4 minutes, causal Reformer on `bytes` 16: ./run_all.sh took 45 minutes on 2 cores, README)
     "duplicates": ["--steps", "200", "--batch-size", "64", "--eval-every", "100", *EVAL],
     "listops": ["--steps", "200", "--eval-every", "100", *EVAL],
     "bytes": ["--steps", "150", "--eval-every", "75", *EVAL],

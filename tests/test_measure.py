@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from baselines.full import FullAttention
-from bench import measure
+from bench import measure, scaling
 from bench.model import Model, ModelConfig
 
 
@@ -109,7 +109,7 @@ def test_peak_rss_counts_memory_that_a_same_sized_warm_up_freed():
         "print(meter.peak_above_baseline())\n"
     )
     root = pathlib.Path(__file__).resolve().parents[1]
-    env = {**os.environ, "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+    env = {**os.environ, **scaling.ALLOCATORS["keep"]}
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True,
                          env=env)
     assert int(out.stdout.strip()) >= 35 * 2 ** 20
