@@ -34,7 +34,7 @@ masks in place, at the sweep setting of lowest validation perplexity within a FL
 Deviations (named):
 1. The teacher is ours (no RoBERTa download): the shared pre-LN backbone as a byte-level masked LM (vocabulary
    256 bytes + [MASK], RoBERTa's 80/10/10 replacement) on the local WikiText-2 copy; perplexity is per masked
-   byte. The `wikitext2` task lives here and main() registers it in bench.tasks.TASKS (better in bench/).
+   byte. It is bench's `wikitext2` task (bench/tasks.py, MaskedBytes).
 2. One predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 3. The standard kernels' lengths and dilations are not given (Fig. 4a is a picture): `STANDARD_WINDOWS`.
 4. Handcrafted kernels are built from the accumulated binary targets, not the probabilities: every softmax row
@@ -90,7 +90,6 @@ SELECTS = ("threshold", "topk")
 # §4.2.1: (window length, dilation) of the forward kernels (offsets d, 2d, …, w·d) and, mirrored, the backward
 # ones; with the identity, 17 kernels. Nested windows reach 32 tokens, the dilated ones 64 and 256.
 STANDARD_WINDOWS = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (16, 4), (32, 8))
-MASK_ID = 256  # the [MASK] byte of the masked-LM task
 
 
 @dataclass
@@ -436,45 +435,6 @@ class KernelSparseAttention(nn.Module):
         return y.masked_fill(empty, 0.0), counts
 
 
-# --------------------------------------------------------------------------------- task (deviation 1)
-def masked_lm_task():
-    """The `wikitext2` task class: bench's byte data (WikiText-2 from the data folder, or --data-file) as a
-    masked LM: 15% of the positions are scored (§4), of which 80% become [MASK], 10% a random byte and 10% stay
-    (RoBERTa). Evaluation windows do not overlap, and their masks are fixed by (split, batch index)."""
-    from bench.tasks import IGNORE, LocalBytes, Preset
-
-    class MaskedWikiText2(LocalBytes):
-        def __init__(self):
-            super().__init__()
-            self.name, self.head, self.vocab_size, self.num_classes = "wikitext2", "token", MASK_ID + 1, 256
-            # CPU: minutes on one core. Paper: §4's sequence length 512 and RoBERTa-base sizes (a GPU run).
-            self.presets = {
-                "cpu": Preset(seq_len=256, dim=128, depth=4, heads=4, head_dim=32, mlp_dim=512, dropout=0.0,
-                              steps=1000, batch_size=16, lr=2e-3, warmup=100, eval_every=250, eval_batches=16,
-                              final_eval_batches=16),
-                "paper": Preset(seq_len=512, dim=768, depth=12, heads=12, head_dim=64, mlp_dim=3072, dropout=0.1,
-                                steps=20000, batch_size=32, lr=3e-4, warmup=1000, eval_every=2000, eval_batches=32,
-                                final_eval_batches=1000000)}
-
-        @staticmethod
-        def mask(tokens: Tensor, generator: torch.Generator) -> Dict[str, Tensor]:
-            draw = torch.rand(tokens.shape, generator=generator)  # (B, N)
-            scored = draw < 0.15
-            inputs = torch.where(draw < 0.15 * 0.8, MASK_ID, tokens)
-            noise = torch.randint(256, tokens.shape, generator=generator)
-            inputs = torch.where((draw >= 0.15 * 0.8) & (draw < 0.15 * 0.9), noise, inputs)
-            return {"tokens": inputs, "targets": torch.where(scored, tokens, IGNORE)}
-
-        def train_batch(self, batch_size, generator):
-            return self.mask(super().train_batch(batch_size, generator)["tokens"], generator)
-
-        def eval_batches(self, split, batch_size, limit):
-            for index, batch in enumerate(super().eval_batches(split, batch_size, limit)):
-                yield self.mask(batch["tokens"], torch.Generator().manual_seed(1_000_003 * index + len(split)))
-
-    return MaskedWikiText2
-
-
 # ------------------------------------------------------------------------------------ §4.1 analysis
 @dataclass
 class LayerData:
@@ -788,7 +748,7 @@ def run_pipeline(model: nn.Module, evaluate, task, config: dict, cfg: KernelConf
                  grad_clip: float = 1.0) -> dict:
     """§4-§6 on a trained dense `model` (bench.model.Model whose attentions are KernelSparseAttention).
     `evaluate(split, limit)` returns the harness's evaluation dict; `task` gives training batches. Returns the
-    record's additions and writes analysis.pt, finetuned.pt and kernel_report.md into `out`."""
+    record's additions and writes analysis.pt and finetuned.pt into `out` (main adds kernel_report.md)."""
     start, device = time.time(), next(model.parameters()).device
     causal, depth = model.cfg.head == "lm", len(model.blocks)
     limit, final_limit = config["eval_batches"], config["final_eval_batches"]
@@ -899,42 +859,10 @@ def run_pipeline(model: nn.Module, evaluate, task, config: dict, cfg: KernelConf
     record["finetune"] = final
     torch.save({"model": model.state_dict(), "setting": final["setting"]}, out / "finetuned.pt")
     record["seconds"] = time.time() - start
-    (out / "kernel_report.md").write_text(report(record))
     return {"kernel": record, "valid": math.log2(final["valid_ppl"]), "test": math.log2(final["test_ppl"]),
             "valid_loss": math.log(final["valid_ppl"]), "test_loss": math.log(final["test_ppl"]),
             "density": final["density"], "density_per_layer": final["density_per_layer"],
             "flops_per_example": {"model": final["flops"]["model"], "attention": final["flops"]["attention"]}}
-
-
-def report(record: dict) -> str:
-    """kernel_report.md: the Tables 1-3 shape, Fig. 5, Fig. 6 and the fine-tuning, generated from the record."""
-    teacher = record["teacher"]
-    lines = [f"Dense teacher: valid ppl {teacher['valid_ppl']:.3f}, test ppl {teacher['test_ppl']:.3f}.", "",
-             "| kernels / loss | predictor train loss (Eq. 1 mean) | valid ppl | keys per query | density | "
-             "core FLOPs × dense | attention FLOPs × dense | model FLOPs × dense | target recall | mass recall |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, v in record["variants"].items():
-        lines.append(f"| {name} | {v['train_loss']:.4f} | {v['valid_ppl']:.3f} | {v['keys_per_query']:.1f} | "
-                     f"{v['density']:.3f} | {v['core_flops_x_dense']:.3f} | {v['attention_flops_x_dense']:.3f} | "
-                     f"{v['model_flops_x_dense']:.3f} | {v['target_recall']:.3f} | {v['mass_recall']:.3f} |")
-    lines += ["", f"Fig. 5 ({record['config']['sweep']}):", "", "| select | value | valid ppl | keys per query | "
-              "density | core FLOPs × dense |", "|---|---|---|---|---|---|"]
-    lines += [f"| {p['select']} | {p['value']} | {p['valid_ppl']:.3f} | {p['keys_per_query']:.1f} | {p['density']:.3f} | "
-              f"{p['core_flops_x_dense']:.3f} |" for p in record["fig5"]]
-    lines += ["", "Fig. 6 (sparsified from the last layer backwards):", "", "| layers sparsified | valid ppl | density |",
-              "|---|---|---|"]
-    lines += [f"| {p['layers']} | {p['valid_ppl']:.3f} | {p['density']:.3f} |" for p in record["fig6"]]
-    f = record["finetune"]
-    lines += ["", f"Fine-tuned end to end ({f['steps']} steps) at {f['setting']}: valid ppl {f['before_valid_ppl']:.3f} "
-              f"→ {f['valid_ppl']:.3f}; test ppl {f['test_ppl']:.3f} = {f['ppl_x_teacher']:.3f} × teacher; core "
-              f"FLOPs {f['core_flops_x_dense']:.3f} × dense (attention {f['attention_flops_x_dense']:.3f}, model "
-              f"{f['model_flops_x_dense']:.3f}); target (core ≤ {record['config']['flops_budget']} × dense, ppl ≤ 1.2 × "
-              f"teacher) {'met' if f['target_met'] else 'not met'}."]
-    if "dense_control" in f:
-        lines += ["", f"Dense control (the teacher fine-tuned the same {f['steps']} steps with dense attention): test "
-                      f"ppl {f['dense_control']['test_ppl']:.3f}; the sparse model's is {f['ppl_x_dense_control']:.3f} × "
-                      f"the control's."]
-    return "\n".join(lines) + "\n"
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -953,9 +881,8 @@ def _names(text: str) -> Tuple[str, ...]:
 def main(argv=None) -> int:
     """`python kernel_sparse.py --task T [harness options] [kernel options]`: the teacher trains through the
     harness, the pipeline runs as its after-training hook."""
-    from bench import tasks, train  # the harness is needed only to run, never to import this file
+    from bench import kernel_report, tasks, train  # the harness is needed only to run, never to import this file
 
-    tasks.TASKS.setdefault("wikitext2", masked_lm_task())  # deviation 1: the masked-LM task
     parser = train.build_parser("Kernel-based learned sparse attention (Karkhanis et al.): dense teacher, §4.1 "
                                 "analysis, kernel predictors, sparsified inference, end-to-end fine-tuning.")
     parser.set_defaults(method="kernel")
@@ -1008,7 +935,9 @@ def main(argv=None) -> int:
         task.setup(config["seq_len"], args.seed, Path(args.data_dir) if args.data_dir else tasks.default_data_dir(),
                    config["eval_context"])
         out = Path(args.out or f"runs/{args.method}-{args.task}-{args.preset}-s{args.seed}")
-        return run_pipeline(model, evaluate, task, config, cfg, out, args.seed, args.grad_clip)
+        result = run_pipeline(model, evaluate, task, config, cfg, out, args.seed, args.grad_clip)
+        (out / "kernel_report.md").write_text(kernel_report.render(result["kernel"]))
+        return result
 
     return train.run_cli(args, make_attention, train.Hooks(after_training=after_training))
 

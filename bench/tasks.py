@@ -18,6 +18,8 @@ A task has ``train_batch(batch_size, generator)`` (a fresh, reproducible draw fo
 - ``bytes`` — the same LM on local text: a folder with train/valid/test.txt, or any file split 90/5/5.
   The default is the WikiText-2 copy under the data folder; with only its valid.txt and test.txt present
   (as in shared/data), valid.txt is split 95/5 into train/valid and test.txt is the test split.
+- ``wikitext2`` — the same bytes as a masked LM (15% scored, RoBERTa's 80/10/10), the dense teacher's task in
+  kernel_sparse.py; perplexity per masked byte.
 
 LM evaluation slides a window of N bytes with stride N − context (``eval_context``, the SSA paper scores
 enwik8 with 3072 bytes of context in 4096-byte windows): the first window scores all its positions, later
@@ -44,6 +46,7 @@ import torch
 from torch import Tensor
 
 IGNORE = -100
+MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 0-255)
 
 
 class DataError(RuntimeError):
@@ -353,6 +356,41 @@ class LocalBytes(ByteLM):
                         f"with any text file, or set --data-dir / SPARSE_ATTN_DATA.")
 
 
+class MaskedBytes(LocalBytes):
+    """`wikitext2`: the byte data of `bytes` (WikiText-2 from the data folder, or --data-file) as a masked LM, the
+    task of kernel_sparse.py's dense teacher (paper 003 §4; deviation 1 there): 15% of the positions are scored,
+    of which 80% become [MASK], 10% a random byte and 10% stay (RoBERTa). Evaluation windows do not overlap, and
+    their masks are fixed by (split, batch index)."""
+
+    def __init__(self):
+        super().__init__()
+        self.name, self.head, self.vocab_size, self.num_classes = "wikitext2", "token", MASK_ID + 1, 256
+        # CPU: minutes on one core. Paper: §4's sequence length 512 and RoBERTa-base sizes (a GPU run).
+        self.presets = {
+            "cpu": Preset(seq_len=256, dim=128, depth=4, heads=4, head_dim=32, mlp_dim=512, dropout=0.0,
+                          steps=1000, batch_size=16, lr=2e-3, warmup=100, eval_every=250, eval_batches=16,
+                          final_eval_batches=16),
+            "paper": Preset(seq_len=512, dim=768, depth=12, heads=12, head_dim=64, mlp_dim=3072, dropout=0.1,
+                            steps=20000, batch_size=32, lr=3e-4, warmup=1000, eval_every=2000, eval_batches=32,
+                            final_eval_batches=1000000)}
+
+    @staticmethod
+    def mask(tokens: Tensor, generator: torch.Generator) -> Dict[str, Tensor]:
+        draw = torch.rand(tokens.shape, generator=generator)  # (B, N)
+        scored = draw < 0.15
+        inputs = torch.where(draw < 0.15 * 0.8, MASK_ID, tokens)
+        noise = torch.randint(256, tokens.shape, generator=generator)
+        inputs = torch.where((draw >= 0.15 * 0.8) & (draw < 0.15 * 0.9), noise, inputs)
+        return {"tokens": inputs, "targets": torch.where(scored, tokens, IGNORE)}
+
+    def train_batch(self, batch_size, generator):
+        return self.mask(super().train_batch(batch_size, generator)["tokens"], generator)
+
+    def eval_batches(self, split, batch_size, limit):
+        for index, batch in enumerate(super().eval_batches(split, batch_size, limit)):
+            yield self.mask(batch["tokens"], torch.Generator().manual_seed(1_000_003 * index + len(split)))
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -366,7 +404,7 @@ def lra_task(class_name: str):
     return lambda: getattr(importlib.import_module("bench.lra"), class_name)()
 
 
-TASKS = {"duplicates": Duplicates, "listops": ListOps, "enwik8": Enwik8, "bytes": LocalBytes,
+TASKS = {"duplicates": Duplicates, "listops": ListOps, "enwik8": Enwik8, "bytes": LocalBytes, "wikitext2": MaskedBytes,
          "text": lra_task("Text"), "image": lra_task("Image"), "pathfinder": lra_task("Pathfinder"),
          "retrieval": lra_task("Retrieval")}
 
