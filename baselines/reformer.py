@@ -42,15 +42,18 @@ Deviations from the paper and the official (trax) code:
   to j ≤ i, and replaces "own chunk + previous chunk of the global sort" by a fixed window over the bucket's
   history: per round, query i scores itself and its W − 1 most recent same-bucket predecessors,
   W = min(2C, N). That depends only on tokens ≤ i (a token's hash is its own content and the draw R), so an
-  output is a function of the past alone, bitwise. W = 2C is the paper's per-round window and its largest
+  output is a function of the past alone (up to floating-point rounding, see ``attend_causal``; gradients
+  from later tokens are exactly zero). W = 2C is the paper's per-round window and its largest
   causal lookback (a query at the end of its chunk sees 2C − 1 earlier sorted slots; the average is about
   1.5C). Keys of other buckets that the paper's chunks also catch (an artefact of cutting the sort) are
   not scored, so causal density is below the paper's (about 2/3 of it on random inputs with N = 256,
   C = 32, R = 4: 0.22 against 0.33). Same self rule, rounds, log N_ij correction (N_ij ≤ R here: a round
   scores a key at most once), dropout and density. When N ≤ C the hash uses one bucket (no draw): the
-  paper's single chunk is then exactly full causal attention, and so is this window. Cost O(N·R·W·D), as
-  the chunked path; no N × N tensor. Dropout is drawn per (round, query position, window offset), so even
-  the dropped pairs do not depend on later tokens.
+  paper's single chunk is then exactly full causal attention, and so is this window. Cost O(N·R·W·D): the
+  sorted order is cut into blocks of W and each block's queries score the previous block and their own
+  (2W keys, masked to each query's window), as the chunked path; no N × N tensor and no per-pair copy of
+  the keys. Dropout is drawn per (round, query position, window slot), so even the dropped pairs do not
+  depend on later tokens.
 - Density: distinct scored (query, key) pairs that are admissible as in full attention (valid key, j ≤ i
   when causal; the self pair included) / (valid queries × valid keys), per head, summed over the batch.
 
@@ -224,57 +227,90 @@ class ReformerAttention(nn.Module):
 
     def attend_causal(self, q: Tensor, v: Tensor, valid: Tensor, generator: Optional[torch.Generator]):
         """Strictly causal LSH attention (module docstring, "Causal attention"): per round, query i scores
-        itself and its W − 1 most recent same-bucket predecessors. Queries stay in position order throughout,
-        so every per-query quantity (window, dropout draw, round weights) is indexed by the past alone.
+        itself and its W − 1 most recent same-bucket predecessors, i.e. the sorted slots s_i − W + 1, …, s_i
+        (a bucket's slots are contiguous and in position order; other buckets' slots are masked).
+
+        Two layouts of the same pairs. *Window* layout (…, slot s_i, j ∈ [0, W) for key slot s_i − W + 1 + j;
+        j = W − 1 is the query itself): every per-pair quantity (masks, N_ij, softmax, dropout) lives here, so
+        which keys a query scores, their weights' inputs and its dropout draws are functions of the past alone.
+        *Blocked* layout (sorted slots cut into blocks of W; a block's queries score the previous block and
+        their own, 2W keys): the two matmuls, so keys and values are read once per block instead of gathered
+        once per (query, key) pair. A query's keys sit at columns set by its sorted slot, which later tokens
+        can move, so a matmul may round a score differently (1 ulp): outputs before t agree to rounding, not
+        bitwise, when tokens from t on change; gradients from the future are exactly zero.
         (B, H, N, D) ×2, (B, N) valid → y (B, H, N, D), density (H,)."""
         b, h, n, d = q.shape
         r, c = self.n_hashes, self.bucket_size
         u = -(-n // c)
         n_buckets = 1 if u == 1 else u + u % 2  # as the chunked path, but one bucket when one chunk holds all
         w = min(2 * c, n)
+        blocks = -(-n // w)
+        n_pad = blocks * w
         k = F.normalize(q, dim=-1)  # shared-QK keys
         buckets = lsh_buckets(k, valid, r, n_buckets, generator)  # (B, H, R, N)
         pos = torch.arange(n, device=q.device)  # (N,)
         perm = (buckets * n + pos).argsort(-1)  # (B, H, R, N): sorted slot → position, by (bucket, position)
         inv = perm.argsort(-1)  # (B, H, R, N): position → sorted slot
 
-        # Window of query i: the sorted slots inv_i, inv_i − 1, …, inv_i − W + 1 (offset 0 is i itself). A
-        # bucket's slots are contiguous and in position order, so the same-bucket ones are exactly i's most
-        # recent same-bucket predecessors; the other slots (other buckets, any position) are masked.
-        slot = inv[..., None] - torch.arange(w, device=q.device)  # (B, H, R, N, W)
-        key_pos = perm.gather(3, slot.clamp_min(0).view(b, h, r, n * w)).view(b, h, r, n, w)  # (B, H, R, N, W)
-        key_bucket = buckets.gather(3, key_pos.view(b, h, r, n * w)).view(b, h, r, n, w)
-        # Padding has its own bucket n_buckets, so a key in the bucket of a valid query is valid.
-        admissible = ((slot >= 0) & (key_bucket == buckets[..., None]) & (key_pos <= pos[:, None])
-                      & valid[:, None, None, :, None])  # (B, H, R, N, W)
-        is_self = key_pos == pos[:, None]  # (B, H, R, N, W)
+        def sort(t: Tensor) -> Tensor:  # per position (B, H, N, ...) → per sorted slot (B, H, R, N, ...)
+            return gather_slots(t.unsqueeze(2).expand(b, h, r, *t.shape[2:]), perm)
+
+        def window(t: Tensor, fill) -> Tensor:  # per slot (B, H, R, N) → (B, H, R, N, W): [s, j] = t[s − W + 1 + j]
+            return F.pad(t, (w - 1, 0), value=fill).unfold(-1, w, 1)
+
+        def blocked(t: Tensor) -> Tensor:  # per slot (B, H, R, N, D) → keys of each block (B, H, R, blocks, 2W, D)
+            t = F.pad(t, (0, 0, w, n_pad - n)).view(b, h, r, blocks + 1, w, t.shape[-1])
+            return torch.cat([t[:, :, :, :-1], t[:, :, :, 1:]], dim=4)  # previous block (zeros before 0), own
+
+        # Window layout of the pairs. Padding has its own bucket n_buckets, so a same-bucket key of a valid
+        # query is valid, and the bucket sorts after the real ones: slots before slot 0 read bucket −1.
+        sorted_bucket = buckets.gather(3, perm)  # (B, H, R, N)
+        same_bucket = window(sorted_bucket, -1) == sorted_bucket[..., None]  # (B, H, R, N, W)
+        admissible = same_bucket & sort(valid[:, None].expand(b, h, n))[..., None]  # (B, H, R, N, W)
+        is_self = torch.zeros(w, dtype=torch.bool, device=q.device)
+        is_self[-1] = True  # the last key of a window is the query itself
         other = admissible & ~is_self
-        has_other = other.any(-1).any(2)  # (B, H, N): some round scores a non-self key for query i
-        allowed = other | (admissible & is_self & ~has_other[:, :, None, :, None])  # (B, H, R, N, W)
+        has_other = gather_slots(other.any(-1), inv).any(2)  # (B, H, N): some round scores a non-self key for i
+        self_needed = ~sort(has_other)  # (B, H, R, N)
+        allowed = other | (admissible & is_self & self_needed[..., None])  # (B, H, R, N, W)
 
         # N_ij: rounds whose window scores key j for query i: same bucket in round r' and at most W − 1 sorted
-        # slots before i there (a bucket's slots are in position order, so j ≤ i holds).
+        # slots before i there. Per slot of round r: its bucket and slot in round r'; the key's via window().
         rounds = torch.arange(r, device=q.device).view(r, 1, 1)  # (R, 1, 1): the slot's own round
         count = torch.zeros(b, h, r, n, w, dtype=q.dtype, device=q.device)  # (B, H, R, N, W)
         earlier = torch.zeros(b, h, r, n, w, dtype=torch.bool, device=q.device)
         for other_round in range(r):
-            bucket_of_key = buckets[:, :, other_round].gather(2, key_pos.view(b, h, -1)).view(b, h, r, n, w)
-            behind = inv[:, :, other_round, None, :, None] - inv[:, :, other_round].gather(
-                2, key_pos.view(b, h, -1)).view(b, h, r, n, w)  # (B, H, R, N, W) sorted slots from i back to j
-            hit = (bucket_of_key == buckets[:, :, other_round, None, :, None]) & (behind >= 0) & (behind < w)
+            bucket_there = buckets[:, :, other_round, None].expand(b, h, r, n).gather(3, perm)  # (B, H, R, N)
+            slot_there = inv[:, :, other_round, None].expand(b, h, r, n).gather(3, perm)  # (B, H, R, N)
+            back = slot_there[..., None] - window(slot_there, n)  # (B, H, R, N, W): slots from i back to j
+            hit = (window(bucket_there, -1) == bucket_there[..., None]) & (back >= 0) & (back < w)
             count += hit
             earlier |= hit & (rounds > other_round)
         count.clamp_(min=1)  # unscored slots are masked below; keep their log finite
 
-        wk, wv = gather_keys(k, key_pos), gather_keys(v, key_pos)  # (B, H, R, N, W, D)
-        scores = (wk @ (q / math.sqrt(d))[:, :, None, :, :, None]).squeeze(-1) - count.log()  # (B, H, R, N, W)
+        # Scores in the blocked layout, read out in window order: the 2W columns of a block are slots from the
+        # start of the previous block on, so key j of the block's query a is column a + 1 + j.
+        sq = F.pad(sort(q / math.sqrt(d)), (0, 0, 0, n_pad - n)).view(b, h, r, blocks, w, d)
+        wk, wv = blocked(sort(k)), blocked(sort(v))  # (B, H, R, blocks, 2W, D)
+        a = torch.arange(w, device=q.device)
+        column = (a[:, None] + 1 + a[None, :]).expand(b, h, r, blocks, w, w)  # (…, query a, window j)
+        scores = (sq @ wk.transpose(-1, -2)).gather(-1, column).view(b, h, r, n_pad, w)[:, :, :, :n]
+        scores = scores - count.log()
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)  # (B, H, R, N, W)
         lse = scores.logsumexp(-1)  # (B, H, R, N): z(i, P̃_i^(r))
         # masked_fill: a round with nothing allowed for i outputs exactly 0 (its round weight is 0 anyway).
         probs = (scores - lse[..., None]).exp().masked_fill(~allowed, 0.0)
-        if self.training:
-            probs = generator_dropout(probs, self.dropout, generator)
-        o = (probs[..., None, :] @ wv).squeeze(-2)  # (B, H, R, N, D): o_i^(r)
+        if self.training and self.dropout > 0:
+            # Drawn per (round, query position, window j), then carried to the sorted slots.
+            keep = generator_dropout(torch.ones(b, h, r, n, w, dtype=probs.dtype, device=probs.device),
+                                     self.dropout, generator)
+            probs = probs * gather_slots(keep, perm)
+        # Back to the blocked layout (column a + 1 + j; the row's other W columns read a zero) for P·V.
+        key = torch.arange(2 * w, device=q.device) - a[:, None] - 1  # (W, 2W): window j of column, row a
+        key = torch.where((key >= 0) & (key < w), key, w).expand(b, h, r, blocks, w, 2 * w)
+        probs = F.pad(probs, (0, 1, 0, n_pad - n)).view(b, h, r, blocks, w, w + 1).gather(-1, key)
+        o = (probs @ wv).view(b, h, r, n_pad, d)[:, :, :, :n]  # (B, H, R, N, D): o_i^(r), per sorted slot
+        o, lse = gather_slots(o, inv), gather_slots(lse, inv)  # back to position order
         y = (lse.softmax(2)[..., None] * o).sum(2)  # (B, H, N, D): multi-round combination
         y = y * valid[:, None, :, None]  # a padded query has nothing admissible: zeros
 

@@ -138,9 +138,10 @@ def test_padding_invariance(causal):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_causal_outputs_depend_only_on_the_past(seed):
-    """Strict causality, bitwise: replacing every token at positions ≥ t (content and padding alike) leaves
-    the outputs at positions < t unchanged — with dropout in training, several rounds and small buckets, so
-    the hashes of the replaced tokens do move. (The paper's whole-sequence sort fails this, by up to ~1.)"""
+    """Strict causality: replacing every token at positions ≥ t (content and padding alike) leaves the
+    outputs at positions < t unchanged up to rounding (the blocked matmuls may place a query's keys at other
+    columns; attend_causal) — with dropout in training, several rounds and small buckets, so the hashes of
+    the replaced tokens do move. (The paper's whole-sequence sort fails this, by up to ~1.)"""
     m = make(n_hashes=3, bucket_size=3, dropout=0.2).train()
     n = 20
     g = torch.Generator().manual_seed(100 + seed)
@@ -153,7 +154,8 @@ def test_causal_outputs_depend_only_on_the_past(seed):
         mask2 = mask.clone()
         mask2[:, t:] = torch.rand(2, n - t, generator=g) < 0.4
         y2, _ = m(x2, mask2, causal=True, generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(y[:, :t], y2[:, :t]), f"seed {seed}: outputs before t={t} moved"
+        torch.testing.assert_close(y[:, :t], y2[:, :t], rtol=0, atol=1e-12,
+                                   msg=lambda m: f"seed {seed}: outputs before t={t} moved: {m}")
         assert not torch.equal(y[:, t:], y2[:, t:])
 
 
