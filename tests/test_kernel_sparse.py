@@ -82,10 +82,16 @@ def mask_to_edges(mask: torch.Tensor):
 
 
 def reference_attention(attn: ks.KernelSparseAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Softmax attention written out on an explicit (B, H, N, N) mask: −inf fills, empty rows → 0."""
+    """Softmax attention written out on an explicit (B, H, N, N) mask: −inf fills, empty rows → 0; with the
+    module's ALiBi slopes, −m_h·|i − s| added by loops (deviation 10)."""
     b, n, _ = x.shape
     q, k, v = attn.qkv(x).view(b, n, 3, H, D).permute(2, 0, 3, 1, 4)
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~mask, -math.inf)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if attn.slopes is not None:
+        bias = torch.tensor([[[-float(attn.slopes[h]) * abs(i - j) for j in range(n)] for i in range(n)]
+                             for h in range(H)])
+        scores = scores + bias
+    scores = scores.masked_fill(~mask, -math.inf)
     y = scores.softmax(-1).nan_to_num(0.0) @ v  # (B, H, N, D)
     return attn.out(y.transpose(1, 2).reshape(b, n, H * D))
 
@@ -429,10 +435,12 @@ def test_sparse_attention_without_edges_gives_zeros():
     assert y.shape == (6, D) and (y == 0).all()
 
 
+@pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_module_masked_and_sparse_modes_agree_in_outputs_and_gradients(causal):
-    """Deviation 7: fine-tuning runs the masked path; it must give the sparse path's outputs and gradients."""
-    attn = make(ks.standard_kernels(L), select="topk", top_k=4)
+def test_module_masked_and_sparse_modes_agree_in_outputs_and_gradients(causal, alibi):
+    """Deviation 7: fine-tuning runs the masked path; it must give the sparse path's outputs and gradients
+    (with the teacher's ALiBi bias too: per entry in one, per edge in the other)."""
+    attn = make(ks.standard_kernels(L), select="topk", top_k=4, alibi=alibi)
     x0 = torch.randn(3, N, DIM, generator=seeded(3))
     pad = padding(3)
     upstream = torch.randn(3, N, DIM, generator=seeded(4))
@@ -474,10 +482,11 @@ COVERS = {  # (bank or None for the standard one, install kwargs) whose union is
 }
 
 
+@pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("head", ["token", "lm"])
 @pytest.mark.parametrize("cover", list(COVERS))
-def test_all_kernels_reproduce_the_dense_teacher(cover, head):
-    model = tiny_model(head)
+def test_all_kernels_reproduce_the_dense_teacher(cover, head, alibi):
+    model = tiny_model(head, alibi=alibi)
     bank, rule = COVERS[cover]
     predictors = None
     if bank is not None:
@@ -502,10 +511,21 @@ def test_all_kernels_reproduce_the_dense_teacher(cover, head):
             assert not torch.allclose(model(tokens, key_padding_mask=pad)[0][~pad], dense[~pad], atol=1e-3)
 
 
-def test_dense_mode_density_and_sdpa_paths():
-    """The teacher's density counts admissible pairs over valid² (causal: the lower triangle)."""
-    attn = make(mode="dense")
+@pytest.mark.parametrize("alibi", [False, True])
+def test_dense_mode_density_and_sdpa_paths(alibi):
+    """The teacher's density counts admissible pairs over valid² (causal: the lower triangle); its outputs,
+    ALiBi included, equal the written-out reference on every SDPA path (unpadded, padded, causal)."""
+    attn = make(mode="dense", alibi=alibi)
     x = torch.randn(3, N, DIM, generator=seeded(6))
+    if alibi:
+        assert torch.allclose(attn.slopes, torch.tensor([2.0 ** (-8 * h / H) for h in range(1, H + 1)]))
+        with torch.no_grad():
+            y, _ = attn(x)  # no padding: the unmasked SDPA call
+        everything = torch.ones(3, H, N, N, dtype=torch.bool)
+        assert torch.allclose(y, reference_attention(attn, x, everything), atol=1e-5)
+        with torch.no_grad():
+            plain = make(mode="dense")(x)[0]
+        assert not torch.allclose(y, plain, atol=1e-3)  # the bias does change the teacher
     pad = padding(3)
     valid = ~pad
     for causal in (False, True):
