@@ -36,7 +36,9 @@ Deviations (named):
    25%"): the causal scheme above with σ = ∞ and w = 1/p windows, i.e. a uniform draw from each window's
    prefix; p must be 1/integer. Non-causal unbiased SSA is Alg. 1 with k = round(p·N).
 3. ALiBi on the flattened index for every task, −m_h·|i − j| (symmetric for encoders, as the repo's
-   dense baseline), where the paper used a learned 2-D relative bias for images (App. B.2).
+   dense baseline), where the paper used a learned 2-D relative bias for images (App. B.2). On LM tasks
+   with ALiBi the model has no positional embeddings unless `--pos-emb true` (App. B.1's decoder); encoders
+   keep the preset's learned positions, which tell left from right under a symmetric bias.
 4. A length N not divisible by w is padded internally to the next multiple (pad = key padding).
 5. A window that drew only padded sources gives its queries zeros for that draw (the paper does not
    treat padding; one permutation shared by the batch cannot avoid padded sources).
@@ -455,6 +457,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.attn:
         parser.error("ssa.py takes its budget as flags (--windows, --sigma, ...), not --attn")
+    if args.pos_emb is None and not args.no_alibi and train.get_task(args.task).head == "lm":
+        args.pos_emb = False  # App. B.1: the ALiBi decoder has no positional embeddings
     if len(args.sigma) > 2 or args.ensemble_samples < 0:
         parser.error("--sigma takes one or two values; --ensemble-samples must be >= 0")
     try:

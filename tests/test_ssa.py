@@ -353,3 +353,16 @@ def test_command_line_rejects_bad_settings_with_exit_2(bad, capsys):
     with pytest.raises(SystemExit) as exc:
         ssa.main(["--task", "duplicates"] + bad)
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("extra, expected", [([], False), (["--pos-emb", "true"], True), (["--no-alibi"], True)])
+def test_lm_tasks_drop_positional_embeddings_under_alibi(tmp_path, extra, expected):
+    """App. B.1: the ALiBi decoder has no positional embeddings; asking for them, or dropping ALiBi, keeps the
+    preset's learned positions."""
+    text = tmp_path / "text.txt"
+    text.write_bytes(bytes(range(32, 127)) * 40)
+    out = tmp_path / "run"
+    argv = ["--task", "bytes", "--data-file", str(text), "--seq-len", "32", "--steps", "0", "--batch-size", "2",
+            "--eval-batches", "1", "--final-eval-batches", "1", "--eval-context", "8", "--out", str(out), *extra]
+    assert ssa.main(argv) == 0
+    assert json.loads((out / "metrics.json").read_text())["config"]["pos_emb"] is expected
