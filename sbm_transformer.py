@@ -267,25 +267,31 @@ class EdgeProbability(torch.autograd.Function):
         return edges.csr(grad) @ w, edges.csc(grad) @ x, None
 
 
-class ClipGrad(torch.autograd.Function):
-    """Identity whose gradient is clipped to [−1, 1]: the official STE's hardtanh (dense path)."""
+class StraightThrough(torch.autograd.Function):
+    """The scores unchanged in value, with the STE's gradient for the edge probabilities (dense path):
+    ∂L/∂P = ∂L/∂S ⊙ S (Eq. 9, `ste="paper"`) or hardtanh(∂L/∂S) (official, sbm_reference.md §4.7). One
+    function, not P − stopgrad(P) arithmetic, so the (B, H, N, M) work is one product in the backward."""
 
     @staticmethod
-    def forward(ctx, x):
-        return x.clone()
+    def forward(ctx, scores, prob, ste: str):
+        ctx.save_for_backward(scores)
+        ctx.ste = ste
+        return scores.view_as(scores)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad.clamp(-1.0, 1.0)
+        scores, = ctx.saved_tensors
+        return grad, (grad * scores if ctx.ste == "paper" else grad.clamp(-1.0, 1.0)), None
 
 
-def dense_attention(q, k, v, prob, mask, p_drop: float, ste: str, generator=None) -> Tensor:
+def dense_attention(q, k, v, prob, mask, row_edges, p_drop: float, ste: str, generator=None) -> Tensor:
     """The reference path: σ_M(M ⊙ QKᵀ/√D) V with materialised (B, H, N, M) scores; prob = P where the STE
-    applies (detached on forced edges). Same result and gradients as EdgeAttention on the same mask."""
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, N, M)
-    ste_delta = prob - prob.detach()  # exactly 0: carries the STE gradient (Eq. 9) without changing values
-    logits = scores * (1 + ste_delta) if ste == "paper" else scores + ClipGrad.apply(ste_delta)
-    alpha = logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(-1) * mask  # empty rows → 0
+    applies (detached on forced edges); row_edges (B, H, N, 1) = mask.sum(-1). Same result and gradients as
+    EdgeAttention on the same mask."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, H, N, M)
+    logits = StraightThrough.apply(scores, prob, ste)
+    alpha = logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(-1)
+    alpha = alpha * (row_edges > 0)  # a row without edges is uniform here: output 0 instead
     if p_drop > 0:
         keep = torch.rand(alpha.shape, generator=generator, device=alpha.device) >= p_drop
         alpha = alpha * keep / (1 - p_drop)
@@ -375,8 +381,9 @@ class SBMAttention(nn.Module):
 
     def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
         """The official path (sbm_reference.md §4.5): one Bernoulli(min(1, P + δ)) per admissible pair."""
+        # u < min(1, π) ⟺ u < π for u ∈ [0, 1): no clamp needed
         mask = torch.rand(prob.shape, generator=generator, device=prob.device, dtype=prob.dtype) < \
-            (prob + self.exploration()).clamp(max=1.0)
+            prob + self.exploration()
         return self.fix_mask(mask, valid, causal)
 
     def fix_mask(self, mask: Tensor, valid: Tensor, causal: bool) -> Tensor:
@@ -438,9 +445,11 @@ class SBMAttention(nn.Module):
             if self.self_loops:  # forced edges are not sampled: no STE gradient
                 eye = torch.eye(N, dtype=torch.bool, device=q.device)
                 prob = torch.where(eye, prob.detach(), prob)
-            y = dense_attention(q, k, v, prob, mask, p_drop, self.ste, generator)
-            counts = mask.sum((2, 3)).to(q.dtype)  # (B, H)
-            ste_part = ((prob - prob.detach()) * mask).sum((2, 3))  # (B, H), value 0
+            row_edges = mask.sum(-1, keepdim=True, dtype=torch.int32)  # (B, H, N, 1); int32: 2× faster than int64
+            y = dense_attention(q, k, v, prob, mask, row_edges, p_drop, self.ste, generator)
+            counts = row_edges.sum((2, 3)).to(q.dtype)  # (B, H)
+            ste_part = prob.masked_fill(~mask, 0).sum((2, 3))
+            ste_part = ste_part - ste_part.detach()  # (B, H), value 0, gradient 1 on each sampled edge
         else:
             edges = graph["edges"]
             p = EdgeProbability.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)  # (E,)
