@@ -358,6 +358,11 @@ def ssa_modules(model: nn.Module):
 
 # -------------------------------------------------------------------------------------- method procedures
 
+def fine_tune_start(total_steps: int, fraction: float) -> int:
+    """The first step (0-based) of the +FT dense tail: the last round(fraction·total_steps) steps."""
+    return total_steps - round(fraction * total_steps)
+
+
 def fine_tune_callback(fraction: float = 0.1) -> Callable[[nn.Module, int, int], bool]:
     """+FT (§3.4, §4.1): dense attention for the last `fraction` of training. The callback switches every
     SSA module to "dense" once step ≥ (1 − fraction)·total_steps (0-based steps) and says whether the model
@@ -366,7 +371,7 @@ def fine_tune_callback(fraction: float = 0.1) -> Callable[[nn.Module, int, int],
         raise ValueError(f"fine-tune fraction must be in [0, 1], got {fraction}")
 
     def on_step(model: nn.Module, step: int, total_steps: int) -> bool:
-        tail = fraction > 0 and step >= total_steps - round(fraction * total_steps)
+        tail = fraction > 0 and step >= fine_tune_start(total_steps, fraction)
         if tail:
             for module in ssa_modules(model):
                 module.mode = "dense"

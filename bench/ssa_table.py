@@ -12,6 +12,10 @@ Settings (the SSA paper's names, §4 and Table 8; SSA on every layer, σ ramped 
               the paper's Table 8 compares the two; U<x> names the percentage dropped)
 Every setting trains in its own process with the same model, data order and budget, one after another, so
 step times are taken on an otherwise idle machine; a setting whose record is complete is skipped on a re-run.
+S-L4+FT is S-L4 until its dense tail starts (same seed, data, draws and learning-rate schedule: every random
+draw of step t is seeded by t), so it resumes from S-L4's checkpoint at that step and trains only the tail;
+tests/test_bench_cli.py checks that this gives the parameters of a run trained from scratch, bit for bit. Its
+step times are S-L4's before the branch and its own after; its peak memory is the tail's (dense, the larger).
 The ALiBi decoder of the paper's App. B.1 (no positional embeddings) at the CPU preset's width.
 
 Columns, normalised to S0 as in the paper's Table 1: bits per byte of the dense ("renormalised", §3.4)
@@ -21,6 +25,7 @@ printed: S-L4 step time ≤ 0.65 × S0's; S-L4+FT within 2 % of S0's bits per by
 """
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,28 +33,44 @@ from pathlib import Path
 from tabulate import tabulate
 
 from bench.tasks import TASKS, get_task
+from ssa import fine_tune_start
 
 ROOT = Path(__file__).resolve().parent.parent
+FT_FRACTION = 0.1  # §3.4: "the last 10% of the training epochs"
 SETTINGS = {
     "S0": ["--ssa-layers", "0"],
     "S-L2": ["--windows", "2"],
     "S-L4": ["--windows", "4"],
-    "S-L4+FT": ["--windows", "4", "--finetune-fraction", "0.1"],
+    "S-L4+FT": ["--windows", "4", "--finetune-fraction", str(FT_FRACTION)],
     "S-U75": ["--unbiased", "0.25"],
 }
 ENSEMBLED = "S-L4"
+BRANCH_FROM, BRANCHED = "S-L4", "S-L4+FT"
 
 
-def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
+def run_setting(folder: Path, name: str, common: list, ensemble: int, branch: int) -> dict:
+    """Runs one setting in its own process (or skips it if complete). `branch` > 0: the step at which S-L4+FT
+    leaves S-L4 — S-L4 keeps a checkpoint there and S-L4+FT resumes from it."""
     record_path = folder / "metrics.json"
     if record_path.exists() and json.loads(record_path.read_text()).get("status") == "complete":
         print(f"{name}: complete, skipped", flush=True)
         return json.loads(record_path.read_text())
     folder.mkdir(parents=True, exist_ok=True)
     extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
+    header = ""
+    if branch and name == BRANCH_FROM:
+        extra += ["--snapshot-at", str(branch)]
+    snapshot = folder.parent / BRANCH_FROM / f"checkpoint-{branch}.pt"
+    if branch and name == BRANCHED and snapshot.exists():
+        shutil.copyfile(snapshot, folder / "checkpoint.pt")
+        shutil.copyfile(snapshot.parent / "log.jsonl", folder / "log.jsonl")  # --resume keeps steps ≤ branch
+        extra += ["--resume"]
+        header = f"resumed from {snapshot} (S-L4 until step {branch}), trains the dense tail\n"
     cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder)]
     print(f"{name}: {' '.join(cmd[1:])}", flush=True)
     with open(folder / "train.log", "w") as log:
+        log.write(header)
+        log.flush()
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     if code != 0:
         tail = (folder / "train.log").read_text().strip().splitlines()[-3:]
@@ -113,6 +134,8 @@ def main(argv=None) -> int:
                                 epilog="Other options (e.g. --steps, --batch-size, --data-dir) go to every run.")
     p.add_argument("--task", default="bytes", help="an LM task (bytes, enwik8)")
     p.add_argument("--seq-len", type=int, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")
+    p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="the task preset of every run")
+    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the preset's)")
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, from " + ",".join(SETTINGS))
     p.add_argument("--ensemble-samples", type=int, default=16, help="Fig. 7 curve up to this many sub-models")
     p.add_argument("--out", default="runs/ssa_table", help="folder: one sub-folder per setting, table.md")
@@ -120,13 +143,17 @@ def main(argv=None) -> int:
     names = args.settings.split(",")
     if not set(names) <= set(SETTINGS) or "S0" not in names:
         p.error(f"--settings must include S0 and come from {list(SETTINGS)}, got {names}")
-    if args.ensemble_samples < 0:
-        p.error("--ensemble-samples must be >= 0")
-    common = ["--task", args.task, "--seq-len", str(args.seq_len), "--pos-emb", "false", *extra]
+    if args.ensemble_samples < 0 or (args.steps is not None and args.steps < 0):
+        p.error("--ensemble-samples and --steps must be >= 0")
     if args.task not in TASKS or get_task(args.task).metric != "bpb":
         p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")
+    steps = args.steps if args.steps is not None else get_task(args.task).presets[args.preset].steps
+    common = ["--task", args.task, "--preset", args.preset, "--steps", str(steps), "--seq-len", str(args.seq_len),
+              "--pos-emb", "false", *extra]
+    branch = fine_tune_start(steps, FT_FRACTION) if {BRANCH_FROM, BRANCHED} <= set(names) else 0
+    branch = branch if 0 < branch < steps else 0  # no dense tail (tiny runs): nothing to share
     out = Path(args.out)
-    records = {name: run_setting(out / name, name, common, args.ensemble_samples) for name in names}
+    records = {name: run_setting(out / name, name, common, args.ensemble_samples, branch) for name in names}
     text = render(records)
     (out / "table.md").write_text(text)
     (out / "table.json").write_text(json.dumps(records, indent=2))

@@ -139,6 +139,9 @@ def build_parser(description: str = "Train and evaluate one method on one task."
     p.add_argument("--grad-clip", type=float, default=1.0, help="gradient-norm clipping (0 = off)")
     p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, help="steps between progress lines")
     p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
+    p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
+                   help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from which a run "
+                        "that differs only later can --resume (repeatable)")
     group = p.add_argument_group("preset overrides (default: the preset's value)")
     group.add_argument("--seq-len", type=positive_int, help="sequence length")
     group.add_argument("--dim", type=positive_int, help="model width")
@@ -358,6 +361,10 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
             with open(log_file, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def training_state():
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "elapsed": elapsed, "step_times": step_times, "config": json.loads(json.dumps(config, default=str))}
+
     total = config["steps"]
     memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
@@ -407,11 +414,11 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
                      **{k: v for k, v in result.items()}})
                 print(f"eval step {step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
                       f"density {result['density']:.3f}", flush=True)
-                save_atomic(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "step": step, "elapsed": elapsed, "step_times": step_times,
-                                        "config": json.loads(json.dumps(config, default=str))})
+                save_atomic(ckpt_path, training_state())
             if world > 1:
                 dist.barrier()
+        if is_main and step in args.snapshot_at:
+            save_atomic(out / f"checkpoint-{step}.pt", training_state())
 
     peak_memory = measure.peak_memory_bytes(device, memory) if total > 0 else None
     record = None

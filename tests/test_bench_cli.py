@@ -145,6 +145,31 @@ def test_ssa_table_runs_every_setting_and_normalises_to_s0(tmp_path):
     assert rerun.stdout.count("complete, skipped") == 5
 
 
+def test_ssa_table_branches_the_fine_tuned_run_from_s_l4_with_the_parameters_of_a_full_run(tmp_path):
+    import pytest
+    from conftest import DATA
+    if not (DATA / "wikitext-2" / "valid.txt").is_file():
+        pytest.skip(f"no WikiText-2 in {DATA} (set SPARSE_ATTN_DATA)")
+    out, scratch = tmp_path / "ssa", tmp_path / "scratch"
+    tiny = [*TINY[2:-2], "--eval-every", "4", "--data-dir", str(DATA), "--eval-context", "8"]
+    table = run("bench.ssa_table", "--out", str(out), "--seq-len", "32", "--steps", "10", "--ensemble-samples", "0",
+                "--settings", "S0,S-L4,S-L4+FT", *tiny)
+    assert "--snapshot-at 9" in table.stdout  # 10 steps: the dense tail is the last one
+    assert (out / "S-L4" / "checkpoint-9.pt").is_file()
+    assert (out / "S-L4+FT" / "train.log").read_text().startswith("resumed from")
+    full = subprocess.run([sys.executable, str(ROOT / "ssa.py"), "--task", "bytes", "--seq-len", "32", "--steps", "10",
+                           "--pos-emb", "false", "--windows", "4", "--finetune-fraction", "0.1", *tiny,
+                           "--out", str(scratch)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert full.returncode == 0, full.stdout + full.stderr
+    branched = json.loads((out / "S-L4+FT" / "metrics.json").read_text())
+    reference = json.loads((scratch / "metrics.json").read_text())
+    assert branched["param_fingerprints"] == reference["param_fingerprints"]
+    assert branched["test"] == reference["test"] and len(branched["config"]) == len(reference["config"])
+    steps = [json.loads(line)["step"] for line in (out / "S-L4+FT" / "log.jsonl").read_text().splitlines()]
+    assert steps == [4, 8, 10]  # S-L4's evaluations before the branch, then the tail's
+
+
 def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):
     result = run("bench.ssa_table", "--task", "listops", "--out", str(tmp_path), check=False)
     assert result.returncode == 2 and "language-modelling" in result.stderr
