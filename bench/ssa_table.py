@@ -131,7 +131,7 @@ def render(records: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="Other options (e.g. --steps, --batch-size, --data-dir) go to every run.")
+                                epilog="Other options (e.g. --batch-size, --lr, --data-dir) go to every run.")
     p.add_argument("--task", default="bytes", help="an LM task (bytes, enwik8)")
     p.add_argument("--seq-len", type=int, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="the task preset of every run")
