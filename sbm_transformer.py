@@ -74,7 +74,6 @@ Commands (`python -m bench.train --method sbm ...` runs the same code; `--help` 
 Shape legend: B batch, H heads, N queries, M keys (M = N here), D head dim, K clusters, E edges,
 R = B·H graphs (graph r = b·H + h); "global" query / key indices are r·N + i / r·M + j.
 """
-import math
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
