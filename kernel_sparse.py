@@ -752,7 +752,8 @@ def fine_tune(model: nn.Module, task, config: dict, cfg: KernelConfig, seed: int
     install(model, mode="masked", layers=sum(mode != "dense" for mode in modes))
     backbone = [p for name, p in model.named_parameters() if ".predictor." not in name]
     optimizer = torch.optim.AdamW(backbone, lr=cfg.finetune_lr, weight_decay=config["weight_decay"])
-    schedule = {"lr": cfg.finetune_lr, "warmup": cfg.finetune_steps // 10, "steps": cfg.finetune_steps}
+    schedule = {"lr": cfg.finetune_lr, "warmup": cfg.finetune_steps // 10, "steps": cfg.finetune_steps,
+                "lr_decay": "cosine", "lr_floor": 0.1}
     losses = []
     model.train()
     for step in range(cfg.finetune_steps):

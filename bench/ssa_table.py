@@ -16,7 +16,10 @@ S-L4+FT is S-L4 until its dense tail starts (same seed, data, draws and learning
 draw of step t is seeded by t), so it resumes from S-L4's checkpoint at that step and trains only the tail;
 tests/test_bench_cli.py checks that this gives the parameters of a run trained from scratch, bit for bit. Its
 step times are S-L4's before the branch and its own after; its peak memory is the tail's (dense, the larger).
-The ALiBi decoder of the paper's App. B.1 (no positional embeddings) at the CPU preset's width.
+The ALiBi decoder of the paper's App. B.1 (no positional embeddings) at the CPU preset's width, trained with
+App. B.1's schedule shape: after the preset's warm-up the learning rate falls linearly to half its peak (the
+paper: 1e-3 → 5e-4 over 10k steps), so the +FT tail (§3.4: "the schedule simply continues") trains at half the
+peak rate, not at the 10 % floor of the harness's default cosine. `--lr-decay cosine --lr-floor 0.1` restores it.
 
 Columns, normalised to S0 as in the paper's Table 1: bits per byte of the dense ("renormalised", §3.4)
 evaluation; FLOPs of a training step's forward per example (for +FT the mean over its steps: 90 % sampled,
@@ -44,6 +47,7 @@ SETTINGS = {
     "S-L4+FT": ["--windows", "4", "--finetune-fraction", str(FT_FRACTION)],
     "S-U75": ["--unbiased", "0.25"],
 }
+PAPER_SCHEDULE = ["--lr-decay", "linear", "--lr-floor", "0.5"]  # App. B.1; options given later override it
 ENSEMBLED = "S-L4"
 BRANCH_FROM, BRANCHED = "S-L4", "S-L4+FT"
 
@@ -103,7 +107,8 @@ def render(records: dict) -> str:
     lines = [f"SSA paper Table 1 shape, task `{s0['task']}` (test split: {s0['scored']['test']} bytes scored), "
              f"{s0['device']}, torch {s0['versions']['torch']}, seed {s0['seed']}: length {c['seq_len']}, "
              f"{c['depth']} layers × {c['heads']} heads × {c['head_dim']}, width {c['dim']}, "
-             f"{c['steps']} steps × batch {c['batch_size']}, evaluation context {c['eval_context']} bytes, "
+             f"{c['steps']} steps × batch {c['batch_size']}, learning rate {c['lr']:g} ({c['warmup']} warm-up steps, "
+             f"{c['lr_decay']} decay to {c['lr_floor']:g} × peak), evaluation context {c['eval_context']} bytes, "
              f"allocator {s0.get('allocator') or 'default'}.", "",
              tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), ""]
     l4, ft, u = records.get("S-L4"), records.get("S-L4+FT"), records.get("S-U75")
@@ -149,7 +154,7 @@ def main(argv=None) -> int:
         p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")
     steps = args.steps if args.steps is not None else get_task(args.task).presets[args.preset].steps
     common = ["--task", args.task, "--preset", args.preset, "--steps", str(steps), "--seq-len", str(args.seq_len),
-              "--pos-emb", "false", *extra]
+              "--pos-emb", "false", *PAPER_SCHEDULE, *extra]
     branch = fine_tune_start(steps, FT_FRACTION) if {BRANCH_FROM, BRANCHED} <= set(names) else 0
     branch = branch if 0 < branch < steps else 0  # no dense tail (tiny runs): nothing to share
     out = Path(args.out)

@@ -3,7 +3,8 @@
     python -m bench.train --method full --task duplicates [--steps N --seed S --out DIR ...]
     torchrun --nproc_per_node 2 -m bench.train --method full --task listops      # DDP (gloo on CPU, nccl on CUDA)
 
-AdamW (weight decay on matrices only), linear warm-up then cosine decay to 10% of the peak learning rate,
+AdamW (weight decay on matrices only), linear warm-up then cosine (default) or linear decay to a floor (default
+10% of the peak learning rate; ``--lr-decay linear --lr-floor 0.5`` is the SSA paper's App. B.1 schedule),
 gradient clipping, bf16 autocast on CUDA, periodic evaluation, a progress line, a JSON-lines log
 (``log.jsonl``), atomic checkpoints at each evaluation and ``--resume``, and the results record
 ``metrics.json`` (DESIGN.md) written atomically at the end.
@@ -59,6 +60,7 @@ METHODS = {
 }
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
 LOG_EVERY = 50
+LR_DECAYS = ("cosine", "linear")
 
 
 def available_methods() -> Dict[str, str]:
@@ -113,6 +115,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def unit_fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -137,6 +146,10 @@ def build_parser(description: str = "Train and evaluate one method on one task."
     p.add_argument("--attn", action="append", type=parse_attn_option, default=[], metavar="KEY=VALUE",
                    help="budget option passed to the attention constructor (repeatable)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="gradient-norm clipping (0 = off)")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
+                   help="shape of the decay after warm-up, from the peak to the floor at the last step")
+    p.add_argument("--lr-floor", type=unit_fraction, default=0.1, metavar="FRACTION",
+                   help="learning rate at the last step, as a fraction of the peak")
     p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, help="steps between progress lines")
     p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
     p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
@@ -198,12 +211,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def lr_at(step: int, config: dict) -> float:
-    """Linear warm-up to the peak, then cosine decay to 10% of it at the last step."""
+    """Linear warm-up to the peak, then a cosine or linear decay to floor × peak at the last step."""
     peak, warmup, total = config["lr"], config["warmup"], max(1, config["steps"])
+    floor = config["lr_floor"]
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    remaining = 1 - progress if config["lr_decay"] == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return peak * (floor + (1 - floor) * remaining)
 
 
 def model_inputs(batch: dict, device: torch.device) -> dict:

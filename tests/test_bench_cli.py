@@ -157,8 +157,9 @@ def test_ssa_table_branches_the_fine_tuned_run_from_s_l4_with_the_parameters_of_
     assert "--snapshot-at 9" in table.stdout  # 10 steps: the dense tail is the last one
     assert (out / "S-L4" / "checkpoint-9.pt").is_file()
     assert (out / "S-L4+FT" / "train.log").read_text().startswith("resumed from")
+    from bench.ssa_table import PAPER_SCHEDULE
     full = subprocess.run([sys.executable, str(ROOT / "ssa.py"), "--task", "bytes", "--seq-len", "32", "--steps", "10",
-                           "--pos-emb", "false", "--windows", "4", "--finetune-fraction", "0.1", *tiny,
+                           "--pos-emb", "false", *PAPER_SCHEDULE, "--windows", "4", "--finetune-fraction", "0.1", *tiny,
                            "--out", str(scratch)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert full.returncode == 0, full.stdout + full.stderr

@@ -131,6 +131,17 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
     assert result.stdout.count("final:") == 1  # rank-0 logging only
 
 
+def test_learning_rate_warms_up_then_decays_to_its_floor_at_the_last_step():
+    from bench.train import lr_at
+    config = {"lr": 2.0, "warmup": 10, "steps": 110, "lr_decay": "cosine", "lr_floor": 0.1}
+    assert lr_at(0, config) == pytest.approx(0.2) and lr_at(9, config) == pytest.approx(2.0)
+    assert lr_at(10, config) == pytest.approx(2.0) and lr_at(110, config) == pytest.approx(0.2)
+    assert lr_at(35, config) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + 2 ** -0.5)))  # a quarter: cos(π/4)
+    linear = {**config, "lr_decay": "linear", "lr_floor": 0.5}  # the SSA paper's App. B.1 shape
+    assert lr_at(35, linear) == pytest.approx(2.0 * (0.5 + 0.5 * 0.75)) and lr_at(110, linear) == pytest.approx(1.0)
+    assert [lr_at(s, linear) for s in range(10, 111)] == sorted((lr_at(s, linear) for s in range(10, 111)), reverse=True)
+
+
 def test_help_lists_the_options():
     result = train("--help")
     for option in ("--method", "--task", "--steps", "--seed", "--resume", "--attn", "--device", "--out"):
@@ -143,6 +154,8 @@ def test_help_lists_the_options():
     (["--task", "duplicates", "--steps", "-1"], "non-negative"),
     (["--task", "duplicates", "--bogus"], "unrecognized arguments"),
     (["--task", "duplicates", "--attn", "features"], "key=value"),
+    (["--task", "duplicates", "--lr-floor", "1.5"], "fraction in [0, 1]"),
+    (["--task", "duplicates", "--lr-decay", "step"], "invalid choice"),
 ])
 def test_bad_options_exit_2_with_argparse_messages(args, message):
     result = train(*args, check=False)
