@@ -63,7 +63,8 @@ Deviations from the official code (sbm_reference.md §4, §7):
 
 Commands (`python -m bench.train --method sbm ...` runs the same code; `--help` lists every option):
     python sbm_transformer.py --task duplicates --preset paper --path dense   # Fig. 4: Table 7's batch 256,
-                                                                              # 2000 steps; density → 1
+                                                                              # 2000 steps; density → 1 (some
+                                                                              # seeds stall, full attention too)
     python sbm_transformer.py --task listops                          # Table 1 setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
     python sbm_transformer.py --task listops --official               # the official code's choices (6, 2, 3)
