@@ -55,8 +55,8 @@ QUICK: Dict[str, tuple] = {
     "listops": (["--steps", "150", "--eval-every", "75", *EVAL], 30),
     "bytes": (["--steps", "100", "--eval-every", "50", *EVAL], 40),
     # LRA Image at 8x8 (4x4 blocks averaged): 10 classes of grey-level layouts, learnable in 1500 steps.
-    "image": (["--seq-len", "64", "--steps", "1500", "--batch-size", "64", "--lr", "2e-3", "--warmup", "100",
-               "--eval-every", "750", *EVAL], 50),
+    "image": (["--seq-len", "64", "--steps", "1500", "--batch-size", "64", "--lr", "3e-3", "--dropout", "0",
+               "--warmup", "100", "--eval-every", "750", "--eval-batches", "2", "--final-eval-batches", "16"], 50),
     "wikitext2": (["--steps", "300", "--eval-every", "150", *EVAL, *KERNEL_QUICK], 300),
 }
 # What full attention must reach for a task to be shown in the quick preview (the report checks each run):
@@ -318,9 +318,10 @@ def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
 def describe(grid: dict, jobs: int) -> str:
     """What will run: cells, budget, estimated time and the output folder."""
     total = sum(c["estimate_s"] for c in grid["cells"])
-    lines = [f"grid: {len(grid['cells'])} cells ({len(grid['methods'])} methods × {len(grid['tasks'])} tasks × "
-             f"{len(grid['seeds'])} seed(s)), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s); "
-             f"estimated {clock(total / jobs)} on a 2-core CPU"]
+    tasks = list(dict.fromkeys(c["task"] for c in grid["cells"]))
+    lines = [f"grid: {len(grid['cells'])} cells on {len(tasks)} tasks ({', '.join(tasks)}), {len(grid['seeds'])} "
+             f"seed(s), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s) side by side; estimated "
+             f"{clock(total / jobs)} on a 2-core CPU"]
     for item in grid["not_run"]:
         lines.append(f"  n/a: {item['method']} on {item['task']} ({item['reason']})")
     for task, message in grid["missing_data"].items():

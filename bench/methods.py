@@ -1,5 +1,6 @@
 """The one registry of attention methods: every entry point (train, grid, run_all, report, scaling, the tests)
-reads it, so adding a method is its file plus one entry here.
+reads it, so adding a method is its file plus one entry here (or, outside this repository, a module named in
+$SPARSE_ATTN_PLUGINS that calls ``register``: every process of a run, cells included, imports it).
 
     Method("name", "module:Class", script="file.py" or None, causal=..., tasks=..., slow=..., scaling=...)
 
@@ -19,6 +20,7 @@ reads it, so adding a method is its file plus one entry here.
 """
 import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, Optional
 
@@ -93,3 +95,7 @@ def refusal(method: str, causal_task: bool) -> Optional[str]:
     if causal_task and not get(method).causal:
         return "no causal form"
     return None
+
+
+for _plugin in filter(None, os.environ.get("SPARSE_ATTN_PLUGINS", "").split(",")):
+    importlib.import_module(_plugin)  # each plugin module calls register(Method(...)) when imported

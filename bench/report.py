@@ -118,10 +118,15 @@ def ranking_check(recs: List[dict]) -> Optional[str]:
             + ("" if agrees else " (the paper's recipe: the README's SBM Fig. 4 claim)") + ".")
 
 
+def method_order(names) -> List[str]:
+    """Registry order, then any method the records name that this process has not registered (a plug-in)."""
+    names = set(names)
+    return [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS))
+
+
 def accuracy_table(recs: List[dict], plan: dict, failures: List[dict]) -> str:
     tasks = [t for t in grid.GRID_TASKS if any(r["task"] == t for r in recs)]
-    methods = [m for m in registry.METHODS if any(r["method"] == m for r in recs) or
-               any(f["method"] == m for f in failures) or m in plan.get("methods", [])]
+    methods = method_order([r["method"] for r in recs] + [f["method"] for f in failures] + plan.get("methods", []))
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
     failed = {(f["method"], f["task"]): f for f in failures}
     cells = defaultdict(list)
@@ -139,7 +144,7 @@ def accuracy_table(recs: List[dict], plan: dict, failures: List[dict]) -> str:
                 row.append(f"n/a ({refused[(m, t)]})")
             elif (m, t) in failed:
                 row.append("failed (below)")
-            elif not registry.applicable(m, t):
+            elif m in registry.METHODS and not registry.applicable(m, t):
                 row.append("–")
             else:
                 row.append("not run")
@@ -170,7 +175,7 @@ def cost_table(recs: List[dict]) -> str:
     rows = []
     for task in [t for t in grid.GRID_TASKS if any(k[0] == t for k in by_cell)]:
         ref = by_cell.get((task, REFERENCE))
-        for method in [m for m in registry.METHODS if (task, m) in by_cell]:
+        for method in method_order(m for t, m in by_cell if t == task):
             rs = by_cell[(task, method)]
             train_attn = ratio(rs, ref, lambda r: train_flops(r)["attention"])
             eval_attn = ratio(rs, ref, lambda r: r["flops_per_example"]["attention"])

@@ -19,8 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import grid, report
-from bench import methods as registry
+from bench import methods as registry  # light: the grid, report and torch are imported once options parse
 
 SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,8192"}
 SCALING_REPEATS = {"quick": ["--warmup", "2", "--repeats", "5"], "smoke": ["--warmup", "0", "--repeats", "1"],
@@ -29,8 +28,10 @@ SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-co
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="./run_all.sh", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="./run_all.sh", description=" ".join(__doc__.split("\n\n")[0].split()),
+                                epilog="Environment: SPARSE_ATTN_DATA (data folder); run_all.sh sets the glibc "
+                                       "allocator for every CPU timing (MALLOC_MMAP_MAX_=0 "
+                                       "MALLOC_TRIM_THRESHOLD_=68719476736).")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--quick", dest="budget", action="store_const", const="quick",
                        help="the quick grid: per-task CPU budgets, one seed (the default)")
@@ -44,10 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=None, help="comma-separated (default: every grid task)")
     p.add_argument("--seeds", default=None, help="comma-separated (default: the budget's)")
     p.add_argument("--jobs", type=int, default=None, help="cells side by side (default: cores; 1 for --full)")
-    p.add_argument("--lengths", default=None, help="scaling table lengths (default: the budget's)")
+    p.add_argument("--lengths", default=None, help="scaling table lengths (default: the budget's: quick "
+                   f"{SCALING['quick']}, smoke {SCALING['smoke']}, full {SCALING['full']})")
     p.add_argument("--no-scaling", action="store_true", help="skip the attention scaling table")
     p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present; the default), cpu or cuda")
     return p
 
 
@@ -58,7 +60,7 @@ def scaling_methods(methods) -> str:
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> None:
     """OUT/scaling.json, kept when it holds the same methods and lengths (a resumed run)."""
-    from bench import scaling
+    from bench import grid, scaling
     path = out / "scaling.json"
     wanted = scaling_methods(methods)
     previous = grid.read_json(path)
@@ -73,6 +75,7 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> N
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    from bench import grid, report
     jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
     grid_args = ["--budget", args.budget, "--jobs", str(jobs)]
     for flag in ("methods", "tasks", "seeds"):
