@@ -27,6 +27,19 @@ def pyplot():
     return plt
 
 
+def label(ax, xlabel: str, ylabel: str, legend_size: int = 7) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=legend_size)
+    ax.grid(True, alpha=0.3)
+
+
+def save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def scaling(result: dict, path: Path) -> str:
     """Forward+backward time and peak memory against sequence length, log-log, one line per method."""
     plt = pyplot()
@@ -47,9 +60,7 @@ def scaling(result: dict, path: Path) -> str:
     args = result["args"]
     fig.suptitle(f"Attention scaling — {result['device']}; batch {args['batch']}, {args['heads']} heads × "
                  f"{args['head_dim']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return (f"Attention scaling: forward+backward time and peak memory against sequence length (log-log), "
             f"every method, measured in one run ({result['device']}).")
 
@@ -82,9 +93,7 @@ def accuracy_vs_cost(records: List[dict], path: Path, reference: str = "full") -
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return (f"Test metric against the attention FLOPs of a training step (× {reference} attention on the same "
             f"task), one panel per task with full attention; the dotted line is the task's base rate.")
 
@@ -104,18 +113,10 @@ def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
                       label=f"{method} ({split})")
             if method == "sbm":
                 right.plot(steps, [line["density"] for line in mine], style, markersize=3, label=f"sbm ({split})")
-    left.set_xlabel("training step")
-    left.set_ylabel("token accuracy (%)")
-    left.legend(fontsize=7)
-    left.grid(True, alpha=0.3)
-    right.set_xlabel("training step")
-    right.set_ylabel("SBM mask density")
+    label(left, "training step", "token accuracy (%)")
+    label(right, "training step", "SBM mask density")
     right.set_ylim(0, 1.05)
-    right.legend(fontsize=7)
-    right.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return ("SBM Fig. 4's story on duplicates (paper recipe): accuracy of every method over training (left) and "
             "SBM-Transformer's mask density (right), from the runs' log.jsonl.")
 
@@ -129,12 +130,7 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
     ax.set_xscale("log", base=2)
     ax.set_xticks(samples)
     ax.set_xticklabels([str(s) for s in samples])
-    ax.set_xlabel("sub-models averaged")
-    ax.set_ylabel("validation bits per byte")
-    ax.legend(fontsize=8)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    label(ax, "sub-models averaged", "validation bits per byte", legend_size=8)
+    save(fig, path)
     return ("SSA Fig. 7's shape: validation bits per byte of S-L4's self-ensemble against the number of "
             "sub-models, beside dense inference.")
