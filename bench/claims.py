@@ -2,14 +2,16 @@
 
     python -m bench.claims list                   # every claim, its folder and commands
     python -m bench.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
+    python -m bench.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
 
 A claim of kind ``runs`` is a set of training runs (each one a grid cell: its own process, record and log,
 resumable, results/CLAIM/runs/CELL); the report tabulates them by setting, mean ± standard deviation over
 seeds. A claim of kind ``output`` is the saved output of a benchmark script (results/CLAIM/*.md, its command
-on the first line), and ``scaling`` the JSON of ``bench.scaling``. The report (bench/report.py) reads this
+on the first line with the wall time it took), and ``scaling`` the JSON of ``bench.scaling``. The report (bench/report.py) reads this
 list: the README's results section leads with one table per claim, in this order.
 """
 import argparse
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,12 +103,38 @@ CLAIMS = [
 BY_NAME = {c.name: c for c in CLAIMS}
 
 
+def run_output(claim: Claim, out: Path) -> int:
+    """Runs a benchmark claim's commands one after another, each saved as OUT/<script>.md: the command and the
+    wall time it took on this machine on the first line, then what it printed."""
+    import platform
+    import shlex
+    import subprocess
+    import time
+    failures = 0
+    for command in claim.commands:
+        words = shlex.split(command)
+        name = (words[2].split(".")[-1] if words[1] == "-m" else Path(words[1]).stem)
+        print(f"{claim.name}: {command} ...", flush=True)
+        start = time.time()
+        result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True)
+        wall = time.time() - start
+        if result.returncode != 0:
+            failures += 1
+            print(f"{claim.name}: `{command}` failed (exit {result.returncode}):\n{result.stderr[-2000:]}", flush=True)
+            continue
+        header = (f"`{command}` ({wall / 60:.1f} min on {platform.machine()}, {os.cpu_count()} cores, "
+                  f"{time.strftime('%Y-%m-%d')})")
+        (out / f"{name}.md").write_text(f"{header}\n\n{result.stdout.strip()}\n")
+        print(f"{claim.name}: saved {out / (name + '.md')} ({wall:.0f} s)", flush=True)
+    return failures
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.claims", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True)
     sub.add_parser("list", help="every claim, its folder and commands")
-    run = sub.add_parser("run", help="run a claim's training runs (kind runs) into its folder, resumably")
-    run.add_argument("claim", choices=[c.name for c in CLAIMS if c.kind == "runs"])
+    run = sub.add_parser("run", help="run a claim into its folder: training runs resumably, benchmarks anew")
+    run.add_argument("claim", choices=[c.name for c in CLAIMS])
     run.add_argument("--jobs", type=int, default=1, help="runs side by side")
     run.add_argument("--out", default=None, help="folder (default results/CLAIM)")
     args = p.parse_args(argv)
@@ -117,10 +145,16 @@ def main(argv=None) -> int:
         return 0
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
+    claim = BY_NAME[args.claim]
     out = Path(args.out) if args.out else RESULTS / args.claim
     out.mkdir(parents=True, exist_ok=True)
     with grid.GridLock(out):
-        failures = grid.run_cells(out, BY_NAME[args.claim].cells(), args.jobs)
+        if claim.kind == "runs":
+            cells = claim.cells()
+            print(f"{claim.name}: {len(cells)} runs into {out}, {args.jobs} side by side", flush=True)
+            failures = grid.run_cells(out, cells, args.jobs)
+        else:
+            failures = run_output(claim, out)
     return 1 if failures else 0
 
 
