@@ -46,23 +46,23 @@ GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "
 EVAL = ["--eval-batches", "2", "--final-eval-batches", "8"]
 KERNEL_QUICK = ["--analysis-sequences", "32", "--predictor-steps", "100", "--finetune-steps", "100",
                 "--thresholds", "0.3,0.5,0.7", "--top-ks", "1,3,5"]
-# Per task: overrides of the CPU preset, and the measured seconds of full attention's cell on one thread of
-# a 2-core machine (process start and data included) from which the ETA is estimated.
+# Per task: overrides of the CPU preset, and the CPU seconds of full attention's cell (process start and data
+# included; one measured run on a 2-core machine) from which the grid estimates its time.
 QUICK: Dict[str, tuple] = {
     # SBM paper §5.1 at 64 tokens: full attention passes 99% token accuracy in 600 steps of batch 128 (lr 2e-3;
     # 400 steps stay at 77%). Large batches and few steps: at these lengths every method but full attention
     # pays a fixed cost per step (Reformer and SBM 8-11× full attention's step), not per example.
     "duplicates": (["--seq-len", "64", "--steps", "600", "--batch-size", "128", "--lr", "2e-3", "--warmup", "50",
-                    "--eval-every", "300", *EVAL], 16),
+                    "--eval-every", "300", *EVAL], 10),
     # ListOps with LRA's rules at lengths 25-100: full attention reaches ~29% in 150 steps (majority class 16%).
     "listops": (["--seq-len", "100", "--steps", "300", "--eval-every", "150", "--eval-batches", "2",
-                 "--final-eval-batches", "16"], 18),
-    "bytes": (["--steps", "100", "--eval-every", "50", *EVAL], 30),
+                 "--final-eval-batches", "16"], 14),
+    "bytes": (["--steps", "100", "--eval-every", "50", *EVAL], 19),
     # LRA Image at 8x8 (4x4 blocks averaged), no dropout: full attention reaches 27-29% (chance 10%) in 400-600
     # steps of batch 128 at lr 3e-3; 600 steps of batch 64 at lr 2e-3 stay at 22%.
     "image": (["--seq-len", "64", "--steps", "500", "--batch-size", "128", "--lr", "3e-3", "--dropout", "0",
-               "--warmup", "50", "--eval-every", "250", "--eval-batches", "2", "--final-eval-batches", "16"], 40),
-    "wikitext2": (["--steps", "300", "--eval-every", "150", *EVAL, *KERNEL_QUICK], 420),
+               "--warmup", "50", "--eval-every", "250", "--eval-batches", "2", "--final-eval-batches", "16"], 36),
+    "wikitext2": (["--steps", "300", "--eval-every", "150", *EVAL, *KERNEL_QUICK], 260),
 }
 # What full attention must reach for a task to be shown in the quick preview (the report checks each run):
 # (kind, amount, in words), kind "min" an absolute metric, "above_base"/"below_base" relative to the base rate.
@@ -113,9 +113,7 @@ class Budget:
         if name == "smoke":
             return PROCESS_SECONDS + (6 if method == "kernel" else 2)
         if name == "quick":
-            seconds = QUICK[task][1]
-            return seconds if method == "kernel" else PROCESS_SECONDS + (seconds - PROCESS_SECONDS) * \
-                registry.get(method).cost
+            return QUICK[task][1] * registry.get(method).cost
         return 3600.0
 
 

@@ -62,7 +62,8 @@ def scaling(result: dict, path: Path) -> str:
                  f"{args['head_dim']}", fontsize=10)
     save(fig, path)
     return (f"Attention scaling: forward+backward time and peak memory against sequence length (log-log), "
-            f"every method, measured in one run ({result['device']}).")
+            f"every method at its default budget (SBM untrained, at its initial ~25% density), measured in one run "
+            f"({result['device']}).")
 
 
 def accuracy_vs_cost(records: List[dict], path: Path, reference: str = "full") -> str:
