@@ -1,4 +1,4 @@
-"""The attention contract of INTERFACE.md, fuzzed over every attention in the registry (bench.train.METHODS).
+"""The attention contract of INTERFACE.md, fuzzed over every attention in the method registry.
 
 Every variant (a registry class with one of its execution paths) gets CASES_PER_VARIANT cases drawn from a
 seed fixed by (variant, case index), so a failing case id reruns alone: batch 1-3, length in {1, 2, 3, 7, 64,
@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from bench.train import METHODS
+from bench.train import available_methods, load_method
 from conftest import LowPrecisionMath
 
 CASES_PER_VARIANT = 250
@@ -40,11 +40,6 @@ MASKS = ("none", "random", "all_but_one", "example_padded", "first_padded")
 MASK_WEIGHTS = (2, 1, 1, 1, 1)  # no mask takes the fast paths (SDPA's own causal kernel, no padding branch)
 PRECISIONS = ("float32", "float64", "bf16")
 MAX_LEN = max(LENGTHS)
-
-
-def load(name: str):
-    module_name, class_name = METHODS[name].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
 
 
 @dataclass(frozen=True)
@@ -86,8 +81,10 @@ DOCUMENTED = {
     ("reformer", "causal outputs exactly"): (
         "baselines.reformer:ReformerAttention.attend_causal", "outputs before t agree to rounding, not bitwise, "
         "when tokens from t on change; gradients from the future are exactly zero."),
+    ("performer", "finite gradients of causal large inputs"): (
+        "baselines.performer", "Limitation: where the keys' log-features spread over more than float32's exp range "
+        "(about 87) across features, a query's denominator can underflow, and its gradient is then not finite"),
 }
-
 
 
 def documented(variant: str, check: str) -> bool:
@@ -108,8 +105,12 @@ def test_documented_exceptions_are_still_documented(key):
     assert " ".join(words.split()) in docstring_of(where), f"{where} no longer documents: {words}"
 
 
+def build(variant: str, dim: int, heads: int, head_dim: int, dropout: float, budget: dict):
+    return load_method(VARIANTS[variant].method)[1](dim, heads, head_dim, dropout, **budget)
+
+
 def test_every_registered_method_is_fuzzed():
-    assert {v.method for v in VARIANTS.values()} == set(METHODS)
+    assert {v.method for v in VARIANTS.values()} == set(available_methods())
 
 
 # ----------------------------------------------------------------------------------------------- the cases
@@ -129,6 +130,7 @@ class Case:
     dropout: float
     precision: str
     generator: bool
+    scale: float  # of the inputs: 100 stresses exp ranges and denominators (issue 19, item 4)
 
     @classmethod
     def draw(cls, variant: str, index: int) -> "Case":
@@ -137,7 +139,8 @@ class Case:
         causal = r.random() < (0.5 if VARIANTS[variant].causal else 0.15)  # a refusal needs few cases
         return cls(variant, r.randrange(2 ** 31), VARIANTS[variant].budget(r), r.randint(1, 3),
                    r.choices(LENGTHS, LENGTH_WEIGHTS)[0], dim, heads, head_dim, r.choices(MASKS, MASK_WEIGHTS)[0],
-                   causal, r.random() < 0.6, r.choice([0.0, 0.1, 0.1]), r.choice(PRECISIONS), r.random() < 0.5)
+                   causal, r.random() < 0.6, r.choice([0.0, 0.1, 0.1]), r.choice(PRECISIONS), r.random() < 0.5,
+                   r.choice([1.0, 1.0, 1.0, 1.0, 100.0]))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -189,9 +192,9 @@ def test_contract(variant, index):
     case = Case.draw(variant, index)
     g = torch.Generator().manual_seed(case.seed)
     torch.manual_seed(case.seed)
-    module = load(VARIANTS[variant].method)(case.dim, case.heads, case.head_dim, case.dropout, **case.budget)
+    module = build(variant, case.dim, case.heads, case.head_dim, case.dropout, case.budget)
     module = module.to(case.dtype).train(case.train)
-    x = torch.randn(case.batch, case.n, case.dim, generator=g, dtype=case.dtype)
+    x = case.scale * torch.randn(case.batch, case.n, case.dim, generator=g, dtype=case.dtype)
     pad = case.padding(g)
     draw = int(torch.randint(2 ** 31, (), generator=g))
 
@@ -219,9 +222,13 @@ def test_contract(variant, index):
     upstream = torch.randn(y.shape, generator=g)
     loss = (y.float() * upstream).sum() + (0 if aux is None else aux.float())
     loss.backward()
-    assert torch.isfinite(xg.grad).all(), "non-finite input gradient"
-    bad = [name for name, p in copy_.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
-    assert not bad, f"non-finite parameter gradients: {bad}"
+    finite_gradients = not (case.causal and case.scale > 1 and case.dtype == torch.float32
+                            and documented(variant, "finite gradients of causal large inputs"))
+    if finite_gradients:
+        assert torch.isfinite(xg.grad).all(), "non-finite input gradient"
+        bad = [name for name, p in copy_.named_parameters()
+               if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f"non-finite parameter gradients: {bad}"
 
     # A query with no admissible key outputs zeros: only the output projection of zeros remains.
     valid = torch.ones(case.batch, case.n, dtype=torch.bool) if pad is None else ~pad
@@ -238,7 +245,7 @@ def test_contract(variant, index):
 
     # Padded keys: new content there changes no valid position (the same draw).
     if pad is not None and pad.any() and valid.any():
-        x2 = torch.where(pad[..., None], 10 * torch.randn(x.shape, generator=g, dtype=case.dtype), x)
+        x2 = torch.where(pad[..., None], 10 * case.scale * torch.randn(x.shape, generator=g, dtype=case.dtype), x)
         with torch.no_grad():
             _, y2, _ = run(module, x2, pad, case.causal, case, draw)
         close(y2[valid], y.detach()[valid], case.precision, "padded content reached a valid position")
@@ -248,7 +255,7 @@ def test_contract(variant, index):
     # Causality: change every token (content and padding) from t on; nothing before t moves.
     t = int(torch.randint(1, case.n, (), generator=g))
     x3 = x.clone()
-    x3[:, t:] = 10 * torch.randn(case.batch, case.n - t, case.dim, generator=g, dtype=case.dtype)
+    x3[:, t:] = 10 * case.scale * torch.randn(case.batch, case.n - t, case.dim, generator=g, dtype=case.dtype)
     pad3 = None if pad is None else pad.clone()
     if pad3 is not None:
         pad3[:, t:] = torch.rand(case.batch, case.n - t, generator=g) < 0.5
@@ -259,6 +266,8 @@ def test_contract(variant, index):
             close(y3[:, :t], y.detach()[:, :t], case.precision, f"an output before t={t} moved with later tokens")
         else:
             assert torch.equal(y3[:, :t], y.detach()[:, :t]), f"an output before t={t} moved with later tokens"
+    if not finite_gradients:
+        return
     xg = x.clone().requires_grad_()
     _, y4, _ = run(module, xg, pad, True, case, draw)
     (grad,) = torch.autograd.grad((y4[:, :t].float() * upstream[:, :t]).sum(), xg)
@@ -270,7 +279,7 @@ def test_dropout_draws_come_from_the_generator(variant):
     """The fuzz shows a seed reproduces its draw and leaves the global RNG alone; here a different seed must give
     a different draw, so the generator really drives the dropout."""
     torch.manual_seed(0)
-    module = load(VARIANTS[variant].method)(8, 2, 4, 0.5, **VARIANTS[variant].budget(random.Random(0))).train()
+    module = build(variant, 8, 2, 4, 0.5, VARIANTS[variant].budget(random.Random(0))).train()
     x = torch.randn(2, 7, 8)
     with torch.no_grad():
         a, b, c = (copy.deepcopy(module)(x, generator=torch.Generator().manual_seed(seed))[0] for seed in (1, 1, 2))
@@ -292,6 +301,6 @@ BAD_MASKS = {
 def test_bad_masks_are_a_clear_value_error(variant, mask):
     """INTERFACE.md: key_padding_mask is (B, N) bool; anything else is a ValueError that names the expectation."""
     torch.manual_seed(0)
-    module = load(VARIANTS[variant].method)(8, 2, 4, **VARIANTS[variant].budget(random.Random(0)))
+    module = build(variant, 8, 2, 4, 0.0, VARIANTS[variant].budget(random.Random(0)))
     with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 5\)"):
         module(torch.randn(2, 5, 8), BAD_MASKS[mask](2, 5))
