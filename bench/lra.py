@@ -296,6 +296,7 @@ class Docs:
 class LRATask(Task):
     """Fixed splits held in memory; a batch is built from example indices by ``batch``."""
     download_allowed = True
+    reads_files = True
     data_file: Optional[str] = None
 
     def split_size(self, split: str) -> int:
@@ -891,6 +892,7 @@ class Pathfinder(LRATask):
     batch 32, 800 steps. Paper preset (Table 7 "Pathfinder"): 32x32 (1024 tokens), 160,000 training images,
     batch 1024, lr 5e-4, 62,400 steps, warm-up 312."""
     GENERATOR_VERSION = 1  # bump when the generator changes: old caches are then ignored
+    reads_files = False  # generated
 
     def __init__(self):
         super().__init__("pathfinder", "cls", vocab_size=256, num_classes=2, metric="accuracy",

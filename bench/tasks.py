@@ -90,6 +90,7 @@ class Task:
     num_classes: int
     metric: str  # "accuracy" or "bpb"
     presets: Dict[str, Preset] = field(default_factory=dict)
+    reads_files = False  # True: setup() reads data files and raises DataError when they are missing
 
     def setup(self, seq_len: int, seed: int, data_dir: Path, eval_context: int = 0) -> None:
         raise NotImplementedError
@@ -239,6 +240,7 @@ class ListOps(ExampleSetTask):
 
 class ByteLM(Task):
     """Byte-level language modelling on a byte array per split; bits per byte."""
+    reads_files = True
 
     def __init__(self, name: str):
         cpu = Preset(seq_len=256, dim=128, depth=2, heads=4, head_dim=32, mlp_dim=512, dropout=0.0, steps=1500,

@@ -13,7 +13,7 @@ Reproducibility: every random draw of step t — the batch, dropout, a method's 
 seeds derived from (seed, rank, t), and each evaluation from (seed, step). A run killed and resumed from its
 last checkpoint therefore ends with exactly the metrics of an uninterrupted one (tests/test_train.py).
 
-Methods plug in two ways. A baseline is a class in the registry ``METHODS`` built with the interface's core
+Methods plug in two ways (bench/methods.py registers them). A baseline is a class built with the interface's core
 arguments plus ``--attn key=value`` budget options. A method file with its own procedures (SSA's fine-tuning
 tail, SBM's regulariser settings) has a ``main(argv)`` that builds a parser with ``build_parser()``, adds its
 options and calls ``run(args, make_attention=..., hooks=Hooks(...))``; ``--method NAME`` here delegates to it,
@@ -23,8 +23,6 @@ import argparse
 import dataclasses
 import datetime
 import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -44,35 +42,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import measure
+from bench import methods as registry
 from bench.model import Model, ModelConfig
 from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task
 
-METHODS = {
-    "full": "baselines.full:FullAttention",
-    "linear": "baselines.linear:LinearAttention",
-    "linformer": "baselines.linformer:LinformerAttention",
-    "performer": "baselines.performer:PerformerAttention",
-    "nystromformer": "baselines.nystromformer:NystromAttention",
-    "reformer": "baselines.reformer:ReformerAttention",
-    "sbm": "sbm_transformer:SBMAttention",
-    "ssa": "ssa:SSAttention",
-    "kernel": "kernel_sparse:KernelSparseAttention",
-}
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
 LOG_EVERY = 50
 LR_DECAYS = ("cosine", "linear")
 
 
 def available_methods() -> Dict[str, str]:
-    """Registry entries whose module exists in this checkout."""
-    return {name: target for name, target in METHODS.items()
-            if importlib.util.find_spec(target.split(":")[0]) is not None}
+    """Registered methods (bench/methods.py) whose module exists in this checkout: name → module:Class."""
+    return {name: method.attention for name, method in registry.available().items()}
 
 
 def load_method(name: str):
-    module_name, class_name = METHODS[name].split(":")
-    module = importlib.import_module(module_name)
-    return module, getattr(module, class_name)
+    return registry.get(name).load()
 
 
 class SetupError(RuntimeError):
@@ -280,7 +265,7 @@ def evaluate(model: nn.Module, task, split: str, limit: Optional[int], batch_siz
     was_training = model.training
     model.eval()
     torch.manual_seed(derive_seed(seed, "eval", split))
-    nll, correct, count, densities = 0.0, 0, 0, []
+    nll, correct, count, densities, target_counts = 0.0, 0, 0, [], torch.zeros(task.num_classes)
     for batch in task.eval_batches(split, batch_size, limit):
         inputs, targets = model_inputs(batch, device), batch["targets"].to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -291,6 +276,7 @@ def evaluate(model: nn.Module, task, split: str, limit: Optional[int], batch_siz
         nll += F.cross_entropy(logits, flat, ignore_index=IGNORE, reduction="sum").item()
         correct += (logits.argmax(-1)[scored] == flat[scored]).sum().item()
         count += scored.sum().item()
+        target_counts += torch.bincount(flat[scored].cpu(), minlength=task.num_classes)
         densities.append(stats["density"].float().cpu())
     model.train(was_training)
     if count == 0:
@@ -299,7 +285,17 @@ def evaluate(model: nn.Module, task, split: str, limit: Optional[int], batch_siz
     density = torch.stack(densities).mean(0)  # (L, H)
     metric = loss / math.log(2) if task.metric == "bpb" else correct / count
     return {"metric": metric, "loss": loss, "density": density.mean().item(),
-            "density_per_layer": density.mean(1).tolist(), "scored": count}
+            "density_per_layer": density.mean(1).tolist(), "scored": count,
+            "base_rate": base_rate(target_counts, task.metric)}
+
+
+def base_rate(counts: torch.Tensor, metric: str) -> float:
+    """What the split's own target distribution gives with no input: the majority class's accuracy, or the
+    entropy of the unigram distribution in bits (a model must beat it to have learned anything)."""
+    p = counts / counts.sum()
+    if metric == "bpb":
+        return -(p[p > 0] * p[p > 0].log2()).sum().item()
+    return p.max().item()
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -385,6 +381,7 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
     measure.reset_peak_memory(device)
     trained.train()
     window_loss, window_metric, window_density = [], [], []
+    train_density = []  # (L,) per step: the density of what training computed (SSA's sub-model, SBM's masks)
     while step < total:
         if hooks.on_step is not None:
             hooks.on_step(model, step, total)
@@ -414,6 +411,7 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
             window_metric.append(loss.item() / math.log(2) if task.metric == "bpb" else
                                  (logits.argmax(-1)[scored] == targets[scored]).float().mean().item())
             window_density.append(stats["density"].mean().item())
+            train_density.append(stats["density"].float().mean(-1).cpu())
         if is_main and (step % args.log_every == 0 or step == total):
             median_ms = statistics.median(step_times[-args.log_every:])
             eta = datetime.timedelta(seconds=round(median_ms * (total - step) / 1e3))
@@ -421,6 +419,8 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
             print(f"step {step}/{total} | loss {np.mean(window_loss):.4f} | {metric_name} "
                   f"{np.mean(window_metric):.4f} | density {np.mean(window_density):.3f} | "
                   f"{median_ms:.1f} ms/step | ETA {eta}", flush=True)
+            log({"step": step, "split": "train", "loss": float(np.mean(window_loss)),
+                 "metric": float(np.mean(window_metric)), "density": float(np.mean(window_density))})
             window_loss, window_metric, window_density = [], [], []
         if step % config["eval_every"] == 0 or step == total:
             if is_main:
@@ -447,18 +447,29 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
         test = eval_split("test", config["final_eval_batches"])
         example = next(task.eval_batches("valid", min(4, config["batch_size"]), 1))
         inputs = model_inputs(example, device)
+        flops = {}
+        for mode, training in (("train", True), ("eval", False)):
+            # Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks);
+            # evaluation FLOPs those of inference, where a method may differ (SSA evaluates dense).
+            model.train(training)
+            torch.manual_seed(derive_seed(args.seed, "flops"))
+            with torch.no_grad():
+                flops[mode] = measure.model_flops_per_example(model, lambda: model(**inputs),
+                                                              len(example["tokens"]))
         model.eval()
-        with torch.no_grad():
-            flops = measure.model_flops_per_example(model, lambda: model(**inputs), len(example["tokens"]))
         record = {
             "status": "complete", "method": args.method, "task": args.task, "preset": args.preset,
             "seed": args.seed, "device": device_name(device), "world_size": world,
             "metric": task.metric, "valid": valid["metric"], "test": test["metric"],
             "valid_loss": valid["loss"], "test_loss": test["loss"],
             "scored": {"valid": valid["scored"], "test": test["scored"]},
+            "base_rate": test["base_rate"],
             "density": test["density"], "density_per_layer": test["density_per_layer"],
+            "train_density": torch.stack(train_density).mean().item() if train_density else None,
+            "train_density_per_layer": torch.stack(train_density).mean(0).tolist() if train_density else None,
             "params": sum(p.numel() for p in model.parameters()),
-            "flops_per_example": flops, "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
+            "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
+            "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
             "peak_memory_bytes": peak_memory,
             "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else
                                 "CPU peak RSS above the pre-training baseline",
@@ -497,9 +508,8 @@ def main(argv=None) -> int:
     methods = available_methods()
     if method not in methods:
         build_parser().error(f"argument --method: invalid choice {method!r} (available: {sorted(methods)})")
-    module, _ = load_method(method)
-    if hasattr(module, "main") and not module.__name__.startswith("baselines."):
-        return module.main(argv)
+    if registry.get(method).script is not None:
+        return load_method(method)[0].main(argv)
     args = build_parser().parse_args(argv)
     return run_cli(args)
 
