@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
+from bench import methods as registry
 from bench.train import available_methods, load_method
 from conftest import LowPrecisionMath
 
@@ -46,18 +47,22 @@ MAX_LEN = max(LENGTHS)
 class Variant:
     method: str  # the registry name
     budget: Callable[[random.Random], dict]  # constructor options, drawn for a case
-    causal: bool = True  # False: causal=True must raise ValueError
+
+    @property
+    def causal(self) -> bool:
+        """The registry's word (bench/methods.py): False means causal=True must raise ValueError."""
+        return registry.get(self.method).causal
 
 
 VARIANTS = {
     "full-fused": Variant("full", lambda r: dict(fused=True, alibi=r.random() < 0.3)),
     "full-reference": Variant("full", lambda r: dict(fused=False, alibi=r.random() < 0.3)),
     "linear": Variant("linear", lambda r: dict(chunk=r.choice([1, 3, 64]))),
-    "linformer": Variant("linformer", lambda r: dict(rank=r.choice([1, 4, 16]), max_len=MAX_LEN), causal=False),
+    "linformer": Variant("linformer", lambda r: dict(rank=r.choice([1, 4, 16]), max_len=MAX_LEN)),
     "performer": Variant("performer", lambda r: dict(features=r.choice([4, 8, 16]), chunk=r.choice([1, 3, 64]),
                                                      redraw_interval=r.choice([0, 1, 2]))),
     "nystromformer": Variant("nystromformer", lambda r: dict(landmarks=r.choice([1, 2, 4, 8]),
-                                                             conv_kernel=r.choice([0, 3])), causal=False),
+                                                             conv_kernel=r.choice([0, 3]))),
     "reformer": Variant("reformer", lambda r: dict(n_hashes=r.choice([1, 2, 3]), bucket_size=r.choice([1, 2, 4, 8]))),
     **{f"sbm-{path}": Variant("sbm", lambda r, path=path: dict(
         path=path, clusters=r.choice([2, 4, 8]), delta=r.choice([0.0, 0.01, 0.5]), self_loops=r.random() < 0.3,
