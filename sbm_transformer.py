@@ -213,6 +213,8 @@ class EdgeAttention(torch.autograd.Function):
     binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves α_e and s_e (E,): O(E)
     memory, never (E, D). Every product is a sparse kernel over the edges: SDDMM for scores and ∂L/∂α, CSR
     products for the output and dQ, and for dK, dV the same products on the key-major copy of the graph.
+    The backward is once-differentiable: its sparse products are not differentiated again, so a double backward
+    (a gradient penalty, gradgradcheck) raises instead of returning a wrong second derivative.
     """
 
     @staticmethod
@@ -229,6 +231,7 @@ class EdgeAttention(torch.autograd.Function):
         return edges.csr(weights) @ v  # (R·N, D); a query without edges gets 0
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, alpha, s, keep = ctx.saved_tensors
         edges, scale = ctx.edges, q.shape[-1] ** -0.5

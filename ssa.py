@@ -240,8 +240,9 @@ class SSAttention(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
+            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, True at padding; got "
+                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
         sample = self.sampling()
         windows = self.num_windows(causal) if sample else 1
         padded = -(-n // windows) * windows  # deviation 4: pad to a multiple of W; the pad is key padding
@@ -296,18 +297,20 @@ class SSAttention(nn.Module):
     def reference_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
                        p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
         """softmax(Q_w K_wᵀ/√D + B̃_w) V_w (Alg. 2 line 12) with the (B, H, W, Nw, K) scores materialised,
-        softmax in float32; the dropout mask comes from `generator`."""
+        softmax in float32 (autocast off: it would run the score product, and so the softmax, in its lower
+        precision); the dropout mask comes from `generator`."""
         compute = torch.promote_types(q.dtype, torch.float32)
-        scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B,H,W,Nw,K)
-        if bias is not None:
-            scores = scores + bias
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed[:, None], torch.finfo(compute).min)
-        probs = scores.softmax(-1)
-        if p_drop > 0.0:
-            keep = torch.rand(probs.shape, generator=generator,
-                              device=generator.device if generator is not None else probs.device)
-            probs = probs * (keep.to(probs.device) >= p_drop) / (1.0 - p_drop)
+        with torch.autocast(q.device.type, enabled=False):
+            scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B,H,W,Nw,K)
+            if bias is not None:
+                scores = scores + bias
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed[:, None], torch.finfo(compute).min)
+            probs = scores.softmax(-1)
+            if p_drop > 0.0:
+                keep = torch.rand(probs.shape, generator=generator,
+                                  device=generator.device if generator is not None else probs.device)
+                probs = probs * (keep.to(probs.device) >= p_drop) / (1.0 - p_drop)
         return probs.to(v.dtype) @ v  # (B, H, W, Nw, D)
 
     @staticmethod

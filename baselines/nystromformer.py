@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import generator_dropout
+from baselines.common import check_padding_mask, generator_dropout
 
 
 def masked_softmax(logits: Tensor, allowed: Tensor) -> Tensor:
@@ -109,8 +109,7 @@ class NystromAttention(nn.Module):
             raise ValueError("NystromAttention has no causal form: each landmark averages a whole segment, "
                              "future tokens included, so causal=True cannot be honoured")
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
                  else ~key_padding_mask)  # (B, N)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)

@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import generator_dropout
+from baselines.common import check_padding_mask, generator_dropout
 
 
 
@@ -138,8 +138,7 @@ class ReformerAttention(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
                  else ~key_padding_mask)  # (B, N)
         q = self.qk(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, N, D)
