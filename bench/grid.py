@@ -68,7 +68,7 @@ def start_cell(folder: Path, method: str, task: str, preset: str, seed: int, ext
     (folder / "failed.json").unlink(missing_ok=True)
     entry = [str(ROOT / SCRIPTS[method])] if method in SCRIPTS else ["-m", "bench.train", "--method", method]
     cmd = [sys.executable, *entry, "--task", task, "--preset", preset, "--seed", str(seed), "--out", str(folder),
-           *extra]
+           "--overwrite", *extra]  # an unfinished cell starts again
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with open(folder / "train.log", "w") as log:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
