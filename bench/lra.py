@@ -76,7 +76,7 @@ from typing import IO, Callable, Collection, Dict, Iterator, List, Optional, Tup
 import numpy as np
 import torch
 
-from bench.tasks import DataError, Preset, Task, created_folders, plain_mode, sha256_file, temporary_file
+from bench.tasks import DataError, Preset, Task, created_folders, plain_mode, sha256_file, write_atomic_with
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
 MAX_MEMBER_BYTES = 64 << 20  # an archive member read into memory (the largest real one: a 31 MB CIFAR-10 batch)
@@ -264,16 +264,7 @@ def load_cache(path: Path) -> Optional[Dict[str, np.ndarray]]:
 
 
 def save_cache(path: Path, arrays: Dict[str, np.ndarray]) -> None:
-    fd, tmp = temporary_file(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic_with(path, lambda f: np.savez(f, **arrays))
 
 
 def source_key(path: Path) -> str:

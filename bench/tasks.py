@@ -43,7 +43,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -454,12 +454,16 @@ def temporary_file(path: Path) -> Tuple[int, str]:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Writes through a temporary file, synced and renamed over ``path``: a reader (or a run killed at any
+    write_atomic_with(path, lambda f: f.write(data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(file)`` into a temporary file, synced and renamed over ``path``: a reader (or a run killed at any
     instant) sees the old file or the whole new one, never a part."""
     fd, tmp = temporary_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -81,7 +81,7 @@ METHODS = {
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
 LOG_EVERY = 50
 LR_DECAYS = ("cosine", "linear")
-CORE_ARGUMENTS = ("dim", "heads", "head_dim", "dropout")  # the interface's; every other constructor argument is a budget option
+CORE_ARGUMENTS = ("dim", "heads", "head_dim", "dropout")  # the interface's; any other constructor argument is a budget
 # What --resume lets differ from the checkpoint's settings, beside a method's Hooks.later_settings:
 # settings that only say where the run lives and what it reports (the device string: its type and the bf16
 # autocast are compared instead, as they change the numbers; eval_every: evaluations draw from their own seeds)
@@ -545,7 +545,7 @@ def begin_run(out: Path, resume: bool, step: int) -> None:
     (rewritten atomically), a fresh one removes the old checkpoints, then the old log."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").unlink(missing_ok=True)
-    for leftover in [*out.glob("metrics.json.*.tmp"), *out.glob("checkpoint*.pt.*.tmp"), *out.glob("log.jsonl.*.tmp")]:
+    for leftover in [*out.glob("metrics.json*.tmp"), *out.glob("checkpoint*.pt*.tmp"), *out.glob("log.jsonl*.tmp")]:
         leftover.unlink(missing_ok=True)
     log_file = out / "log.jsonl"
     if resume:

@@ -40,7 +40,8 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings_naming_each(tmp
                             ["--seed 0 → 7", "--lr 0.001 → 0.01", "--steps 6 → 30 (sets the learning rate"]),
                            (["--method", "linear"], ['--method "full" → "linear"']),
                            (["--attn", "fused=false"], ['--attn {} → {"fused": false}']),
-                           (["--dropout", "0.2", "--grad-clip", "0.5"], ["--dropout 0.0 → 0.2", "--grad-clip 1.0 → 0.5"]),
+                           (["--dropout", "0.2", "--grad-clip", "0.5"],
+                            ["--dropout 0.0 → 0.2", "--grad-clip 1.0 → 0.5"]),
                            (["--steps", "4"], ["--steps 6 → 4 (below the checkpoint's step 6)"])]:
         line = one_line_error(train(*RUN, *changed, "--out", str(out), "--resume", check=False))
         assert f"{out / 'checkpoint.pt'} (step 6) was trained with other settings" in line
@@ -186,7 +187,8 @@ OFFLINE_FAILING_DOWNLOADS = ("import urllib.request\n"
     (["--lr", "nan"], 2, "argument --lr: must be a positive number, got nan"),
     (["--dropout", "1"], 2, "argument --dropout: must be a rate in [0, 1), got 1"),
     (["--pos-emb", "maybe"], 2, "argument --pos-emb: must be true or false, got maybe"),
-    (["--method", "performer", "--attn", "features=abc"], 2, "--attn features=abc: performer's features takes an integer"),
+    (["--method", "performer", "--attn", "features=abc"], 2,
+     "--attn features=abc: performer's features takes an integer"),
     (["--method", "performer", "--attn", "features=1.5"], 2, "performer's features takes an integer"),
     (["--attn", "fused=maybe"], 2, "error: --attn fused=maybe: full's fused takes true or false"),
     (["--attn", "window=3"], 2, "full takes no option 'window'; its options: ['fused', 'alibi']"),

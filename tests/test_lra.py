@@ -150,13 +150,7 @@ def test_a_refused_archive_leaves_no_extracted_members(tmp_path):
 
 
 def test_retrieval_refuses_an_archive_with_a_bad_member_after_its_tsvs_and_keeps_nothing(tmp_path):
-    source = _aan(tmp_path / "src" / "lra_release" / "tsv_data")
-    (tmp_path / "data").mkdir()
-    with tarfile.open(tmp_path / "data" / "lra_release.gz", "w:gz") as tf:
-        tf.add(source.parent, arcname="lra_release")
-        info = tarfile.TarInfo("lra_release/../../escape.tsv")
-        info.size = 4
-        tf.addfile(info, io.BytesIO(b"x\ty\n"))
+    _lra_release(tmp_path, last_member="lra_release/../../escape.tsv")
     for _ in range(2):  # the second run is refused the same way: nothing of the first was kept
         with pytest.raises(DataError, match="refusing the archive"):
             get_task("retrieval").setup(32, 0, tmp_path / "data")
@@ -499,14 +493,19 @@ def test_retrieval_reads_lras_tsvs_as_pairs(tmp_path):
         lra.Retrieval().read(tmp_path / "lra_release" / "tsv_data")
 
 
-def test_retrieval_extracts_its_tsvs_from_the_lra_release_archive(tmp_path):
+def _lra_release(tmp_path, last_member):
+    """data/lra_release.gz: the AAN TSVs of ``_aan``, then one more member."""
     source = _aan(tmp_path / "src" / "lra_release" / "tsv_data")
     (tmp_path / "data").mkdir()
     with tarfile.open(tmp_path / "data" / "lra_release.gz", "w:gz") as tf:
         tf.add(source.parent, arcname="lra_release")
-        info = tarfile.TarInfo("lra_release/listops-1000/basic_test.tsv")
+        info = tarfile.TarInfo(last_member)
         info.size = 4
         tf.addfile(info, io.BytesIO(b"x\ty\n"))
+
+
+def test_retrieval_extracts_its_tsvs_from_the_lra_release_archive(tmp_path):
+    _lra_release(tmp_path, last_member="lra_release/listops-1000/basic_test.tsv")
     task = get_task("retrieval")
     task.setup(32, 0, tmp_path / "data")
     assert task.split_size("test") == 14
