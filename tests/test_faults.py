@@ -4,13 +4,19 @@ finished; a torn log line or a leftover of a killed write is recovered from; a d
 one line; the method files refuse another --method; bad settings give one line, exit 2, and create nothing."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+import kernel_sparse
+import sbm_transformer
+import ssa
+from bench import train as harness
 from bench.train import load_checkpoint
 from conftest import ROOT
 from test_train import TINY, env, record, train
@@ -31,10 +37,33 @@ def one_line_error(result, code=2):
     return lines[-1]
 
 
+def refused(capsys, *argv, entry=harness.main, code=2):
+    """An entry point's main() run in this process (a refusal trains nothing): its exit code must be ``code``
+    and its message one line; returns that line."""
+    try:
+        result = entry(list(argv))
+    except SystemExit as exc:  # argparse
+        result = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert result == code and err and "error: " in err[-1], (result, err)
+    return err[-1]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished run (6 steps, checkpoints at 3 and 6, a snapshot at 3), copied by the tests that need one."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    train(*RUN, "--snapshot-at", "3", "--out", str(out))
+    return out
+
+
+def copy_of(finished, tmp_path):
+    return Path(shutil.copytree(finished, tmp_path / "run"))
+
+
 # ------------------------------------------------------------------------------------ item 8: resume settings
-def test_resume_refuses_a_checkpoint_trained_with_other_settings_naming_each(tmp_path):
-    out = tmp_path / "run"
-    train(*RUN, "--out", str(out))
+def test_resume_refuses_a_checkpoint_trained_with_other_settings_naming_each(tmp_path, finished, capsys):
+    out = copy_of(finished, tmp_path)
     before = tree(tmp_path)
     for changed, named in [(["--seed", "7", "--steps", "30", "--lr", "0.01"],
                             ["--seed 0 → 7", "--lr 0.001 → 0.01", "--steps 6 → 30 (sets the learning rate"]),
@@ -43,14 +72,14 @@ def test_resume_refuses_a_checkpoint_trained_with_other_settings_naming_each(tmp
                            (["--dropout", "0.2", "--grad-clip", "0.5"],
                             ["--dropout 0.0 → 0.2", "--grad-clip 1.0 → 0.5"]),
                            (["--steps", "4"], ["--steps 6 → 4 (below the checkpoint's step 6)"])]:
-        line = one_line_error(train(*RUN, *changed, "--out", str(out), "--resume", check=False))
+        line = refused(capsys, *RUN, *changed, "--out", str(out), "--resume")
         assert f"{out / 'checkpoint.pt'} (step 6) was trained with other settings" in line
         for setting in named:
             assert setting in line, (setting, line)
     assert tree(tmp_path) == before  # nothing of the run was touched
 
 
-def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_not_see(tmp_path):
+def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_not_see(tmp_path, capsys):
     """Observing settings may change; --steps may grow while the steps taken keep their learning rates (here
     all of them are in the warm-up), and the run then ends as one trained with the new --steps from scratch."""
     warm = [*RUN, "--warmup", "20"]
@@ -62,33 +91,30 @@ def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_n
     a, b = record(scratch), record(grown)
     assert a["param_fingerprints"] == b["param_fingerprints"] and b["steps"] == 9
     assert [json.loads(line)["step"] for line in (grown / "log.jsonl").read_text().splitlines()] == [3, 6, 7, 8, 9]
-    past_warmup = one_line_error(train(*RUN, "--steps", "12", "--out", str(tmp_path / "scratch"), "--resume",
-                                       check=False))  # TINY warms up for 2 steps: the decay saw --steps
+    past_warmup = refused(capsys, *RUN, "--steps", "12", "--out", str(scratch), "--resume")  # TINY: 2 warm-up steps
     assert "--steps 9 → 12 (sets the learning rate of the steps already taken)" in past_warmup
 
 
 # ------------------------------------------------------------------------------------ item 9: fresh runs
-def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp_path):
-    out = tmp_path / "run"
-    train(*RUN, "--out", str(out))
+def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp_path, finished, capsys):
+    out = copy_of(finished, tmp_path)
     (out / "train.log").write_text("a caller's log\n")
     before = tree(tmp_path)
-    line = one_line_error(train(*RUN, "--seed", "1", "--out", str(out), check=False))
-    assert line == (f"error: {out} already holds a run (metrics.json, checkpoint.pt, log.jsonl): continue it with "
-                    f"--resume, or replace it with --overwrite")
+    line = refused(capsys, *RUN, "--seed", "1", "--out", str(out))
+    assert line == (f"error: {out} already holds a run (metrics.json, checkpoint.pt, log.jsonl, checkpoint-3.pt): "
+                    f"continue it with --resume, or replace it with --overwrite")
     # with --overwrite, a run refused for bad input (here: no data) changes nothing either
-    result = train("--task", "bytes", *TINY, "--steps", "1", "--data-dir", str(tmp_path / "none"), "--overwrite",
-                   "--out", str(out), check=False)
-    assert result.returncode == 1 and "no WikiText-2 text" in result.stderr and tree(tmp_path) == before
+    line = refused(capsys, "--task", "bytes", *TINY, "--steps", "1", "--data-dir", str(tmp_path / "none"),
+                   "--overwrite", "--out", str(out), code=1)
+    assert "no WikiText-2 text" in line and tree(tmp_path) == before
     train(*RUN, "--seed", "1", "--out", str(out), "--overwrite")
     assert record(out)["seed"] == 1 and load_checkpoint(out / "checkpoint.pt")["config"]["seed"] == 1
     assert (out / "train.log").read_text() == "a caller's log\n"  # not a file of the run
 
 
-def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finished(tmp_path):
+def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finished(tmp_path, finished):
     """Before: the old run's complete metrics.json and checkpoint stayed beside the new run's log."""
-    out = tmp_path / "run"
-    train(*RUN, "--out", str(out))
+    out = copy_of(finished, tmp_path)
     args = ["--task", "duplicates", *TINY, "--seed", "1", "--steps", "400", "--eval-every", "40",
             "--log-every", "1000", "--out", str(out), "--overwrite"]
     old_checkpoint = (out / "checkpoint.pt").stat().st_ino
@@ -115,11 +141,10 @@ def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finish
 
 
 # ------------------------------------------------------------------------------------ item 10: torn log line
-def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tmp_path):
+def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tmp_path, finished):
     """A kill mid-write leaves a log line without its newline (and a checkpoint's temporary file): before, every
     later run in the folder failed on the log."""
-    out = tmp_path / "run"
-    train(*RUN, "--snapshot-at", "3", "--out", str(out))
+    out = copy_of(finished, tmp_path)
     os.replace(out / "checkpoint-3.pt", out / "checkpoint.pt")  # as if killed after step 3's checkpoint ...
     (out / "metrics.json").unlink()
     with open(out / "log.jsonl", "ab") as log:
@@ -136,9 +161,8 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
 
 # ------------------------------------------------------------------------------------ item 13: damaged checkpoints
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "no header"])
-def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, damage):
-    out = tmp_path / "run"
-    train(*RUN, "--out", str(out))
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finished, capsys, damage):
+    out = copy_of(finished, tmp_path)
     path = out / "checkpoint.pt"
     data = bytearray(path.read_bytes())
     if damage == "flipped":  # in the middle of the weights: torch.load alone read this silently
@@ -151,20 +175,18 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, damage)
     else:
         data = data[data.index(b"\n") + 1:]  # the bare torch.save payload, as written before checksums
     path.write_bytes(bytes(data))
-    line = one_line_error(train(*RUN, "--out", str(out), "--resume", check=False))
+    line = refused(capsys, *RUN, "--out", str(out), "--resume")
     assert line.startswith(f"error: the checkpoint {path} ") and "weights_only" not in line
     assert {"flipped": "is damaged", "truncated": "is damaged", "empty": "is empty",
             "no header": "has no checksum header"}[damage] in line
 
 
 # ------------------------------------------------------------------------------------ item 11: method files
-@pytest.mark.parametrize("script", ["sbm_transformer.py", "ssa.py", "kernel_sparse.py"])
-def test_method_files_refuse_another_method(tmp_path, script):
+@pytest.mark.parametrize("module", [sbm_transformer, ssa, kernel_sparse])
+def test_method_files_refuse_another_method(tmp_path, capsys, module):
     """Before: python sbm_transformer.py --method performer trained SBM and recorded "performer"."""
-    result = subprocess.run([sys.executable, script, "--task", "duplicates", "--method", "performer",
-                             "--out", str(tmp_path / "run")], cwd=ROOT, env=env(), capture_output=True, text=True,
-                            timeout=120)
-    line = one_line_error(result)
+    line = refused(capsys, "--task", "duplicates", "--method", "performer", "--steps", "0", "--out",
+                   str(tmp_path / "run"), entry=module.main)
     assert "argument --method: this file trains" in line and "python -m bench.train --method performer" in line
     assert list(tmp_path.iterdir()) == []
 
@@ -176,9 +198,6 @@ def test_bench_train_still_runs_a_method_file_by_name(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ items 14-15: bad input
-OFFLINE_FAILING_DOWNLOADS = ("import urllib.request\n"
-                             "def unreachable(*args, **kwargs): raise OSError('network unreachable (test)')\n"
-                             "urllib.request.urlopen = unreachable\n")
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -200,19 +219,21 @@ OFFLINE_FAILING_DOWNLOADS = ("import urllib.request\n"
     (["--task", "image", "--data-dir", "{tmp}/no/such/data"], 1, "The download failed: network unreachable (test)"),
     (["--task", "enwik8", "--data-dir", "{tmp}/no/such/data"], 1, "The download failed: network unreachable (test)"),
 ])
-def test_bad_input_is_one_line_before_anything_is_made(tmp_path, args, code, message):
+def test_bad_input_is_one_line_before_anything_is_made(tmp_path, monkeypatch, capsys, args, code, message):
     """Each refused before training with one line (exit 2 for settings, 1 for data), leaving no folder: not the
     run's, not the data folder, not a cache (downloads are allowed here, and fail). The data folder is always
     one under tmp_path, so that even a run that is not refused leaves the shared data alone."""
+    def unreachable(*args, **kwargs):
+        raise OSError("network unreachable (test)")
+
+    monkeypatch.setattr("urllib.request.urlopen", unreachable)
+    for name in ("SPARSE_ATTN_OFFLINE", "SPARSE_ATTN_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     task = [] if "--task" in args else ["--task", "duplicates"]
-    code_line = f"import sys\n{OFFLINE_FAILING_DOWNLOADS}from bench.train import main\nsys.exit(main(sys.argv[1:]))"
-    environment = {k: v for k, v in env().items() if k not in ("SPARSE_ATTN_OFFLINE", "SPARSE_ATTN_CACHE")}
-    environment["HOME"] = str(tmp_path / "home")
-    result = subprocess.run([sys.executable, "-c", code_line, *task, "--data-dir", str(tmp_path / "data"), *args,
-                             *TINY[2:], "--steps", "1", "--out", str(tmp_path / "out")], cwd=ROOT, env=environment,
-                            capture_output=True, text=True, timeout=120)
-    line = one_line_error(result, code)
+    line = refused(capsys, *task, "--data-dir", str(tmp_path / "data"), *args, *TINY[2:], "--steps", "1",
+                   "--out", str(tmp_path / "out"), code=code)
     assert message in line, line
     assert list(tmp_path.iterdir()) == []
 
