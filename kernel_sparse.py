@@ -730,8 +730,8 @@ def main(argv=None) -> int:
     from bench import kernel_pipeline, kernel_report, tasks, train  # needed only to run, never to import this file
 
     parser = train.build_parser("Kernel-based learned sparse attention (Karkhanis et al.): dense teacher, §4.1 "
-                                "analysis, kernel predictors, sparsified inference, end-to-end fine-tuning.")
-    parser.set_defaults(method="kernel")
+                                "analysis, kernel predictors, sparsified inference, end-to-end fine-tuning.",
+                                method="kernel")
     d = KernelConfig()
     group = parser.add_argument_group("kernel pipeline (defaults: the paper's values where it gives them)")
     group.add_argument("--families", type=_names, default=d.families, help="kernel families to fit, comma-separated")
@@ -787,7 +787,11 @@ def main(argv=None) -> int:
         (out / "kernel_report.md").write_text(kernel_report.render(result["kernel"]))
         return result
 
-    return train.run_cli(args, make_attention, train.Hooks(after_training=after_training))
+    # the pipeline's settings act after the teacher's training: --resume may change them (the teacher's own,
+    # which shape its attention modules, must match)
+    teacher = ("window", "hidden", "hidden_layers", "alibi")
+    later = {name: (lambda c: c["steps"]) for name in asdict(d) if name not in teacher}
+    return train.run_cli(args, make_attention, train.Hooks(after_training=after_training, later_settings=later))
 
 
 if __name__ == "__main__":

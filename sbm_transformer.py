@@ -506,8 +506,8 @@ def main(argv=None) -> int:
     """`python sbm_transformer.py --task T [harness options] [SBM options]`: trains through the harness."""
     from bench import train  # the harness is needed only to run, never to import this file
 
-    parser = train.build_parser("Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one task.")
-    parser.set_defaults(method="sbm")
+    parser = train.build_parser("Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one task.",
+                                method="sbm")
     group = parser.add_argument_group("SBM-Transformer (defaults: the paper's Table 7 and §4)")
     group.add_argument("--clusters", type=int, default=128, help="k, clusters per head (Table 7: 128)")
     group.add_argument("--delta", type=float, default=0.01, help="δ, random edge exploration (§4.2)")

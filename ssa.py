@@ -443,8 +443,7 @@ def main(argv=None) -> int:
     """`python ssa.py --task T [harness options] [SSA options]`: trains through the shared harness."""
     from bench import measure, train  # the harness is needed only to run, never to import this file
 
-    parser = train.build_parser("Train and evaluate SSA (Hussain et al., KDD 2023) on one task.")
-    parser.set_defaults(method="ssa")
+    parser = train.build_parser("Train and evaluate SSA (Hussain et al., KDD 2023) on one task.", method="ssa")
     group = parser.add_argument_group("SSA: S<ℓ>-L<w> (locally biased) or S<ℓ>-U<x> (unbiased)")
     group.add_argument("--ssa-layers", type=int, default=None, metavar="L",
                        help="ℓ: SSA on the last ℓ layers, dense below (None: all layers)")
@@ -519,7 +518,12 @@ def main(argv=None) -> int:
         return {"ssa": record}
 
     on_step = fine_tune_callback(cfg.finetune_fraction) if cfg.finetune_fraction > 0 else None
-    return train.run_cli(args, make_attention, train.Hooks(on_step=on_step, after_training=after_training))
+    # --resume may change what acts only from the dense tail on (a branch of S-L4 into S-L4+FT, bench.ssa_table)
+    # or after training
+    later = {"finetune_fraction": lambda c: fine_tune_start(c["steps"], c["finetune_fraction"]),
+             "ensemble_samples": lambda c: c["steps"]}
+    return train.run_cli(args, make_attention, train.Hooks(on_step=on_step, after_training=after_training,
+                                                           later_settings=later))
 
 
 if __name__ == "__main__":

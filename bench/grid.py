@@ -246,7 +246,10 @@ def prepare_cell(folder: Path, cell: dict) -> str:
 
 
 def start_cell(folder: Path, cell: dict, mode: str, threads: int) -> subprocess.Popen:
-    command = [sys.executable, *cell["command"], "--out", str(folder), *(["--resume"] if mode == "resume" else [])]
+    """The cell's own process: it resumes a checkpoint of this very command, or starts the cell again
+    (--overwrite: a cell's folder is the grid's, so an unfinished run's files may go)."""
+    command = [sys.executable, *cell["command"], "--out", str(folder),
+               "--resume" if mode == "resume" else "--overwrite"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with open(folder / "train.log", "a" if mode == "resume" else "w") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,

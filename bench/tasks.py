@@ -28,18 +28,22 @@ before it (fewer only at the start).
 
 Data live in ``--data-dir`` (default ``$SPARSE_ATTN_DATA`` or ``./data``). A missing or corrupt file raises
 ``DataError`` with what was looked for, where, and how to get it; the entry points print it and exit 1.
+A failure leaves no trace: a download or extraction goes through temporary files that are renamed into place
+only once checked, and the folders made for it are removed again when it fails (``created_folders``).
 """
+import contextlib
 import hashlib
 import importlib
 import io
 import os
 import random
 import shutil
+import tempfile
 import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -310,25 +314,38 @@ class Enwik8(ByteLM):
         return {"train": data[:90_000_000], "valid": data[90_000_000:95_000_000], "test": data[95_000_000:]}
 
     def fetch(self, path: Path) -> None:
+        """Downloads the zip into memory (36 MB) and extracts its one member through a temporary file, which
+        becomes ``path`` only when its size and sha256 are right; on any failure nothing is left behind (the
+        temporary file and the folders this created are removed)."""
         help_text = (f"enwik8: no file at {path}. Download {self.URL}, unzip it and put the file 'enwik8' there "
                      f"(sha256 {self.SHA256}), or point --data-dir / SPARSE_ATTN_DATA at a folder holding "
                      f"enwik8/enwik8.")
         if not self.download_allowed or os.environ.get("SPARSE_ATTN_OFFLINE"):
             raise DataError(help_text + " (Downloads are off.)")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"downloading {self.URL} to {path.parent} ...", flush=True)
-        try:
-            with urllib.request.urlopen(self.URL, timeout=60) as response:
-                archive = response.read()
-            with zipfile.ZipFile(io.BytesIO(archive)) as zf:
-                if zf.namelist() != ["enwik8"]:
-                    raise DataError(f"enwik8: unexpected archive members {zf.namelist()[:5]} in {self.URL}")
-                partial = path.with_suffix(".partial")
-                with zf.open("enwik8") as src, open(partial, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-                partial.replace(path)
-        except (OSError, zipfile.BadZipFile) as exc:
-            raise DataError(f"{help_text} The download failed: {exc}") from None
+        with created_folders(path.parent):
+            print(f"downloading {self.URL} to {path.parent} ...", flush=True)
+            try:
+                with urllib.request.urlopen(self.URL, timeout=60) as response:
+                    archive = response.read()
+                with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+                    infos = zf.infolist()
+                    if [info.filename for info in infos] != ["enwik8"] or infos[0].file_size != self.SIZE:
+                        raise DataError(f"enwik8: the archive from {self.URL} holds "
+                                        f"{[(i.filename, i.file_size) for i in infos[:5]]}, expected one member "
+                                        f"'enwik8' of {self.SIZE} bytes")
+                    fd, partial = temporary_file(path)
+                    try:
+                        with zf.open(infos[0]) as src, os.fdopen(fd, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+                        digest = sha256_file(Path(partial))
+                        if digest != self.SHA256:
+                            raise DataError(f"{help_text} The download has sha256 {digest}, expected "
+                                            f"{self.SHA256}; it was deleted.")
+                        os.replace(partial, path)
+                    finally:
+                        Path(partial).unlink(missing_ok=True)
+            except (OSError, zipfile.BadZipFile) as exc:
+                raise DataError(f"{help_text} The download failed: {exc}") from None
 
 
 class LocalBytes(ByteLM):
@@ -399,6 +416,62 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def created_folders(folder: Path):
+    """Creates ``folder`` with its missing parents for the block; if the block fails, removes the ones it
+    created (deepest first, and only while empty), so a failed download or extraction leaves no folders."""
+    missing, parent = [], Path(folder)
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the folder {folder}: {exc.strerror}") from None
+    try:
+        yield
+    except BaseException:
+        for created in missing:
+            try:
+                created.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def plain_mode(mode: int) -> int:
+    """``mode`` less the process's umask: what open() (0o666) or mkdir() (0o777) would give."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
+def temporary_file(path: Path) -> Tuple[int, str]:
+    """A temporary file beside ``path`` with the permissions a plain open() would give (mkstemp's are 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.chmod(tmp, plain_mode(0o666))
+    return fd, tmp
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    write_atomic_with(path, lambda f: f.write(data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(file)`` into a temporary file, synced and renamed over ``path``: a reader (or a run killed at any
+    instant) sees the old file or the whole new one, never a part."""
+    fd, tmp = temporary_file(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def lra_task(class_name: str):

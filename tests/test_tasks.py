@@ -1,6 +1,8 @@
 """bench/tasks.py: generators follow their rules, determinism from the seed, LM windows score every byte once,
 clear errors for missing or corrupt data."""
+import io
 import random
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +157,23 @@ def test_corrupt_enwik8_is_refused_with_its_checksum(tmp_path):
     (tmp_path / "enwik8" / "enwik8").write_bytes(b"<mediawiki>" * 100)
     with pytest.raises(DataError, match="expected " + tasks.Enwik8.SHA256):
         get_task("enwik8").setup(64, 0, tmp_path)
+
+
+def test_an_enwik8_download_with_the_wrong_checksum_is_deleted_with_its_folder(tmp_path, monkeypatch):
+    """A stand-in archive (the real one is 36 MB): before, the file was renamed into place, then refused."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("enwik8", b"<mediawiki>" * 10)
+    monkeypatch.delenv("SPARSE_ATTN_OFFLINE", raising=False)
+    monkeypatch.setattr(tasks.Enwik8, "SIZE", 110)
+    monkeypatch.setattr(tasks.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(archive.getvalue()))
+    with pytest.raises(DataError, match=f"has sha256 .*, expected {tasks.Enwik8.SHA256}; it was deleted"):
+        get_task("enwik8").setup(64, 0, tmp_path / "data")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(tasks.Enwik8, "SIZE", 100)  # a member of another size is refused before it is read
+    with pytest.raises(DataError, match="expected one member 'enwik8' of 100 bytes"):
+        get_task("enwik8").setup(64, 0, tmp_path / "data")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_enwik8_split_is_90_5_5(tmp_path, monkeypatch):
