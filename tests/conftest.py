@@ -1,5 +1,6 @@
 """Shared test settings: where the real data live (SPARSE_ATTN_DATA, as CI sets it; else ../shared/data), one
 intra-op thread per test, seeded generators, and a recorder of low-precision softmax / exp under autocast."""
+import json
 import os
 from pathlib import Path
 
@@ -39,3 +40,9 @@ class LowPrecisionMath(TorchDispatchMode):
         if name in self.WATCHED and low:
             self.seen.append(func.__name__)
         return func(*args, **(kwargs or {}))
+
+
+def valid_steps(log_path: Path) -> list:
+    """Steps of a run's periodic evaluations in its log.jsonl (the log also holds training-window lines)."""
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    return [line["step"] for line in lines if line["split"] == "valid"]

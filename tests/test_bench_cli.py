@@ -84,7 +84,7 @@ def test_published_report_leads_with_the_claims_and_rewrites_only_the_readme_sec
 
 def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
     out = tmp_path / "results"
-    args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), *TINY]
+    args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), "--jobs", "1", *TINY]
     grid = subprocess.Popen([sys.executable, "-m", "bench.grid", *args], cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})

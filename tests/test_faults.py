@@ -18,7 +18,7 @@ import sbm_transformer
 import ssa
 from bench import train as harness
 from bench.train import load_checkpoint
-from conftest import ROOT
+from conftest import ROOT, valid_steps
 from test_train import TINY, env, record, train
 
 BASE = ["--task", "duplicates", *TINY]
@@ -90,7 +90,7 @@ def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_n
           "--snapshot-at", "8", "--device", "cpu", "--out", str(grown), "--resume")
     a, b = record(scratch), record(grown)
     assert a["param_fingerprints"] == b["param_fingerprints"] and b["steps"] == 9
-    assert [json.loads(line)["step"] for line in (grown / "log.jsonl").read_text().splitlines()] == [3, 6, 7, 8, 9]
+    assert valid_steps(grown / "log.jsonl") == [3, 6, 7, 8, 9]
     past_warmup = refused(capsys, *RUN, "--steps", "12", "--out", str(scratch), "--resume")  # TINY: 2 warm-up steps
     assert "--steps 9 → 12 (sets the learning rate of the steps already taken)" in past_warmup
 
@@ -136,7 +136,7 @@ def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finish
     assert not (out / "metrics.json").exists()
     checkpoint = load_checkpoint(out / "checkpoint.pt")
     assert checkpoint["config"]["seed"] == 1 and 40 <= checkpoint["step"] < 400
-    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
+    steps = valid_steps(out / "log.jsonl")
     assert steps[:checkpoint["step"] // 40] == list(range(40, checkpoint["step"] + 1, 40))  # the new run's only
 
 
@@ -151,12 +151,12 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
         log.write(b'{"step": 9, "split": "val')  # ... and while a later line was being written
     (out / "checkpoint.pt.abc123.tmp").write_bytes(b"half a checkpoint")
     train(*RUN, "--out", str(out), "--resume")
-    assert [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()] == [3, 6]
+    assert valid_steps(out / "log.jsonl") == [3, 6]
     assert record(out)["steps"] == 6 and not list(out.glob("*.tmp"))
     with open(out / "log.jsonl", "ab") as log:
         log.write(b'{"step": 9, "split": "val')
     train(*RUN, "--out", str(out), "--overwrite")  # a fresh run starts a new log
-    assert [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()] == [3, 6]
+    assert valid_steps(out / "log.jsonl") == [3, 6]
 
 
 # ------------------------------------------------------------------------------------ item 13: damaged checkpoints

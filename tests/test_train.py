@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.train import load_checkpoint
-from conftest import DATA as SHARED_DATA, ROOT
+from conftest import DATA as SHARED_DATA, ROOT, valid_steps
 TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1",
         "--batch-size", "4", "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2"]
 
@@ -48,8 +48,7 @@ def test_duplicates_run_writes_the_results_record(tmp_path):
     assert 0 <= rec["test"] <= 1 and rec["density"] == 1.0
     assert rec["flops_per_example"]["model"] > rec["flops_per_example"]["attention"] > 0
     assert rec["peak_memory_bytes"] > 0
-    lines = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [3, 6]
+    assert valid_steps(out / "log.jsonl") == [3, 6]
     assert (out / "checkpoint.pt").exists()
     ckpt = load_checkpoint(out / "checkpoint.pt")
     assert ckpt["step"] == 6
@@ -102,7 +101,7 @@ def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
     a, b = record(full), record(killed)
     for field in ("valid", "test", "valid_loss", "test_loss", "density", "param_fingerprints"):
         assert a[field] == b[field], field
-    log_steps = [json.loads(l)["step"] for l in (killed / "log.jsonl").read_text().splitlines()]
+    log_steps = valid_steps(killed / "log.jsonl")
     assert log_steps == list(range(40, 401, 40))
 
 
