@@ -202,8 +202,8 @@ def run_section(folder: Path, plot_dir: Optional[Path], link_prefix: str = "") -
     devices = sorted({r["device"] for r in recs})
     seeds = sorted({r["seed"] for r in recs})
     head = (f"**Budget `{plan.get('budget', '?')}`** (preset `{plan.get('preset', '?')}`), {', '.join(devices)}, "
-            f"seeds {seeds}; `{' '.join(run.get('command', ['./run_all.sh']))}` took "
-            f"{clock(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
+            f"seeds {seeds}; `{' '.join(run.get('command', ['./run_all.sh']))}` (commit {run.get('commit', '?')}) "
+            f"took {clock(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
             f"Per task: {budget_line(recs)}.")
     if plan.get("budget") == "quick":
         head = ("**Quick preview**: a smoke-level comparison on a CPU budget; the papers' claims are measured by the "

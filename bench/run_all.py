@@ -72,6 +72,20 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> N
                   "--out", str(path)])
 
 
+def source_commit() -> str:
+    """The git commit of the code that ran ("+ changes" when the tree differs from it), or "unknown"."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + changes" if dirty else "")
+
+
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
@@ -112,7 +126,7 @@ def main(argv=None) -> int:
         previous = grid.read_json(out / "run.json") or {}
         grid.write_json(out / "run.json", {"command": ["./run_all.sh", *(argv if argv is not None else sys.argv[1:])],
                                            "wall_time_s": wall, "earlier_wall_time_s": previous.get("wall_time_s"),
-                                           "budget": args.budget, "jobs": jobs})
+                                           "budget": args.budget, "jobs": jobs, "commit": source_commit()})
         text = report.write_run_report(out)
     print(text)
     print(f"\n./run_all.sh finished in {grid.clock(wall)} ({failures} failed cells): report {out / 'REPORT.md'}",
