@@ -278,11 +278,12 @@ def runs_table(claim, recs: List[dict]) -> str:
                      rs[0]["metric"]), " / ".join(fmt([r["test"]], r["metric"]) for r in rs),
                      f"{100 * statistics.mean(r['density'] for r in rs):.1f}%",
                      " / ".join(f"{r['median_step_ms']:.0f}" for r in rs),
-                     " / ".join(clock(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs)])
+                     " / ".join(clock(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
+                     " / ".join(clock(r["cell"].get("cpu_s")) for r in rs)])
     metric = recs[0]["metric"] if recs else "accuracy"
     unit = "test acc %" if metric == "accuracy" else "test bpb"
     headers = ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
-               "median step ms", "wall per seed"]
+               "median step ms", "wall per seed", "CPU per seed"]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 

@@ -105,7 +105,8 @@ def write_record(folder, method, seed, test, command):
               "test": test, "valid": test, "density": 0.5, "median_step_ms": 10.0, "wall_time_s": 5.0,
               "device": "cpu", "config": {"steps": 1, "batch_size": 1, "seq_len": 8, "depth": 1, "heads": 1, "dim": 8}}
     (folder / "metrics.json").write_text(json.dumps(record))
-    (folder / "cell.json").write_text(json.dumps({"command": [*command, "--seed", str(seed)], "wall_s": 60.0 + seed}))
+    (folder / "cell.json").write_text(json.dumps({"command": [*command, "--seed", str(seed)], "wall_s": 60.0 + seed,
+                                                  "cpu_s": 30.0}))
 
 
 def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
@@ -118,7 +119,7 @@ def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
     text = report.claim_section(claim, tmp_path, None, "")
     full_row = next(line for line in text.splitlines() if "--method full" in line)
     assert "33.00 ± 3.61" in full_row and "30.00 / 32.00 / 37.00" in full_row and "| 0, 1, 2 " in full_row
-    assert "60 s / 61 s / 62 s" in full_row  # each seed's wall time
+    assert "60 s / 61 s / 62 s" in full_row and "30 s / 30 s / 30 s" in full_row  # each seed's wall and CPU time
     sbm_row = next(line for line in text.splitlines() if "sbm_transformer.py" in line)
     assert "25.00 " in sbm_row and "±" not in sbm_row
     assert "Not yet run:" in text and "sbm-lambda0.01-listops-cpu-s2" in text
