@@ -87,6 +87,7 @@ import fastrg
 
 PATHS = ("sparse", "dense")
 STE_FORMS = ("paper", "official")
+PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 
 
@@ -113,6 +114,12 @@ class SBMConfig:
 # ----------------------------------------------------------------------------------------------- helpers
 def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
     return torch.sparse_csr_tensor(ptr, idx, values, shape, check_invariants=False)
+
+
+def _part(name: str):
+    """Labels a stage of the forward for bench.sbm_scaling's per-part profile (PARTS); costs nothing unless a
+    profiler runs."""
+    return torch.profiler.record_function("sbm: " + name)
 
 
 def _offsets(counts: Tensor) -> Tensor:
@@ -157,9 +164,10 @@ class Edges:
             rows = self.R * self.N
             key_type = torch.int32 if rows * self.R * self.M < 2 ** 31 else torch.int64
             row = self.to_rows(torch.arange(rows, dtype=key_type, device=self.col.device))
-            key, perm = torch.sort(self.col.to(key_type) * rows + row)  # unique keys
-            self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)),
-                               (key % rows).int(), perm.int())
+            with _part("CSR/CSC build"):
+                key, perm = torch.sort(self.col.to(key_type) * rows + row)  # unique keys
+                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)),
+                                   (key % rows).int(), perm.int())
         return self._key_major
 
     def to_mask(self) -> Tensor:
@@ -369,9 +377,11 @@ class SBMAttention(nn.Module):
     def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
         """The graph of this forward: {"mask": (B, H, N, M) bool, "prob": P} on the dense path, {"edges": Edges}
         on the sparse one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient) that the STE needs."""
-        x = self.memberships(q) * valid[:, None, :, None]  # (B, H, N, K) Q̂, zero for padded queries
-        z = self.memberships(k) * valid[:, None, :, None]  # (B, H, M, K) K̂, zero for padded keys
-        w = z @ self.block_matrix().transpose(1, 2)  # (B, H, M, K): p_ij = x_i · w_j = Q̂_iŜK̂_jᵀ
+        with _part("memberships"):
+            x = self.memberships(q) * valid[:, None, :, None]  # (B, H, N, K) Q̂, zero for padded queries
+            z = self.memberships(k) * valid[:, None, :, None]  # (B, H, M, K) K̂, zero for padded keys
+        with _part("block matrix"):
+            w = z @ self.block_matrix().transpose(1, 2)  # (B, H, M, K): p_ij = x_i · w_j = Q̂_iŜK̂_jᵀ
         if self.path == "dense":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
@@ -398,41 +408,44 @@ class SBMAttention(nn.Module):
 
     def sample_sparse(self, x, z, w, valid, causal, generator) -> Edges:
         """fastRG proposal λ_ij = c_i(p_ij + δ), thinned to exact Bernoulli(min(1, p_ij + δ)) (docstring)."""
-        B, H, N, K = x.shape
-        M, R, delta = z.shape[2], B * H, self.exploration()
-        s = self.block_matrix().detach()  # (H, K, K)
-        # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
-        bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
-        bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N)
-        scale = (-torch.log1p(-bound) / bound * valid[:, None, :])[..., None]  # (B, H, N, 1)
-        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
-            ones = valid[:, None, :, None].to(x.dtype).expand(B, H, N, 1)
-            xs, zs = torch.cat([x, ones], -1) * scale, torch.cat([z, ones], -1)
-            s = F.pad(s, (0, 1, 0, 1))
-            s[:, K, K] = delta
-        else:
-            xs, zs = x * scale, z
-        r, i, j, _ = fastrg.sample(xs, s, zs, generator=generator, dedup=True, csr=True)
-        row, col = r * N + i, r * M + j  # global indices, sorted by (row, col)
-        if causal:
-            row, col = _select(j <= i, row, col)
-        pattern = _csr(_offsets(torch.bincount(row, minlength=R * N)), col.int(), x.new_zeros(len(col)),
-                       (R * N, R * M))
-        p = _sddmm(pattern, x.reshape(R * N, K), w.reshape(R * M, K))  # (E,) p_e of every proposed pair
-        pi = p + delta
-        proposal = -torch.expm1(-scale.reshape(R * N).index_select(0, row) * pi)  # 1 − e^{−c_i π}
-        keep = torch.rand(len(p), generator=generator, device=p.device, dtype=p.dtype) * proposal < \
-            pi.clamp(max=1.0)
-        row, col, p = _select(keep, row, col, p)
-        if self.self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
-            loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
-            off = (row % N) != (col % M)
-            row = torch.cat([row[off], loops])
-            col = torch.cat([col[off], loops // N * M + loops % N])
-            p = torch.cat([p[off], p.new_zeros(len(loops))])
-            order = torch.argsort(row * M + col % M)
-            row, col, p = row[order], col[order], p[order]
-        return Edges.build(row, col, R, N, M, p=p)
+        with _part("proposal"):
+            B, H, N, K = x.shape
+            M, R, delta = z.shape[2], B * H, self.exploration()
+            s = self.block_matrix().detach()  # (H, K, K)
+            # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
+            bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
+            bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N)
+            scale = (-torch.log1p(-bound) / bound * valid[:, None, :])[..., None]  # (B, H, N, 1)
+            if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
+                ones = valid[:, None, :, None].to(x.dtype).expand(B, H, N, 1)
+                xs, zs = torch.cat([x, ones], -1) * scale, torch.cat([z, ones], -1)
+                s = F.pad(s, (0, 1, 0, 1))
+                s[:, K, K] = delta
+            else:
+                xs, zs = x * scale, z
+            r, i, j, _ = fastrg.sample(xs, s, zs, generator=generator, dedup=True, csr=True)
+        with _part("thinning"):
+            row, col = r * N + i, r * M + j  # global indices, sorted by (row, col)
+            if causal:
+                row, col = _select(j <= i, row, col)
+            pattern = _csr(_offsets(torch.bincount(row, minlength=R * N)), col.int(), x.new_zeros(len(col)),
+                           (R * N, R * M))
+            p = _sddmm(pattern, x.reshape(R * N, K), w.reshape(R * M, K))  # (E,) p_e of every proposed pair
+            pi = p + delta
+            proposal = -torch.expm1(-scale.reshape(R * N).index_select(0, row) * pi)  # 1 − e^{−c_i π}
+            keep = torch.rand(len(p), generator=generator, device=p.device, dtype=p.dtype) * proposal < \
+                pi.clamp(max=1.0)
+            row, col, p = _select(keep, row, col, p)
+            if self.self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
+                loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
+                off = (row % N) != (col % M)
+                row = torch.cat([row[off], loops])
+                col = torch.cat([col[off], loops // N * M + loops % N])
+                p = torch.cat([p[off], p.new_zeros(len(loops))])
+                order = torch.argsort(row * M + col % M)
+                row, col, p = row[order], col[order], p[order]
+        with _part("CSR/CSC build"):
+            return Edges.build(row, col, R, N, M, p=p)
 
     # -- attention on the sampled graph, the STE (Eq. 9) and the density ------------------------------------
     def attend(self, q, k, v, graph: dict, valid: Tensor, generator):
@@ -452,21 +465,25 @@ class SBMAttention(nn.Module):
             ste_part = ste_part - ste_part.detach()  # (B, H), value 0, gradient 1 on each sampled edge
         else:
             edges = graph["edges"]
-            p = EdgeProbability.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)  # (E,)
-            if self.self_loops:  # forced edges are not sampled: no STE gradient
-                forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
-                p = torch.where(forced, p.detach(), p)
-            keep = None
-            if p_drop > 0:
-                keep = torch.rand(edges.E, generator=generator, device=q.device) >= p_drop
-            y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
-                                    p, edges, keep, p_drop, self.ste).view(B, H, N, D)
-            counts = edges.per_graph().to(q.dtype).view(B, H)
-            ste_part = torch.segment_reduce(p - p.detach(), "sum", offsets=edges.row_ptr[::N],
-                                            unsafe=True).view(B, H)
-        per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
-        density = (counts + ste_part).sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
-        per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
+            with _part("p_e and STE"):
+                p = EdgeProbability.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)  # (E,)
+                if self.self_loops:  # forced edges are not sampled: no STE gradient
+                    forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
+                    p = torch.where(forced, p.detach(), p)
+            with _part("core"):
+                keep = None
+                if p_drop > 0:
+                    keep = torch.rand(edges.E, generator=generator, device=q.device) >= p_drop
+                y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
+                                        p, edges, keep, p_drop, self.ste).view(B, H, N, D)
+            with _part("density"):
+                counts = edges.per_graph().to(q.dtype).view(B, H)
+                ste_part = torch.segment_reduce(p - p.detach(), "sum", offsets=edges.row_ptr[::N],
+                                                unsafe=True).view(B, H)
+        with _part("density"):
+            per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
+            density = (counts + ste_part).sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
+            per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
         return y, density, per_example
 
 
