@@ -80,12 +80,14 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 
-__all__ = ["sample", "expected_edges", "edge_probability"]
+__all__ = ["sample", "sample_block_csr", "expected_edges", "edge_probability", "repeat_interleave", "sort_integers"]
 
 _WORK = torch.float64  # CDFs and rates: a float32 prefix sum over 16384 rows may drift by up to n·2⁻²⁴ ≈ 1e-3
 _MAX_EXPECTED_EDGES = 2.0**53  # Poisson counts are drawn as float64 and must be exact integers
+_SCAN = 3  # guide-table steps per draw before the bisection fallback (_locate)
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -144,87 +146,141 @@ def _flat(t: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
     return t.expand(*lead, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
 
 
-def _guide_size(n: int) -> int:
-    """G: buckets per CDF row of the guide table, the largest power of two ≤ n (≤ 2 CDF entries per bucket)."""
-    return 1 << (n.bit_length() - 1)
+def _index_dtype(size: int) -> torch.dtype:
+    """int32 for indices below 2³¹ (half the memory traffic of int64; gathers and scatters take either)."""
+    return torch.int32 if size <= 2**31 else torch.int64
 
 
-def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse-CDF tables of every column of W (R, n, K) → (cdf (R·K·n,), guide (R·K·(G+1),), totals (R, K)).
+# Three primitives that torch runs slowly on CPU go through numpy there (same results; timings on a 2-core
+# AVX-512 CPU, 9.7M elements): np.repeat fills whole runs (1.3 ms against torch.repeat_interleave's 107 ms for
+# 258 runs), numpy's vectorised quicksort sorts values in place (72 ms against torch.sort's 260 ms, which also
+# writes int64 indices), and numpy's PCG64 draws float64 uniforms 3× faster than torch.rand.
+def repeat_interleave(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
+    """torch.repeat_interleave(values, counts, output_size=total) for 1-D values without gradient."""
+    if values.device.type == "cpu" and not values.requires_grad:
+        return torch.from_numpy(np.repeat(values.numpy(), counts.numpy()))
+    return torch.repeat_interleave(values, counts, output_size=total)
 
-    Row o = r·K + u of `cdf` is the CDF of column u of graph r, float64. From the first index where the prefix
-    sum reaches its total the CDF is exactly 1 (C/C = 1); division by one positive total keeps it monotone.
-    Row o of `guide` (Chen and Asau's guide table) holds, for b = 0…G, the first index whose CDF exceeds b/G,
-    i.e. the number of entries with CDF ≤ b/G = the number with ⌈CDF·G⌉ ≤ b. G is a power of two, so CDF·G is
-    exact and the guide is exact: a counting pass (bincount, cumsum), no search.
+
+def sort_integers(key: torch.Tensor) -> torch.Tensor:
+    """1-D integer keys without gradient, sorted ascending (in place on CPU)."""
+    if key.device.type == "cpu":
+        key.numpy().sort()
+        return key
+    return torch.sort(key).values
+
+
+def _uniform(size: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """(size,) float64 uniforms in [0, 1) on the 2⁻⁵³ grid, from `generator` (the global one when None): on CPU
+    numpy's PCG64 seeded by one draw of the generator, elsewhere torch.rand; the same generator state gives
+    the same draw."""
+    if device.type == "cpu":
+        seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
+        return torch.from_numpy(np.random.default_rng(seed).random(size))
+    return torch.rand(size, dtype=_WORK, device=device, generator=generator)
+
+
+def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Inverse-CDF tables of every column of W (R, n, K) → (cdf (R·K·L,), guide (R·K·L,), totals (R, K), steps).
+
+    Rows are L = 2^b ≥ n entries apart (b = bits of n − 1), so a flat index o·L + i splits into CDF row
+    o = r·K + u and entry i with a shift and a mask. `cdf` row o is the CDF of column u of graph r, float64,
+    padded with 1 past n; from the first index where the prefix sum reaches its total the CDF is exactly 1
+    (C/C = 1), and division by one positive total keeps it monotone. `guide` (Chen and Asau's guide table, L
+    buckets per row) holds at o·L + c the flat index of the first entry whose CDF exceeds c/L, that is o·L plus
+    the number of entries with ⌈CDF·L⌉ ≤ c (L is a power of two, so CDF·L is exact): a counting pass (bincount,
+    cumsum), no search. `steps` is the most entries below 1 of one row in one bucket: a draw never passes more
+    entries than that after the guide's candidate (_locate).
     """
     R, n, K = W.shape
-    G = _guide_size(n)
-    C = W.cumsum(1, dtype=_WORK)                                     # (R, N, K) inclusive prefix sums
-    totals = C[:, -1, :]                                             # (R, K) column sums cx
+    rows, L = R * K, 1 << _bits(n)
+    C = W.transpose(1, 2).contiguous().cumsum(2, dtype=_WORK)       # (R, K, N) prefix sums of each column
+    totals = C[:, :, -1].clone()                                     # (R, K) column sums cx
     safe = torch.where(totals > 0, totals, torch.ones_like(totals))  # empty columns draw no edge; avoid 0/0
-    cdf = torch.empty(R, K, n, dtype=_WORK, device=W.device)         # (R, K, N) contiguous: rows are CDFs
-    torch.div(C.transpose(1, 2), safe[:, :, None], out=cdf)
-    bucket = cdf.mul(G).ceil_().to(torch.int64)                      # (R, K, N) ⌈CDF·G⌉ ∈ [0, G]
-    bucket += torch.arange(0, R * K * (G + 1), G + 1, device=W.device).view(R, K, 1)
-    guide = torch.bincount(bucket.view(-1), minlength=R * K * (G + 1)).view(R * K, G + 1).cumsum(1)
-    return cdf.view(-1), guide.to(torch.int32).view(-1), totals
+    if L == n:
+        cdf = C.div_(safe[:, :, None])                               # (R, K, L)
+    else:
+        cdf = torch.ones(R, K, L, dtype=_WORK, device=W.device)      # (R, K, L), 1 past n
+        torch.div(C, safe[:, :, None], out=cdf[:, :, :n])
+    del C
+    index = _index_dtype(rows * L)
+    bucket = (cdf[:, :, :n] * L).ceil_().long()                      # (R, K, N) ⌈CDF·L⌉ ∈ [0, L]
+    bucket += torch.arange(0, rows * (L + 1), L + 1, device=W.device).view(R, K, 1)
+    counts = torch.bincount(bucket.view(-1), minlength=rows * (L + 1)).view(rows, L + 1)  # entries per bucket
+    del bucket
+    guide = counts[:, :L].cumsum(1).add_(torch.arange(0, rows * L, L, device=W.device).view(rows, 1))
+    # Entries of CDF exactly 1 (trailing zero weights, e.g. padding) stop every draw, so bucket L counts only
+    # those below 1; bucket 0 (CDF 0) is never passed either.
+    below_one = torch.searchsorted(cdf.view(rows, L), torch.ones(rows, 1, dtype=_WORK, device=W.device))
+    counts[:, L] = below_one.squeeze(1) - counts[:, :L].sum(1)
+    counts[:, 0] = 0
+    return cdf.view(-1), guide.to(index).view(-1), totals, int(counts.max())
 
 
-def _draw(cdf: torch.Tensor, guide: torch.Tensor, rows: torch.Tensor, n: int,
-          generator: torch.Generator | None) -> torch.Tensor:
-    """One inverse-CDF draw per entry of `rows` (E,), each in [0, n), from that row of the table."""
-    U = torch.rand(rows.shape, dtype=_WORK, device=rows.device, generator=generator)  # multiples of 2⁻⁵³
-    return _locate(cdf, guide, rows, U, n)
+def _draw(table: tuple, per_row: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """One inverse-CDF draw per edge from `table` (_cdf_table's), per_row[o] edges from CDF row o, in row order
+    → flat indices (E,) o·L + i (i = flat & (L − 1))."""
+    cdf, guide, _, steps = table
+    b = _bits(n)
+    rows = torch.arange(len(per_row), dtype=guide.dtype, device=guide.device) << b
+    E = int(per_row.sum())
+    base = repeat_interleave(rows, per_row, E)                       # (E,) flat start of each edge's CDF row
+    return _locate(cdf, guide, base, _uniform(E, generator, guide.device), b, n, steps)
 
 
-def _locate(cdf: torch.Tensor, guide: torch.Tensor, rows: torch.Tensor, U: torch.Tensor, n: int) -> torch.Tensor:
-    """Index i in [0, n) of the first entry of CDF row `rows` strictly above U ∈ [0, 1): inverse-CDF sampling.
+def _locate(cdf: torch.Tensor, guide: torch.Tensor, base: torch.Tensor, U: torch.Tensor, b: int, n: int,
+            steps: int) -> torch.Tensor:
+    """Flat index base + i of the first entry of each CDF row strictly above U ∈ [0, 1): inverse-CDF sampling.
 
-    With b = ⌊U·G⌋ (exact), the answer lies in [guide[b], guide[b + 1]]: every entry before guide[b] is
-    ≤ b/G ≤ U, and entry guide[b + 1] exceeds (b + 1)/G > U (past the row's end, n − 1 holds CDF 1 > U). The
-    first candidate settles most draws with one gather (≤ 2 entries per bucket on average); the rest bisect
-    their bucket, all at once, for as many rounds as the widest bucket needs. No sort and no search over the
-    whole table: a constant number of gathers per edge. An index of zero weight repeats its predecessor's
-    CDF, so it is never the first one above U.
+    With c = ⌊U·L⌋ (exact), every entry before guide[c] is ≤ c/L ≤ U, so the answer is guide[c] or lies at most
+    `steps` entries after it (the entries in (c/L, U] all fall in bucket c + 1; the last entry of a row is 1
+    > U, so no draw leaves its row). Each step moves every draw still at an entry ≤ U one entry on: a constant
+    number of gathers per edge, in the order of the edges (grouped by row, so the row stays in cache). Tables
+    with more than _SCAN entries in a bucket (skewed weights, zero runs) finish the unsettled draws by
+    bisection up to the row's end. An index of zero weight repeats its predecessor's CDF, so it is never the
+    first one above U.
     """
-    G = _guide_size(n)
-    slot = (U * G).long().add_(rows, alpha=G + 1)                   # (E,) flat guide position of bucket b
-    base = rows * n                                                  # (E,) flat start of each CDF row
-    i = guide.take(slot).long()                                      # (E,) guide[b]
-    rest = (cdf.take(base + i) <= U).nonzero().squeeze(1)           # draws beyond the bucket's first entry
-    if len(rest) == 0:
-        return i
-    lo = i.take(rest).add_(1)
-    hi = guide.take(slot.take(rest).add_(1)).long().clamp_(max=n - 1)  # cdf[hi] > U: the answer is in [lo, hi]
-    u, start = U.take(rest), base.take(rest)
-    for _ in range(int((hi - lo).max()).bit_length()):              # bisection: each round halves [lo, hi]
-        mid = (lo + hi) >> 1
-        above = cdf.take(start + mid) > u
-        hi = torch.where(above, mid, hi)
-        lo = torch.where(above, lo, mid + 1)
-    i[rest] = lo
-    return i
+    fi = guide.index_select(0, (U * (1 << b)).long().bitwise_or_(base))  # (E,) guide[base + c]
+    for _ in range(min(steps, _SCAN)):
+        fi += cdf.index_select(0, fi) <= U
+    if steps <= _SCAN:
+        return fi
+    rest = (cdf.index_select(0, fi) <= U).nonzero().squeeze(1)      # draws beyond _SCAN steps
+    if len(rest):
+        lo = fi.index_select(0, rest) + 1                            # cdf[lo − 1] ≤ U: the answer is in [lo, hi]
+        hi = (lo >> b << b) + (n - 1)                                # the row's last entry, 1 > U
+        u = U.index_select(0, rest)
+        for _ in range(int((hi - lo).max()).bit_length()):          # bisection: each round halves [lo, hi]
+            mid = lo + ((hi - lo) >> 1)
+            above = cdf.index_select(0, mid) > u
+            hi = torch.where(above, mid, hi)
+            lo = torch.where(above, lo, mid + 1)
+        fi[rest] = lo
+    return fi
 
 
-def _to_uv_order(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Reorder per-edge values from (r, v, u) group order to (r, u, v) group order, keeping order within groups.
-
-    counts (R, K, K) holds N[r, u, v]. Group (r, u, v) starts at start_uv in the target order and at start_vu
-    in the source order, so its k-th edge moves by start_uv − start_vu: one scatter whose writes are runs of
-    consecutive positions.
-    """
-    E = len(values)
+def _uv_positions(counts: torch.Tensor) -> torch.Tensor:
+    """Where each edge laid out in (r, v, u) group order goes in (r, u, v) group order, order within a group
+    kept: (E,) positions. counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at start_uv in the target
+    order and at start_vu in the source order, so its k-th edge moves by start_uv − start_vu (runs of
+    consecutive positions)."""
+    E = int(counts.sum())
     start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)   # (R, K, K) [r, u, v]
     counts_vu = counts.transpose(1, 2).contiguous()                                 # (R, K, K) [r, v, u]
     start_vu = counts_vu.view(-1).cumsum(0).sub_(counts_vu.view(-1))               # (R·K·K,) [r, v, u]
     shift = start_uv.transpose(1, 2).reshape(-1).sub_(start_vu)                    # (R·K·K,) [r, v, u]
-    target = torch.repeat_interleave(shift, counts_vu.view(-1), output_size=E)
-    target += torch.arange(E, device=values.device)
-    return torch.empty_like(values).scatter_(0, target, values)
+    index = _index_dtype(E)
+    target = repeat_interleave(shift.to(index), counts_vu.view(-1), E)
+    return target.add_(torch.arange(E, dtype=index, device=counts.device))
+
+
+def _to_uv_order(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Per-edge values reordered from (r, v, u) group order to (r, u, v) group order (_uv_positions)."""
+    return torch.empty_like(values).scatter_(0, _uv_positions(counts).long(), values)
 
 
 def _empty(R: int, n: int, device: torch.device, csr: bool) -> tuple[torch.Tensor, ...]:
+    """What `sample` returns when no edge is drawn."""
     e = torch.zeros(0, dtype=torch.int64, device=device)
     out = (e, e.clone(), e.clone())
     return out + (torch.zeros(R * n + 1, dtype=torch.int64, device=device),) if csr else out
@@ -267,56 +323,98 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
     q = r·n + i are [row_ptr[q], row_ptr[q+1]). dedup=True also returns them sorted.
     All randomness comes from `generator` (on X's device) when given. No gradient flows (integer output).
     """
-    lead, R, n, m, K = _validate(X, S, Y, key_needed=dedup or csr)
-    device = X.device
-    if generator is not None and generator.device.type != device.type:
-        raise ValueError(f"generator is on {generator.device}, inputs on {device}")
-    if R * n * m * K == 0:
-        return _empty(R, n, device, csr)
-
-    cdf_x, guide_x, cx = _cdf_table(_flat(X, lead))                  # (R·K·N,), (R·K·(G+1),), (R, K)
-    cdf_y, guide_y, cy = _cdf_table(_flat(Y, lead))                  # (R·K·M,), (R·K·(G+1),), (R, K)
-    rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
-    total = float(rates.sum())
-    if not total < _MAX_EXPECTED_EDGES:
-        raise ValueError(f"expected number of edges {total:.3g} is not finite or too large (limit 2^53); "
-                         f"scale down X, S or Y")
-    counts = torch.poisson(rates, generator=generator).to(torch.int64)  # (R, K, K) N[r, u, v]
-    E = int(counts.sum())
-    if E == 0:
-        return _empty(R, n, device, csr)
-
-    # Sources are drawn in (r, u, v) edge order and destinations in (r, v, u) order, so each side's lookups
-    # run row by row through its CDF table (one 8·n-byte row stays in cache) without sorting anything. Edges
-    # of one (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the
-    # law exact; `_to_uv_order` moves the destinations to the sources' order.
-    rows = torch.arange(R * K, device=device)                      # (R·K,) CDF row r·K + u (or r·K + v)
-    i = _draw(cdf_x, guide_x, torch.repeat_interleave(rows, counts.sum(2).view(-1), output_size=E), n, generator)
-    del cdf_x, guide_x
-    j = _draw(cdf_y, guide_y, torch.repeat_interleave(rows, counts.sum(1).view(-1), output_size=E), m, generator)
-    del cdf_y, guide_y
-    j = _to_uv_order(j, counts)
-    per_graph = counts.view(R, K * K).sum(1)                         # (R,) edges per graph
-    graph = torch.arange(R, device=device)
+    R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=dedup or csr)
+    if i is None:
+        return _empty(R, n, X.device, csr)
+    bn, bm = _bits(n), _bits(m)
     if not (dedup or csr):
-        return torch.repeat_interleave(graph, per_graph, output_size=E), i, j
-
-    bm, bn = _bits(m), _bits(n)
-    key = torch.repeat_interleave(graph << (bn + bm), per_graph, output_size=E)  # (E,) r·2^(bn+bm) + i·2^bm + j
-    key |= i << bm
-    key |= j
-    del i, j
-    key = torch.sort(key).values                                    # the one sort: groups by (r, i), then j
-    if dedup:
-        key = torch.unique_consecutive(key)
+        graph = torch.arange(R, device=i.device)
+        r = repeat_interleave(graph, counts.view(R, -1).sum(1), len(i))
+        return r, (i & ((1 << bn) - 1)).long(), _to_uv_order(j & ((1 << bm) - 1), counts).long()
+    key = _sorted_key(R, counts, i, j, bn, bm, dedup).long()
     r = key >> (bn + bm)
     i = (key >> bm) & ((1 << bn) - 1)
     j = key & ((1 << bm) - 1)
     if not csr:
         return r, i, j
-    row_ptr = torch.zeros(R * n + 1, dtype=torch.int64, device=device)
-    torch.cumsum(torch.bincount(r * n + i, minlength=R * n), 0, out=row_ptr[1:])
-    return r, i, j, row_ptr
+    return r, i, j, _row_ptr(key, R, n, bm).long()
+
+
+def sample_block_csr(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *,
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The simple graphs of `sample(X, S, Y, dedup=True)` as one block-diagonal (R·n) × (R·m) matrix in CSR
+    form: (row_ptr (R·n + 1,), col (E,)), both int32 (the index type of the sparse BLAS kernels). The edges of
+    row q = r·n + i are col[row_ptr[q]:row_ptr[q + 1]], sorted, with col = r·m + j; P(edge) = 1 − exp(−λ).
+    The same draw as `sample(..., csr=True)` under the same generator, without the per-edge (r, i, j).
+    """
+    R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=True)
+    if i is None:
+        return (torch.zeros(R * n + 1, dtype=torch.int32, device=X.device),
+                torch.zeros(0, dtype=torch.int32, device=X.device))
+    if R * m > 2**31 or len(i) > 2**31:
+        raise ValueError(f"R·m = {R * m} columns or {len(i)} edges do not fit int32 indices; split the batch")
+    bn, bm = _bits(n), _bits(m)
+    key = _sorted_key(R, counts, i, j, bn, bm, dedup=True)
+    del i, j
+    row_ptr = _row_ptr(key, R, n, bm)
+    col = (key & ((1 << bm) - 1)).int()                              # (E,) j
+    if R > 1:                                                        # + r·m, graph by graph
+        per_graph = (row_ptr[n::n] - row_ptr[:-1:n]).long()
+        col += repeat_interleave(torch.arange(0, R * m, m, dtype=torch.int32, device=col.device), per_graph,
+                                 len(col))
+    return row_ptr, col
+
+
+def _draw_edges(X, S, Y, generator, key_needed: bool):
+    """The multigraph of `sample` before any sort: (R, n, m, counts (R, K, K) N[r, u, v], i, j), where i (E,)
+    are flat source indices (r·K + u)·2^bn + i in (r, u, v) group order and j flat destination indices
+    (r·K + v)·2^bm + j in (r, v, u) group order; counts, i, j are None when no edge is drawn."""
+    lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed)
+    device = X.device
+    if generator is not None and generator.device.type != device.type:
+        raise ValueError(f"generator is on {generator.device}, inputs on {device}")
+    if R * n * m * K == 0:
+        return R, n, m, None, None, None
+    table_x = _cdf_table(_flat(X, lead))                              # cdf, guide (R·K·2^bn,), cx (R, K), steps
+    table_y = _cdf_table(_flat(Y, lead))                              # cdf, guide (R·K·2^bm,), cy (R, K), steps
+    rates = table_x[2][:, :, None] * _flat(S, lead).to(_WORK) * table_y[2][:, None, :]  # (R, K, K) B̄
+    total = float(rates.sum())
+    if not total < _MAX_EXPECTED_EDGES:
+        raise ValueError(f"expected number of edges {total:.3g} is not finite or too large (limit 2^53); "
+                         f"scale down X, S or Y")
+    counts = torch.poisson(rates, generator=generator).to(torch.int64)  # (R, K, K) N[r, u, v]
+    if int(counts.sum()) == 0:
+        return R, n, m, None, None, None
+    # Sources are drawn in (r, u, v) edge order and destinations in (r, v, u) order, so each side's lookups
+    # run row by row through its CDF table (one row stays in cache) without sorting anything. Edges of one
+    # (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the law
+    # exact; `_uv_positions` says where each destination goes in the sources' order.
+    i = _draw(table_x, counts.sum(2).view(-1), n, generator)
+    del table_x
+    j = _draw(table_y, counts.sum(1).view(-1), m, generator)
+    return R, n, m, counts, i, j
+
+
+def _sorted_key(R: int, counts: torch.Tensor, i: torch.Tensor, j: torch.Tensor, bn: int, bm: int,
+                dedup: bool) -> torch.Tensor:
+    """The edges of `_draw_edges` as sorted integer keys r·2^(bn+bm) + i·2^bm + j (int32 when they fit): one
+    sort groups them by (r, i), then j; dedup merges repeated keys."""
+    E, dtype = len(i), _index_dtype(R << (bn + bm))
+    graph = torch.arange(R, dtype=dtype, device=i.device) << (bn + bm)
+    key = repeat_interleave(graph, counts.view(R, -1).sum(1), E)    # (E,) in (r, u, v) order
+    key |= (i & ((1 << bn) - 1)).to(dtype) << bm
+    key |= _to_uv_order((j & ((1 << bm) - 1)).to(dtype), counts)
+    key = sort_integers(key)                                                # the one sort
+    return torch.unique_consecutive(key) if dedup else key
+
+
+def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
+    """(R·n + 1,) int32 row offsets of sorted keys (rows q = r·n + i)."""
+    L = 1 << _bits(n)
+    counts = torch.bincount(key >> bm, minlength=R * L).view(R, L)[:, :n]  # (R, N) edges per row
+    row_ptr = torch.zeros(R * n + 1, dtype=torch.int32, device=key.device)
+    torch.cumsum(counts.reshape(-1), 0, dtype=torch.int32, out=row_ptr[1:])
+    return row_ptr
 
 
 # -------------------------------------------------------------------------------------------------- main

@@ -8,9 +8,9 @@ Cells, each in a fresh process with bench.scaling's allocator setting (batch 1, 
 non-causal, training mode):
 - ``full``, ``full-ref``: bench.scaling's cells of baselines/full.py (fused SDPA; materialised scores).
 - ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, given as
-  the sampler gives it (global query and key indices sorted by query), from q, k, v and per-edge p that
-  require grad; the graph's structures are built inside the timed region (Edges.build, and in the backward
-  the key-major copy, one sort of E keys).
+  the sampler gives it (block-diagonal CSR, grouped by query), from q, k, v and per-edge p that require
+  grad; the graph's structures are built inside the timed region (Edges, and in the backward the key-major
+  copy, one sort of E keys).
 - ``sbm@d``: the whole SBMAttention module (projections, memberships, fastRG proposal and thinning, STE,
   core, density, regulariser off). Its membership logits are shifted by one constant, calibrated with
   fastrg.expected_edges so that the expected density, δ included, is d; nothing else is changed.
@@ -66,11 +66,14 @@ def shifted_module(dim: int, heads: int, head_dim: int, x: torch.Tensor, density
 
 
 def random_graph(r: int, n: int, density: float, generator: torch.Generator):
-    """Global (row, col), sorted, of R uniform random graphs with about density·n² distinct edges each."""
+    """R uniform random graphs with about density·n² distinct edges each, as the sampler gives them: one
+    block-diagonal CSR (row_ptr (R·n + 1,), col (E,) global keys), int32."""
     draws = int(-n * n * torch.log1p(torch.tensor(-density)).item())  # E[distinct] = n²(1 − e^(−draws/n²))
     key = torch.randint(0, r * n * n, (r * draws,), generator=generator).unique()  # sorted (graph, i, j)
     row = key // n
-    return row, row // n * n + key % n
+    row_ptr = torch.zeros(r * n + 1, dtype=torch.int32)
+    torch.cumsum(torch.bincount(row, minlength=r * n), 0, dtype=torch.int32, out=row_ptr[1:])
+    return row_ptr, (row // n * n + key % n).int()
 
 
 def profile_parts(step, steps: int) -> dict:
@@ -123,14 +126,14 @@ def measure_cell(cell: dict) -> dict:
     b, h, d, n = cell["batch"], cell["heads"], cell["head_dim"], cell["n"]
     generator = torch.Generator(device).manual_seed(0)
     if cell["kind"] == "core":
-        row, col = random_graph(b * h, n, cell["density"], torch.Generator().manual_seed(0))
-        row, col = row.to(device), col.to(device)
+        row_ptr, col = random_graph(b * h, n, cell["density"], torch.Generator().manual_seed(0))
+        row_ptr, col = row_ptr.to(device), col.to(device)
         q, k, v = (torch.randn(b * h * n, d, device=device, requires_grad=True) for _ in range(3))
-        p = torch.rand(len(row), device=device, requires_grad=True)
+        p = torch.rand(len(col), device=device, requires_grad=True)
         grad = torch.randn(b * h * n, d, device=device)
 
         def run(backward: bool):
-            edges = sbm_transformer.Edges.build(row, col, b * h, n, n)
+            edges = sbm_transformer.Edges.from_csr(row_ptr, col, b * h, n, n)
             y = sbm_transformer.EdgeAttention.apply(q, k, v, p, edges, None, 0.0, "paper")
             if backward:
                 y.backward(grad)
