@@ -83,11 +83,12 @@ import time
 import numpy as np
 import torch
 
-__all__ = ["sample", "sample_block_csr", "expected_edges", "edge_probability", "repeat_interleave", "sort_integers"]
+__all__ = ["sample", "sample_block_csr", "expected_edges", "edge_probability", "repeat_interleave", "nonzero",
+           "sort_integers"]
 
 _WORK = torch.float64  # CDFs and rates: a float32 prefix sum over 16384 rows may drift by up to n·2⁻²⁴ ≈ 1e-3
 _MAX_EXPECTED_EDGES = 2.0**53  # Poisson counts are drawn as float64 and must be exact integers
-_SCAN = 3  # guide-table steps per draw before the bisection fallback (_locate)
+_SCAN = 8  # the widest guide interval that draws step through (3 passes a step); wider ones are bisected
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -102,9 +103,13 @@ def _check_factor(name: str, t) -> None:
 
 
 def _check_values(name: str, t: torch.Tensor) -> None:
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    """One pass (aminmax): a NaN propagates to both ends, an infinity shows at one of them."""
+    if t.dtype == torch.bool or t.numel() == 0:
+        return
+    low, high = torch.aminmax(t.detach())
+    if t.is_floating_point() and not bool(torch.isfinite(low) & torch.isfinite(high)):
         raise ValueError(f"{name} must be finite, found NaN or inf")
-    if t.dtype != torch.bool and bool((t < 0).any()):
+    if bool(low < 0):
         raise ValueError(f"{name} must be non-negative, found a negative entry")
 
 
@@ -151,15 +156,23 @@ def _index_dtype(size: int) -> torch.dtype:
     return torch.int32 if size <= 2**31 else torch.int64
 
 
-# Three primitives that torch runs slowly on CPU go through numpy there (same results; timings on a 2-core
+# Four primitives that torch runs slowly on CPU go through numpy there (same results; timings on a 2-core
 # AVX-512 CPU, 9.7M elements): np.repeat fills whole runs (1.3 ms against torch.repeat_interleave's 107 ms for
 # 258 runs), numpy's vectorised quicksort sorts values in place (72 ms against torch.sort's 260 ms, which also
-# writes int64 indices), and numpy's PCG64 draws float64 uniforms 3× faster than torch.rand.
+# writes int64 indices), np.flatnonzero is 5× torch.nonzero, and numpy's PCG64 draws float64 uniforms 3×
+# faster than torch.rand.
 def repeat_interleave(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
     """torch.repeat_interleave(values, counts, output_size=total) for 1-D values without gradient."""
     if values.device.type == "cpu" and not values.requires_grad:
         return torch.from_numpy(np.repeat(values.numpy(), counts.numpy()))
     return torch.repeat_interleave(values, counts, output_size=total)
+
+
+def nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """(E,) bool → int64 positions of its True entries."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().squeeze(1)
 
 
 def sort_integers(key: torch.Tensor) -> torch.Tensor:
@@ -180,83 +193,117 @@ def _uniform(size: int, generator: torch.Generator | None, device: torch.device)
     return torch.rand(size, dtype=_WORK, device=device, generator=generator)
 
 
-def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Inverse-CDF tables of every column of W (R, n, K) → (cdf (R·K·L,), guide (R·K·L,), totals (R, K), steps).
+def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF table of every column of W (R, n, K) → (cdf (R·K·L,), totals (R, K)).
 
     Rows are L = 2^b ≥ n entries apart (b = bits of n − 1), so a flat index o·L + i splits into CDF row
-    o = r·K + u and entry i with a shift and a mask. `cdf` row o is the CDF of column u of graph r, float64,
-    padded with 1 past n; from the first index where the prefix sum reaches its total the CDF is exactly 1
-    (C/C = 1), and division by one positive total keeps it monotone. `guide` (Chen and Asau's guide table, L
-    buckets per row) holds at o·L + c the flat index of the first entry whose CDF exceeds c/L, that is o·L plus
-    the number of entries with ⌈CDF·L⌉ ≤ c (L is a power of two, so CDF·L is exact): a counting pass (bincount,
-    cumsum), no search. `steps` is the most entries below 1 of one row in one bucket: a draw never passes more
-    entries than that after the guide's candidate (_locate).
+    o = r·K + u and entry i with a shift and a mask. Row o is the CDF of column u of graph r, float64, padded
+    with 1 past n; from the first index where the prefix sum reaches its total it is exactly 1 (C/C = 1), and
+    division by one positive total keeps it monotone.
     """
     R, n, K = W.shape
-    rows, L = R * K, 1 << _bits(n)
-    C = W.transpose(1, 2).contiguous().cumsum(2, dtype=_WORK)       # (R, K, N) prefix sums of each column
+    L = 1 << _bits(n)
+    C = _columns(W).cumsum_(2)                                       # (R, K, N) prefix sums of each column
     totals = C[:, :, -1].clone()                                     # (R, K) column sums cx
     safe = torch.where(totals > 0, totals, torch.ones_like(totals))  # empty columns draw no edge; avoid 0/0
     if L == n:
-        cdf = C.div_(safe[:, :, None])                               # (R, K, L)
-    else:
-        cdf = torch.ones(R, K, L, dtype=_WORK, device=W.device)      # (R, K, L), 1 past n
-        torch.div(C, safe[:, :, None], out=cdf[:, :, :n])
-    del C
-    index = _index_dtype(rows * L)
-    bucket = (cdf[:, :, :n] * L).ceil_().long()                      # (R, K, N) ⌈CDF·L⌉ ∈ [0, L]
-    bucket += torch.arange(0, rows * (L + 1), L + 1, device=W.device).view(R, K, 1)
-    counts = torch.bincount(bucket.view(-1), minlength=rows * (L + 1)).view(rows, L + 1)  # entries per bucket
-    del bucket
-    guide = counts[:, :L].cumsum(1).add_(torch.arange(0, rows * L, L, device=W.device).view(rows, 1))
-    # Entries of CDF exactly 1 (trailing zero weights, e.g. padding) stop every draw, so bucket L counts only
-    # those below 1; bucket 0 (CDF 0) is never passed either.
-    below_one = torch.searchsorted(cdf.view(rows, L), torch.ones(rows, 1, dtype=_WORK, device=W.device))
-    counts[:, L] = below_one.squeeze(1) - counts[:, :L].sum(1)
-    counts[:, 0] = 0
-    return cdf.view(-1), guide.to(index).view(-1), totals, int(counts.max())
+        return C.div_(safe[:, :, None]).view(-1), totals
+    cdf = torch.ones(R, K, L, dtype=_WORK, device=W.device)          # (R, K, L), 1 past n
+    torch.div(C, safe[:, :, None], out=cdf[:, :, :n])
+    return cdf.view(-1), totals
 
 
-def _draw(table: tuple, per_row: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
-    """One inverse-CDF draw per edge from `table` (_cdf_table's), per_row[o] edges from CDF row o, in row order
-    → flat indices (E,) o·L + i (i = flat & (L − 1))."""
-    cdf, guide, _, steps = table
-    b = _bits(n)
-    rows = torch.arange(len(per_row), dtype=guide.dtype, device=guide.device) << b
-    E = int(per_row.sum())
-    base = repeat_interleave(rows, per_row, E)                       # (E,) flat start of each edge's CDF row
-    return _locate(cdf, guide, base, _uniform(E, generator, guide.device), b, n, steps)
+def _columns(W: torch.Tensor) -> torch.Tensor:
+    """(R, n, K) → its columns as rows, (R, K, n) float64 contiguous: one transposing, converting copy (numpy's
+    on CPU, twice as fast as torch's strided copy)."""
+    if W.device.type == "cpu" and W.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.ascontiguousarray(W.numpy().transpose(0, 2, 1), dtype=np.float64))
+    return torch.empty(W.shape[0], W.shape[2], W.shape[1], dtype=_WORK, device=W.device).copy_(W.transpose(1, 2))
 
 
-def _locate(cdf: torch.Tensor, guide: torch.Tensor, base: torch.Tensor, U: torch.Tensor, b: int, n: int,
-            steps: int) -> torch.Tensor:
-    """Flat index base + i of the first entry of each CDF row strictly above U ∈ [0, 1): inverse-CDF sampling.
+def _guide_table(cdf: torch.Tensor, n: int, G: int) -> tuple[torch.Tensor, int]:
+    """Chen and Asau's guide table of a CDF table (_cdf_table's) with G buckets per row, G a power of two ≤ L →
+    (guide (rows·(G + 1),), widest).
 
-    With c = ⌊U·L⌋ (exact), every entry before guide[c] is ≤ c/L ≤ U, so the answer is guide[c] or lies at most
-    `steps` entries after it (the entries in (c/L, U] all fall in bucket c + 1; the last entry of a row is 1
-    > U, so no draw leaves its row). Each step moves every draw still at an entry ≤ U one entry on: a constant
-    number of gathers per edge, in the order of the edges (grouped by row, so the row stays in cache). Tables
-    with more than _SCAN entries in a bucket (skewed weights, zero runs) finish the unsettled draws by
-    bisection up to the row's end. An index of zero weight repeats its predecessor's CDF, so it is never the
-    first one above U.
+    guide[o·(G + 1) + c] is the flat index o·L + i of the first entry of row o whose CDF exceeds c/G (c < G),
+    and guide[o·(G + 1) + G] that of the first entry equal to 1: a draw U ∈ [c/G, (c + 1)/G) lands in
+    [guide[c], guide[c + 1]], since every entry before guide[c] is ≤ c/G ≤ U and entry guide[c + 1] is above
+    U. `widest` is the most entries such an interval spans. With G = L the guide is a counting pass: guide[c] is
+    the number of entries with ⌈CDF·L⌉ ≤ c (exact: L is a power of two), about ten passes over the table; with
+    fewer buckets each is found by bisection (b rounds over rows·G values, all at once).
     """
-    fi = guide.index_select(0, (U * (1 << b)).long().bitwise_or_(base))  # (E,) guide[base + c]
-    for _ in range(min(steps, _SCAN)):
-        fi += cdf.index_select(0, fi) <= U
-    if steps <= _SCAN:
-        return fi
-    rest = (cdf.index_select(0, fi) <= U).nonzero().squeeze(1)      # draws beyond _SCAN steps
-    if len(rest):
-        lo = fi.index_select(0, rest) + 1                            # cdf[lo − 1] ≤ U: the answer is in [lo, hi]
-        hi = (lo >> b << b) + (n - 1)                                # the row's last entry, 1 > U
-        u = U.index_select(0, rest)
-        for _ in range(int((hi - lo).max()).bit_length()):          # bisection: each round halves [lo, hi]
-            mid = lo + ((hi - lo) >> 1)
-            above = cdf.index_select(0, mid) > u
-            hi = torch.where(above, mid, hi)
-            lo = torch.where(above, lo, mid + 1)
-        fi[rest] = lo
-    return fi
+    L = 1 << _bits(n)
+    rows = len(cdf) // L
+    start = torch.arange(0, rows * L, L, device=cdf.device)[:, None]  # (rows, 1) flat row starts
+    if G == L:
+        bucket = (cdf.view(rows, L)[:, :n] * L).ceil_().long()       # (rows, N) ⌈CDF·L⌉ ∈ [0, L]
+        bucket += torch.arange(0, rows * (L + 1), L + 1, device=cdf.device).view(rows, 1)
+        counts = torch.bincount(bucket.view(-1), minlength=rows * (L + 1)).view(rows, L + 1)
+        guide = torch.empty(rows, L + 1, dtype=torch.int64, device=cdf.device)
+        torch.cumsum(counts[:, :L], 1, out=guide[:, :L])
+        guide[:, :L] += start
+        first_one = start.expand(rows, 1)
+        guide[:, L:] = _bisect(cdf, first_one.reshape(-1), first_one.reshape(-1) + (n - 1),
+                               torch.full((rows,), 1 - 2.0**-53, dtype=_WORK, device=cdf.device))[:, None]
+    else:
+        levels = torch.arange(G + 1, dtype=_WORK, device=cdf.device) / G  # c/G exact; the last, 1 − 2⁻⁵³
+        levels[G] = 1 - 2.0**-53
+        lo = start.expand(rows, G + 1).reshape(-1)
+        guide = _bisect(cdf, lo, lo + (n - 1), levels.repeat(rows)).view(rows, G + 1)
+    widest = int(guide.diff(dim=1).max())
+    return guide.to(_index_dtype(rows * L)).view(-1), widest
+
+
+def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """One inverse-CDF draw per edge from a CDF table (_cdf_table's), per_row[o] edges from row o, in row order
+    → flat indices (E,) o·L + i (i = flat & (L − 1)): the first entry strictly above U ∈ [0, 1).
+
+    The guide table's bucket names an interval holding the answer (_guide_table); draws then step through it
+    when every interval is short (one gather per step, the row staying in cache as draws come grouped by row),
+    else bisect it. A full guide (G = L, a counting pass of about ten passes over the table) pays once there
+    are at least half as many draws as entries; below that, G ≈ draws / (rows·(b + 1)) buckets cost about one
+    bisection of every draw and save each draw log2(G) rounds.
+    An index of zero weight repeats its predecessor's CDF, so it is never the first one above U.
+    """
+    b = _bits(n)
+    rows, E = len(per_row), int(per_row.sum())
+    L = 1 << b
+    G = L if 2 * E >= rows * L else max(1, min(L // 2, 1 << (max(E // (rows * (b + 1)), 1).bit_length() - 1)))
+    guide, widest = _guide_table(cdf, n, G)
+    start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
+    return _lookup(cdf, guide, widest, G, repeat_interleave(start, per_row, E), _uniform(E, generator, cdf.device))
+
+
+def _lookup(cdf: torch.Tensor, guide: torch.Tensor, widest: int, G: int, start: torch.Tensor,
+            U: torch.Tensor) -> torch.Tensor:
+    """Flat index of the first entry strictly above U (E,) of the CDF rows whose guides start at `start` (E,)."""
+    slot = (U * G).long().add_(start)                                # (E,) bucket ⌊U·G⌋ of the edge's row
+    lo = guide.index_select(0, slot)
+    if widest > _SCAN:
+        return _bisect(cdf, lo, guide.index_select(0, slot.add_(1)), U)  # seven passes a round
+    # Step through the interval (three passes a step): every draw takes two steps (most settle there), then the
+    # draws still at an entry ≤ U go on alone.
+    for _ in range(min(widest, 2)):
+        lo += cdf.index_select(0, lo) <= U
+    if widest > 2:
+        rest = nonzero(cdf.index_select(0, lo) <= U)
+        if len(rest):
+            last, u = lo.index_select(0, rest), U.index_select(0, rest)
+            for _ in range(widest - 2):
+                last += cdf.index_select(0, last) <= u
+            lo[rest] = last
+    return lo
+
+
+def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """The first flat index in [lo, hi] whose CDF exceeds U, for draws whose cdf[hi] > U: a binary search by
+    steps of 2^(k−1), …, 2, 1 (2^k > hi − lo) from lo − 1, each clamped to hi, all draws at once (arithmetic
+    updates: torch.where is 7× slower here)."""
+    last = lo - 1                                                    # the last entry known ≤ U (or lo − 1)
+    for k in reversed(range(int((hi - lo).max()).bit_length() if len(lo) else 0)):
+        probe = torch.minimum(last + (1 << k), hi)
+        last += (probe - last) * (cdf.index_select(0, probe) <= U)
+    return last + 1
 
 
 def _uv_positions(counts: torch.Tensor) -> torch.Tensor:
@@ -375,9 +422,9 @@ def _draw_edges(X, S, Y, generator, key_needed: bool):
         raise ValueError(f"generator is on {generator.device}, inputs on {device}")
     if R * n * m * K == 0:
         return R, n, m, None, None, None
-    table_x = _cdf_table(_flat(X, lead))                              # cdf, guide (R·K·2^bn,), cx (R, K), steps
-    table_y = _cdf_table(_flat(Y, lead))                              # cdf, guide (R·K·2^bm,), cy (R, K), steps
-    rates = table_x[2][:, :, None] * _flat(S, lead).to(_WORK) * table_y[2][:, None, :]  # (R, K, K) B̄
+    cdf_x, cx = _cdf_table(_flat(X, lead))                           # (R·K·2^bn,), (R, K)
+    cdf_y, cy = _cdf_table(_flat(Y, lead))                           # (R·K·2^bm,), (R, K)
+    rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
     total = float(rates.sum())
     if not total < _MAX_EXPECTED_EDGES:
         raise ValueError(f"expected number of edges {total:.3g} is not finite or too large (limit 2^53); "
@@ -389,9 +436,9 @@ def _draw_edges(X, S, Y, generator, key_needed: bool):
     # run row by row through its CDF table (one row stays in cache) without sorting anything. Edges of one
     # (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the law
     # exact; `_uv_positions` says where each destination goes in the sources' order.
-    i = _draw(table_x, counts.sum(2).view(-1), n, generator)
-    del table_x
-    j = _draw(table_y, counts.sum(1).view(-1), m, generator)
+    i = _draw(cdf_x, counts.sum(2).view(-1), n, generator)
+    del cdf_x
+    j = _draw(cdf_y, counts.sum(1).view(-1), m, generator)
     return R, n, m, counts, i, j
 
 
@@ -409,11 +456,13 @@ def _sorted_key(R: int, counts: torch.Tensor, i: torch.Tensor, j: torch.Tensor, 
 
 
 def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
-    """(R·n + 1,) int32 row offsets of sorted keys (rows q = r·n + i)."""
-    L = 1 << _bits(n)
-    counts = torch.bincount(key >> bm, minlength=R * L).view(R, L)[:, :n]  # (R, N) edges per row
-    row_ptr = torch.zeros(R * n + 1, dtype=torch.int32, device=key.device)
-    torch.cumsum(counts.reshape(-1), 0, dtype=torch.int32, out=row_ptr[1:])
+    """(R·n + 1,) int32 row offsets of sorted keys (rows q = r·n + i): where each row's first key would go, one
+    search per row (R·n·log E probes) rather than a pass over the E keys."""
+    bn = _bits(n)
+    first = torch.arange(R, dtype=key.dtype, device=key.device)[:, None] << (bn + bm)
+    first = (first | (torch.arange(n, dtype=key.dtype, device=key.device) << bm)).view(-1)  # (R·N,) row keys
+    row_ptr = torch.full((R * n + 1,), len(key), dtype=torch.int32, device=key.device)
+    row_ptr[:-1] = torch.searchsorted(key, first, out_int32=True)
     return row_ptr
 
 

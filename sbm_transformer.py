@@ -79,7 +79,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -209,16 +208,9 @@ def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
     return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale).values()
 
 
-def _nonzero(keep: Tensor) -> Tensor:
-    """(E,) bool → int64 positions of its True entries (np.flatnonzero on CPU: 5× torch.nonzero)."""
-    if keep.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(keep.numpy()))
-    return keep.nonzero().squeeze(1)
-
-
 def _select(keep: Tensor, *tensors: Tensor):
     """t[keep] for each tensor, with one index for all."""
-    index = _nonzero(keep)
+    index = fastrg.nonzero(keep)
     return tuple(t.index_select(0, index) for t in tensors)
 
 
@@ -485,7 +477,7 @@ class SBMAttention(nn.Module):
         unsure = ~keep if allowed is None else allowed & ~keep
         if allowed is not None:
             keep &= allowed
-        index = _nonzero(unsure)
+        index = fastrg.nonzero(unsure)
         checked = Edges.from_csr(_kept_offsets(unsure, proposed.row_ptr), proposed.col.index_select(0, index),
                                  R, N, proposed.M, zeros=_zeros(proposed, x))  # one buffer for every SDDMM
         pi = _sddmm(checked.csr(_zeros(checked, x)), x.reshape(R * N, K), w.reshape(-1, K)) + self.exploration()

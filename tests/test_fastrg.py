@@ -247,13 +247,19 @@ def test_reproducible_with_generator():
     assert all(torch.equal(x, y) for x, y in zip(a, sample(X, S, Y)))
 
 
-def _locate(table, rows, U, n, steps=None):
-    """Entry index i of the inverse-CDF draw U from CDF row `rows` of a _cdf_table table."""
-    cdf, guide, _, table_steps = table
+def _locate(cdf, rows, U, n):
+    """Entry index i of the inverse-CDF draw U from CDF row `rows` of a _cdf_table table, the same through guide
+    tables of every size (one bucket: plain bisection; L buckets: the counting pass) and through their steps
+    (narrow intervals) or bisection (wide ones)."""
     b = fastrg._bits(n)
-    flat = fastrg._locate(cdf, guide, rows.to(guide.dtype) << b, U, b, n, table_steps if steps is None else steps)
-    assert torch.equal(flat >> b, rows.to(flat.dtype))  # never leaves its row
-    return (flat & ((1 << b) - 1)).long()
+    found = []
+    for G in sorted({1, 4, 1 << b}):
+        guide, widest = fastrg._guide_table(cdf, n, G)
+        for width in {widest, max(widest, fastrg._SCAN + 1)}:  # the table's own path, and bisection
+            found.append(fastrg._lookup(cdf, guide, width, G, rows * (G + 1), U))
+    assert all(torch.equal(f, found[0]) for f in found)
+    assert torch.equal(found[0] >> b, rows.to(found[0].dtype))  # never leaves its row
+    return (found[0] & ((1 << b) - 1)).long()
 
 
 def test_inverse_cdf_tails_never_pick_zero_weight():
@@ -261,25 +267,24 @@ def test_inverse_cdf_tails_never_pick_zero_weight():
     # many columns. Uniforms at the extremes of [0, 1) on the 2⁻⁵³ grid, at the step 1/3 and on a grid.
     K, n = 1 << 12, 8
     w = torch.tensor([0.0, 0.0, 1.0, 0.0, 1e-300, 2.0, 0.0, 0.0], dtype=torch.float64)
-    table = fastrg._cdf_table(w[None, :, None].expand(1, n, K))
-    assert torch.equal(table[2], torch.full((1, K), 3.0, dtype=torch.float64))
-    third = float(table[0][2])                                       # CDF after index 2: 1/3 rounded
+    cdf, totals = fastrg._cdf_table(w[None, :, None].expand(1, n, K))
+    assert torch.equal(totals, torch.full((1, K), 3.0, dtype=torch.float64))
+    third = float(cdf[2])                                            # CDF after index 2: 1/3 rounded
     grid = torch.linspace(0, 1 - 2.0**-53, 1001, dtype=torch.float64)
     U = torch.cat([torch.tensor([0.0, 2.0**-53, third - 2.0**-54, third, 1 - 2.0**-52, 1 - 2.0**-53],
                                 dtype=torch.float64), grid])
     for row in (0, 1, K // 2, K - 1):
-        for steps in (None, 2 * n):                                  # the table's bound; the bisection fallback
-            i = _locate(table, torch.full(U.shape, row), U, n, steps)
-            assert bool((w[i] > 0).all())
-            assert i[:6].tolist() == [2, 2, 2, 5, 5, 5]
-            assert torch.equal(i[6:], (grid >= third).long() * 3 + 2)  # inverse CDF over {2: 1/3, 5: 2/3}
+        i = _locate(cdf, torch.full(U.shape, row), U, n)
+        assert bool((w[i] > 0).all())
+        assert i[:6].tolist() == [2, 2, 2, 5, 5, 5]
+        assert torch.equal(i[6:], (grid >= third).long() * 3 + 2)  # inverse CDF over {2: 1/3, 5: 2/3}
 
 
 @pytest.mark.parametrize("n", [300, 256, 1])
 def test_guide_table_lookup_equals_search(n):
-    # The guide table plus its steps (or the bisection fallback) must give exactly the first CDF entry above U,
-    # as a plain search does, for skewed weights (wide buckets), runs of zeros, a single non-zero entry, even
-    # weights (at most one step), and n a power of two or not (rows padded to 512 entries at n = 300).
+    # Guide tables plus steps or bisection must give exactly the first CDF entry above U, as a plain search
+    # does, for skewed weights (wide buckets), runs of zeros, a single non-zero entry, even weights (at most
+    # one step), and n a power of two or not (rows padded to 512 entries at n = 300).
     g = torch.Generator().manual_seed(23)
     K = 6
     W = torch.rand(2, n, K, generator=g, dtype=torch.float64) ** 8
@@ -287,18 +292,17 @@ def test_guide_table_lookup_equals_search(n):
     W[1, :, 2] = 0
     W[1, n // 2, 2] = 5.0                                            # a single non-zero entry
     W[:, :, 3] = 1.0
-    table = fastrg._cdf_table(W)
-    assert n == 1 or table[3] > fastrg._SCAN                          # skewed weights need the fallback
-    even = fastrg._cdf_table(W[:, :, 3:4])
-    assert even[3] <= 2                                               # an even column needs at most two steps
+    cdf, _ = fastrg._cdf_table(W)
+    L = 1 << fastrg._bits(n)
+    assert n == 1 or fastrg._guide_table(cdf, n, L)[1] > fastrg._SCAN  # skewed weights: bisection
+    even, _ = fastrg._cdf_table(W[:, :, 3:4])
+    assert fastrg._guide_table(even, n, L)[1] <= 2                   # an even column: at most two steps
     rows = torch.randint(0, 2 * K, (20000,), generator=g)
     U = torch.rand(20000, generator=g, dtype=torch.float64)
-    L = 1 << fastrg._bits(n)
-    expected = torch.searchsorted(table[0].view(2 * K, L)[rows, :n], U[:, None], right=True).squeeze(1)
-    assert torch.equal(_locate(table, rows, U, n), expected)
-    assert torch.equal(_locate(table, rows, U, n, steps=n + 5), expected)
+    expected = torch.searchsorted(cdf.view(2 * K, L)[rows, :n], U[:, None], right=True).squeeze(1)
+    assert torch.equal(_locate(cdf, rows, U, n), expected)
     rows = torch.randint(0, 2, (20000,), generator=g)
-    expected = torch.searchsorted(even[0].view(2, L)[rows, :n], U[:, None], right=True).squeeze(1)
+    expected = torch.searchsorted(even.view(2, L)[rows, :n], U[:, None], right=True).squeeze(1)
     assert torch.equal(_locate(even, rows, U, n), expected)
 
 
@@ -309,13 +313,13 @@ def test_trailing_zero_weights_do_not_widen_the_guide():
     W = torch.ones(3, n, 2, dtype=torch.float64)
     W[:, n // 2:, 0] = 0                                             # right padding
     W[:, :n // 2, 1] = 0                                             # left padding
-    table = fastrg._cdf_table(W)
-    assert table[3] <= 1
+    cdf, _ = fastrg._cdf_table(W)
+    assert fastrg._guide_table(cdf, n, n)[1] <= 1
     g = torch.Generator().manual_seed(33)
     rows = torch.randint(0, 6, (5000,), generator=g)
     U = torch.rand(5000, generator=g, dtype=torch.float64)
-    expected = torch.searchsorted(table[0].view(6, n)[rows], U[:, None], right=True).squeeze(1)
-    assert torch.equal(_locate(table, rows, U, n), expected)
+    expected = torch.searchsorted(cdf.view(6, n)[rows], U[:, None], right=True).squeeze(1)
+    assert torch.equal(_locate(cdf, rows, U, n), expected)
 
 
 def test_reorder_between_group_orders():
