@@ -7,8 +7,8 @@ Han, Binkiewicz, "A Note on Quickly Sampling a Sparse Matrix with Low Rank Expec
 used as Algorithm 1 of the SBM-Transformer paper (Cho et al., "Transformers meet Stochastic Block Models",
 NeurIPS 2022, §4.1, Eq. 8; papers/000). Inputs are non-negative memberships X (n × K), Y (m × K) and a
 non-negative block matrix S (K × K). Per graph the cost is O((n + m)K + K² + E) memory and
-O((n + m)K + K² + E) time (guide-table lookups; plus one radix sort of the edges for dedup/CSR), where E is
-the number of edges drawn: no n × m matrix is ever formed.
+O((n + m)K + K² + E log(n + m)) time (guide-table lookups, bisected when draws are few; plus one sort of the
+edges for dedup/CSR), where E is the number of edges drawn: no n × m matrix is ever formed.
 
 Distribution (what `sample` returns)
 ------------------------------------
@@ -29,10 +29,12 @@ cy_v = Σ_j Y_jv (the paper's B̄ = D_Y B D_Z, Algorithm 1 line 3), and given N_
 source i ~ X[:, u] / cx_u and destination j ~ Y[:, v] / cy_v drawn independently (lines 8-9). So we draw
     1. N[r, u, v] ~ Poisson(cx[r, u] · S[r, u, v] · cy[r, v])    for all graphs and cluster pairs at once;
     2. for every edge, i by inverse-CDF sampling of column u of X[r] and j of column v of Y[r], each through
-       a guide table (Chen and Asau 1974): bucket ⌊U·G⌋ of a CDF row names the first candidate index, which
-       settles about half of the draws; the rest bisect their bucket. A constant number of gathers per edge,
-       no search over the whole table. Sources are drawn with the edges grouped by (r, u), destinations
-       grouped by (r, v), so consecutive lookups stay in one cached CDF row and nothing is sorted.
+       a guide table (Chen and Asau 1974): bucket ⌊U·G⌋ of a CDF row names an interval that holds the
+       answer, which a draw steps through (narrow intervals) or bisects. G is sized to the draws: a full
+       guide (one bucket per entry, a counting pass) when draws are many, a few searched buckets when they
+       are few, so the tables cost what the draws save. Sources are drawn with the edges grouped by (r, u),
+       destinations grouped by (r, v) and moved to their source's place, so consecutive lookups stay in one
+       cached CDF row; they go a chunk at a time (bounded temporaries).
 Step 1 replaces Algorithm 1's "one Poisson total, then a categorical (u, v) per edge" (lines 4, 7) by
 independent Poisson counts per (u, v); the two are equal in distribution (Poisson splitting) and step 1 has
 no loop and no `torch.multinomial` category limit.
@@ -48,15 +50,18 @@ Deviations and notes
   it with a zero-diagonal block matrix (no within-cluster edge may ever appear).
 * Float round-off. CDFs are float64, C_i / C_n for the prefix sums C of a column; from the first index where
   C reaches its total the entry is exactly 1 (C/C = 1), including any trailing zero weights, and division by
-  one positive total keeps the row non-decreasing. A draw is U ∈ [0, 1) on the 2⁻⁵³ grid (`torch.rand` in
-  float64) and picks the first entry strictly above U: always in range (the last entry is 1 > U, no clamp,
-  no tail case) and never an index of zero weight (its entry equals its predecessor's). The guide bucket
-  ⌊U·G⌋ is exact because G is a power of two. Probabilities are resolved to 2⁻⁵³ ≈ 1e-16.
+  one positive total keeps the row non-decreasing. A draw is U ∈ [0, 1) on the 2⁻⁵³ grid (float64 uniforms:
+  numpy's PCG64 on CPU, seeded from the torch generator; torch.rand elsewhere) and picks the first entry
+  strictly above U: always in range (the last entry is 1 > U, no clamp, no tail case) and never an index of
+  zero weight (its entry equals its predecessor's). The guide bucket ⌊U·G⌋ is exact because G is a power of
+  two. Probabilities are resolved to 2⁻⁵³ ≈ 1e-16.
 * Sorting. With `dedup=True` or `csr=True` the edges are deduplicated and grouped by (r, i, j) with one sort
   of the integer key r·2^(bn+bm) + i·2^bm + j (bn, bm = bits of n − 1, m − 1; power-of-two fields decode
-  with shifts, not divisions). The key must fit int64: `sample` raises ValueError when R·2^(bn+bm) > 2⁶³
-  (R·n·m ≥ 2⁶¹ may hit it). With `dedup=False, csr=False` this sort is skipped and the edge order is
-  unspecified.
+  with shifts, not divisions), int32 when it fits (half the bytes to sort). The key must fit int64: `sample`
+  raises ValueError when R·2^(bn+bm) > 2⁶³ (R·n·m ≥ 2⁶¹ may hit it). With `dedup=False, csr=False` this sort
+  is skipped and the edge order is unspecified.
+* CPU primitives. Five steps that torch runs slowly on CPU go through numpy there (`repeat_interleave`,
+  `sort_integers`, `nonzero`, the uniforms and the CDF's transposing copy; measured beside each).
 * Gradients do not flow through sampling: the outputs are integer indices. A straight-through estimator
   (SBM paper Eq. 9) recomputes the probability of each sampled edge, e.g. p_e = X[r, i] · (S[r] Y[r, j]),
   with autograd outside this module.
@@ -64,10 +69,10 @@ Deviations and notes
 Use in SBM-Transformer
 ----------------------
 X = Q̂ (B, H, N, K), S = Ŝ (H, K, K) (broadcast over the batch), Y = K̂ (B, H, M, K): R = B·H graphs, graph
-r = b·H + h; up to N = M = 16384, K = 128. Per graph and side the tables keep 12·K·N bytes (float64 CDF,
-int32 guide) and need about 32·K·N while built (≈ 50 MB kept, 130 MB transient at N = M = 16384, K = 128),
-plus ~70 bytes per drawn edge while sampling. `csr=True` returns the edges grouped by flattened query row
-q = r·N + i with offsets `row_ptr`, so a sparse attention needs no sort of its own. Random edge exploration
+r = b·H + h; up to N = M = 16384, K = 128. Per graph and side the tables keep 8·K·N bytes (float64 CDF) plus
+the guide (up to 8·K·N while built), plus about 12 bytes per drawn edge and 40 per edge of a chunk while
+sampling. `sample_block_csr` returns the graphs as one block-diagonal CSR matrix (row offsets and global
+columns, int32), the form a sparse attention consumes: it needs no sort of its own. Random edge exploration
 (+δ, SBM §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ).
 
 Run `python fastrg.py` for a short self-check.
@@ -88,6 +93,7 @@ __all__ = ["sample", "sample_block_csr", "expected_edges", "edge_probability", "
 
 _WORK = torch.float64  # CDFs and rates: a float32 prefix sum over 16384 rows may drift by up to n·2⁻²⁴ ≈ 1e-3
 _MAX_EXPECTED_EDGES = 2.0**53  # Poisson counts are drawn as float64 and must be exact integers
+_CHUNK = 1 << 20  # draws looked up at a time (_draw)
 _SCAN = 8  # the widest guide interval that draws step through (3 passes a step); wider ones are bisected
 
 
@@ -156,11 +162,11 @@ def _index_dtype(size: int) -> torch.dtype:
     return torch.int32 if size <= 2**31 else torch.int64
 
 
-# Four primitives that torch runs slowly on CPU go through numpy there (same results; timings on a 2-core
-# AVX-512 CPU, 9.7M elements): np.repeat fills whole runs (1.3 ms against torch.repeat_interleave's 107 ms for
-# 258 runs), numpy's vectorised quicksort sorts values in place (72 ms against torch.sort's 260 ms, which also
-# writes int64 indices), np.flatnonzero is 5× torch.nonzero, and numpy's PCG64 draws float64 uniforms 3×
-# faster than torch.rand.
+# Primitives that torch runs slowly on CPU go through numpy there (same results; timings on a 2-core AVX-512
+# CPU, 9.7M elements): np.repeat fills whole runs (1.3 ms against torch.repeat_interleave's 107 ms for 258
+# runs), numpy's vectorised quicksort sorts values in place (72 ms against torch.sort's 260 ms, which also
+# writes int64 indices), np.flatnonzero is 5× torch.nonzero, numpy's PCG64 draws float64 uniforms 3× faster
+# than torch.rand, and its transposing copy (_columns) is 2× torch's strided copy.
 def repeat_interleave(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
     """torch.repeat_interleave(values, counts, output_size=total) for 1-D values without gradient."""
     if values.device.type == "cpu" and not values.requires_grad:
@@ -183,14 +189,14 @@ def sort_integers(key: torch.Tensor) -> torch.Tensor:
     return torch.sort(key).values
 
 
-def _uniform(size: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """(size,) float64 uniforms in [0, 1) on the 2⁻⁵³ grid, from `generator` (the global one when None): on CPU
-    numpy's PCG64 seeded by one draw of the generator, elsewhere torch.rand; the same generator state gives
-    the same draw."""
+def _uniforms(generator: torch.Generator | None, device: torch.device):
+    """A function size → (size,) float64 uniforms in [0, 1) on the 2⁻⁵³ grid, one stream from `generator` (the
+    global one when None): on CPU numpy's PCG64 seeded by one draw of the generator, elsewhere torch.rand; the
+    same generator state gives the same stream, however it is cut."""
     if device.type == "cpu":
-        seed = int(torch.randint(0, 2**63 - 1, (), generator=generator))
-        return torch.from_numpy(np.random.default_rng(seed).random(size))
-    return torch.rand(size, dtype=_WORK, device=device, generator=generator)
+        stream = np.random.default_rng(int(torch.randint(0, 2**63 - 1, (), generator=generator)))
+        return lambda size: torch.from_numpy(stream.random(size))
+    return lambda size: torch.rand(size, dtype=_WORK, device=device, generator=generator)
 
 
 def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,9 +260,11 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> tuple[torch.Tensor, int]:
     return guide.to(_index_dtype(rows * L)).view(-1), widest
 
 
-def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
+def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Generator | None,
+          shift: torch.Tensor | None = None) -> torch.Tensor:
     """One inverse-CDF draw per edge from a CDF table (_cdf_table's), per_row[o] edges from row o, in row order
-    → flat indices (E,) o·L + i (i = flat & (L − 1)): the first entry strictly above U ∈ [0, 1).
+    → flat indices (E,) o·L + i (i = flat & (L − 1)): the first entry strictly above U ∈ [0, 1). With `shift`
+    (E,), draw e is stored at position e + shift[e].
 
     The guide table's bucket names an interval holding the answer (_guide_table); draws then step through it
     when every interval is short (one gather per step, the row staying in cache as draws come grouped by row),
@@ -271,7 +279,16 @@ def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Gen
     G = L if 2 * E >= rows * L else max(1, min(L // 2, 1 << (max(E // (rows * (b + 1)), 1).bit_length() - 1)))
     guide, widest = _guide_table(cdf, n, G)
     start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
-    return _lookup(cdf, guide, widest, G, repeat_interleave(start, per_row, E), _uniform(E, generator, cdf.device))
+    start = repeat_interleave(start, per_row, E)                     # (E,) the guide of each edge's row
+    uniforms, drawn = _uniforms(generator, cdf.device), torch.empty_like(start)
+    for a in range(0, E, _CHUNK):  # bounded temporaries (~40 bytes a draw), and a chunk stays in cache
+        b = min(a + _CHUNK, E)
+        found = _lookup(cdf, guide, widest, G, start[a:b], uniforms(b - a))
+        if shift is None:
+            drawn[a:b] = found
+        else:
+            drawn[shift[a:b] + torch.arange(a, b, dtype=shift.dtype, device=shift.device)] = found
+    return drawn
 
 
 def _lookup(cdf: torch.Tensor, guide: torch.Tensor, widest: int, G: int, start: torch.Tensor,
@@ -306,24 +323,16 @@ def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tens
     return last + 1
 
 
-def _uv_positions(counts: torch.Tensor) -> torch.Tensor:
-    """Where each edge laid out in (r, v, u) group order goes in (r, u, v) group order, order within a group
-    kept: (E,) positions. counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at start_uv in the target
-    order and at start_vu in the source order, so its k-th edge moves by start_uv − start_vu (runs of
-    consecutive positions)."""
+def _uv_shift(counts: torch.Tensor) -> torch.Tensor:
+    """How far each edge laid out in (r, v, u) group order moves to reach (r, u, v) group order, order within a
+    group kept: (E,). counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at start_uv in the target order
+    and at start_vu in the source order, so its edges move by start_uv − start_vu."""
     E = int(counts.sum())
     start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)   # (R, K, K) [r, u, v]
     counts_vu = counts.transpose(1, 2).contiguous()                                 # (R, K, K) [r, v, u]
     start_vu = counts_vu.view(-1).cumsum(0).sub_(counts_vu.view(-1))               # (R·K·K,) [r, v, u]
     shift = start_uv.transpose(1, 2).reshape(-1).sub_(start_vu)                    # (R·K·K,) [r, v, u]
-    index = _index_dtype(E)
-    target = repeat_interleave(shift.to(index), counts_vu.view(-1), E)
-    return target.add_(torch.arange(E, dtype=index, device=counts.device))
-
-
-def _to_uv_order(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Per-edge values reordered from (r, v, u) group order to (r, u, v) group order (_uv_positions)."""
-    return torch.empty_like(values).scatter_(0, _uv_positions(counts).long(), values)
+    return repeat_interleave(shift.to(_index_dtype(E)), counts_vu.view(-1), E)
 
 
 def _empty(R: int, n: int, device: torch.device, csr: bool) -> tuple[torch.Tensor, ...]:
@@ -370,15 +379,17 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
     q = r·n + i are [row_ptr[q], row_ptr[q+1]). dedup=True also returns them sorted.
     All randomness comes from `generator` (on X's device) when given. No gradient flows (integer output).
     """
-    R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=dedup or csr)
-    if i is None:
+    if not (dedup or csr):
+        R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=False)
+        if i is None:
+            return _empty(R, n, X.device, csr)
+        r = repeat_interleave(torch.arange(R, device=i.device), counts.view(R, -1).sum(1), len(i))
+        return r, (i & ((1 << _bits(n)) - 1)).long(), (j & ((1 << _bits(m)) - 1)).long()
+    R, n, m, key = _sorted_key(X, S, Y, generator, dedup)
+    if key is None:
         return _empty(R, n, X.device, csr)
     bn, bm = _bits(n), _bits(m)
-    if not (dedup or csr):
-        graph = torch.arange(R, device=i.device)
-        r = repeat_interleave(graph, counts.view(R, -1).sum(1), len(i))
-        return r, (i & ((1 << bn) - 1)).long(), _to_uv_order(j & ((1 << bm) - 1), counts).long()
-    key = _sorted_key(R, counts, i, j, bn, bm, dedup).long()
+    key = key.long()
     r = key >> (bn + bm)
     i = (key >> bm) & ((1 << bn) - 1)
     j = key & ((1 << bm) - 1)
@@ -394,17 +405,15 @@ def sample_block_csr(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *,
     row q = r·n + i are col[row_ptr[q]:row_ptr[q + 1]], sorted, with col = r·m + j; P(edge) = 1 − exp(−λ).
     The same draw as `sample(..., csr=True)` under the same generator, without the per-edge (r, i, j).
     """
-    R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=True)
-    if i is None:
+    R, n, m, key = _sorted_key(X, S, Y, generator, dedup=True)
+    if key is None:
         return (torch.zeros(R * n + 1, dtype=torch.int32, device=X.device),
                 torch.zeros(0, dtype=torch.int32, device=X.device))
-    if R * m > 2**31 or len(i) > 2**31:
-        raise ValueError(f"R·m = {R * m} columns or {len(i)} edges do not fit int32 indices; split the batch")
-    bn, bm = _bits(n), _bits(m)
-    key = _sorted_key(R, counts, i, j, bn, bm, dedup=True)
-    del i, j
+    if R * m > 2**31 or len(key) > 2**31:
+        raise ValueError(f"R·m = {R * m} columns or {len(key)} edges do not fit int32 indices; split the batch")
+    bm = _bits(m)
     row_ptr = _row_ptr(key, R, n, bm)
-    col = (key & ((1 << bm) - 1)).int()                              # (E,) j
+    col = key.bitwise_and_((1 << bm) - 1).int()                     # (E,) j
     if R > 1:                                                        # + r·m, graph by graph
         per_graph = (row_ptr[n::n] - row_ptr[:-1:n]).long()
         col += repeat_interleave(torch.arange(0, R * m, m, dtype=torch.int32, device=col.device), per_graph,
@@ -414,8 +423,8 @@ def sample_block_csr(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *,
 
 def _draw_edges(X, S, Y, generator, key_needed: bool):
     """The multigraph of `sample` before any sort: (R, n, m, counts (R, K, K) N[r, u, v], i, j), where i (E,)
-    are flat source indices (r·K + u)·2^bn + i in (r, u, v) group order and j flat destination indices
-    (r·K + v)·2^bm + j in (r, v, u) group order; counts, i, j are None when no edge is drawn."""
+    are flat source indices (r·K + u)·2^bn + i and j flat destination indices (r·K + v)·2^bm + j, both in
+    (r, u, v) group order; counts, i, j are None when no edge is drawn."""
     lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed)
     device = X.device
     if generator is not None and generator.device.type != device.type:
@@ -435,24 +444,30 @@ def _draw_edges(X, S, Y, generator, key_needed: bool):
     # Sources are drawn in (r, u, v) edge order and destinations in (r, v, u) order, so each side's lookups
     # run row by row through its CDF table (one row stays in cache) without sorting anything. Edges of one
     # (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the law
-    # exact; `_uv_positions` says where each destination goes in the sources' order.
+    # exact; `_uv_shift` moves each destination, as it is drawn, to its source's place.
     i = _draw(cdf_x, counts.sum(2).view(-1), n, generator)
     del cdf_x
-    j = _draw(cdf_y, counts.sum(1).view(-1), m, generator)
+    j = _draw(cdf_y, counts.sum(1).view(-1), m, generator, shift=_uv_shift(counts))
     return R, n, m, counts, i, j
 
 
-def _sorted_key(R: int, counts: torch.Tensor, i: torch.Tensor, j: torch.Tensor, bn: int, bm: int,
-                dedup: bool) -> torch.Tensor:
-    """The edges of `_draw_edges` as sorted integer keys r·2^(bn+bm) + i·2^bm + j (int32 when they fit): one
-    sort groups them by (r, i), then j; dedup merges repeated keys."""
-    E, dtype = len(i), _index_dtype(R << (bn + bm))
+def _sorted_key(X, S, Y, generator, dedup: bool):
+    """(R, n, m, key): the edges of `_draw_edges` as sorted integer keys r·2^(bn+bm) + i·2^bm + j (int32 when
+    they fit; None when no edge is drawn), built in place of the draws: one sort groups them by (r, i), then j;
+    dedup merges repeated keys."""
+    R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=True)
+    if i is None:
+        return R, n, m, None
+    bn, bm = _bits(n), _bits(m)
+    dtype = _index_dtype(R << (bn + bm))
     graph = torch.arange(R, dtype=dtype, device=i.device) << (bn + bm)
-    key = repeat_interleave(graph, counts.view(R, -1).sum(1), E)    # (E,) in (r, u, v) order
-    key |= (i & ((1 << bn) - 1)).to(dtype) << bm
-    key |= _to_uv_order((j & ((1 << bm) - 1)).to(dtype), counts)
-    key = sort_integers(key)                                                # the one sort
-    return torch.unique_consecutive(key) if dedup else key
+    key = repeat_interleave(graph, counts.view(R, -1).sum(1), len(i))  # (E,) in (r, u, v) order
+    key |= i.to(dtype).bitwise_and_((1 << bn) - 1).bitwise_left_shift_(bm)
+    del i
+    key |= j.to(dtype).bitwise_and_((1 << bm) - 1)
+    del j
+    key = sort_integers(key)                                         # the one sort
+    return R, n, m, (torch.unique_consecutive(key) if dedup else key)
 
 
 def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:

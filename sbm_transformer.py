@@ -13,14 +13,16 @@ describes the official code). Per layer and head, with queries Q, keys K, values
 
 Two execution paths, the same law of M and the same outputs and gradients on a given edge set (tests):
 - dense (`path="dense"`, the official code's path): P = Q̂ŜK̂ᵀ, a Bernoulli mask, a masked softmax; O(n²k).
-- sparse (`path="sparse"`, default): fastRG (fastrg.py; Algorithm 1) proposes edges, thinning makes them
-  exact (below), scores are computed on the edges only, a softmax per query by segment reductions, and
-  aggregation by sparse (CSR) products. Two autograd functions keep O(E) scalars (α_e, s_e) and the graph;
-  their backward uses the key-major copy of the graph (CSC) for dK, dV and ∂L/∂K̂. Time
-  O(E(d + k) + n(d² + kd + k²) + k²(d + R)) and memory O(E + n(k + d) + Rk²): no n × m tensor anywhere.
-  App. B's Table 5 omits the n·k² of p_e = Q̂_i·(ŜK̂_jᵀ) (thinning, STE) and fastRG's R·k² block counts; at
-  k = 128 > d = 32 they dominate short sequences (ListOps at n = 200 costs more FLOPs than full attention).
-  Per edge the K-wide work (p_e and its gradient) is 4× the D-wide work of the attention itself.
+- sparse (`path="sparse"`, default): fastRG (fastrg.py; Algorithm 1) proposes edges already grouped by query
+  (CSR), thinning makes them exact (below) and keeps that order, scores are computed on the edges only, a
+  softmax per query by segment reductions, and aggregation by sparse (CSR) products. Two autograd functions
+  keep O(E) scalars (α_e, s_e) and the graph; their backward uses the key-major copy of the graph (CSC, one
+  sort, made at the end of a training forward) for dK, dV and ∂L/∂K̂. Time O(E(d + k) + n(d² + kd + k²) +
+  k²(d + R)) and memory O(E + n(k + d) + Rk²): no n × m tensor anywhere. App. B's Table 5 omits the n·k² of
+  K̂Ŝᵀ and fastRG's R·k² block counts; at k = 128 > d = 32 they dominate short sequences (ListOps at n = 200
+  costs more FLOPs than full attention). Per edge the STE's gradient (p_e = Q̂_i·(ŜK̂_jᵀ), differentiated for
+  every edge, K wide) is 2× the D-wide work of the attention's backward; p_e itself is formed only where
+  thinning cannot decide without it.
 
 Exact Bernoulli edges from fastRG. fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present
 with probability 1 − e^{−λ_ij}, never above 0.632 when λ ≤ 1, so Algorithm 1 as printed cannot reach the full
@@ -28,6 +30,8 @@ attention of Fig. 4 although Eq. 8 states p(i, j) = Q̂_iŜK̂_jᵀ. We draw wit
 rank k + 1: query rows scaled by c_i), and keep a drawn pair with probability min(1, π)/(1 − e^{−c_i π}) ≤ 1, so
 P(edge) = min(1, π_ij) exactly, the official code's law. c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j
 + δ ≥ max_j π_ij; it is capped at u = 1 − 10⁻³, so a pair with π > 0.999 is kept with probability ≥ 0.999.
+The keep probability grows with π from 1/c_i, so a uniform below 1/c_i keeps a pair without its π (a squeeze):
+only about u_i/2 of the proposals need p_e, the K-wide product.
 The proposal overhead is at most c_i − 1 ≈ u_i/2 (about 15% at initialisation), but up to 5.9 (c = 6.9) as
 π → 1: for a graph near full attention (Fig. 4's end point) the dense path is the faster one, same law.
 Causal: proposed pairs with j > i are dropped before thinning, so each pair's law depends only on its query
@@ -38,8 +42,9 @@ sparse path given the graph (tests).
 Density (INTERFACE.md): edges / (valid queries × valid keys) per head, summed over the batch. It counts
 δ-edges and self-loops, like the official code, but padded keys never get edges and padded queries get none
 either (their outputs are discarded by every head of bench/model.py), so it is the valid-pairs density.
-Its gradient path (the regulariser): density = Σ_e (1 + p_e − stopgrad(p_e)) / pairs, so each sampled edge's
-probability receives λ/pairs, as in the official code. `stats["density_per_example"]` (B, H) shows how it
+Its gradient path (the regulariser): density = Σ_e M_e / pairs with M_e = 1 on each sampled edge and the STE's
+∂M_e/∂p_e = 1 (as Σ_e (1 + p_e − stopgrad(p_e)) / pairs), so each sampled edge's probability receives
+λ/pairs, as in the official code. `stats["density_per_example"]` (B, H) shows how it
 varies by input (App. C, Fig. 5, 7-8).
 
 Deviations from the paper, and their options:
@@ -140,12 +145,11 @@ class Edges:
     row_ptr: Tensor  # (R·N + 1,) int32
     row_len: Tensor  # (R·N,) int32 edges per query
     col: Tensor  # (E,) int32 global key r·M + j
-    zeros: Optional[Tensor] = field(default=None, repr=False)  # (≥ E,) the SDDMM patterns' values (_zeros)
     _key_major: Optional[tuple] = field(default=None, repr=False)
 
     @classmethod
-    def from_csr(cls, row_ptr: Tensor, col: Tensor, R: int, N: int, M: int, **kwargs) -> "Edges":
-        return cls(R, N, M, row_ptr, row_ptr.diff(), col, **kwargs)
+    def from_csr(cls, row_ptr: Tensor, col: Tensor, R: int, N: int, M: int) -> "Edges":
+        return cls(R, N, M, row_ptr, row_ptr.diff(), col)
 
     @classmethod
     def build(cls, row: Tensor, col: Tensor, R: int, N: int, M: int) -> "Edges":
@@ -167,9 +171,11 @@ class Edges:
         if self._key_major is None:
             with _part("CSR/CSC build"):
                 bits = max(self.E - 1, 0).bit_length()
-                order = torch.arange(self.E, device=self.col.device)
-                key = fastrg.sort_integers(order.bitwise_or_(self.col.long() << bits))  # sorted by (key, query)
-                perm = key.bitwise_and_((1 << bits) - 1).int()
+                key = self.col.long().bitwise_left_shift_(bits)
+                for a in range(0, self.E, 1 << 20):  # + CSR position, a chunk at a time (no E-sized arange)
+                    key[a:a + (1 << 20)] += torch.arange(a, min(a + (1 << 20), self.E), device=key.device)
+                perm = fastrg.sort_integers(key).bitwise_and_((1 << bits) - 1).int()  # sorted by (key, query)
+                del key
                 row = self.to_rows(torch.arange(self.R * self.N, dtype=torch.int32, device=self.col.device))
                 self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)),
                                    row.index_select(0, perm), perm)
@@ -204,8 +210,10 @@ class Edges:
 
 
 def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
-    """Values of scale·(a bᵀ) at the pattern's nonzeros: one dot product per edge, O(E·width)."""
-    return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale).values()
+    """Values of scale·(a bᵀ) at the pattern's nonzeros: one dot product per edge, O(E·width). Written over the
+    pattern's values (which must be finite, _zeros), so the graph's indices are not copied (sampled_addmm
+    without `out` copies them: 3 E-sized buffers where this takes one)."""
+    return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale, out=pattern).values()
 
 
 def _select(keep: Tensor, *tensors: Tensor):
@@ -223,11 +231,9 @@ def _kept_offsets(keep: Tensor, row_ptr: Tensor) -> Tensor:
 
 
 def _zeros(edges: Edges, like: Tensor) -> Tensor:
-    """Values of an SDDMM pattern: sampled_addmm reads them even at beta = 0 (NaN · 0), so they must be finite.
-    One zero buffer per graph serves every product (a view of the proposal's, after thinning)."""
-    if edges.zeros is None or edges.zeros.dtype != like.dtype:
-        edges.zeros = like.new_zeros(edges.E)
-    return edges.zeros[:edges.E]
+    """Values of an SDDMM pattern, which _sddmm overwrites: sampled_addmm reads them even at beta = 0 (NaN · 0),
+    so they must be finite."""
+    return like.new_zeros(edges.E)
 
 
 # ------------------------------------------------------------------------------------- the attention core
@@ -454,7 +460,7 @@ class SBMAttention(nn.Module):
                 diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1)
                 allowed = col <= proposed.to_rows(diagonal.int())
             keep = self.thin(proposed, allowed, x, w, bound, scale, generator)
-            edges = Edges.from_csr(_kept_offsets(keep, row_ptr), *_select(keep, col), R, N, M, zeros=proposed.zeros)
+            edges = Edges.from_csr(_kept_offsets(keep, row_ptr), *_select(keep, col), R, N, M)
             if self.self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
                 row = edges.to_rows(torch.arange(R * N, device=x.device))
                 loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
@@ -479,7 +485,7 @@ class SBMAttention(nn.Module):
             keep &= allowed
         index = fastrg.nonzero(unsure)
         checked = Edges.from_csr(_kept_offsets(unsure, proposed.row_ptr), proposed.col.index_select(0, index),
-                                 R, N, proposed.M, zeros=_zeros(proposed, x))  # one buffer for every SDDMM
+                                 R, N, proposed.M)
         pi = _sddmm(checked.csr(_zeros(checked, x)), x.reshape(R * N, K), w.reshape(-1, K)) + self.exploration()
         U = U.index_select(0, index).mul_(checked.to_rows(scale.reshape(R * N).neg()).mul_(pi).expm1_().neg_())
         return keep.index_put_((index,), U < pi.clamp_(max=1.0))  # U · (1 − e^{−c_i π}) < min(1, π)
@@ -513,6 +519,8 @@ class SBMAttention(nn.Module):
                     keep = torch.rand(edges.E, generator=generator, device=q.device) >= p_drop
                 y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
                                         mask, edges, keep, p_drop, self.ste).view(B, H, N, D)
+            if y.requires_grad:  # the backward's key-major copy, built now: between the forward's temporaries
+                edges.key_major()  # and the backward's, its sort adds less to the peak memory
             with _part("density"):  # Σ_e M_e per graph: the edge count, and λ/pairs to each edge's p_e (STE)
                 counts = torch.segment_reduce(mask, "sum", offsets=edges.row_ptr[::N], unsafe=True).view(B, H)
         with _part("density"):

@@ -223,13 +223,24 @@ def test_cpu_primitives_match_torch():
     key = torch.randint(0, 1 << 20, (1000,), dtype=torch.int32, generator=g)
     assert torch.equal(fastrg.sort_integers(key.clone()), torch.sort(key).values)
     state = g.get_state()
-    U = fastrg._uniform(10_000, g, torch.device("cpu"))
+    U = fastrg._uniforms(g, torch.device("cpu"))(10_000)
     g.set_state(state)
-    assert torch.equal(fastrg._uniform(10_000, g, torch.device("cpu")), U)  # the generator's state fixes the draw
-    assert not torch.equal(fastrg._uniform(10_000, g, torch.device("cpu")), U)  # and advances with it
+    uniforms = fastrg._uniforms(g, torch.device("cpu"))
+    assert torch.equal(torch.cat([uniforms(3000), uniforms(7000)]), U)  # the generator's state fixes the stream
+    assert not torch.equal(fastrg._uniforms(g, torch.device("cpu"))(10_000), U)  # and advances with it
     assert U.dtype == torch.float64 and 0 <= float(U.min()) and float(U.max()) < 1
     assert torch.equal(U * 2.0**53, (U * 2.0**53).floor())  # on the 2⁻⁵³ grid
     assert abs(float(U.mean()) - 0.5) < Z * math.sqrt(1 / 12 / len(U))
+
+
+def test_chunked_draws_give_the_same_graph(monkeypatch):
+    # Draws are looked up a chunk at a time from one stream of uniforms: the chunk size changes nothing.
+    X, S, Y = _random_factors(34, n=60, m=50, K=4, scale=0.2)
+    X, Y = X.expand(8, 60, 4), Y.expand(8, 50, 4)
+    whole = sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True)
+    monkeypatch.setattr(fastrg, "_CHUNK", 777)
+    chunked = sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True)
+    assert len(whole[0]) > 5 * 777 and all(torch.equal(a, b) for a, b in zip(whole, chunked))
 
 
 def test_reproducible_with_generator():
@@ -322,8 +333,9 @@ def test_trailing_zero_weights_do_not_widen_the_guide():
     assert torch.equal(_locate(cdf, rows, U, n), expected)
 
 
-def test_reorder_between_group_orders():
-    # Values laid out group by group in (r, v, u) order move to (r, u, v) order, order within a group kept.
+def test_shift_between_group_orders():
+    # Values laid out group by group in (r, v, u) order, each moved by its shift, land in (r, u, v) order with
+    # the order within a group kept.
     g = torch.Generator().manual_seed(24)
     counts = torch.randint(0, 4, (2, 3, 3), generator=g)
     def labelled(groups):  # each edge labelled by its group (r, u, v) and its rank k within the group
@@ -332,7 +344,9 @@ def test_reorder_between_group_orders():
 
     values = labelled([(r, u, v) for r in range(2) for v in range(3) for u in range(3)])
     expected = labelled([(r, u, v) for r in range(2) for u in range(3) for v in range(3)])
-    assert torch.equal(fastrg._to_uv_order(values, counts), expected)
+    moved = torch.empty_like(values)
+    moved[torch.arange(len(values)) + fastrg._uv_shift(counts)] = values
+    assert torch.equal(moved, expected)
 
 
 def test_expected_edges_and_edge_probability():
