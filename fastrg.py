@@ -7,8 +7,8 @@ Han, Binkiewicz, "A Note on Quickly Sampling a Sparse Matrix with Low Rank Expec
 used as Algorithm 1 of the SBM-Transformer paper (Cho et al., "Transformers meet Stochastic Block Models",
 NeurIPS 2022, §4.1, Eq. 8; papers/000). Inputs are non-negative memberships X (n × K), Y (m × K) and a
 non-negative block matrix S (K × K). Per graph the cost is O((n + m)K + K² + E) memory and
-O((n + m)K + K² + E) time (guide-table lookups; plus one radix sort of the edges for dedup/CSR), where E is
-the number of edges drawn: no n × m matrix is ever formed.
+O((n + m)K + K² + E log(n + m)) time (guide-table lookups, bisected when draws are few; plus one sort of the
+edges for dedup/CSR), where E is the number of edges drawn: no n × m matrix is ever formed.
 
 Distribution (what `sample` returns)
 ------------------------------------
@@ -29,10 +29,12 @@ cy_v = Σ_j Y_jv (the paper's B̄ = D_Y B D_Z, Algorithm 1 line 3), and given N_
 source i ~ X[:, u] / cx_u and destination j ~ Y[:, v] / cy_v drawn independently (lines 8-9). So we draw
     1. N[r, u, v] ~ Poisson(cx[r, u] · S[r, u, v] · cy[r, v])    for all graphs and cluster pairs at once;
     2. for every edge, i by inverse-CDF sampling of column u of X[r] and j of column v of Y[r], each through
-       a guide table (Chen and Asau 1974): bucket ⌊U·G⌋ of a CDF row names the first candidate index, which
-       settles about half of the draws; the rest bisect their bucket. A constant number of gathers per edge,
-       no search over the whole table. Sources are drawn with the edges grouped by (r, u), destinations
-       grouped by (r, v), so consecutive lookups stay in one cached CDF row and nothing is sorted.
+       a guide table (Chen and Asau 1974): bucket ⌊U·G⌋ of a CDF row names an interval that holds the
+       answer, which a draw steps through (narrow intervals) or bisects. G is sized to the draws: a full
+       guide (one bucket per entry, a counting pass) when draws are many, a few searched buckets when they
+       are few, so the tables cost what the draws save. Sources are drawn with the edges grouped by (r, u),
+       destinations grouped by (r, v) and moved to their source's place, so consecutive lookups stay in one
+       cached CDF row; they go a chunk at a time (bounded temporaries).
 Step 1 replaces Algorithm 1's "one Poisson total, then a categorical (u, v) per edge" (lines 4, 7) by
 independent Poisson counts per (u, v); the two are equal in distribution (Poisson splitting) and step 1 has
 no loop and no `torch.multinomial` category limit.
@@ -48,15 +50,18 @@ Deviations and notes
   it with a zero-diagonal block matrix (no within-cluster edge may ever appear).
 * Float round-off. CDFs are float64, C_i / C_n for the prefix sums C of a column; from the first index where
   C reaches its total the entry is exactly 1 (C/C = 1), including any trailing zero weights, and division by
-  one positive total keeps the row non-decreasing. A draw is U ∈ [0, 1) on the 2⁻⁵³ grid (`torch.rand` in
-  float64) and picks the first entry strictly above U: always in range (the last entry is 1 > U, no clamp,
-  no tail case) and never an index of zero weight (its entry equals its predecessor's). The guide bucket
-  ⌊U·G⌋ is exact because G is a power of two. Probabilities are resolved to 2⁻⁵³ ≈ 1e-16.
+  one positive total keeps the row non-decreasing. A draw is U ∈ [0, 1) on the 2⁻⁵³ grid (float64 uniforms:
+  numpy's PCG64 on CPU, seeded from the torch generator; torch.rand elsewhere) and picks the first entry
+  strictly above U: always in range (the last entry is 1 > U, no clamp, no tail case) and never an index of
+  zero weight (its entry equals its predecessor's). The guide bucket ⌊U·G⌋ is exact because G is a power of
+  two. Probabilities are resolved to 2⁻⁵³ ≈ 1e-16.
 * Sorting. With `dedup=True` or `csr=True` the edges are deduplicated and grouped by (r, i, j) with one sort
   of the integer key r·2^(bn+bm) + i·2^bm + j (bn, bm = bits of n − 1, m − 1; power-of-two fields decode
-  with shifts, not divisions). The key must fit int64: `sample` raises ValueError when R·2^(bn+bm) > 2⁶³
-  (R·n·m ≥ 2⁶¹ may hit it). With `dedup=False, csr=False` this sort is skipped and the edge order is
-  unspecified.
+  with shifts, not divisions), int32 when it fits (half the bytes to sort). The key must fit int64: `sample`
+  raises ValueError when R·2^(bn+bm) > 2⁶³ (R·n·m ≥ 2⁶¹ may hit it). With `dedup=False, csr=False` this sort
+  is skipped and the edge order is unspecified.
+* CPU primitives. Five steps that torch runs slowly on CPU go through numpy there (`repeat_interleave`,
+  `sort_integers`, `nonzero`, the uniforms and the CDF's transposing copy; measured beside each).
 * Gradients do not flow through sampling: the outputs are integer indices. A straight-through estimator
   (SBM paper Eq. 9) recomputes the probability of each sampled edge, e.g. p_e = X[r, i] · (S[r] Y[r, j]),
   with autograd outside this module.
@@ -64,10 +69,10 @@ Deviations and notes
 Use in SBM-Transformer
 ----------------------
 X = Q̂ (B, H, N, K), S = Ŝ (H, K, K) (broadcast over the batch), Y = K̂ (B, H, M, K): R = B·H graphs, graph
-r = b·H + h; up to N = M = 16384, K = 128. Per graph and side the tables keep 12·K·N bytes (float64 CDF,
-int32 guide) and need about 32·K·N while built (≈ 50 MB kept, 130 MB transient at N = M = 16384, K = 128),
-plus ~70 bytes per drawn edge while sampling. `csr=True` returns the edges grouped by flattened query row
-q = r·N + i with offsets `row_ptr`, so a sparse attention needs no sort of its own. Random edge exploration
+r = b·H + h; up to N = M = 16384, K = 128. Per graph and side the tables keep 8·K·N bytes (float64 CDF) plus
+the guide (up to 8·K·N while built), plus about 12 bytes per drawn edge and 40 per edge of a chunk while
+sampling. `sample_block_csr` returns the graphs as one block-diagonal CSR matrix (row offsets and global
+columns, int32), the form a sparse attention consumes: it needs no sort of its own. Random edge exploration
 (+δ, SBM §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ).
 
 Run `python fastrg.py` for a short self-check.
@@ -80,12 +85,16 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import torch
 
-__all__ = ["sample", "expected_edges", "edge_probability"]
+__all__ = ["sample", "sample_block_csr", "expected_edges", "edge_probability", "repeat_interleave", "nonzero",
+           "sort_integers"]
 
 _WORK = torch.float64  # CDFs and rates: a float32 prefix sum over 16384 rows may drift by up to n·2⁻²⁴ ≈ 1e-3
 _MAX_EXPECTED_EDGES = 2.0**53  # Poisson counts are drawn as float64 and must be exact integers
+_CHUNK = 1 << 20  # draws looked up at a time (_draw)
+_SCAN = 8  # the widest guide interval that draws step through (3 passes a step); wider ones are bisected
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -100,9 +109,13 @@ def _check_factor(name: str, t) -> None:
 
 
 def _check_values(name: str, t: torch.Tensor) -> None:
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    """One pass (aminmax): a NaN propagates to both ends, an infinity shows at one of them."""
+    if t.dtype == torch.bool or t.numel() == 0:
+        return
+    low, high = torch.aminmax(t.detach())
+    if t.is_floating_point() and not bool(torch.isfinite(low) & torch.isfinite(high)):
         raise ValueError(f"{name} must be finite, found NaN or inf")
-    if t.dtype != torch.bool and bool((t < 0).any()):
+    if bool(low < 0):
         raise ValueError(f"{name} must be non-negative, found a negative entry")
 
 
@@ -144,87 +157,186 @@ def _flat(t: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
     return t.expand(*lead, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
 
 
-def _guide_size(n: int) -> int:
-    """G: buckets per CDF row of the guide table, the largest power of two ≤ n (≤ 2 CDF entries per bucket)."""
-    return 1 << (n.bit_length() - 1)
+def _index_dtype(size: int) -> torch.dtype:
+    """int32 for indices below 2³¹ (half the memory traffic of int64; gathers and scatters take either)."""
+    return torch.int32 if size <= 2**31 else torch.int64
 
 
-def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inverse-CDF tables of every column of W (R, n, K) → (cdf (R·K·n,), guide (R·K·(G+1),), totals (R, K)).
+# Primitives that torch runs slowly on CPU go through numpy there (same results; timings on a 2-core AVX-512
+# CPU, 9.7M elements): np.repeat fills whole runs (1.3 ms against torch.repeat_interleave's 107 ms for 258
+# runs), numpy's vectorised quicksort sorts values in place (72 ms against torch.sort's 260 ms, which also
+# writes int64 indices), np.flatnonzero is 5× torch.nonzero, numpy's PCG64 draws float64 uniforms 3× faster
+# than torch.rand, and its transposing copy (_columns) is 2× torch's strided copy.
+def repeat_interleave(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
+    """torch.repeat_interleave(values, counts, output_size=total) for 1-D values without gradient."""
+    if values.device.type == "cpu" and not values.requires_grad:
+        return torch.from_numpy(np.repeat(values.numpy(), counts.numpy()))
+    return torch.repeat_interleave(values, counts, output_size=total)
 
-    Row o = r·K + u of `cdf` is the CDF of column u of graph r, float64. From the first index where the prefix
-    sum reaches its total the CDF is exactly 1 (C/C = 1); division by one positive total keeps it monotone.
-    Row o of `guide` (Chen and Asau's guide table) holds, for b = 0…G, the first index whose CDF exceeds b/G,
-    i.e. the number of entries with CDF ≤ b/G = the number with ⌈CDF·G⌉ ≤ b. G is a power of two, so CDF·G is
-    exact and the guide is exact: a counting pass (bincount, cumsum), no search.
+
+def nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """(E,) bool → int64 positions of its True entries."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return mask.nonzero().squeeze(1)
+
+
+def sort_integers(key: torch.Tensor) -> torch.Tensor:
+    """1-D integer keys without gradient, sorted ascending (in place on CPU)."""
+    if key.device.type == "cpu":
+        key.numpy().sort()
+        return key
+    return torch.sort(key).values
+
+
+def _uniforms(generator: torch.Generator | None, device: torch.device):
+    """A function size → (size,) float64 uniforms in [0, 1) on the 2⁻⁵³ grid, one stream from `generator` (the
+    global one when None): on CPU numpy's PCG64 seeded by one draw of the generator, elsewhere torch.rand; the
+    same generator state gives the same stream, however it is cut."""
+    if device.type == "cpu":
+        stream = np.random.default_rng(int(torch.randint(0, 2**63 - 1, (), generator=generator)))
+        return lambda size: torch.from_numpy(stream.random(size))
+    return lambda size: torch.rand(size, dtype=_WORK, device=device, generator=generator)
+
+
+def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF table of every column of W (R, n, K) → (cdf (R·K·L,), totals (R, K)).
+
+    Rows are L = 2^b ≥ n entries apart (b = bits of n − 1), so a flat index o·L + i splits into CDF row
+    o = r·K + u and entry i with a shift and a mask. Row o is the CDF of column u of graph r, float64, padded
+    with 1 past n; from the first index where the prefix sum reaches its total it is exactly 1 (C/C = 1), and
+    division by one positive total keeps it monotone.
     """
     R, n, K = W.shape
-    G = _guide_size(n)
-    C = W.cumsum(1, dtype=_WORK)                                     # (R, N, K) inclusive prefix sums
-    totals = C[:, -1, :]                                             # (R, K) column sums cx
+    L = 1 << _bits(n)
+    C = _columns(W).cumsum_(2)                                       # (R, K, N) prefix sums of each column
+    totals = C[:, :, -1].clone()                                     # (R, K) column sums cx
     safe = torch.where(totals > 0, totals, torch.ones_like(totals))  # empty columns draw no edge; avoid 0/0
-    cdf = torch.empty(R, K, n, dtype=_WORK, device=W.device)         # (R, K, N) contiguous: rows are CDFs
-    torch.div(C.transpose(1, 2), safe[:, :, None], out=cdf)
-    bucket = cdf.mul(G).ceil_().to(torch.int64)                      # (R, K, N) ⌈CDF·G⌉ ∈ [0, G]
-    bucket += torch.arange(0, R * K * (G + 1), G + 1, device=W.device).view(R, K, 1)
-    guide = torch.bincount(bucket.view(-1), minlength=R * K * (G + 1)).view(R * K, G + 1).cumsum(1)
-    return cdf.view(-1), guide.to(torch.int32).view(-1), totals
+    if L == n:
+        return C.div_(safe[:, :, None]).view(-1), totals
+    cdf = torch.ones(R, K, L, dtype=_WORK, device=W.device)          # (R, K, L), 1 past n
+    torch.div(C, safe[:, :, None], out=cdf[:, :, :n])
+    return cdf.view(-1), totals
 
 
-def _draw(cdf: torch.Tensor, guide: torch.Tensor, rows: torch.Tensor, n: int,
-          generator: torch.Generator | None) -> torch.Tensor:
-    """One inverse-CDF draw per entry of `rows` (E,), each in [0, n), from that row of the table."""
-    U = torch.rand(rows.shape, dtype=_WORK, device=rows.device, generator=generator)  # multiples of 2⁻⁵³
-    return _locate(cdf, guide, rows, U, n)
+def _columns(W: torch.Tensor) -> torch.Tensor:
+    """(R, n, K) → its columns as rows, (R, K, n) float64 contiguous: one transposing, converting copy (numpy's
+    on CPU, twice as fast as torch's strided copy)."""
+    if W.device.type == "cpu" and W.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.ascontiguousarray(W.numpy().transpose(0, 2, 1), dtype=np.float64))
+    return torch.empty(W.shape[0], W.shape[2], W.shape[1], dtype=_WORK, device=W.device).copy_(W.transpose(1, 2))
 
 
-def _locate(cdf: torch.Tensor, guide: torch.Tensor, rows: torch.Tensor, U: torch.Tensor, n: int) -> torch.Tensor:
-    """Index i in [0, n) of the first entry of CDF row `rows` strictly above U ∈ [0, 1): inverse-CDF sampling.
+def _guide_table(cdf: torch.Tensor, n: int, G: int) -> tuple[torch.Tensor, int]:
+    """Chen and Asau's guide table of a CDF table (_cdf_table's) with G buckets per row, G a power of two ≤ L →
+    (guide (rows·(G + 1),), widest).
 
-    With b = ⌊U·G⌋ (exact), the answer lies in [guide[b], guide[b + 1]]: every entry before guide[b] is
-    ≤ b/G ≤ U, and entry guide[b + 1] exceeds (b + 1)/G > U (past the row's end, n − 1 holds CDF 1 > U). The
-    first candidate settles most draws with one gather (≤ 2 entries per bucket on average); the rest bisect
-    their bucket, all at once, for as many rounds as the widest bucket needs. No sort and no search over the
-    whole table: a constant number of gathers per edge. An index of zero weight repeats its predecessor's
-    CDF, so it is never the first one above U.
+    guide[o·(G + 1) + c] is the flat index o·L + i of the first entry of row o whose CDF exceeds c/G (c < G),
+    and guide[o·(G + 1) + G] that of the first entry equal to 1: a draw U ∈ [c/G, (c + 1)/G) lands in
+    [guide[c], guide[c + 1]], since every entry before guide[c] is ≤ c/G ≤ U and entry guide[c + 1] is above
+    U. `widest` is the most entries such an interval spans. With G = L the guide is a counting pass: guide[c] is
+    the number of entries with ⌈CDF·L⌉ ≤ c (exact: L is a power of two), about ten passes over the table; with
+    fewer buckets each is found by bisection (b rounds over rows·G values, all at once).
     """
-    G = _guide_size(n)
-    slot = (U * G).long().add_(rows, alpha=G + 1)                   # (E,) flat guide position of bucket b
-    base = rows * n                                                  # (E,) flat start of each CDF row
-    i = guide.take(slot).long()                                      # (E,) guide[b]
-    rest = (cdf.take(base + i) <= U).nonzero().squeeze(1)           # draws beyond the bucket's first entry
-    if len(rest) == 0:
-        return i
-    lo = i.take(rest).add_(1)
-    hi = guide.take(slot.take(rest).add_(1)).long().clamp_(max=n - 1)  # cdf[hi] > U: the answer is in [lo, hi]
-    u, start = U.take(rest), base.take(rest)
-    for _ in range(int((hi - lo).max()).bit_length()):              # bisection: each round halves [lo, hi]
-        mid = (lo + hi) >> 1
-        above = cdf.take(start + mid) > u
-        hi = torch.where(above, mid, hi)
-        lo = torch.where(above, lo, mid + 1)
-    i[rest] = lo
-    return i
+    L = 1 << _bits(n)
+    rows = len(cdf) // L
+    start = torch.arange(0, rows * L, L, device=cdf.device)[:, None]  # (rows, 1) flat row starts
+    if G == L:
+        bucket = (cdf.view(rows, L)[:, :n] * L).ceil_().long()       # (rows, N) ⌈CDF·L⌉ ∈ [0, L]
+        bucket += torch.arange(0, rows * (L + 1), L + 1, device=cdf.device).view(rows, 1)
+        counts = torch.bincount(bucket.view(-1), minlength=rows * (L + 1)).view(rows, L + 1)
+        guide = torch.empty(rows, L + 1, dtype=torch.int64, device=cdf.device)
+        torch.cumsum(counts[:, :L], 1, out=guide[:, :L])
+        guide[:, :L] += start
+        first_one = start.expand(rows, 1)
+        guide[:, L:] = _bisect(cdf, first_one.reshape(-1), first_one.reshape(-1) + (n - 1),
+                               torch.full((rows,), 1 - 2.0**-53, dtype=_WORK, device=cdf.device))[:, None]
+    else:
+        levels = torch.arange(G + 1, dtype=_WORK, device=cdf.device) / G  # c/G exact; the last, 1 − 2⁻⁵³
+        levels[G] = 1 - 2.0**-53
+        lo = start.expand(rows, G + 1).reshape(-1)
+        guide = _bisect(cdf, lo, lo + (n - 1), levels.repeat(rows)).view(rows, G + 1)
+    widest = int(guide.diff(dim=1).max())
+    return guide.to(_index_dtype(rows * L)).view(-1), widest
 
 
-def _to_uv_order(values: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Reorder per-edge values from (r, v, u) group order to (r, u, v) group order, keeping order within groups.
+def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Generator | None,
+          shift: torch.Tensor | None = None) -> torch.Tensor:
+    """One inverse-CDF draw per edge from a CDF table (_cdf_table's), per_row[o] edges from row o, in row order
+    → flat indices (E,) o·L + i (i = flat & (L − 1)): the first entry strictly above U ∈ [0, 1). With `shift`
+    (E,), draw e is stored at position e + shift[e].
 
-    counts (R, K, K) holds N[r, u, v]. Group (r, u, v) starts at start_uv in the target order and at start_vu
-    in the source order, so its k-th edge moves by start_uv − start_vu: one scatter whose writes are runs of
-    consecutive positions.
+    The guide table's bucket names an interval holding the answer (_guide_table); draws then step through it
+    when every interval is short (one gather per step, the row staying in cache as draws come grouped by row),
+    else bisect it. A full guide (G = L, a counting pass of about ten passes over the table) pays once there
+    are at least half as many draws as entries; below that, G ≈ draws / (rows·(b + 1)) buckets cost about one
+    bisection of every draw and save each draw log2(G) rounds.
+    An index of zero weight repeats its predecessor's CDF, so it is never the first one above U.
     """
-    E = len(values)
+    b = _bits(n)
+    rows, E = len(per_row), int(per_row.sum())
+    L = 1 << b
+    G = L if 2 * E >= rows * L else max(1, min(L // 2, 1 << (max(E // (rows * (b + 1)), 1).bit_length() - 1)))
+    guide, widest = _guide_table(cdf, n, G)
+    start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
+    start = repeat_interleave(start, per_row, E)                     # (E,) the guide of each edge's row
+    uniforms, drawn = _uniforms(generator, cdf.device), torch.empty_like(start)
+    for a in range(0, E, _CHUNK):  # bounded temporaries (~40 bytes a draw), and a chunk stays in cache
+        b = min(a + _CHUNK, E)
+        found = _lookup(cdf, guide, widest, G, start[a:b], uniforms(b - a))
+        if shift is None:
+            drawn[a:b] = found
+        else:
+            drawn[shift[a:b] + torch.arange(a, b, dtype=shift.dtype, device=shift.device)] = found
+    return drawn
+
+
+def _lookup(cdf: torch.Tensor, guide: torch.Tensor, widest: int, G: int, start: torch.Tensor,
+            U: torch.Tensor) -> torch.Tensor:
+    """Flat index of the first entry strictly above U (E,) of the CDF rows whose guides start at `start` (E,)."""
+    slot = (U * G).long().add_(start)                                # (E,) bucket ⌊U·G⌋ of the edge's row
+    lo = guide.index_select(0, slot)
+    if widest > _SCAN:
+        return _bisect(cdf, lo, guide.index_select(0, slot.add_(1)), U)  # seven passes a round
+    # Step through the interval (three passes a step): every draw takes two steps (most settle there), then the
+    # draws still at an entry ≤ U go on alone.
+    for _ in range(min(widest, 2)):
+        lo += cdf.index_select(0, lo) <= U
+    if widest > 2:
+        rest = nonzero(cdf.index_select(0, lo) <= U)
+        if len(rest):
+            last, u = lo.index_select(0, rest), U.index_select(0, rest)
+            for _ in range(widest - 2):
+                last += cdf.index_select(0, last) <= u
+            lo[rest] = last
+    return lo
+
+
+def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """The first flat index in [lo, hi] whose CDF exceeds U, for draws whose cdf[hi] > U: a binary search by
+    steps of 2^(k−1), …, 2, 1 (2^k > hi − lo) from lo − 1, each clamped to hi, all draws at once (arithmetic
+    updates: torch.where is 7× slower here)."""
+    last = lo - 1                                                    # the last entry known ≤ U (or lo − 1)
+    for k in reversed(range(int((hi - lo).max()).bit_length() if len(lo) else 0)):
+        probe = torch.minimum(last + (1 << k), hi)
+        last += (probe - last) * (cdf.index_select(0, probe) <= U)
+    return last + 1
+
+
+def _uv_shift(counts: torch.Tensor) -> torch.Tensor:
+    """How far each edge laid out in (r, v, u) group order moves to reach (r, u, v) group order, order within a
+    group kept: (E,). counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at start_uv in the target order
+    and at start_vu in the source order, so its edges move by start_uv − start_vu."""
+    E = int(counts.sum())
     start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)   # (R, K, K) [r, u, v]
     counts_vu = counts.transpose(1, 2).contiguous()                                 # (R, K, K) [r, v, u]
     start_vu = counts_vu.view(-1).cumsum(0).sub_(counts_vu.view(-1))               # (R·K·K,) [r, v, u]
     shift = start_uv.transpose(1, 2).reshape(-1).sub_(start_vu)                    # (R·K·K,) [r, v, u]
-    target = torch.repeat_interleave(shift, counts_vu.view(-1), output_size=E)
-    target += torch.arange(E, device=values.device)
-    return torch.empty_like(values).scatter_(0, target, values)
+    return repeat_interleave(shift.to(_index_dtype(E)), counts_vu.view(-1), E)
 
 
 def _empty(R: int, n: int, device: torch.device, csr: bool) -> tuple[torch.Tensor, ...]:
+    """What `sample` returns when no edge is drawn."""
     e = torch.zeros(0, dtype=torch.int64, device=device)
     out = (e, e.clone(), e.clone())
     return out + (torch.zeros(R * n + 1, dtype=torch.int64, device=device),) if csr else out
@@ -267,56 +379,106 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
     q = r·n + i are [row_ptr[q], row_ptr[q+1]). dedup=True also returns them sorted.
     All randomness comes from `generator` (on X's device) when given. No gradient flows (integer output).
     """
-    lead, R, n, m, K = _validate(X, S, Y, key_needed=dedup or csr)
+    if not (dedup or csr):
+        R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=False)
+        if i is None:
+            return _empty(R, n, X.device, csr)
+        r = repeat_interleave(torch.arange(R, device=i.device), counts.view(R, -1).sum(1), len(i))
+        return r, (i & ((1 << _bits(n)) - 1)).long(), (j & ((1 << _bits(m)) - 1)).long()
+    R, n, m, key = _sorted_key(X, S, Y, generator, dedup)
+    if key is None:
+        return _empty(R, n, X.device, csr)
+    bn, bm = _bits(n), _bits(m)
+    key = key.long()
+    r = key >> (bn + bm)
+    i = (key >> bm) & ((1 << bn) - 1)
+    j = key & ((1 << bm) - 1)
+    if not csr:
+        return r, i, j
+    return r, i, j, _row_ptr(key, R, n, bm).long()
+
+
+def sample_block_csr(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *,
+                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The simple graphs of `sample(X, S, Y, dedup=True)` as one block-diagonal (R·n) × (R·m) matrix in CSR
+    form: (row_ptr (R·n + 1,), col (E,)), both int32 (the index type of the sparse BLAS kernels). The edges of
+    row q = r·n + i are col[row_ptr[q]:row_ptr[q + 1]], sorted, with col = r·m + j; P(edge) = 1 − exp(−λ).
+    The same draw as `sample(..., csr=True)` under the same generator, without the per-edge (r, i, j).
+    """
+    R, n, m, key = _sorted_key(X, S, Y, generator, dedup=True)
+    if key is None:
+        return (torch.zeros(R * n + 1, dtype=torch.int32, device=X.device),
+                torch.zeros(0, dtype=torch.int32, device=X.device))
+    if R * m > 2**31 or len(key) > 2**31:
+        raise ValueError(f"R·m = {R * m} columns or {len(key)} edges do not fit int32 indices; split the batch")
+    bm = _bits(m)
+    row_ptr = _row_ptr(key, R, n, bm)
+    col = key.bitwise_and_((1 << bm) - 1).int()                     # (E,) j
+    if R > 1:                                                        # + r·m, graph by graph
+        per_graph = (row_ptr[n::n] - row_ptr[:-1:n]).long()
+        col += repeat_interleave(torch.arange(0, R * m, m, dtype=torch.int32, device=col.device), per_graph,
+                                 len(col))
+    return row_ptr, col
+
+
+def _draw_edges(X, S, Y, generator, key_needed: bool):
+    """The multigraph of `sample` before any sort: (R, n, m, counts (R, K, K) N[r, u, v], i, j), where i (E,)
+    are flat source indices (r·K + u)·2^bn + i and j flat destination indices (r·K + v)·2^bm + j, both in
+    (r, u, v) group order; counts, i, j are None when no edge is drawn."""
+    lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed)
     device = X.device
     if generator is not None and generator.device.type != device.type:
         raise ValueError(f"generator is on {generator.device}, inputs on {device}")
     if R * n * m * K == 0:
-        return _empty(R, n, device, csr)
-
-    cdf_x, guide_x, cx = _cdf_table(_flat(X, lead))                  # (R·K·N,), (R·K·(G+1),), (R, K)
-    cdf_y, guide_y, cy = _cdf_table(_flat(Y, lead))                  # (R·K·M,), (R·K·(G+1),), (R, K)
+        return R, n, m, None, None, None
+    cdf_x, cx = _cdf_table(_flat(X, lead))                           # (R·K·2^bn,), (R, K)
+    cdf_y, cy = _cdf_table(_flat(Y, lead))                           # (R·K·2^bm,), (R, K)
     rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
     total = float(rates.sum())
     if not total < _MAX_EXPECTED_EDGES:
         raise ValueError(f"expected number of edges {total:.3g} is not finite or too large (limit 2^53); "
                          f"scale down X, S or Y")
     counts = torch.poisson(rates, generator=generator).to(torch.int64)  # (R, K, K) N[r, u, v]
-    E = int(counts.sum())
-    if E == 0:
-        return _empty(R, n, device, csr)
-
+    if int(counts.sum()) == 0:
+        return R, n, m, None, None, None
     # Sources are drawn in (r, u, v) edge order and destinations in (r, v, u) order, so each side's lookups
-    # run row by row through its CDF table (one 8·n-byte row stays in cache) without sorting anything. Edges
-    # of one (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the
-    # law exact; `_to_uv_order` moves the destinations to the sources' order.
-    rows = torch.arange(R * K, device=device)                      # (R·K,) CDF row r·K + u (or r·K + v)
-    i = _draw(cdf_x, guide_x, torch.repeat_interleave(rows, counts.sum(2).view(-1), output_size=E), n, generator)
-    del cdf_x, guide_x
-    j = _draw(cdf_y, guide_y, torch.repeat_interleave(rows, counts.sum(1).view(-1), output_size=E), m, generator)
-    del cdf_y, guide_y
-    j = _to_uv_order(j, counts)
-    per_graph = counts.view(R, K * K).sum(1)                         # (R,) edges per graph
-    graph = torch.arange(R, device=device)
-    if not (dedup or csr):
-        return torch.repeat_interleave(graph, per_graph, output_size=E), i, j
+    # run row by row through its CDF table (one row stays in cache) without sorting anything. Edges of one
+    # (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the law
+    # exact; `_uv_shift` moves each destination, as it is drawn, to its source's place.
+    i = _draw(cdf_x, counts.sum(2).view(-1), n, generator)
+    del cdf_x
+    j = _draw(cdf_y, counts.sum(1).view(-1), m, generator, shift=_uv_shift(counts))
+    return R, n, m, counts, i, j
 
-    bm, bn = _bits(m), _bits(n)
-    key = torch.repeat_interleave(graph << (bn + bm), per_graph, output_size=E)  # (E,) r·2^(bn+bm) + i·2^bm + j
-    key |= i << bm
-    key |= j
-    del i, j
-    key = torch.sort(key).values                                    # the one sort: groups by (r, i), then j
-    if dedup:
-        key = torch.unique_consecutive(key)
-    r = key >> (bn + bm)
-    i = (key >> bm) & ((1 << bn) - 1)
-    j = key & ((1 << bm) - 1)
-    if not csr:
-        return r, i, j
-    row_ptr = torch.zeros(R * n + 1, dtype=torch.int64, device=device)
-    torch.cumsum(torch.bincount(r * n + i, minlength=R * n), 0, out=row_ptr[1:])
-    return r, i, j, row_ptr
+
+def _sorted_key(X, S, Y, generator, dedup: bool):
+    """(R, n, m, key): the edges of `_draw_edges` as sorted integer keys r·2^(bn+bm) + i·2^bm + j (int32 when
+    they fit; None when no edge is drawn), built in place of the draws: one sort groups them by (r, i), then j;
+    dedup merges repeated keys."""
+    R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=True)
+    if i is None:
+        return R, n, m, None
+    bn, bm = _bits(n), _bits(m)
+    dtype = _index_dtype(R << (bn + bm))
+    graph = torch.arange(R, dtype=dtype, device=i.device) << (bn + bm)
+    key = repeat_interleave(graph, counts.view(R, -1).sum(1), len(i))  # (E,) in (r, u, v) order
+    key |= i.to(dtype).bitwise_and_((1 << bn) - 1).bitwise_left_shift_(bm)
+    del i
+    key |= j.to(dtype).bitwise_and_((1 << bm) - 1)
+    del j
+    key = sort_integers(key)                                         # the one sort
+    return R, n, m, (torch.unique_consecutive(key) if dedup else key)
+
+
+def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
+    """(R·n + 1,) int32 row offsets of sorted keys (rows q = r·n + i): where each row's first key would go, one
+    search per row (R·n·log E probes) rather than a pass over the E keys."""
+    bn = _bits(n)
+    first = torch.arange(R, dtype=key.dtype, device=key.device)[:, None] << (bn + bm)
+    first = (first | (torch.arange(n, dtype=key.dtype, device=key.device) << bm)).view(-1)  # (R·N,) row keys
+    row_ptr = torch.full((R * n + 1,), len(key), dtype=torch.int32, device=key.device)
+    row_ptr[:-1] = torch.searchsorted(key, first, out_int32=True)
+    return row_ptr
 
 
 # -------------------------------------------------------------------------------------------------- main

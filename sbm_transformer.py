@@ -13,14 +13,16 @@ describes the official code). Per layer and head, with queries Q, keys K, values
 
 Two execution paths, the same law of M and the same outputs and gradients on a given edge set (tests):
 - dense (`path="dense"`, the official code's path): P = Q̂ŜK̂ᵀ, a Bernoulli mask, a masked softmax; O(n²k).
-- sparse (`path="sparse"`, default): fastRG (fastrg.py; Algorithm 1) proposes edges, thinning makes them
-  exact (below), scores are computed on the edges only, a softmax per query by segment reductions, and
-  aggregation by sparse (CSR) products. Two autograd functions keep O(E) scalars (α_e, s_e) and the graph;
-  their backward uses the key-major copy of the graph (CSC) for dK, dV and ∂L/∂K̂. Time
-  O(E(d + k) + n(d² + kd + k²) + k²(d + R)) and memory O(E + n(k + d) + Rk²): no n × m tensor anywhere.
-  App. B's Table 5 omits the n·k² of p_e = Q̂_i·(ŜK̂_jᵀ) (thinning, STE) and fastRG's R·k² block counts; at
-  k = 128 > d = 32 they dominate short sequences (ListOps at n = 200 costs more FLOPs than full attention).
-  Per edge the K-wide work (p_e and its gradient) is 4× the D-wide work of the attention itself.
+- sparse (`path="sparse"`, default): fastRG (fastrg.py; Algorithm 1) proposes edges already grouped by query
+  (CSR), thinning makes them exact (below) and keeps that order, scores are computed on the edges only, a
+  softmax per query by segment reductions, and aggregation by sparse (CSR) products. Two autograd functions
+  keep O(E) scalars (α_e, s_e) and the graph; their backward uses the key-major copy of the graph (CSC, one
+  sort, made at the end of a training forward) for dK, dV and ∂L/∂K̂. Time O(E(d + k) + n(d² + kd + k²) +
+  k²(d + R)) and memory O(E + n(k + d) + Rk²): no n × m tensor anywhere. App. B's Table 5 omits the n·k² of
+  K̂Ŝᵀ and fastRG's R·k² block counts; at k = 128 > d = 32 they dominate short sequences (ListOps at n = 200
+  costs more FLOPs than full attention). Per edge the STE's gradient (p_e = Q̂_i·(ŜK̂_jᵀ), differentiated for
+  every edge, K wide) is 2× the D-wide work of the attention's backward; p_e itself is formed only where
+  thinning cannot decide without it.
 
 Exact Bernoulli edges from fastRG. fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present
 with probability 1 − e^{−λ_ij}, never above 0.632 when λ ≤ 1, so Algorithm 1 as printed cannot reach the full
@@ -28,6 +30,8 @@ attention of Fig. 4 although Eq. 8 states p(i, j) = Q̂_iŜK̂_jᵀ. We draw wit
 rank k + 1: query rows scaled by c_i), and keep a drawn pair with probability min(1, π)/(1 − e^{−c_i π}) ≤ 1, so
 P(edge) = min(1, π_ij) exactly, the official code's law. c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j
 + δ ≥ max_j π_ij; it is capped at u = 1 − 10⁻³, so a pair with π > 0.999 is kept with probability ≥ 0.999.
+The keep probability grows with π from 1/c_i, so a uniform below 1/c_i keeps a pair without its π (a squeeze):
+only about u_i/2 of the proposals need p_e, the K-wide product.
 The proposal overhead is at most c_i − 1 ≈ u_i/2 (about 15% at initialisation), but up to 5.9 (c = 6.9) as
 π → 1: for a graph near full attention (Fig. 4's end point) the dense path is the faster one, same law.
 Causal: proposed pairs with j > i are dropped before thinning, so each pair's law depends only on its query
@@ -38,8 +42,9 @@ sparse path given the graph (tests).
 Density (INTERFACE.md): edges / (valid queries × valid keys) per head, summed over the batch. It counts
 δ-edges and self-loops, like the official code, but padded keys never get edges and padded queries get none
 either (their outputs are discarded by every head of bench/model.py), so it is the valid-pairs density.
-Its gradient path (the regulariser): density = Σ_e (1 + p_e − stopgrad(p_e)) / pairs, so each sampled edge's
-probability receives λ/pairs, as in the official code. `stats["density_per_example"]` (B, H) shows how it
+Its gradient path (the regulariser): density = Σ_e M_e / pairs with M_e = 1 on each sampled edge and the STE's
+∂M_e/∂p_e = 1 (as Σ_e (1 + p_e − stopgrad(p_e)) / pairs), so each sampled edge's probability receives
+λ/pairs, as in the official code. `stats["density_per_example"]` (B, H) shows how it
 varies by input (App. C, Fig. 5, 7-8).
 
 Deviations from the paper, and their options:
@@ -87,6 +92,7 @@ import fastrg
 
 PATHS = ("sparse", "dense")
 STE_FORMS = ("paper", "official")
+PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 
 
@@ -115,6 +121,12 @@ def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
     return torch.sparse_csr_tensor(ptr, idx, values, shape, check_invariants=False)
 
 
+def _part(name: str):
+    """Labels a stage of the forward for bench.sbm_scaling's per-part profile (PARTS); costs nothing unless a
+    profiler runs."""
+    return torch.profiler.record_function("sbm: " + name)
+
+
 def _offsets(counts: Tensor) -> Tensor:
     """(n,) counts → (n + 1,) int32 offsets [0, c0, c0 + c1, ...]."""
     ptr = counts.new_zeros(len(counts) + 1, dtype=torch.int32)
@@ -133,14 +145,16 @@ class Edges:
     row_ptr: Tensor  # (R·N + 1,) int32
     row_len: Tensor  # (R·N,) int32 edges per query
     col: Tensor  # (E,) int32 global key r·M + j
-    p: Optional[Tensor] = None  # (E,) p_e = Q̂_iŜK̂_jᵀ if computed while sampling (no gradient)
     _key_major: Optional[tuple] = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, row: Tensor, col: Tensor, R: int, N: int, M: int, p: Optional[Tensor] = None) -> "Edges":
+    def from_csr(cls, row_ptr: Tensor, col: Tensor, R: int, N: int, M: int) -> "Edges":
+        return cls(R, N, M, row_ptr, row_ptr.diff(), col)
+
+    @classmethod
+    def build(cls, row: Tensor, col: Tensor, R: int, N: int, M: int) -> "Edges":
         """From global (row, col) sorted by (row, col)."""
-        row_len = torch.bincount(row, minlength=R * N)
-        return cls(R, N, M, _offsets(row_len), row_len.int(), col.int(), p)
+        return cls.from_csr(_offsets(torch.bincount(row, minlength=R * N)), col.int(), R, N, M)
 
     @classmethod
     def from_mask(cls, mask: Tensor) -> "Edges":
@@ -152,14 +166,19 @@ class Edges:
 
     def key_major(self) -> tuple:
         """(col_ptr (R·M + 1,), row_t (E,) query of each edge in key-major order, perm (E,) its CSR position),
-        all int32, from one sort of E integer keys (key, query)."""
+        all int32, from one sort of E integer keys key·2^b + CSR position (b = bits of E): the values alone
+        carry the permutation, and queries stay in order within a key."""
         if self._key_major is None:
-            rows = self.R * self.N
-            key_type = torch.int32 if rows * self.R * self.M < 2 ** 31 else torch.int64
-            row = self.to_rows(torch.arange(rows, dtype=key_type, device=self.col.device))
-            key, perm = torch.sort(self.col.to(key_type) * rows + row)  # unique keys
-            self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)),
-                               (key % rows).int(), perm.int())
+            with _part("CSR/CSC build"):
+                bits = max(self.E - 1, 0).bit_length()
+                key = self.col.long().bitwise_left_shift_(bits)
+                for a in range(0, self.E, 1 << 20):  # + CSR position, a chunk at a time (no E-sized arange)
+                    key[a:a + (1 << 20)] += torch.arange(a, min(a + (1 << 20), self.E), device=key.device)
+                perm = fastrg.sort_integers(key).bitwise_and_((1 << bits) - 1).int()  # sorted by (key, query)
+                del key
+                row = self.to_rows(torch.arange(self.R * self.N, dtype=torch.int32, device=self.col.device))
+                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)),
+                                   row.index_select(0, perm), perm)
         return self._key_major
 
     def to_mask(self) -> Tensor:
@@ -187,22 +206,34 @@ class Edges:
 
     def to_rows(self, per_row: Tensor) -> Tensor:
         """(R·N,) → (E,): each edge gets its query's value (edges are grouped by query)."""
-        return torch.repeat_interleave(per_row, self.row_len, output_size=self.E)
+        return fastrg.repeat_interleave(per_row, self.row_len, self.E)
 
 
 def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
-    """Values of scale·(a bᵀ) at the pattern's nonzeros: one dot product per edge, O(E·width)."""
-    return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale).values()
+    """Values of scale·(a bᵀ) at the pattern's nonzeros: one dot product per edge, O(E·width). Written over the
+    pattern's values (which must be finite, _zeros), so the graph's indices are not copied (sampled_addmm
+    without `out` copies them: 3 E-sized buffers where this takes one)."""
+    return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale, out=pattern).values()
 
 
 def _select(keep: Tensor, *tensors: Tensor):
-    """t[keep] for each tensor, with one nonzero() for all."""
-    index = keep.nonzero().squeeze(1)
+    """t[keep] for each tensor, with one index for all."""
+    index = fastrg.nonzero(keep)
     return tuple(t.index_select(0, index) for t in tensors)
 
 
+def _kept_offsets(keep: Tensor, row_ptr: Tensor) -> Tensor:
+    """Row offsets of the edges that `keep` (E,) keeps, from the offsets row_ptr of all of them: the number kept
+    before each row's first edge."""
+    before = torch.zeros(len(keep) + 1, dtype=torch.int32, device=keep.device)
+    torch.cumsum(keep, 0, dtype=torch.int32, out=before[1:])
+    return before.index_select(0, row_ptr)
+
+
 def _zeros(edges: Edges, like: Tensor) -> Tensor:
-    return like.new_zeros(edges.E)  # sampled_addmm reads the pattern's values even at beta = 0 (NaN · 0)
+    """Values of an SDDMM pattern, which _sddmm overwrites: sampled_addmm reads them even at beta = 0 (NaN · 0),
+    so they must be finite."""
+    return like.new_zeros(edges.E)
 
 
 # ------------------------------------------------------------------------------------- the attention core
@@ -253,20 +284,22 @@ class EdgeAttention(torch.autograd.Function):
         return dq, dk, dv, dp_edge, None, None, None, None
 
 
-class EdgeProbability(torch.autograd.Function):
-    """p_e = x_i · w_j on the edges (x = Q̂, w = K̂Ŝᵀ, so p_e = Q̂_iŜK̂_jᵀ) with backward ∂x = G w, ∂w = Gᵀ x:
-    the STE's path from each sampled edge to the memberships and clusters, O(E·K)."""
+class StraightThroughEdges(torch.autograd.Function):
+    """The straight-through estimator of Eq. 9 on the sampled edges: forward the mask itself, M_e = 1 on every
+    edge (a zero-stride view: no memory); backward ∂L/∂p_e := ∂L/∂M_e into p_e = x_i · w_j (x = Q̂, w = K̂Ŝᵀ, so
+    p_e = Q̂_iŜK̂_jᵀ): ∂x = G w, ∂w = Gᵀ x, O(E·K). The attention core and the density take M from here, so
+    each sampled edge's probability receives their gradients; p_e itself is never formed."""
 
     @staticmethod
     def forward(ctx, x, w, edges: Edges):
         ctx.save_for_backward(x, w)
         ctx.edges = edges
-        return edges.p.clone() if edges.p is not None else _sddmm(edges.csr(_zeros(edges, x)), x, w)
+        return x.new_ones(()).expand(edges.E)
 
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        edges = ctx.edges
+        edges, grad = ctx.edges, grad.contiguous()
         return edges.csr(grad) @ w, edges.csc(grad) @ x, None
 
 
@@ -372,15 +405,20 @@ class SBMAttention(nn.Module):
     def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
         """The graph of this forward: {"mask": (B, H, N, M) bool, "prob": P} on the dense path, {"edges": Edges}
         on the sparse one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient) that the STE needs."""
-        x = self.memberships(q) * valid[:, None, :, None]  # (B, H, N, K) Q̂, zero for padded queries
-        z = self.memberships(k) * valid[:, None, :, None]  # (B, H, M, K) K̂, zero for padded keys
-        w = z @ self.block_matrix().transpose(1, 2)  # (B, H, M, K): p_ij = x_i · w_j = Q̂_iŜK̂_jᵀ
+        # Padded tokens are masked where the graph is drawn (fix_mask, sample_sparse): no edge reaches them, so
+        # their memberships never meet the loss.
+        with _part("memberships"):
+            x = self.memberships(q)  # (B, H, N, K) Q̂
+            z = self.memberships(k)  # (B, H, M, K) K̂
+        with _part("block matrix"):
+            s = self.block_matrix()  # (H, K, K) Ŝ
+            w = z @ s.transpose(1, 2)  # (B, H, M, K): p_ij = x_i · w_j = Q̂_iŜK̂_jᵀ
         if self.path == "dense":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
         with torch.no_grad():
-            return {"edges": self.sample_sparse(x, z, w, valid, causal, generator), "x": x, "w": w}
+            return {"edges": self.sample_sparse(x, z, w, s, valid, causal, generator), "x": x, "w": w}
 
     def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
         """The official path (sbm_reference.md §4.5): one Bernoulli(min(1, P + δ)) per admissible pair."""
@@ -399,43 +437,61 @@ class SBMAttention(nn.Module):
             mask |= torch.eye(n, dtype=torch.bool, device=mask.device) & valid[:, None, :, None]
         return mask
 
-    def sample_sparse(self, x, z, w, valid, causal, generator) -> Edges:
-        """fastRG proposal λ_ij = c_i(p_ij + δ), thinned to exact Bernoulli(min(1, p_ij + δ)) (docstring)."""
+    def sample_sparse(self, x, z, w, s, valid, causal, generator) -> Edges:
+        """fastRG proposal λ_ij = c_i(p_ij + δ), thinned to exact Bernoulli(min(1, p_ij + δ)) (docstring). The
+        proposal comes grouped by query (fastrg.sample_block_csr) and thinning keeps that order, so the graph
+        is never sorted here."""
         B, H, N, K = x.shape
         M, R, delta = z.shape[2], B * H, self.exploration()
-        s = self.block_matrix().detach()  # (H, K, K)
-        # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
-        bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
-        bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N)
-        scale = (-torch.log1p(-bound) / bound * valid[:, None, :])[..., None]  # (B, H, N, 1)
-        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
-            ones = valid[:, None, :, None].to(x.dtype).expand(B, H, N, 1)
-            xs, zs = torch.cat([x, ones], -1) * scale, torch.cat([z, ones], -1)
-            s = F.pad(s, (0, 1, 0, 1))
-            s[:, K, K] = delta
-        else:
-            xs, zs = x * scale, z
-        r, i, j, _ = fastrg.sample(xs, s, zs, generator=generator, dedup=True, csr=True)
-        row, col = r * N + i, r * M + j  # global indices, sorted by (row, col)
-        if causal:
-            row, col = _select(j <= i, row, col)
-        pattern = _csr(_offsets(torch.bincount(row, minlength=R * N)), col.int(), x.new_zeros(len(col)),
-                       (R * N, R * M))
-        p = _sddmm(pattern, x.reshape(R * N, K), w.reshape(R * M, K))  # (E,) p_e of every proposed pair
-        pi = p + delta
-        proposal = -torch.expm1(-scale.reshape(R * N).index_select(0, row) * pi)  # 1 − e^{−c_i π}
-        keep = torch.rand(len(p), generator=generator, device=p.device, dtype=p.dtype) * proposal < \
-            pi.clamp(max=1.0)
-        row, col, p = _select(keep, row, col, p)
-        if self.self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
-            loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
-            off = (row % N) != (col % M)
-            row = torch.cat([row[off], loops])
-            col = torch.cat([col[off], loops // N * M + loops % N])
-            p = torch.cat([p[off], p.new_zeros(len(loops))])
-            order = torch.argsort(row * M + col % M)
-            row, col, p = row[order], col[order], p[order]
-        return Edges.build(row, col, R, N, M, p=p)
+        with _part("proposal"):
+            keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
+            z = z * keys
+            # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
+            bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
+            bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
+            scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
+            xs, zs = x * scale[..., None], z
+            if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
+                xs, zs = torch.cat([xs, scale[..., None]], -1), torch.cat([zs, keys.expand(B, H, M, 1)], -1)
+                s = F.pad(s, (0, 1, 0, 1))
+                s[:, K, K] = delta
+            row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
+        with _part("thinning"):
+            proposed = Edges.from_csr(row_ptr, col, R, N, M)
+            allowed = None
+            if causal:  # key index j ≤ query index i, both as r·M + ·
+                diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1)
+                allowed = col <= proposed.to_rows(diagonal.int())
+            keep = self.thin(proposed, allowed, x, w, bound, scale, generator)
+            edges = Edges.from_csr(_kept_offsets(keep, row_ptr), *_select(keep, col), R, N, M)
+            if self.self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
+                row = edges.to_rows(torch.arange(R * N, device=x.device))
+                loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
+                off = (row % N) != (edges.col % M)
+                row = torch.cat([row[off], loops])
+                col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
+                order = torch.argsort(row * M + col % M)
+                edges = Edges.build(row[order], col[order], R, N, M)
+        return edges
+
+    def thin(self, proposed: Edges, allowed: Optional[Tensor], x, w, bound, scale, generator) -> Tensor:
+        """(E',) bool: keep each proposed pair (that `allowed` allows) with probability a(π) = min(1, π)/(1 −
+        e^{−c_i π}), π = p + δ, so that P(edge) = min(1, π) (docstring). a grows with π from 1/c_i (π → 0), so
+        U < 1/c_i keeps a pair without its p (a squeeze); only the others, a fraction ≈ 1 − 1/c_i ≈ u_i/2, need
+        p_e = x_i · w_j, the K-wide product."""
+        R, N, K = proposed.R, proposed.N, x.shape[-1]
+        sure = bound / -torch.log1p(-bound) * (1 - 2 ** -20)  # (B, H, N) 1/c_i, rounded down
+        U = torch.rand(proposed.E, generator=generator, device=x.device, dtype=x.dtype)
+        keep = U < proposed.to_rows(sure.reshape(R * N))
+        unsure = ~keep if allowed is None else allowed & ~keep
+        if allowed is not None:
+            keep &= allowed
+        index = fastrg.nonzero(unsure)
+        checked = Edges.from_csr(_kept_offsets(unsure, proposed.row_ptr), proposed.col.index_select(0, index),
+                                 R, N, proposed.M)
+        pi = _sddmm(checked.csr(_zeros(checked, x)), x.reshape(R * N, K), w.reshape(-1, K)) + self.exploration()
+        U = U.index_select(0, index).mul_(checked.to_rows(scale.reshape(R * N).neg()).mul_(pi).expm1_().neg_())
+        return keep.index_put_((index,), U < pi.clamp_(max=1.0))  # U · (1 − e^{−c_i π}) < min(1, π)
 
     # -- attention on the sampled graph, the STE (Eq. 9) and the density ------------------------------------
     def attend(self, q, k, v, graph: dict, valid: Tensor, generator):
@@ -450,26 +506,30 @@ class SBMAttention(nn.Module):
                 prob = torch.where(eye, prob.detach(), prob)
             row_edges = mask.sum(-1, keepdim=True, dtype=torch.int32)  # (B, H, N, 1); int32: 2× faster than int64
             y = dense_attention(q, k, v, prob, mask, row_edges, p_drop, self.ste, generator)
-            counts = row_edges.sum((2, 3)).to(q.dtype)  # (B, H)
             ste_part = prob.masked_fill(~mask, 0).sum((2, 3))
-            ste_part = ste_part - ste_part.detach()  # (B, H), value 0, gradient 1 on each sampled edge
+            # (B, H) edge counts, with gradient 1 on each sampled edge's probability (STE)
+            counts = row_edges.sum((2, 3)).to(q.dtype) + (ste_part - ste_part.detach())
         else:
             edges = graph["edges"]
-            p = EdgeProbability.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)  # (E,)
-            if self.self_loops:  # forced edges are not sampled: no STE gradient
-                forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
-                p = torch.where(forced, p.detach(), p)
-            keep = None
-            if p_drop > 0:
-                keep = torch.rand(edges.E, generator=generator, device=q.device) >= p_drop
-            y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
-                                    p, edges, keep, p_drop, self.ste).view(B, H, N, D)
-            counts = edges.per_graph().to(q.dtype).view(B, H)
-            ste_part = torch.segment_reduce(p - p.detach(), "sum", offsets=edges.row_ptr[::N],
-                                            unsafe=True).view(B, H)
-        per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
-        density = (counts + ste_part).sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
-        per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
+            with _part("p_e and STE"):
+                mask = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)
+                if self.self_loops:  # forced edges are not sampled: no STE gradient
+                    forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
+                    mask = torch.where(forced, mask.detach(), mask)
+            with _part("core"):
+                keep = None
+                if p_drop > 0:
+                    keep = torch.rand(edges.E, generator=generator, device=q.device) >= p_drop
+                y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
+                                        mask, edges, keep, p_drop, self.ste).view(B, H, N, D)
+            if y.requires_grad:  # the backward's key-major copy, built now: between the forward's temporaries
+                edges.key_major()  # and the backward's, its sort adds less to the peak memory
+            with _part("density"):  # Σ_e M_e per graph: the edge count, and λ/pairs to each edge's p_e (STE)
+                counts = torch.segment_reduce(mask, "sum", offsets=edges.row_ptr[::N], unsafe=True).view(B, H)
+        with _part("density"):
+            per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
+            density = counts.sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
+            per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
         return y, density, per_example
 
 

@@ -8,8 +8,9 @@ then scaled so that Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
 - naive: P = X S Yᵀ, then the mask torch.rand(n, m) < P (the official SBM-Transformer dense path). P is
   included: the naive method needs it. Its cost does not depend on the density, so it is timed once per n
   (in row blocks of at most 2^24 entries, to bound memory; the full n × m boolean mask is kept).
-Time: one warm-up, then the median of --repeats calls (CUDA synchronised). "edges" is the number of edges
-fastRG returned in the last timed call. The log-log slope of fastRG time against edges is the least-squares
+Time: one warm-up, then the median of --repeats calls (CUDA synchronised), the naive draw and the fastRG
+cells of one n interleaved call by call, so that load from other processes falls on all of them alike. "edges"
+is the number of edges fastRG returned in the last timed call. The log-log slope of fastRG time against edges is the least-squares
 fit over the cells with E ≥ 1e5.
 
 By default glibc is told to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2^31 − 1, the
@@ -22,6 +23,7 @@ call; --default-allocator leaves glibc's defaults. The setting is printed with t
 import argparse
 import ctypes
 import ctypes.util
+import os
 import platform
 import statistics
 import sys
@@ -56,17 +58,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device: torch.device, repeats: int) -> tuple[float, object]:
-    """Median wall time in ms of `repeats` calls after one warm-up, and the last result."""
-    out = fn()
+def timed(fns: list, device: torch.device, repeats: int) -> tuple[list, list]:
+    """Median wall time in ms of `repeats` calls of each function after one warm-up, the calls interleaved
+    (one of each per round, so that load on a shared machine falls on all alike), and each one's last result
+    (keep it small: every function's result stays alive)."""
+    outs = [fn() for fn in fns]
     sync(device)
-    times = []
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), out
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            outs[k] = fn()
+            sync(device)
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times], outs
 
 
 def naive_draw(X, S, Y, generator):
@@ -124,6 +129,7 @@ def main(argv=None) -> None:
                           else "cpu")
     allocator = "glibc defaults" if args.default_allocator or device.type == "cuda" else keep_freed_memory()
 
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     rows, fit_e, fit_ms = [], [], []
     for n in args.lengths:
         g = torch.Generator(device).manual_seed(args.seed)
@@ -131,11 +137,11 @@ def main(argv=None) -> None:
         Y = torch.rand(n, K, device=device, generator=g)
         S0 = torch.rand(K, K, device=device, generator=g)
         base = float(fastrg.expected_edges(X, S0, Y))
-        naive_ms, _ = timed(lambda: naive_draw(X, S0 * (0.01 * n * n / base), Y, g), device, args.repeats)
-        for density in args.densities:
-            S = S0 * (density * n * n / base)
-            ms, (r, *_) = timed(lambda: fastrg.sample(X, S, Y, generator=g, csr=True), device, args.repeats)
-            E = len(r)
+        scaled = [S0 * (density * n * n / base) for density in args.densities]
+        fns = [lambda: naive_draw(X, S0 * (0.01 * n * n / base), Y, g).shape[0]]
+        fns += [lambda S=S: len(fastrg.sample(X, S, Y, generator=g, csr=True)[0]) for S in scaled]
+        (naive_ms, *fast_ms), (_, *edges) = timed(fns, device, args.repeats)
+        for density, ms, E in zip(args.densities, fast_ms, edges):
             rows.append([n, f"{density:.1%}", E, f"{ms:.1f}", f"{naive_ms:.1f}", f"{naive_ms / ms:.1f}",
                          f"{ms * 1e6 / max(E, 1):.0f}"])
             if E >= 1e5:
@@ -144,9 +150,12 @@ def main(argv=None) -> None:
             print(f"  n={n} density={density:g}: {E} edges, fastRG {ms:.1f} ms, naive {naive_ms:.1f} ms",
                   file=sys.stderr, flush=True)
 
-    print(f"fastRG vs naive dense Bernoulli, K = {K}, torch {torch.__version__}, device {device}, "
-          f"{torch.get_num_threads()} threads, allocator: {allocator}, median of {args.repeats} after 1 warm-up")
-    print("fastRG = sample(..., dedup=True, csr=True); naive = P = X S Yᵀ and rand < P (timed once per n)")
+    end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"fastRG vs naive dense Bernoulli, K = {K}, torch {torch.__version__}, device {device} "
+          f"({os.cpu_count()} cores), {torch.get_num_threads()} threads, allocator: {allocator}, median of "
+          f"{args.repeats} after 1 warm-up, calls interleaved; load average {load:.2f} at start, {end_load:.2f} "
+          f"at end")
+    print("fastRG = sample(..., dedup=True, csr=True); naive = P = X S Yᵀ and rand < P (one cell per n)")
     print(tabulate(rows, headers=["n", "density", "edges", "fastRG ms", "naive ms", "speed-up", "ns/edge"],
                    tablefmt="github", colalign=("right",) * 7))
     if len(fit_e) >= 2:

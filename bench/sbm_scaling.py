@@ -8,9 +8,9 @@ Cells, each in a fresh process with bench.scaling's allocator setting (batch 1, 
 non-causal, training mode):
 - ``full``, ``full-ref``: bench.scaling's cells of baselines/full.py (fused SDPA; materialised scores).
 - ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, given as
-  the sampler gives it (global query and key indices sorted by query), from q, k, v and per-edge p that
-  require grad; the graph's structures are built inside the timed region (Edges.build, and in the backward
-  the key-major copy, one sort of E keys).
+  the sampler gives it (block-diagonal CSR, grouped by query), from q, k, v and per-edge p that require
+  grad; the graph's structures are built inside the timed region (Edges, and in the backward the key-major
+  copy, one sort of E keys).
 - ``sbm@d``: the whole SBMAttention module (projections, memberships, fastRG proposal and thinning, STE,
   core, density, regulariser off). Its membership logits are shifted by one constant, calibrated with
   fastrg.expected_edges so that the expected density, δ included, is d; nothing else is changed.
@@ -66,11 +66,55 @@ def shifted_module(dim: int, heads: int, head_dim: int, x: torch.Tensor, density
 
 
 def random_graph(r: int, n: int, density: float, generator: torch.Generator):
-    """Global (row, col), sorted, of R uniform random graphs with about density·n² distinct edges each."""
+    """R uniform random graphs with about density·n² distinct edges each, as the sampler gives them: one
+    block-diagonal CSR (row_ptr (R·n + 1,), col (E,) global keys), int32."""
     draws = int(-n * n * torch.log1p(torch.tensor(-density)).item())  # E[distinct] = n²(1 − e^(−draws/n²))
     key = torch.randint(0, r * n * n, (r * draws,), generator=generator).unique()  # sorted (graph, i, j)
     row = key // n
-    return row, row // n * n + key % n
+    row_ptr = torch.zeros(r * n + 1, dtype=torch.int32)
+    torch.cumsum(torch.bincount(row, minlength=r * n), 0, dtype=torch.int32, out=row_ptr[1:])
+    return row_ptr, (row // n * n + key % n).int()
+
+
+def profile_parts(step, steps: int) -> dict:
+    """Milliseconds per call of `step` (one forward+backward of SBMAttention) spent in each part of the module
+    (sbm_transformer.PARTS), from torch.profiler: an op belongs to the innermost part label (`sbm: ...`) it runs
+    under; a backward op to the part whose forward op created its autograd node (the profiler's sequence
+    number). Ops under no label (projections, gradient accumulation) are "other". Profiling adds a few µs per
+    op, so the parts sum to a little more than the unprofiled step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    import sbm_transformer
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = prof.events()
+    backward = "autograd::engine::evaluate_function: "
+
+    def label(event):
+        """The part of the innermost `sbm: ` label above event (itself included), or of its backward anchor."""
+        while event is not None:
+            if event.name.startswith("sbm: "):
+                return event.name[len("sbm: "):]
+            if event.name.startswith(backward):
+                return created.get(event.sequence_nr)
+            event = event.cpu_parent
+        return None
+
+    def in_backward(event):
+        while event is not None and not event.name.startswith(backward):
+            event = event.cpu_parent
+        return event is not None
+
+    created = {}  # sequence number of a forward op → its part
+    for event in events:
+        if event.sequence_nr >= 0 and event.sequence_nr not in created and not in_backward(event):
+            created[event.sequence_nr] = label(event)
+    totals = dict.fromkeys(sbm_transformer.PARTS + ("other",), 0.0)
+    for event in events:
+        totals[label(event) or "other"] += event.self_cpu_time_total / 1e3 / steps
+    return totals
 
 
 def measure_cell(cell: dict) -> dict:
@@ -82,14 +126,14 @@ def measure_cell(cell: dict) -> dict:
     b, h, d, n = cell["batch"], cell["heads"], cell["head_dim"], cell["n"]
     generator = torch.Generator(device).manual_seed(0)
     if cell["kind"] == "core":
-        row, col = random_graph(b * h, n, cell["density"], torch.Generator().manual_seed(0))
-        row, col = row.to(device), col.to(device)
+        row_ptr, col = random_graph(b * h, n, cell["density"], torch.Generator().manual_seed(0))
+        row_ptr, col = row_ptr.to(device), col.to(device)
         q, k, v = (torch.randn(b * h * n, d, device=device, requires_grad=True) for _ in range(3))
-        p = torch.rand(len(row), device=device, requires_grad=True)
+        p = torch.rand(len(col), device=device, requires_grad=True)
         grad = torch.randn(b * h * n, d, device=device)
 
         def run(backward: bool):
-            edges = sbm_transformer.Edges.build(row, col, b * h, n, n)
+            edges = sbm_transformer.Edges.from_csr(row_ptr, col, b * h, n, n)
             y = sbm_transformer.EdgeAttention.apply(q, k, v, p, edges, None, 0.0, "paper")
             if backward:
                 y.backward(grad)
@@ -121,6 +165,8 @@ def measure_cell(cell: dict) -> dict:
               "fwdbwd_ms": measure.time_fn(lambda: run(True), device, cell["warmup"], cell["repeats"]),
               "flops": measure.count_flops(forward)["total"]}
     result["density"] = forward()
+    if cell["kind"] == "sbm":
+        result["parts_ms"] = profile_parts(lambda: run(True), cell["repeats"])
     return result
 
 
@@ -153,6 +199,23 @@ def summary(rows: list) -> list:
             line += [f"{t:.2%}" if t is not None else "–", f"{m:.2%}" if m is not None else "–"]
         out.append(line)
     return out
+
+
+def parts_table(rows: list, profiled: list) -> str:
+    import sbm_transformer
+
+    names = sbm_transformer.PARTS + ("other",)
+    core = {(r["n"], r["method"].split("@")[1]): r["fwdbwd_ms"] for r in rows
+            if r["method"].startswith("core@") and "error" not in r}
+    out = []
+    for r in profiled:
+        parts = r["parts_ms"]
+        core_ms = core.get((r["n"], r["method"].split("@")[1]))
+        out.append([r["n"], f"{r['density']:.2%}"] + [f"{parts[name]:.1f}" for name in names] +
+                   [f"{sum(parts.values()):.1f}", f"{r['fwdbwd_ms']:.1f}",
+                    f"{core_ms:.1f}" if core_ms else "–", f"{r['fwdbwd_ms'] / core_ms:.2f}" if core_ms else "–"])
+    return tabulate(out, headers=["n", "density"] + list(names) + ["sum", "step", "core cell", "step ÷ core"],
+                    tablefmt="github", disable_numparse=True)
 
 
 def main(argv=None) -> int:
@@ -202,6 +265,12 @@ def main(argv=None) -> int:
           "peak memory = the reference path's.\n")
     print(tabulate(summary(rows), headers=["n", "core: time", "core: memory", "module: time", "module: memory"],
                    tablefmt="github", disable_numparse=True))
+    profiled = [r for r in rows if "parts_ms" in r]
+    if profiled:
+        print("\nWhere the module's fwd+bwd time goes (torch.profiler, ms per step; `other`: projections and glue; "
+              "`step`: the unprofiled fwd+bwd median above; `core cell`: EdgeAttention alone on a graph of that "
+              "density).\n")
+        print(parts_table(rows, profiled))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"device": where, "allocator": allocator, "load_average":

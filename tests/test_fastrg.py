@@ -196,6 +196,53 @@ def test_csr_matches_coo_and_is_sorted(dedup):
     assert torch.equal(torch.repeat_interleave(torch.arange(R * n), row_ptr.diff()), r * n + i)
 
 
+def test_block_csr_is_the_csr_draw_as_one_block_diagonal_matrix():
+    g = torch.Generator().manual_seed(30)
+    R, n, m, K = 4, 37, 29, 5
+    X, Y = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g)
+    S = torch.rand(K, K, generator=g) * 0.3
+    r, i, j, row_ptr = sample(X, S, Y, generator=torch.Generator().manual_seed(31), csr=True)
+    block_ptr, col = fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(31))
+    assert block_ptr.dtype == col.dtype == torch.int32 and len(col) > 100
+    assert torch.equal(block_ptr.long(), row_ptr) and torch.equal(col.long(), r * m + j)
+    empty_ptr, empty_col = fastrg.sample_block_csr(X, S * 0, Y, generator=g)
+    assert torch.equal(empty_ptr, torch.zeros(R * n + 1, dtype=torch.int32)) and empty_col.shape == (0,)
+
+
+def test_cpu_primitives_match_torch():
+    g = torch.Generator().manual_seed(32)
+    counts = torch.randint(0, 4, (50,), generator=g)
+    counts[[0, 7, 49]] = 0
+    values = torch.randn(50, generator=g)
+    total = int(counts.sum())
+    expected = torch.repeat_interleave(values, counts)
+    assert torch.equal(fastrg.repeat_interleave(values, counts, total), expected)  # through numpy
+    with_grad = values.clone().requires_grad_()
+    fastrg.repeat_interleave(with_grad, counts, total).sum().backward()  # with a gradient: torch's own kernel
+    assert torch.equal(with_grad.grad, counts.float())
+    key = torch.randint(0, 1 << 20, (1000,), dtype=torch.int32, generator=g)
+    assert torch.equal(fastrg.sort_integers(key.clone()), torch.sort(key).values)
+    state = g.get_state()
+    U = fastrg._uniforms(g, torch.device("cpu"))(10_000)
+    g.set_state(state)
+    uniforms = fastrg._uniforms(g, torch.device("cpu"))
+    assert torch.equal(torch.cat([uniforms(3000), uniforms(7000)]), U)  # the generator's state fixes the stream
+    assert not torch.equal(fastrg._uniforms(g, torch.device("cpu"))(10_000), U)  # and advances with it
+    assert U.dtype == torch.float64 and 0 <= float(U.min()) and float(U.max()) < 1
+    assert torch.equal(U * 2.0**53, (U * 2.0**53).floor())  # on the 2⁻⁵³ grid
+    assert abs(float(U.mean()) - 0.5) < Z * math.sqrt(1 / 12 / len(U))
+
+
+def test_chunked_draws_give_the_same_graph(monkeypatch):
+    # Draws are looked up a chunk at a time from one stream of uniforms: the chunk size changes nothing.
+    X, S, Y = _random_factors(34, n=60, m=50, K=4, scale=0.2)
+    X, Y = X.expand(8, 60, 4), Y.expand(8, 50, 4)
+    whole = sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True)
+    monkeypatch.setattr(fastrg, "_CHUNK", 777)
+    chunked = sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True)
+    assert len(whole[0]) > 5 * 777 and all(torch.equal(a, b) for a, b in zip(whole, chunked))
+
+
 def test_reproducible_with_generator():
     X, S, Y = _random_factors(16, n=50, m=40, K=5, scale=0.01)
     X, Y = X.expand(3, 50, 5), Y.expand(3, 40, 5)
@@ -211,42 +258,84 @@ def test_reproducible_with_generator():
     assert all(torch.equal(x, y) for x, y in zip(a, sample(X, S, Y)))
 
 
+def _locate(cdf, rows, U, n):
+    """Entry index i of the inverse-CDF draw U from CDF row `rows` of a _cdf_table table, the same through guide
+    tables of every size (one bucket: plain bisection; L buckets: the counting pass) and through their steps
+    (narrow intervals) or bisection (wide ones)."""
+    b = fastrg._bits(n)
+    found = []
+    for G in sorted({1, 4, 1 << b}):
+        guide, widest = fastrg._guide_table(cdf, n, G)
+        for width in {widest, max(widest, fastrg._SCAN + 1)}:  # the table's own path, and bisection
+            found.append(fastrg._lookup(cdf, guide, width, G, rows * (G + 1), U))
+    assert all(torch.equal(f, found[0]) for f in found)
+    assert torch.equal(found[0] >> b, rows.to(found[0].dtype))  # never leaves its row
+    return (found[0] & ((1 << b) - 1)).long()
+
+
 def test_inverse_cdf_tails_never_pick_zero_weight():
     # Column weights with zero runs at both ends and inside, and a weight too small to survive the prefix sum;
     # many columns. Uniforms at the extremes of [0, 1) on the 2⁻⁵³ grid, at the step 1/3 and on a grid.
     K, n = 1 << 12, 8
     w = torch.tensor([0.0, 0.0, 1.0, 0.0, 1e-300, 2.0, 0.0, 0.0], dtype=torch.float64)
-    cdf, guide, totals = fastrg._cdf_table(w[None, :, None].expand(1, n, K))
+    cdf, totals = fastrg._cdf_table(w[None, :, None].expand(1, n, K))
     assert torch.equal(totals, torch.full((1, K), 3.0, dtype=torch.float64))
     third = float(cdf[2])                                            # CDF after index 2: 1/3 rounded
     grid = torch.linspace(0, 1 - 2.0**-53, 1001, dtype=torch.float64)
     U = torch.cat([torch.tensor([0.0, 2.0**-53, third - 2.0**-54, third, 1 - 2.0**-52, 1 - 2.0**-53],
                                 dtype=torch.float64), grid])
     for row in (0, 1, K // 2, K - 1):
-        i = fastrg._locate(cdf, guide, torch.full(U.shape, row), U, n)
+        i = _locate(cdf, torch.full(U.shape, row), U, n)
         assert bool((w[i] > 0).all())
         assert i[:6].tolist() == [2, 2, 2, 5, 5, 5]
         assert torch.equal(i[6:], (grid >= third).long() * 3 + 2)  # inverse CDF over {2: 1/3, 5: 2/3}
 
 
-def test_guide_table_lookup_equals_search():
-    # The guide table plus bisection must give exactly the first CDF entry above U, as a plain search does,
-    # for skewed weights (wide buckets, many bisection rounds) and for runs of zeros.
+@pytest.mark.parametrize("n", [300, 256, 1])
+def test_guide_table_lookup_equals_search(n):
+    # Guide tables plus steps or bisection must give exactly the first CDF entry above U, as a plain search
+    # does, for skewed weights (wide buckets), runs of zeros, a single non-zero entry, even weights (at most
+    # one step), and n a power of two or not (rows padded to 512 entries at n = 300).
     g = torch.Generator().manual_seed(23)
-    n, K = 300, 6
+    K = 6
     W = torch.rand(2, n, K, generator=g, dtype=torch.float64) ** 8
-    W[0, 100:250, 1] = 0
+    W[0, n // 3:n * 5 // 6, 1] = 0
     W[1, :, 2] = 0
-    W[1, 17, 2] = 5.0                                                # a single non-zero entry
-    cdf, guide, _ = fastrg._cdf_table(W)
+    W[1, n // 2, 2] = 5.0                                            # a single non-zero entry
+    W[:, :, 3] = 1.0
+    cdf, _ = fastrg._cdf_table(W)
+    L = 1 << fastrg._bits(n)
+    assert n == 1 or fastrg._guide_table(cdf, n, L)[1] > fastrg._SCAN  # skewed weights: bisection
+    even, _ = fastrg._cdf_table(W[:, :, 3:4])
+    assert fastrg._guide_table(even, n, L)[1] <= 2                   # an even column: at most two steps
     rows = torch.randint(0, 2 * K, (20000,), generator=g)
     U = torch.rand(20000, generator=g, dtype=torch.float64)
-    expected = torch.searchsorted(cdf.view(2 * K, n)[rows], U[:, None], right=True).squeeze(1)
-    assert torch.equal(fastrg._locate(cdf, guide, rows, U, n), expected)
+    expected = torch.searchsorted(cdf.view(2 * K, L)[rows, :n], U[:, None], right=True).squeeze(1)
+    assert torch.equal(_locate(cdf, rows, U, n), expected)
+    rows = torch.randint(0, 2, (20000,), generator=g)
+    expected = torch.searchsorted(even.view(2, L)[rows, :n], U[:, None], right=True).squeeze(1)
+    assert torch.equal(_locate(even, rows, U, n), expected)
 
 
-def test_reorder_between_group_orders():
-    # Values laid out group by group in (r, v, u) order move to (r, u, v) order, order within a group kept.
+def test_trailing_zero_weights_do_not_widen_the_guide():
+    # Padded keys have zero weight: their CDF entries are exactly 1 and stop every draw, so an even column
+    # padded to twice its length still settles every draw within one step of the guide's candidate.
+    n = 512
+    W = torch.ones(3, n, 2, dtype=torch.float64)
+    W[:, n // 2:, 0] = 0                                             # right padding
+    W[:, :n // 2, 1] = 0                                             # left padding
+    cdf, _ = fastrg._cdf_table(W)
+    assert fastrg._guide_table(cdf, n, n)[1] <= 1
+    g = torch.Generator().manual_seed(33)
+    rows = torch.randint(0, 6, (5000,), generator=g)
+    U = torch.rand(5000, generator=g, dtype=torch.float64)
+    expected = torch.searchsorted(cdf.view(6, n)[rows], U[:, None], right=True).squeeze(1)
+    assert torch.equal(_locate(cdf, rows, U, n), expected)
+
+
+def test_shift_between_group_orders():
+    # Values laid out group by group in (r, v, u) order, each moved by its shift, land in (r, u, v) order with
+    # the order within a group kept.
     g = torch.Generator().manual_seed(24)
     counts = torch.randint(0, 4, (2, 3, 3), generator=g)
     def labelled(groups):  # each edge labelled by its group (r, u, v) and its rank k within the group
@@ -255,7 +344,9 @@ def test_reorder_between_group_orders():
 
     values = labelled([(r, u, v) for r in range(2) for v in range(3) for u in range(3)])
     expected = labelled([(r, u, v) for r in range(2) for u in range(3) for v in range(3)])
-    assert torch.equal(fastrg._to_uv_order(values, counts), expected)
+    moved = torch.empty_like(values)
+    moved[torch.arange(len(values)) + fastrg._uv_shift(counts)] = values
+    assert torch.equal(moved, expected)
 
 
 def test_expected_edges_and_edge_probability():

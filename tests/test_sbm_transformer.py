@@ -65,6 +65,29 @@ def test_sparse_and_dense_paths_agree_on_the_same_edge_set(ste, causal, padded, 
     assert all(g.abs().sum() > 0 for g in g0[2:])  # the STE reaches the MLP and the clusters
 
 
+@pytest.mark.parametrize("causal, padded", [(False, False), (True, True)])
+def test_sampled_graph_attends_like_the_same_graph_rebuilt(causal, padded):
+    """The sparse sampler's graph (CSR straight from fastRG, compacted by thinning, its key-major copy built in
+    the forward) gives the outputs and gradients of the same edge set rebuilt from its mask."""
+    module = make(density_weight=0.5)
+    x = torch.randn(3, 10, DIM, dtype=torch.float64, requires_grad=True)
+    valid = ~padding() if padded else torch.ones(3, 10, dtype=torch.bool)
+    q, k, v = qkv(module, x)
+    graph = module.sample(q, k, valid, causal, seeded(6))
+    edges = graph["edges"]
+    rebuilt = {**graph, "edges": sbm.Edges.from_mask(edges.to_mask())}
+    results = []
+    for g in (graph, rebuilt):
+        y, density, _ = module.attend(q, k, v, g, valid, None)
+        loss = (y ** 2).sum() + density.sum()
+        results.append((y, density, torch.autograd.grad(loss, [x, module.centers, module.mlp_w], retain_graph=True)))
+    (y0, d0, g0), (y1, d1, g1) = results
+    torch.testing.assert_close(y0, y1, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(d0, d1, rtol=1e-12, atol=0)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+
+
 def full_graph(r, n):
     return sbm.Edges.from_mask(torch.ones(r, n, n, dtype=torch.bool))
 
@@ -144,21 +167,24 @@ def test_edge_attention_double_backward_is_refused():
         (grad_q.square().sum() + y.sum()).backward()
 
 
-def test_gradcheck_edge_probability_and_dropout_matches_a_dense_computation():
+def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_matches_a_dense_computation():
+    """Forward M_e = 1 on every edge; backward the gradient of p_e = x_i · w_j (differentiated densely)."""
     torch.manual_seed(0)
     n, kk = 6, 4
     mask = torch.rand(3, n, n) < 0.5
     edges = sbm.Edges.from_mask(mask)
     x, w = torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True), \
         torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: sbm.EdgeProbability.apply(a, b, edges), (x, w))
-    p = sbm.EdgeProbability.apply(x, w, edges)
-    dense = torch.einsum("rik,rjk->rij", x.view(3, n, kk), w.view(3, n, kk))
-    torch.testing.assert_close(p, dense[mask])
+    m = sbm.StraightThroughEdges.apply(x, w, edges)
+    assert torch.equal(m, torch.ones(edges.E, dtype=torch.float64)) and m.stride() == (0,)  # no memory
+    grad = torch.randn(edges.E, dtype=torch.float64)
+    dx, dw = torch.autograd.grad(m, [x, w], grad)
+    dense = torch.einsum("rik,rjk->rij", x.view(3, n, kk), w.view(3, n, kk))  # p = x wᵀ per graph
+    torch.testing.assert_close((dx, dw), torch.autograd.grad(dense[mask], [x, w], grad))
     # dropout: weights α·keep/(1 − p) on the edges
     q, k, v = (torch.randn(3, n, D, dtype=torch.float64) for _ in range(3))
     keep = torch.rand(edges.E) > 0.25
-    y = sbm.EdgeAttention.apply(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), p.detach(), edges, keep,
+    y = sbm.EdgeAttention.apply(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), m.detach(), edges, keep,
                                 0.25, "paper")
     alpha = (q @ k.transpose(1, 2) / math.sqrt(D)).masked_fill(~mask, -math.inf).softmax(-1).nan_to_num(0.0)
     dropped = torch.zeros_like(alpha)
@@ -187,10 +213,11 @@ def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal):
     x = torch.rand(n, 3, dtype=torch.float64) * 0.3
     z = torch.rand(n, 3, dtype=torch.float64) * 0.3
     x[[0, 2, 4]], z[[0, 1, 4]] = 1.0, 1.0  # p = ΣŜ = 1 on these pairs, π = 1.01
-    w = z @ module.block_matrix().detach()[0].T
+    block = module.block_matrix().detach()  # (1, 3, 3)
+    w = z @ block[0].T
     valid = torch.ones(T, n, dtype=torch.bool)
-    edges = module.sample_sparse(x.expand(T, 1, n, 3), z.expand(T, 1, n, 3), w.expand(T, 1, n, 3), valid, causal,
-                                 seeded(3))
+    edges = module.sample_sparse(x.expand(T, 1, n, 3), z.expand(T, 1, n, 3), w.expand(T, 1, n, 3), block, valid,
+                                 causal, seeded(3))
     freq = edges.to_mask().double().mean(0)  # (N, M)
     prob = (x @ w.T + 0.01).clamp(max=1.0)
     if causal:
