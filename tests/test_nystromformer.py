@@ -93,3 +93,13 @@ def test_all_keys_padded_gives_zero_attention():
     torch.testing.assert_close(y[1], m.out.bias.expand(7, DIM), rtol=0, atol=0)
     y.sum().backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(stats["density"]).all()
+
+
+def test_unpadded_fast_path_equals_the_masked_path():
+    """Without padding the landmarks are plain segment means and no softmax is masked; a batch that holds one
+    padded sample takes the masked path for all, and must give the unpadded samples the same outputs."""
+    m = make(landmarks=4, conv_kernel=3).eval()
+    x = torch.randn(3, 12, DIM, dtype=torch.float64)
+    y_fast, _ = m(x[:2])
+    y_masked, _ = m(x, padding(3, 12, {2: [5, 11]}))
+    torch.testing.assert_close(y_fast, y_masked[:2], rtol=0, atol=1e-12)
