@@ -1,0 +1,30 @@
+"""Forward+backward of every attention in the registry (bench.train.METHODS), each with its default budget,
+in training mode, non-causal, batch 1, 2 heads, head dim 32: the cell of bench.scaling, one group per n."""
+import inspect
+
+import pytest
+import torch
+
+from bench.train import METHODS, load_method
+
+HEADS, HEAD_DIM = 2, 32
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_attention_fwd_bwd(benchmark, method, n):
+    _, cls = load_method(method)
+    options = {"max_len": n} if "max_len" in inspect.signature(cls).parameters else {}
+    torch.manual_seed(0)
+    module = cls(HEADS * HEAD_DIM, HEADS, HEAD_DIM, 0.0, **options).train()
+    x = torch.randn(1, n, HEADS * HEAD_DIM, requires_grad=True)
+    grad = torch.randn_like(x)
+    generator = torch.Generator().manual_seed(0)
+
+    def forward_backward():
+        y, stats = module(x, generator=generator)
+        y.backward(grad)
+        return stats
+
+    benchmark.group = f"attention fwd+bwd, n={n}"
+    stats = benchmark(forward_backward)
+    benchmark.extra_info["density"] = stats["density"].float().mean().item()
