@@ -50,3 +50,26 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 @pytest.fixture
 def small(request) -> bool:
     return request.config.getoption("--bench-small")
+
+
+
+@pytest.fixture
+def attention_fwd_bwd(benchmark):
+    """run(module, x, group): benchmark one forward+backward of an attention module (INTERFACE.md) on x, in
+    training mode, with a seeded generator; the density it reports goes into the saved run's extra_info."""
+
+    def run(module: torch.nn.Module, x: torch.Tensor, group: str) -> None:
+        grad = torch.randn_like(x)
+        generator = torch.Generator().manual_seed(0)
+        module.train()
+
+        def forward_backward():
+            y, stats = module(x, generator=generator)
+            y.backward(grad)
+            return stats
+
+        benchmark.group = group
+        stats = benchmark(forward_backward)
+        benchmark.extra_info["density"] = stats["density"].float().mean().item()
+
+    return run

@@ -11,20 +11,10 @@ HEADS, HEAD_DIM = 2, 32
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_attention_fwd_bwd(benchmark, method, n):
+def test_attention_fwd_bwd(attention_fwd_bwd, method, n):
     _, cls = load_method(method)
     options = {"max_len": n} if "max_len" in inspect.signature(cls).parameters else {}
     torch.manual_seed(0)
-    module = cls(HEADS * HEAD_DIM, HEADS, HEAD_DIM, 0.0, **options).train()
+    module = cls(HEADS * HEAD_DIM, HEADS, HEAD_DIM, 0.0, **options)
     x = torch.randn(1, n, HEADS * HEAD_DIM, requires_grad=True)
-    grad = torch.randn_like(x)
-    generator = torch.Generator().manual_seed(0)
-
-    def forward_backward():
-        y, stats = module(x, generator=generator)
-        y.backward(grad)
-        return stats
-
-    benchmark.group = f"attention fwd+bwd, n={n}"
-    stats = benchmark(forward_backward)
-    benchmark.extra_info["density"] = stats["density"].float().mean().item()
+    attention_fwd_bwd(module, x, f"attention fwd+bwd, n={n}")

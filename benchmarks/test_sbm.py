@@ -29,18 +29,8 @@ def test_sbm_core_fwd_bwd(benchmark, n, density):
 
 
 @pytest.mark.parametrize("density", DENSITIES, ids=[f"d{d:g}" for d in DENSITIES])
-def test_sbm_module_fwd_bwd(benchmark, n, density):
+def test_sbm_module_fwd_bwd(attention_fwd_bwd, n, density):
     torch.manual_seed(0)
     x = torch.randn(1, n, HEADS * HEAD_DIM, requires_grad=True)
     module = shifted_module(HEADS * HEAD_DIM, HEADS, HEAD_DIM, x, density, "sparse")
-    grad = torch.randn_like(x)
-    generator = torch.Generator().manual_seed(0)
-
-    def forward_backward():
-        y, stats = module(x, generator=generator)
-        y.backward(grad)
-        return stats
-
-    benchmark.group = f"SBM module fwd+bwd, n={n}"
-    stats = benchmark(forward_backward)
-    benchmark.extra_info["density"] = stats["density"].float().mean().item()
+    attention_fwd_bwd(module, x, f"SBM module fwd+bwd, n={n}")
