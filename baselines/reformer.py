@@ -19,8 +19,9 @@ all rounds *and* both chunks of a round (with a single chunk, U = 1, a round's w
 Subtracting log N_ij from every occurrence makes Σ_occurrences exp(s_ij − log N_ij) = Σ_distinct exp(s_ij),
 so o_i is the exact softmax over the union of the scored keys. N_ij is counted without sorting: key j is in
 query i's window of round r' iff its chunk in round r' is i's chunk or the one before it (causal: same
-bucket, at most W − 1 sorted slots back), so N_ij = Σ_r' of that test, R lookups per scored pair,
-O(N·R²·C) elementwise work; the first occurrence (lowest round, own chunk first) counts the distinct pairs.
+bucket, at most W − 1 sorted slots back), so N_ij = Σ_r' of that test (chunked: the pair's own round always
+passes it, so R − 1 lookups per scored pair), O(N·R²·C) elementwise work; the first occurrence (lowest round,
+own chunk first) counts the distinct pairs.
 
 Deviations from the paper and the official (trax) code:
 - Self-masking: the paper penalises i = j by a finite 10⁵ so that a token attends to itself only when it
