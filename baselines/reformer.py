@@ -182,7 +182,9 @@ class ReformerAttention(nn.Module):
         u = -(-n // c)  # chunks per round
         n_pad = u * c
         n_buckets = max(2, u + u % 2)
-        padded = n_pad > n or not bool(valid.all())
+        # Without padding (and N > 1) every query has another key in its window: no padding mask, and the self
+        # rule always masks self. Otherwise the general masks below.
+        general = n_pad > n or n == 1 or not bool(valid.all())
         q, v = F.pad(q, (0, 0, 0, n_pad - n)), F.pad(v, (0, 0, 0, n_pad - n))  # (B, H, N', D)
         valid = F.pad(valid, (0, n_pad - n), value=False)  # (B, N')
         k = F.normalize(q, dim=-1)  # shared-QK keys
@@ -223,10 +225,10 @@ class ReformerAttention(nn.Module):
             seen[..., c:] = True  # the second copy is never a first occurrence
         bias = count.log_().neg_()  # (B, H, R, U, C, W): −log N_ij
 
-        # Masks: padded queries and keys (only when there is padding), then the self rule: query i's own key is
-        # masked unless i has no other admissible key in any round's window.
+        # Masks: padded queries and keys, then the self rule: query i's own key is masked unless i has no other
+        # admissible key in any round's window.
         fill = torch.finfo(bias.dtype).min
-        if padded:
+        if general:
             q_valid = valid.expand(b, n_pad)[:, None, None].expand(b, h, r, n_pad).gather(3, perm).view(b, h, r, u, c)
             k_valid = with_previous_chunk(q_valid)  # (B, H, R, U, W)
             admissible = q_valid[..., :, None] & k_valid[..., None, :]  # (B, H, R, U, C, W)
