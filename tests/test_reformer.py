@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from baselines.common import attention_density
-from baselines.reformer import ReformerAttention
+from baselines.reformer import ReformerAttention, softmax_with_lse
 
 DIM, HEADS, HEAD_DIM = 16, 2, 8
 
@@ -244,7 +244,6 @@ def test_all_keys_padded_gives_zero_attention(causal):
 
 def test_softmax_with_lse_values_and_gradients():
     """The fused softmax + logsumexp of the chunked path: values as torch's, gradients by gradcheck."""
-    from baselines.reformer import softmax_with_lse
     s = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
     probs, lse = softmax_with_lse(s)
     torch.testing.assert_close(probs, s.softmax(-1), rtol=0, atol=1e-15)
