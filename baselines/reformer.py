@@ -94,8 +94,9 @@ def lsh_buckets(k: Tensor, valid: Tensor, n_rounds: int, n_buckets: int,
         buckets = torch.zeros(b, h, n_rounds, n, dtype=torch.long, device=k.device)
     else:
         rot = torch.randn(b, h, n_rounds, d, n_buckets // 2, generator=generator, device=k.device, dtype=k.dtype)
-        proj = torch.einsum("bhnd,bhrdk->bhrnk", k, rot)  # (B, H, R, N, n_buckets/2)
-        buckets = torch.cat([proj, -proj], dim=-1).argmax(-1)  # (B, H, R, N)
+        with torch.no_grad():  # integer buckets: no gradient, so nothing to record
+            proj = torch.einsum("bhnd,bhrdk->bhrnk", k, rot)  # (B, H, R, N, n_buckets/2)
+            buckets = torch.cat([proj, -proj], dim=-1).argmax(-1)  # (B, H, R, N)
     return buckets.masked_fill(~valid[:, None, None, :], n_buckets)  # padding last, content ignored
 
 
@@ -121,6 +122,22 @@ class SoftmaxWithLSE(torch.autograd.Function):
 def softmax_with_lse(scores: Tensor):
     """(…, W) scores → (softmax over W, logsumexp over W), see SoftmaxWithLSE."""
     return SoftmaxWithLSE.apply(scores)
+
+
+def first_occurrences(seen: Optional[Tensor], this_round: int, u: int, c: int,
+                      admissible: Optional[Tensor]):
+    """Pairs of one round of the chunked path that no earlier round scored, per (B, H): seen (B, H, U, C, W)
+    marks those an earlier round did (None in round 0); admissible (same shape) restricts the count (None: all
+    pairs are). With one chunk (U = 1) a round's window holds the chunk twice and every round scores every
+    pair: only round 0's own-chunk copy is a first occurrence."""
+    if u == 1:
+        if this_round > 0:
+            return 0
+        return admissible[..., :c].sum((2, 3, 4)) if admissible is not None else c * c
+    if admissible is not None:
+        return (admissible if seen is None else admissible & ~seen).sum((2, 3, 4))
+    pairs = u * c * 2 * c
+    return pairs if seen is None else pairs - seen.sum((2, 3, 4))
 
 
 def density_of(distinct: Tensor, valid: Tensor) -> Tensor:
@@ -185,8 +202,9 @@ class ReformerAttention(nn.Module):
         # Without padding (and N > 1) every query has another key in its window: no padding mask, and the self
         # rule always masks self. Otherwise the general masks below.
         general = n_pad > n or n == 1 or not bool(valid.all())
-        q, v = F.pad(q, (0, 0, 0, n_pad - n)), F.pad(v, (0, 0, 0, n_pad - n))  # (B, H, N', D)
-        valid = F.pad(valid, (0, n_pad - n), value=False)  # (B, N')
+        if n_pad > n:
+            q, v = F.pad(q, (0, 0, 0, n_pad - n)), F.pad(v, (0, 0, 0, n_pad - n))  # (B, H, N', D)
+            valid = F.pad(valid, (0, n_pad - n), value=False)  # (B, N')
         k = F.normalize(q, dim=-1)  # shared-QK keys
 
         buckets = lsh_buckets(k, valid, r, n_buckets, generator)  # (B, H, R, N')
@@ -202,14 +220,20 @@ class ReformerAttention(nn.Module):
         q_pos = perm.view(b, h, r, u, c)  # (B, H, R, U, C) original positions of the sorted queries
         k_pos = with_previous_chunk(q_pos)  # (B, H, R, U, W)
 
+        if general:  # admissible pairs: valid query and valid key, as in full attention
+            q_valid = valid.expand(b, n_pad)[:, None, None].expand(b, h, r, n_pad).gather(3, perm).view(b, h, r, u, c)
+            k_valid = with_previous_chunk(q_valid)  # (B, H, R, U, W)
+            admissible = q_valid[..., :, None] & k_valid[..., None, :]  # (B, H, R, U, C, W)
+
         # N_ij: occurrences of key j among query i's R·W scored keys (all rounds, both chunks). In its own round
         # every scored key occurs once; round r' ≠ r scores it iff its chunk there is i's chunk or the one before
-        # (chunk −1 wraps as in the sort): one test per pair and other round. `seen` marks the pairs an earlier
-        # round already scored, so that the density counts distinct pairs.
+        # (chunk −1 wraps as in the sort): one test per pair and other round. `seen` marks the pairs of round r
+        # that an earlier round already scored; `first` counts the rest, the distinct pairs of the density.
         chunk = inv // c  # (B, H, R, N'): chunk of each position in each round
         count = torch.ones(b, h, r, u, c, 2 * c, dtype=q.dtype, device=q.device)  # (B, H, R, U, C, W)
-        seen = torch.zeros(b, h, r, u, c, 2 * c, dtype=torch.bool, device=q.device)
+        first = torch.zeros(b, h, dtype=torch.long, device=q.device)  # (B, H)
         for this_round in range(r):
+            seen = None
             for other_round in range(r):
                 if other_round == this_round:
                     continue
@@ -219,26 +243,22 @@ class ReformerAttention(nn.Module):
                 hit = (key_chunk == query_chunk) | (key_chunk == (query_chunk - 1) % u)  # (B, H, U, C, W)
                 count[:, :, this_round] += hit
                 if other_round < this_round:
-                    seen[:, :, this_round] |= hit
+                    seen = hit if seen is None else seen | hit
+            first += first_occurrences(seen, this_round, u, c, admissible[:, :, this_round] if general else None)
         if u == 1:  # one chunk: it is its own previous chunk, so every key occurs twice per round
             count *= 2
-            seen[..., c:] = True  # the second copy is never a first occurrence
         bias = count.log_().neg_()  # (B, H, R, U, C, W): −log N_ij
 
         # Masks: padded queries and keys, then the self rule: query i's own key is masked unless i has no other
         # admissible key in any round's window.
         fill = torch.finfo(bias.dtype).min
         if general:
-            q_valid = valid.expand(b, n_pad)[:, None, None].expand(b, h, r, n_pad).gather(3, perm).view(b, h, r, u, c)
-            k_valid = with_previous_chunk(q_valid)  # (B, H, R, U, W)
-            admissible = q_valid[..., :, None] & k_valid[..., None, :]  # (B, H, R, U, C, W)
             bias.masked_fill_(~admissible, fill)
             others = k_valid.sum(-1, keepdim=True) - (2 if u == 1 else 1)  # (B, H, R, U, 1) valid keys but self
             has_other = (q_valid & (others > 0)).view(b, h, r, n_pad)  # (B, H, R, N')
             has_other = has_other.gather(3, inv).any(2, keepdim=True).expand(b, h, r, n_pad)  # per position
             self_masked = has_other.gather(3, perm).view(b, h, r, u, c)  # (B, H, R, U, C)
         else:
-            admissible = None
             self_masked = torch.ones(b, h, r, u, c, dtype=torch.bool, device=q.device)
         for offset in ((0, c) if u == 1 else (0,)):
             bias.diagonal(offset, dim1=-2, dim2=-1).masked_fill_(self_masked, fill)
@@ -258,9 +278,7 @@ class ReformerAttention(nn.Module):
         # A valid query always has at least itself; a padded query has nothing admissible: zeros.
         y = (y.view(b, h, n_pad, d) * valid[:, None, :, None])[:, :, :n]  # (B, H, N, D)
 
-        first = ~seen  # (B, H, R, U, C, W): the first occurrence of each scored pair
-        distinct = (first if admissible is None else first & admissible).sum((2, 3, 4, 5))  # (B, H)
-        return y, density_of(distinct, valid)
+        return y, density_of(first, valid)
 
     def attend_causal(self, q: Tensor, v: Tensor, valid: Tensor, generator: Optional[torch.Generator]):
         """Strictly causal LSH attention (module docstring, "Causal attention"): per round, query i scores
