@@ -198,8 +198,8 @@ def build_parser(description: str = "Train and evaluate one method on one task."
     again.add_argument("--overwrite", action="store_true",
                        help="replace the run already in --out (without it, a folder holding a run is refused)")
     p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
-    p.add_argument("--data-file", default=None, help="bytes: any text file (split 90/5/5); text/image: an archive or "
-                   "folder; retrieval: the folder of LRA's AAN TSV files")
+    p.add_argument("--data-file", default=None, help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or "
+                   "the unzipped file; text/image: an archive or folder; retrieval: the folder of LRA's AAN TSV files")
     p.add_argument("--no-download", action="store_true", help="never download; fail with instructions instead")
     p.add_argument("--attn", action="append", type=parse_attn_option, default=[], metavar="KEY=VALUE",
                    help="budget option passed to the attention constructor (repeatable)")

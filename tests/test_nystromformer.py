@@ -49,3 +49,13 @@ def test_as_many_landmarks_as_tokens_is_full_attention(n, landmarks, padded):
     y, _ = m(x, mask)
     y_full, _ = full(x, mask)
     torch.testing.assert_close(y[~mask], y_full[~mask], rtol=0, atol=1e-10)
+
+
+def test_unpadded_fast_path_equals_the_masked_path():
+    """Without padding the landmarks are plain segment means and no softmax is masked; a batch that holds one
+    padded sample takes the masked path for all, and must give the unpadded samples the same outputs."""
+    m = make(landmarks=4, conv_kernel=3).eval()
+    x = torch.randn(3, 12, DIM, dtype=torch.float64)
+    y_fast, _ = m(x[:2])
+    y_masked, _ = m(x, padding(3, 12, {2: [5, 11]}))
+    torch.testing.assert_close(y_fast, y_masked[:2], rtol=0, atol=1e-12)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from baselines.common import attention_density
-from baselines.reformer import ReformerAttention
+from baselines.reformer import ReformerAttention, softmax_with_lse
 
 DIM, HEADS, HEAD_DIM = 16, 2, 8
 
@@ -144,21 +144,24 @@ def test_one_chunk_is_full_shared_qk_attention(causal, n_hashes):
     scored 2R times — and the duplicate correction makes that the exact softmax. Causal: one bucket and a
     window of N, so every earlier token R times. Both: exact (causal) shared-QK softmax with the self rule;
     density equals full attention's."""
-    m = make(n_hashes=n_hashes, bucket_size=16).eval()
-    x = torch.randn(2, 11, DIM, dtype=torch.float64)
-    mask = padding(2, 11, {1: [0, 7, 8, 9, 10]})
-    y, stats = m(x, mask, causal=causal)
-    y_ref, _ = softmax_over(m, x, mask, causal, torch.ones(2, HEADS, 11, 11, dtype=torch.bool))
-    torch.testing.assert_close(y[~mask], y_ref[~mask], rtol=0, atol=1e-12)
-    torch.testing.assert_close(stats["density"], attention_density(mask, causal, 2, 11, HEADS, x.device))
+    for n, padded in ((11, {1: [0, 7, 8, 9, 10]}), (16, {})):  # masked path; no padding at all
+        m = make(n_hashes=n_hashes, bucket_size=16).eval()
+        x = torch.randn(2, n, DIM, dtype=torch.float64)
+        mask = padding(2, n, padded)
+        y, stats = m(x, mask, causal=causal)
+        y_ref, _ = softmax_over(m, x, mask, causal, torch.ones(2, HEADS, n, n, dtype=torch.bool))
+        torch.testing.assert_close(y[~mask], y_ref[~mask], rtol=0, atol=1e-12)
+        torch.testing.assert_close(stats["density"], attention_density(mask, causal, 2, n, HEADS, x.device))
 
 
-def test_matches_softmax_over_scored_pairs():
+@pytest.mark.parametrize("n, padded", [(14, {0: [4], 1: [11, 12, 13]}), (15, {})])
+def test_matches_softmax_over_scored_pairs(n, padded):
     """Several chunks and rounds: keys are scored 1..2R times, so outputs match only if the log N_ij
-    correction and the round weighting are right."""
+    correction and the round weighting are right. With padding (masked path) and without (N a multiple of
+    the chunk length, no padded key: no padding mask, the self rule alone)."""
     m = make(n_hashes=3, bucket_size=3).eval()
-    x = torch.randn(2, 14, DIM, dtype=torch.float64)
-    mask = padding(2, 14, {0: [4], 1: [11, 12, 13]})
+    x = torch.randn(2, n, DIM, dtype=torch.float64)
+    mask = padding(2, n, padded)
     y, stats = m(x, mask, generator=torch.Generator().manual_seed(5))
     scored = lsh_scored_pairs(m, x, mask, seed=5)
     assert not scored.all()  # a real sparse pattern
@@ -181,3 +184,13 @@ def test_causal_matches_softmax_over_bucket_windows():
     y_ref, density = softmax_over(m, x, mask, True, rounds > 0)
     torch.testing.assert_close(y[~mask], y_ref[~mask], rtol=0, atol=1e-12)
     torch.testing.assert_close(stats["density"], density.float())
+
+
+def test_softmax_with_lse_values_and_gradients():
+    """The fused softmax + logsumexp of the chunked path: values as torch's, gradients by gradcheck."""
+    s = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    probs, lse = softmax_with_lse(s)
+    torch.testing.assert_close(probs, s.softmax(-1), rtol=0, atol=1e-15)
+    torch.testing.assert_close(lse, s.logsumexp(-1), rtol=0, atol=1e-14)
+    assert torch.autograd.gradcheck(lambda t: softmax_with_lse(t), (s,))
+    assert torch.autograd.gradcheck(lambda t: softmax_with_lse(t)[1], (s,))
