@@ -359,6 +359,8 @@ def main(argv=None) -> int:
     if not results.is_dir():
         p.error(f"--results: no folder {results}")
     plot_dir = results / "plots" if args.readme else None
+    if plot_dir is not None and plots.available():
+        plot_dir.mkdir(exist_ok=True)
     text = published(results, plot_dir, f"{results.as_posix()}/plots/")
     print(text)
     if args.readme:
