@@ -248,14 +248,13 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> tuple[torch.Tensor, int]:
         guide = torch.empty(rows, L + 1, dtype=torch.int64, device=cdf.device)
         torch.cumsum(counts[:, :L], 1, out=guide[:, :L])
         guide[:, :L] += start
-        first_one = start.expand(rows, 1)
-        guide[:, L:] = _bisect(cdf, first_one.reshape(-1), first_one.reshape(-1) + (n - 1),
-                               torch.full((rows,), 1 - 2.0**-53, dtype=_WORK, device=cdf.device))[:, None]
+        below_one = torch.full((rows,), 1 - 2.0**-53, dtype=_WORK, device=cdf.device)  # the last: first 1
+        guide[:, L] = _bisect(cdf, start.view(-1), start.view(-1) + (n - 1), below_one, L)
     else:
         levels = torch.arange(G + 1, dtype=_WORK, device=cdf.device) / G  # c/G exact; the last, 1 − 2⁻⁵³
         levels[G] = 1 - 2.0**-53
         lo = start.expand(rows, G + 1).reshape(-1)
-        guide = _bisect(cdf, lo, lo + (n - 1), levels.repeat(rows)).view(rows, G + 1)
+        guide = _bisect(cdf, lo, lo + (n - 1), levels.repeat(rows), L).view(rows, G + 1)
     widest = int(guide.diff(dim=1).max())
     return guide.to(_index_dtype(rows * L)).view(-1), widest
 
@@ -282,22 +281,23 @@ def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Gen
     start = repeat_interleave(start, per_row, E)                     # (E,) the guide of each edge's row
     uniforms, drawn = _uniforms(generator, cdf.device), torch.empty_like(start)
     for a in range(0, E, _CHUNK):  # bounded temporaries (~40 bytes a draw), and a chunk stays in cache
-        b = min(a + _CHUNK, E)
-        found = _lookup(cdf, guide, widest, G, start[a:b], uniforms(b - a))
+        end = min(a + _CHUNK, E)
+        found = _lookup(cdf, L, guide, widest, G, start[a:end], uniforms(end - a))
         if shift is None:
-            drawn[a:b] = found
+            drawn[a:end] = found
         else:
-            drawn[shift[a:b] + torch.arange(a, b, dtype=shift.dtype, device=shift.device)] = found
+            drawn[shift[a:end] + torch.arange(a, end, dtype=shift.dtype, device=shift.device)] = found
     return drawn
 
 
-def _lookup(cdf: torch.Tensor, guide: torch.Tensor, widest: int, G: int, start: torch.Tensor,
+def _lookup(cdf: torch.Tensor, L: int, guide: torch.Tensor, widest: int, G: int, start: torch.Tensor,
             U: torch.Tensor) -> torch.Tensor:
-    """Flat index of the first entry strictly above U (E,) of the CDF rows whose guides start at `start` (E,)."""
+    """Flat index of the first entry strictly above U (E,) of the CDF rows (L entries apart) whose guides start
+    at `start` (E,)."""
     slot = (U * G).long().add_(start)                                # (E,) bucket ⌊U·G⌋ of the edge's row
     lo = guide.index_select(0, slot)
     if widest > _SCAN:
-        return _bisect(cdf, lo, guide.index_select(0, slot.add_(1)), U)  # seven passes a round
+        return _bisect(cdf, lo, guide.index_select(0, slot.add_(1)), U, L)
     # Step through the interval (three passes a step): every draw takes two steps (most settle there), then the
     # draws still at an entry ≤ U go on alone.
     for _ in range(min(widest, 2)):
@@ -312,14 +312,15 @@ def _lookup(cdf: torch.Tensor, guide: torch.Tensor, widest: int, G: int, start: 
     return lo
 
 
-def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
-    """The first flat index in [lo, hi] whose CDF exceeds U, for draws whose cdf[hi] > U: a binary search by
-    steps of 2^(k−1), …, 2, 1 (2^k > hi − lo) from lo − 1, each clamped to hi, all draws at once (arithmetic
-    updates: torch.where is 7× slower here)."""
-    last = lo - 1                                                    # the last entry known ≤ U (or lo − 1)
-    for k in reversed(range(int((hi - lo).max()).bit_length() if len(lo) else 0)):
-        probe = torch.minimum(last + (1 << k), hi)
-        last += (probe - last) * (cdf.index_select(0, probe) <= U)
+def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tensor, L: int) -> torch.Tensor:
+    """The first flat index in [lo, hi] whose CDF exceeds U, for draws whose cdf[hi] > U, in rows of L entries
+    (a power of two): a binary search by steps 2^(k−1), …, 2, 1 (2^k > hi − lo), all draws at once, four passes
+    a round. It starts at lo − 1 (an entry ≤ U, or before the row), moved back where needed so that no step
+    leaves the row (the entries it then passes are ≤ U too)."""
+    k = int((hi - lo).max()).bit_length() if len(lo) else 0
+    last = torch.minimum(lo - 1, (lo | (L - 1)) + 1 - (1 << k))  # the last entry known ≤ U
+    for step in (1 << j for j in reversed(range(k))):
+        last.add_(cdf.index_select(0, last + step) <= U, alpha=step)
     return last + 1
 
 

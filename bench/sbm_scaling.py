@@ -3,6 +3,7 @@ densities, beside full attention (fused SDPA and the explicit reference), in one
 
     python -m bench.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
     python -m bench.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out results/sbm_scaling.json
+    OMP_NUM_THREADS=1 python -m bench.sbm_scaling --rounds 3     # cells interleaved: fair ratios on a busy CPU
 
 Cells, each in a fresh process with bench.scaling's allocator setting (batch 1, 2 heads, head dim 32,
 non-causal, training mode):
@@ -18,13 +19,17 @@ non-causal, training mode):
   whose cost does not depend on d: measured at the first density only.
 Per cell: peak memory of one forward+backward above the baseline (CPU peak RSS / CUDA max allocated),
 forward time without autograd and forward+backward time (medians after warm-up), forward FLOPs
-(bench.measure conventions: a sparse product costs 2 per edge and column) and the density drawn. Then, per n,
-the crossover densities where SBM's time meets fused SDPA's and its memory the reference path's, from a
-least-squares line through the measured densities (cost is linear in the edges).
+(bench.measure conventions: a sparse product costs 2 per edge and column) and the density drawn; with
+--rounds, every cell is measured once per round, round after round, and the medians are reported. Then, per
+n, the crossover densities where SBM's time meets fused SDPA's and its memory the reference path's, from a
+least-squares line through the measured densities (cost is linear in the edges), and for every ``sbm``
+cell where its forward+backward time goes, part by part (profile_parts: the parts labelled in
+sbm_transformer.PARTS), beside the core cell of the same density.
 """
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -201,6 +206,19 @@ def summary(rows: list) -> list:
     return out
 
 
+def median_row(runs: list) -> dict:
+    """One cell's measurements over rounds → the median of each time, memory and part figure."""
+    done = [r for r in runs if "error" not in r]
+    if not done:
+        return runs[-1]
+    row = dict(done[0])
+    for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes"):
+        row[key] = statistics.median(r[key] for r in done)
+    if "parts_ms" in row:
+        row["parts_ms"] = {part: statistics.median(r["parts_ms"][part] for r in done) for part in row["parts_ms"]}
+    return row
+
+
 def parts_table(rows: list, profiled: list) -> str:
     import sbm_transformer
 
@@ -224,6 +242,8 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="1024,2048,4096,8192", help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
     p.add_argument("--kinds", default="full,full-ref,core,sbm,sbm-dense", help="which cells (see the docstring)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every cell this many times, cells interleaved round by round; report the medians")
     scaling.add_measurement_arguments(p, warmup=1, repeats=3, timeout=1800)
     args = p.parse_args(argv)
     if args.cell:
@@ -237,29 +257,37 @@ def main(argv=None) -> int:
             raise ValueError("lengths must be positive and densities in (0, 1)")
         if set(kinds) - set(KINDS):
             raise ValueError(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
+        if args.rounds < 1:
+            raise ValueError("--rounds must be at least 1")
     except ValueError as exc:
         p.error(str(exc))
     device = scaling.resolve_device(args.device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    started, rows = time.time(), []
+    started = time.time()
     base = {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "device": device,
             "warmup": args.warmup, "repeats": args.repeats}
+    cells = []
     for n in lengths:
         specs = [(kind, "full" if kind == "full" else "full:fused=False", None)
                  for kind in kinds if kind in ("full", "full-ref")]
         specs += [(kind, None, dens) for kind in kinds if kind in ("core", "sbm") for dens in densities]
         specs += [(kind, None, densities[0]) for kind in kinds if kind == "sbm-dense"]
-        for kind, method, dens in specs:
-            name = kind if dens is None else f"{kind}@{dens:g}"
-            cell = {**base, "n": n, "kind": "full" if method else kind, "density": dens, "method": method}
-            rows.append({**run_cell(cell, args.allocator, args.timeout), "method": name, "n": n})
-            print(f"measured {name} n={n}", file=sys.stderr, flush=True)
+        cells += [(kind if dens is None else f"{kind}@{dens:g}", n,
+                   {**base, "n": n, "kind": "full" if method else kind, "density": dens, "method": method})
+                  for kind, method, dens in specs]
+    measured = [[] for _ in cells]
+    for round_ in range(args.rounds):  # every round measures every cell once: load falls on all cells alike
+        for (name, n, cell), runs in zip(cells, measured):
+            runs.append(run_cell(cell, args.allocator, args.timeout))
+            print(f"measured {name} n={n} (round {round_ + 1})", file=sys.stderr, flush=True)
+    rows = [{**median_row(runs), "method": name, "n": n} for (name, n, _), runs in zip(cells, measured)]
     where, allocator = scaling.describe(device, args.allocator)
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch}, {args.heads} heads, "
           f"head dim {args.head_dim}, training mode; allocator: {allocator}; median of {args.repeats} after "
-          f"{args.warmup} warm-up; load average {load:.2f} at start, {end_load:.2f} at end; "
-          f"{time.time() - started:.0f} s.\n")
+          f"{args.warmup} warm-up" + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1
+                                      else "") +
+          f"; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n")
     print(scaling.table(rows, "full"))
     print("\nCrossover densities (least squares over the measured densities): SBM fwd+bwd time = fused SDPA's; "
           "peak memory = the reference path's.\n")

@@ -267,7 +267,7 @@ def _locate(cdf, rows, U, n):
     for G in sorted({1, 4, 1 << b}):
         guide, widest = fastrg._guide_table(cdf, n, G)
         for width in {widest, max(widest, fastrg._SCAN + 1)}:  # the table's own path, and bisection
-            found.append(fastrg._lookup(cdf, guide, width, G, rows * (G + 1), U))
+            found.append(fastrg._lookup(cdf, 1 << b, guide, width, G, rows * (G + 1), U))
     assert all(torch.equal(f, found[0]) for f in found)
     assert torch.equal(found[0] >> b, rows.to(found[0].dtype))  # never leaves its row
     return (found[0] & ((1 << b) - 1)).long()
