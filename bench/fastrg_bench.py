@@ -8,10 +8,11 @@ then scaled so that Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
 - naive: P = X S Yᵀ, then the mask torch.rand(n, m) < P (the official SBM-Transformer dense path). P is
   included: the naive method needs it. Its cost does not depend on the density, so it is timed once per n
   (in row blocks of at most 2^24 entries, to bound memory; the full n × m boolean mask is kept).
-Time: one warm-up, then the median of --repeats calls (CUDA synchronised), the naive draw and the fastRG
-cells of one n interleaved call by call, so that load from other processes falls on all of them alike. "edges"
-is the number of edges fastRG returned in the last timed call. The log-log slope of fastRG time against edges is the least-squares
-fit over the cells with E ≥ 1e5.
+Time (wall clock, or with --clock cpu the process's CPU time, for a shared machine): one warm-up, then the
+median of --repeats calls (CUDA synchronised), the naive draw and the fastRG cells of one n interleaved call
+by call, so that load from other processes falls on all of them alike. "edges" is the number of edges fastRG
+returned in the last timed call. The log-log slope of fastRG time against edges is the least-squares fit
+over the cells with E ≥ 1e5.
 
 By default glibc is told to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2^31 − 1, the
 setting of shared/notes/cpu_attention_limits.md) so that large buffers are not page-faulted back on every
@@ -19,6 +20,7 @@ call; --default-allocator leaves glibc's defaults. The setting is printed with t
 
     python -m bench.fastrg_bench
     python bench/fastrg_bench.py --lengths 1024,8192 --densities 0.01 --repeats 3
+    python -m bench.fastrg_bench --threads 1 --clock cpu      # on a shared machine
 """
 import argparse
 import ctypes
@@ -58,19 +60,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fns: list, device: torch.device, repeats: int) -> tuple[list, list]:
-    """Median wall time in ms of `repeats` calls of each function after one warm-up, the calls interleaved
-    (one of each per round, so that load on a shared machine falls on all alike), and each one's last result
-    (keep it small: every function's result stays alive)."""
+def timed(fns: list, device: torch.device, repeats: int, clock=time.perf_counter) -> tuple[list, list]:
+    """Median time in ms (by `clock`) of `repeats` calls of each function after one warm-up, the calls
+    interleaved (one of each per round, so that load on a shared machine falls on all alike), and each one's
+    last result (keep it small: every function's result stays alive)."""
     outs = [fn() for fn in fns]
     sync(device)
     times = [[] for _ in fns]
     for _ in range(repeats):
         for k, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = clock()
             outs[k] = fn()
             sync(device)
-            times[k].append((time.perf_counter() - t0) * 1e3)
+            times[k].append((clock() - t0) * 1e3)
     return [statistics.median(t) for t in times], outs
 
 
@@ -114,11 +116,16 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of inputs and draws")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--default-allocator", action="store_true", help="leave glibc's memory settings alone")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="wall time, or the process's CPU time (with --threads 1: time other processes hold the "
+                         "core is not counted, for a shared machine)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
     if args.threads < 0:
         ap.error("--threads must be >= 0")
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu adds up the CPU time of every thread: use it with --threads 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if any(d > 1 for d in args.densities):
@@ -140,7 +147,8 @@ def main(argv=None) -> None:
         scaled = [S0 * (density * n * n / base) for density in args.densities]
         fns = [lambda: naive_draw(X, S0 * (0.01 * n * n / base), Y, g).shape[0]]
         fns += [lambda S=S: len(fastrg.sample(X, S, Y, generator=g, csr=True)[0]) for S in scaled]
-        (naive_ms, *fast_ms), (_, *edges) = timed(fns, device, args.repeats)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        (naive_ms, *fast_ms), (_, *edges) = timed(fns, device, args.repeats, clock)
         for density, ms, E in zip(args.densities, fast_ms, edges):
             rows.append([n, f"{density:.1%}", E, f"{ms:.1f}", f"{naive_ms:.1f}", f"{naive_ms / ms:.1f}",
                          f"{ms * 1e6 / max(E, 1):.0f}"])
@@ -152,9 +160,9 @@ def main(argv=None) -> None:
 
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"fastRG vs naive dense Bernoulli, K = {K}, torch {torch.__version__}, device {device} "
-          f"({os.cpu_count()} cores), {torch.get_num_threads()} threads, allocator: {allocator}, median of "
-          f"{args.repeats} after 1 warm-up, calls interleaved; load average {load:.2f} at start, {end_load:.2f} "
-          f"at end")
+          f"({os.cpu_count()} cores), {torch.get_num_threads()} threads, {args.clock} clock, allocator: {allocator}, "
+          f"median of {args.repeats} after 1 warm-up, calls interleaved; load average {load:.2f} at start, "
+          f"{end_load:.2f} at end")
     print("fastRG = sample(..., dedup=True, csr=True); naive = P = X S Yᵀ and rand < P (one cell per n)")
     print(tabulate(rows, headers=["n", "density", "edges", "fastRG ms", "naive ms", "speed-up", "ns/edge"],
                    tablefmt="github", colalign=("right",) * 7))

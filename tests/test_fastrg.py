@@ -459,6 +459,16 @@ def test_overflowing_sort_key_and_expected_count_raise():
         sample(X.double() * 1e200, S.double() * 1e200, Y)
 
 
+def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys):
+    from bench import fastrg_bench
+    fastrg_bench.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--threads", "1", "--clock", "cpu"])
+    out = capsys.readouterr().out
+    assert "cpu clock" in out and " 64 |" in out
+    with pytest.raises(SystemExit) as exc:
+        fastrg_bench.main(["--threads", "2", "--clock", "cpu"])
+    assert exc.value.code == 2
+
+
 def test_self_check_runs(capsys):
     fastrg.main()
     assert "self-check passed" in capsys.readouterr().out
