@@ -30,18 +30,19 @@ class Claim:
     paper: str  # what the paper reports, in its own words and numbers, for the reader to compare
     runs: Tuple[Tuple[str, ...], ...] = ()  # per setting: the command without --seed and --out
     seeds: Tuple[int, ...] = (0,)
+    once: Tuple[Tuple[str, ...], ...] = ()  # settings run at the first seed only (costs of untrained models)
     commands: Tuple[str, ...] = ()  # kind output/scaling: the commands that wrote the folder's files
     notes: List[str] = field(default_factory=list)
 
     def cells(self) -> List[dict]:
         cells = []
-        for command in self.runs:
+        for command, seeds in [(c, self.seeds) for c in self.runs] + [(c, self.seeds[:1]) for c in self.once]:
             method = command[command.index("--method") + 1] if "--method" in command else \
                 {"sbm_transformer.py": "sbm", "ssa.py": "ssa", "kernel_sparse.py": "kernel"}[command[0]]
             task = command[command.index("--task") + 1]
             preset = command[command.index("--preset") + 1] if "--preset" in command else "cpu"
             tag = setting_tag(command)
-            for seed in self.seeds:
+            for seed in seeds:
                 name = grid.cell_name(method + tag, task, preset, seed)
                 cells.append({"name": name, "method": method, "task": task, "seed": seed,
                               "command": [*command, "--seed", str(seed)], "estimate_s": 3600.0})
@@ -50,11 +51,26 @@ class Claim:
 
 def setting_tag(command) -> str:
     """Distinguishes two settings of one method in a claim (e.g. SBM at two λ) in the cell's folder name."""
+    tag = ""
     if "--density-weight" in command:
-        return "-lambda" + command[command.index("--density-weight") + 1]
-    return ""
+        tag += "-lambda" + command[command.index("--density-weight") + 1]
+    for i, word in enumerate(command[:-1]):
+        if word == "--attn":
+            tag += "-" + command[i + 1].replace("=", "-").lower()
+    if "--steps" in command and command[command.index("--steps") + 1] == "0":
+        tag += "-untrained"
+    return tag
 
 
+# SBM Table 3 at LRA length on CPU: the paper preset's model and lengths (Table 7's LISTOPS column), with a batch
+# of 8 for 600 steps (the paper: 128 for 5000) and a warm-up scaled to the run (LRA's 1000 steps would outlast it).
+TABLE3 = ("--task", "listops", "--preset", "paper", "--batch-size", "8", "--steps", "600", "--lr", "1e-3",
+          "--warmup", "60", "--eval-every", "200", "--eval-batches", "8", "--final-eval-batches", "63")
+TABLE3_COST = ("--task", "listops", "--preset", "paper", "--batch-size", "8", "--steps", "0",
+               "--final-eval-batches", "1")
+# Table 3's ListOps (2K) column: (FLOPs, peak memory) relative to full attention, by the setting's label.
+PAPER_TABLE3 = {"full": (1.00, 1.00), "linear": (0.02, 0.18), "reformer": (0.05, 0.39), "performer": (0.18, 0.76),
+                "linformer": (0.33, 0.26), "nystromformer": (1.09, 0.34), "sbm λ=0.1": (0.07, 0.19)}
 FIG4 = ("--task", "duplicates", "--preset", "paper", "--eval-every", "250")
 CLAIMS = [
     Claim("sbm-fig4", "SBM-Transformer Fig. 4: duplicates, every method, the paper's recipe", "runs",
@@ -81,6 +97,26 @@ CLAIMS = [
                 ("sbm_transformer.py", "--task", "listops"),
                 ("sbm_transformer.py", "--task", "listops", "--density-weight", "0.01")),
           seeds=(0, 1, 2)),
+    Claim("sbm-table3", "SBM-Transformer Table 3: inference FLOPs and memory at LRA length (ListOps, 2K tokens)",
+          "runs",
+          paper="Table 3, ListOps (2K) column, per-example inference FLOPs / peak memory relative to full "
+                "attention: SBM-Transformer trained with λ = 1e-1 0.07 / 0.19; Linearized 0.02 / 0.18, Reformer "
+                "0.05 / 0.39, Performer 0.18 / 0.76, Linformer 0.33 / 0.26, Nyströmformer 1.09 / 0.34. Table 2: "
+                "SBM 37.76% at 1.15% density (λ = 1e-1), 38.20% at 2.95% (λ = 1e-2); Table 1: full attention "
+                "37.22%. Ours: the paper's LRA model and lengths (500-2000 tokens, padded to 2048), a CPU-sized "
+                "batch and number of steps.",
+          runs=(("-m", "bench.train", "--method", "full", *TABLE3),
+                ("sbm_transformer.py", *TABLE3, "--density-weight", "0.1"),
+                ("sbm_transformer.py", *TABLE3, "--density-weight", "0.01")),
+          seeds=(0, 1),
+          once=(("-m", "bench.train", "--method", "full", "--attn", "fused=False", *TABLE3_COST),
+                *(("-m", "bench.train", "--method", m, *TABLE3_COST)
+                  for m in ("linear", "reformer", "performer", "linformer", "nystromformer"))),
+          notes=["FLOPs: forward per example, bench/measure.py's convention (SDPA and the explicit path count the "
+                 "same). Memory: peak above the weights and inputs of one inference call on 4 test examples, "
+                 "per example; on CPU the resident set's high-water mark. The `fused=False` row is full "
+                 "attention's explicit path (materialised scores, the paper's \"full attention\"); the untrained "
+                 "rows are fixed-cost methods, whose cost does not depend on their weights."]),
     Claim("ssa-table", "SSA Tables 1 and 8, Fig. 7: subsampled training, dense fine-tuning, self-ensembling",
           "output", paper="Table 1 (Enwik8, 16 layers): S0 1.028 test bpb; S16-L4 1.058 at 0.70 compute, 0.51 "
                           "memory and 1.64× speed; +FT 1.029. Table 8: locally biased beats unbiased SSA. Table 4 and "

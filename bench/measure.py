@@ -250,6 +250,19 @@ def peak_memory_bytes(device: torch.device, cpu_meter: Optional[PeakRSS] = None)
     return cpu_meter.peak_above_baseline() if cpu_meter is not None else 0
 
 
+def inference_peak_memory_bytes(forward: Callable[[], object], device: torch.device) -> int:
+    """Peak memory of one inference call above what was allocated before it (weights and inputs excluded):
+    CUDA's allocator counter, or on CPU the resident set's high-water mark above a fresh baseline (PeakRSS),
+    which is why the records of SBM Table 3 are compared within one claim, never across machines."""
+    meter = PeakRSS() if device.type == "cpu" else None
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    reset_peak_memory(device)
+    with torch.no_grad():
+        forward()
+    synchronize(device)
+    return max(0, peak_memory_bytes(device, meter) - before)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -277,13 +277,66 @@ def runs_table(claim, recs: List[dict]) -> str:
         rows.append([f"`{command}`", ", ".join(str(r["seed"]) for r in rs), fmt([r["test"] for r in rs],
                      rs[0]["metric"]), " / ".join(fmt([r["test"]], r["metric"]) for r in rs),
                      f"{100 * statistics.mean(r['density'] for r in rs):.1f}%",
-                     " / ".join(f"{r['median_step_ms']:.0f}" for r in rs),
+                     " / ".join("–" if r["median_step_ms"] is None else f"{r['median_step_ms']:.0f}" for r in rs),
                      " / ".join(clock(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
                      " / ".join(clock(r["cell"].get("cpu_s")) for r in rs)])
     metric = recs[0]["metric"] if recs else "accuracy"
     unit = "test acc %" if metric == "accuracy" else "test bpb"
     headers = ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
                "median step ms", "wall per seed", "CPU per seed"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def setting_label(r: dict) -> str:
+    """A Table 3 row's name: the method, SBM's λ, full attention's explicit path."""
+    command = r["cell"].get("command", [])
+    label = r["method"]
+    if "--density-weight" in command:
+        label += f" λ={float(command[command.index('--density-weight') + 1]):g}"
+    if "fused=False" in command:
+        label += " (explicit path)"
+    return label
+
+
+def table3(recs: List[dict]) -> str:
+    """SBM Table 3 from a claim's records: per-example inference FLOPs and memory relative to full attention
+    (fused SDPA, and the explicit path), beside the paper's figures, with accuracy, density and step time."""
+    groups: Dict[str, List[dict]] = defaultdict(list)
+    for r in recs:
+        groups[setting_label(r)].append(r)
+    full, explicit = groups.get("full"), groups.get("full (explicit path)")
+    if not full:
+        return "Full attention's record is missing: no ratio can be given."
+
+    def mean(rs, get):
+        return statistics.mean(get(r) for r in rs)
+
+    def ratio(rs, ref, get):
+        return f"{mean(rs, get) / mean(ref, get):.3f}" if ref else "–"
+
+    flops = lambda r: r["flops_per_example"]["model"]  # noqa: E731 (one-line accessors for the table)
+    attention_flops = lambda r: r["flops_per_example"]["attention"]  # noqa: E731
+    memory = lambda r: r["inference_memory_per_example_bytes"]  # noqa: E731
+    rows = []
+    order = ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")]
+    for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else len(order), g)):
+        rs = sorted(groups[label], key=lambda r: r["seed"])
+        trained = rs[0]["steps"] > 0
+        paper = claim_list.PAPER_TABLE3.get(label)
+        per_layer = [statistics.mean(r["density_per_layer"][i] for r in rs)
+                     for i in range(len(rs[0]["density_per_layer"]))]
+        rows.append([label, ", ".join(str(r["seed"]) for r in rs),
+                     fmt([r["test"] for r in rs], "accuracy") if trained else "untrained",
+                     f"{100 * mean(rs, lambda r: r['density']):.1f}% ("
+                     + " / ".join(f"{100 * d:.1f}" for d in per_layer) + ")",
+                     ratio(rs, full, flops), ratio(rs, full, attention_flops),
+                     ratio(rs, explicit, memory), ratio(rs, full, memory),
+                     f"{mean(rs, memory) / 2 ** 20:.1f}",
+                     ratio(rs, full, lambda r: r["median_step_ms"]) if trained else "–",
+                     f"{paper[0]:.2f} / {paper[1]:.2f}" if paper else "–"])
+    headers = ["setting", "seeds", "test acc %", "test density (per layer %)", "FLOPs ÷ full",
+               "attention FLOPs ÷ full", "memory ÷ explicit full", "memory ÷ SDPA full", "MiB per example",
+               "train step ÷ full", "paper FLOPs / memory"]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
@@ -295,6 +348,8 @@ def claim_section(claim, results: Path, plot_dir: Optional[Path], link_prefix: s
         missing = [c for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
         out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in `results/{claim.name}/`), "
                    f"or one row's command with `--seed S --out DIR`.")
+        if recs and claim.name == "sbm-table3":
+            out.append(table3(recs))
         if recs:
             out.append(runs_table(claim, recs))
         if missing:

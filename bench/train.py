@@ -728,6 +728,8 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
                 flops[mode] = measure.model_flops_per_example(model, lambda: model(**inputs),
                                                               len(example["tokens"]))
         model.eval()
+        torch.manual_seed(derive_seed(args.seed, "memory"))
+        inference_memory = measure.inference_peak_memory_bytes(lambda: model(**inputs), device)
         record = {
             "status": "complete", "method": args.method, "task": args.task, "preset": args.preset,
             "seed": args.seed, "device": device_name(device), "world_size": world,
@@ -742,6 +744,7 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
             "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
             "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
             "peak_memory_bytes": peak_memory,
+            "inference_memory_per_example_bytes": inference_memory // len(example["tokens"]),
             "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else
                                 "CPU peak RSS above the pre-training baseline",
             "median_step_ms": statistics.median(step_times[5:] or step_times) if step_times else None,

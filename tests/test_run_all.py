@@ -126,6 +126,35 @@ def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
     assert "python -m bench.claims run sbm-listops" in text and claim.paper in text
 
 
+def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_paper(tmp_path):
+    from bench import claims, report
+    claim = claims.BY_NAME["sbm-table3"]
+    cells = {c["name"]: c for c in claims.BY_NAME["sbm-table3"].cells()}
+    costs = {"full": (1000, 20, 100.0), "full-fused-false": (1000, 200, None), "sbm-lambda0.1": (80, 30, 250.0),
+             "performer": (300, 40, None)}
+    for name, cell in cells.items():
+        setting = name.rsplit("-listops", 1)[0].replace("-untrained", "")
+        if setting not in costs or cell["seed"] > 1:
+            continue
+        flops, memory, step_ms = costs[setting]
+        folder = tmp_path / claim.name / "runs" / name
+        write_record(folder, cell["method"], cell["seed"], 0.3 + 0.02 * cell["seed"], cell["command"][:-2])
+        record = json.loads((folder / "metrics.json").read_text())
+        record.update(flops_per_example={"model": flops + 10 * cell["seed"], "attention": flops},
+                      inference_memory_per_example_bytes=memory * 2 ** 20, median_step_ms=step_ms,
+                      density_per_layer=[0.5, 0.25], steps=0 if step_ms is None else 600)
+        (folder / "metrics.json").write_text(json.dumps(record))
+    table = report.table3(report.load(tmp_path / claim.name)[0])
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
+    assert list(rows) == ["full", "full (explicit path)", "sbm λ=0.1", "performer"]
+    seeds, acc, density, flops, attention, vs_explicit, vs_sdpa, mib, step, paper = rows["sbm λ=0.1"]
+    assert (seeds, acc, density) == ("0, 1", "31.00 ± 1.41", "50.0% (50.0 / 25.0)")
+    assert (flops, attention) == (f"{85 / 1005:.3f}", "0.080")  # model FLOPs averaged over the seeds first
+    assert (vs_explicit, vs_sdpa, mib, step, paper) == ("0.150", "1.500", "30.0", "2.500", "0.07 / 0.19")
+    assert rows["performer"][1] == "untrained" and rows["performer"][8] == "–"
+    assert rows["performer"][-1] == "0.18 / 0.76" and rows["full (explicit path)"][6] == "10.000"
+
+
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
     from bench.grid import GridLock
     with GridLock(tmp_path):
