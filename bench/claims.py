@@ -11,6 +11,7 @@ on the first line with the wall time it took), and ``scaling`` the JSON of ``ben
 list: the README's results section leads with one table per claim, in this order.
 """
 import argparse
+import fnmatch
 import os
 import sys
 from dataclasses import dataclass, field
@@ -174,6 +175,8 @@ def main(argv=None) -> int:
     run.add_argument("claim", choices=[c.name for c in CLAIMS])
     run.add_argument("--jobs", type=int, default=1, help="runs side by side")
     run.add_argument("--out", default=None, help="folder (default results/CLAIM)")
+    run.add_argument("--cells", default="*", metavar="PATTERN",
+                     help="runs only the cells whose names match this shell pattern (e.g. '*-s0')")
     args = p.parse_args(argv)
     if args.verb == "list":
         for claim in CLAIMS:
@@ -181,13 +184,15 @@ def main(argv=None) -> int:
             print(f"{claim.name} ({claim.kind}): {claim.title}\n  " + "\n  ".join(commands))
         return 0
     if args.jobs < 1:
-        p.error("--jobs must be at least 1")
+        run.error("--jobs must be at least 1")
     claim = BY_NAME[args.claim]
+    cells = [c for c in claim.cells() if fnmatch.fnmatch(c["name"], args.cells)]
+    if claim.kind == "runs" and not cells:
+        run.error(f"no cell of {claim.name} matches {args.cells!r}: " + ", ".join(c["name"] for c in claim.cells()))
     out = Path(args.out) if args.out else RESULTS / args.claim
     out.mkdir(parents=True, exist_ok=True)
     with grid.GridLock(out):
         if claim.kind == "runs":
-            cells = claim.cells()
             print(f"{claim.name}: {len(cells)} runs into {out}, {args.jobs} side by side", flush=True)
             failures = grid.run_cells(out, cells, args.jobs)
         else:

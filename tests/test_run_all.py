@@ -155,6 +155,13 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
     assert rows["performer"][-1] == "0.18 / 0.76" and rows["full (explicit path)"][6] == "10.000"
 
 
+def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path):
+    result = sh([sys.executable, "-m", "bench.claims", "run", "sbm-table3", "--cells", "*-s9", "--out",
+                 str(tmp_path / "claim")], check=False)
+    assert result.returncode == 2 and "no cell of sbm-table3 matches '*-s9'" in result.stderr
+    assert "full-listops-paper-s0" in result.stderr and not (tmp_path / "claim").exists()
+
+
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
     from bench.grid import GridLock
     with GridLock(tmp_path):
