@@ -34,7 +34,7 @@ end with the predicted masks in place, at the sweep setting of lowest validation
 Deviations (named):
 1. The teacher is ours (no RoBERTa download): the shared pre-LN backbone as a byte-level masked LM (vocabulary
    256 bytes + [MASK], RoBERTa's 80/10/10 replacement) on the local WikiText-2 copy; perplexity is per masked
-   byte. It is bench's `wikitext2` task (bench/tasks.py, MaskedBytes).
+   byte. It is bench's `wikitext2` task (bench/datasets.py, MaskedBytes).
 2. One predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 3. The standard kernels' lengths and dilations are not given (Fig. 4a is a picture): `STANDARD_WINDOWS`.
 4. Handcrafted kernels are built from the accumulated binary targets, not the probabilities: every softmax row

@@ -63,8 +63,9 @@ from torch import nn
 
 from bench import measure
 from bench import methods as registry
+from bench.data import write_atomic
 from bench.model import Model, ModelConfig
-from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task, write_atomic
+from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task
 
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
 LOG_EVERY = 50
