@@ -1,5 +1,5 @@
 """baselines/full.py: the two paths agree (outputs and gradients, with padding, causal and ALiBi), fully
-masked rows give zeros through the dummy key, density, ALiBi slopes, the softmax scale; causality and float32
+masked rows give zeros through the dummy key, density, the softmax scale; causality and float32
 math on the path taken for a generator's dropout draw. The interface contract is tests/test_interface.py."""
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from baselines.common import attention_density
-from baselines.full import FullAttention, alibi_slopes
+from baselines.full import FullAttention
 from conftest import LowPrecisionMath
 
 
@@ -73,13 +73,6 @@ def test_density_counts_admissible_pairs():
     assert attention_density(None, False, 2, 9, 2, "cpu").tolist() == [1.0, 1.0]
     _, stats = FullAttention(16, 2, 8)(torch.randn(3, 9, 16), mask, causal=True)
     torch.testing.assert_close(stats["density"], density)
-
-
-def test_alibi_slopes_follow_the_paper():
-    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
-    # non-power-of-two: the 4-head slopes, then every other slope of the 8-head sequence
-    torch.testing.assert_close(alibi_slopes(6), torch.tensor([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8,
-                                                              2 ** -1, 2 ** -3], dtype=torch.float32))
 
 
 def test_softmax_scale_is_one_over_sqrt_head_dim():
