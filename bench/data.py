@@ -30,9 +30,10 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import IO, BinaryIO, Callable, Collection, Dict, Iterator, List, Optional, Tuple
+from typing import IO, TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, Iterator, List, Optional, Tuple
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where a cache is read or written: the command lines' --help stays light
+    import numpy as np
 
 MAX_MEMBER_BYTES = 64 << 20  # an archive member read into memory (the largest real one: a 31 MB CIFAR-10 batch)
 MAX_EXTRACTED_BYTES = 16 << 30  # an archive member extracted to disk (LRA's AAN TSVs)
@@ -288,7 +289,8 @@ def writable_cache_folder(data_dir: Path) -> Path:
     raise DataError(f"no writable cache folder: set SPARSE_ATTN_CACHE (tried {', '.join(map(str, folders))})")
 
 
-def load_cache(path: Path) -> Optional[Dict[str, np.ndarray]]:
+def load_cache(path: Path) -> Optional[Dict[str, "np.ndarray"]]:
+    import numpy as np
     if not path.is_file():
         return None
     try:
@@ -298,7 +300,8 @@ def load_cache(path: Path) -> Optional[Dict[str, np.ndarray]]:
         return None  # a damaged cache is rebuilt
 
 
-def save_cache(path: Path, arrays: Dict[str, np.ndarray]) -> None:
+def save_cache(path: Path, arrays: Dict[str, "np.ndarray"]) -> None:
+    import numpy as np
     write_atomic_with(path, lambda f: np.savez(f, **arrays))
 
 
@@ -314,7 +317,7 @@ def source_key(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"]]) -> Dict[str, "np.ndarray"]:
     """The cache ``name`` from the first cache folder that holds a readable one, else ``build()``, saved; the
     cache folder is made only then, so a build that fails leaves none."""
     for folder in cache_folders(data_dir):

@@ -1,16 +1,16 @@
 """Scaling of attention modules with sequence length: time, peak memory, FLOPs and density in one run.
 
-    python -m bench.scaling --methods full,full-ref --lengths 1024,2048,4096       # into runs/scaling/
-    python -m bench.scaling --methods full,linear,performer --attn performer.features=128 --lengths 1024,8192 --causal
-    python -m bench.scaling --methods ... --out results/scaling                     # the published table
+    python -m bench.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
+    python -m bench.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
+    python -m bench.scaling --methods ... --out results/scaling                   # the published table
 
 A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
-option of one of them. ``full-ref`` is full attention on its reference path (materialised scores). The table is
-printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length) cell runs in
-a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken first, above the
-baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated), then forward
-time (no autograd) and forward+backward time as medians after warm-up, then forward FLOPs (bench.measure
-conventions) and density. Ratios are to the first ``full`` method of the run. A small forward+backward
+option of one of them. ``full-ref`` is full attention on its reference path (materialised scores). The table
+is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
+cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
+first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
+then forward time (no autograd) and forward+backward time as medians after warm-up, then forward FLOPs
+(bench.measure conventions) and density. Ratios are to ``full`` without options. A small forward+backward
 precedes the memory measurement, so one-time lazy allocations (thread pools, kernels) are not counted.
 
 The glibc allocator setting changes CPU timings 1.5-4× (shared/notes/cpu_attention_limits.md): by default
@@ -240,8 +240,8 @@ def render(result: dict) -> str:
     return (f"Attention scaling — {result['device']}, torch {result['torch']}; batch {args['batch_size']}, "
             f"{args['heads']} heads, head dim {args['head_dim']}, {'causal' if args['causal'] else 'non-causal'}; "
             f"allocator: {result['allocator']}; median of {args['repeats']} after {args['warmup_iters']} warm-up; "
-            f"memory: "
-            f"peak of one fwd+bwd above baseline ({result['memory']}); ratios to {reference}.\n\n" + table(rows, reference))
+            f"memory: peak of one fwd+bwd above baseline ({result['memory']}); ratios to {reference}.\n\n"
+            + table(rows, reference))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""bench.scaling, bench.grid and bench.report through their command lines (tiny sizes)."""
+"""The bench entry points through their command lines: --help of each, bench.scaling, bench.grid, bench.report,
+bench.ssa_table and bench.sbm_scaling (tiny sizes)."""
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import ROOT
 
@@ -18,6 +21,39 @@ def run(*args, check=True):
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
+
+
+HELP = """
+import contextlib, io, json, runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+text = io.StringIO()
+try:
+    with contextlib.redirect_stdout(text):
+        runpy.run_module(sys.argv[0], run_name="__main__")
+    code = None
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "help": text.getvalue(), "torch": "torch" in sys.modules,
+                  "numpy": "numpy" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("module, prog", [
+    ("bench.scaling", "python -m bench.scaling"), ("bench.peers", "python -m bench.peers"),
+    ("bench.approx_error", "python -m bench.approx_error"), ("bench.ssa_table", "python -m bench.ssa_table"),
+    ("bench.grid", "python -m bench.grid"), ("bench.run_all", "./run_all.sh"), ("bench.report", "python -m bench.report"),
+    ("bench.claims", "python -m bench.claims")])
+def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module, prog):
+    """--help exits 0 with the usage line a user types, before anything runs: nothing written (the working folder
+    stays empty), torch and numpy not imported (bench.approx_error's functions are torch throughout: it imports
+    torch, nothing more), and never "(default: None)"."""
+    result = subprocess.run([sys.executable, "-c", HELP, module], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    shown = json.loads(result.stdout)
+    assert shown["code"] == 0 and shown["help"].startswith(f"usage: {prog} ")
+    assert "(default: None)" not in shown["help"] and "(default: False)" not in shown["help"]
+    assert list(tmp_path.iterdir()) == []
+    assert shown["torch"] == (module == "bench.approx_error") and (not shown["numpy"] or module == "bench.approx_error")
 
 
 def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
