@@ -41,8 +41,8 @@ print(json.dumps({"code": code, "help": text.getvalue(), "torch": "torch" in sys
 @pytest.mark.parametrize("module, prog", [
     ("bench.scaling", "python -m bench.scaling"), ("bench.peers", "python -m bench.peers"),
     ("bench.approx_error", "python -m bench.approx_error"), ("bench.ssa_table", "python -m bench.ssa_table"),
-    ("bench.grid", "python -m bench.grid"), ("bench.run_all", "./run_all.sh"), ("bench.report", "python -m bench.report"),
-    ("bench.claims", "python -m bench.claims")])
+    ("bench.grid", "python -m bench.grid"), ("bench.run_all", "./run_all.sh"),
+    ("bench.report", "python -m bench.report"), ("bench.claims", "python -m bench.claims")])
 def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module, prog):
     """--help exits 0 with the usage line a user types, before anything runs: nothing written (the working folder
     stays empty), torch and numpy not imported (bench.approx_error's functions are torch throughout: it imports
