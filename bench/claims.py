@@ -27,11 +27,11 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 class Claim:
     name: str  # the folder under results/
     title: str
-    kind: str  # "runs" or "output"
+    kind: str  # "runs", "output" or "scaling"
     paper: str  # what the paper reports, in its own words and numbers, for the reader to compare
     runs: Tuple[Tuple[str, ...], ...] = ()  # per setting: the command without --seed and --out
     seeds: Tuple[int, ...] = (0,)
-    commands: Tuple[str, ...] = ()  # kind output: the commands that wrote the folder's files
+    commands: Tuple[str, ...] = ()  # kind output/scaling: the commands that wrote the folder's files
     notes: List[str] = field(default_factory=list)
 
     def cells(self) -> List[dict]:
