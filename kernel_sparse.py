@@ -34,7 +34,7 @@ end with the predicted masks in place, at the sweep setting of lowest validation
 Deviations (named):
 1. The teacher is ours (no RoBERTa download): the shared pre-LN backbone as a byte-level masked LM (vocabulary
    256 bytes + [MASK], RoBERTa's 80/10/10 replacement) on the local WikiText-2 copy; perplexity is per masked
-   byte. It is bench's `wikitext2` task (bench/tasks.py, MaskedBytes).
+   byte. It is bench's `wikitext2` task (bench/datasets.py, MaskedBytes).
 2. One predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 3. The standard kernels' lengths and dilations are not given (Fig. 4a is a picture): `STANDARD_WINDOWS`.
 4. Handcrafted kernels are built from the accumulated binary targets, not the probabilities: every softmax row
@@ -50,8 +50,8 @@ Deviations (named):
    reported as keys per query (density × N) and as the density of INTERFACE.md.
 9. Padded queries select no kernel (their output is 0; they are never scored). A row whose kernels are empty
    outputs 0 (INTERFACE.md). Causal tasks: one-sided predictor window and kernels cut at s ≤ i.
-10. The teacher's scores carry a symmetric ALiBi bias −m_h·|i − s|, m_h = 2^(−8h/H) (Press et al. 2022), beside
-   the learned positions; `--no-alibi` drops it. Without it our byte-level teacher stayed at the no-context
+10. The teacher's scores carry a symmetric ALiBi bias −m_h·|i − s| (Press et al. 2022's slopes, `alibi_slopes`),
+   beside the learned positions; `--no-alibi` drops it. Without it our byte-level teacher stayed at the no-context
    solution (4.17 bits per masked byte after 1000 steps; other learning rates and position schemes too).
    Every path adds the bias (per entry, per edge), so an all-ones mask still reproduces the teacher exactly.
 11. Attention dropout (the paper has none) keeps a pair where a hash of the pair and of one seed drawn from the
@@ -164,6 +164,17 @@ def admissible(valid: Tensor, causal: bool) -> Tensor:
 def valid_pairs(valid: Tensor, causal: bool) -> Tensor:
     """(B, 1, N, M) bool: admissible pairs whose query is valid too (the pairs that targets and losses see)."""
     return admissible(valid, causal) & valid[:, None, :, None]
+
+
+def alibi_slopes(heads: int) -> Tensor:
+    """(H,) ALiBi slopes m_h, the rule of Press et al. 2022 (§3 and their reference code): 2^(−8h/H), h = 1..H,
+    for H a power of two; otherwise the slopes of the largest power of two P below H, then every other slope of
+    2P (its 1st, 3rd, ...), H − P of them. H = 6: 2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3."""
+    def geometric(n: int) -> list:
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    base = 2 ** (heads.bit_length() - 1)
+    return torch.tensor(geometric(base) + geometric(2 * base)[::2][: heads - base])
 
 
 def hash32(x: Tensor) -> Tensor:
@@ -396,9 +407,8 @@ class KernelSparseAttention(nn.Module):
         bank = (standard_kernels(max_len) if kernels == "standard"
                 else init_learned_kernels(max_len, learned_kernels))
         self.predictor = KernelPredictor(dim, heads, bank, window, hidden, hidden_layers)
-        # ALiBi's geometric slopes 2^(−8h/H), h = 1..H (Press et al. 2022, §3), on |i − s| (deviation 10).
-        slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads) if alibi else None
-        self.register_buffer("slopes", None if slopes is None else slopes.float(), persistent=False)
+        # ALiBi's slopes (Press et al. 2022, §3) on |i − s| (deviation 10).
+        self.register_buffer("slopes", alibi_slopes(heads) if alibi else None, persistent=False)
 
     def extra_repr(self) -> str:
         rule = f"threshold={self.threshold}" if self.select == "threshold" else f"top_k={self.top_k}"

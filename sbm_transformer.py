@@ -329,7 +329,8 @@ def dense_attention(q, k, v, prob, mask, row_edges, p_drop: float, ste: str, gen
     alpha = logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(-1)
     alpha = alpha * (row_edges > 0)  # a row without edges is uniform here: output 0 instead
     if p_drop > 0:
-        keep = torch.rand(alpha.shape, generator=generator, device=alpha.device) >= p_drop
+        source = generator.device if generator is not None else alpha.device  # drawn where the generator is
+        keep = torch.rand(alpha.shape, generator=generator, device=source).to(alpha.device) >= p_drop
         alpha = alpha * keep / (1 - p_drop)
     return alpha @ v  # (B, H, N, D)
 
@@ -519,7 +520,8 @@ class SBMAttention(nn.Module):
             with _part("core"):
                 keep = None
                 if p_drop > 0:
-                    keep = torch.rand(edges.E, generator=generator, device=q.device) >= p_drop
+                    source = generator.device if generator is not None else q.device
+                    keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
                 y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
                                         mask, edges, keep, p_drop, self.ste).view(B, H, N, D)
             if y.requires_grad:  # the backward's key-major copy, built now: between the forward's temporaries

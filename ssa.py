@@ -119,8 +119,9 @@ class SSAConfig:
 # ----------------------------------------------------------------------------------------------- helpers
 
 def alibi_slopes(heads: int) -> Tensor:
-    """(H,) ALiBi slopes (Press et al. 2022, §3): m_h = 2^(−8h/H), h = 1..H, for H a power of two; for other
-    H, all slopes of the largest power of two below H, then every other slope of the next power of two."""
+    """(H,) ALiBi slopes m_h, the rule of Press et al. 2022 (§3 and their reference code): 2^(−8h/H), h = 1..H,
+    for H a power of two; otherwise the slopes of the largest power of two P below H, then every other slope of
+    2P (its 1st, 3rd, ...), H − P of them. H = 6: 2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3."""
     def geometric(n: int) -> list:
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
 
@@ -308,9 +309,9 @@ class SSAttention(nn.Module):
                 scores = scores.masked_fill(~allowed[:, None], torch.finfo(compute).min)
             probs = scores.softmax(-1)
             if p_drop > 0.0:
-                keep = torch.rand(probs.shape, generator=generator,
-                                  device=generator.device if generator is not None else probs.device)
-                probs = probs * (keep.to(probs.device) >= p_drop) / (1.0 - p_drop)
+                source = generator.device if generator is not None else probs.device  # drawn where the generator is
+                keep = torch.rand(probs.shape, generator=generator, device=source).to(probs.device) >= p_drop
+                probs = probs * keep / (1.0 - p_drop)
         return probs.to(v.dtype) @ v  # (B, H, W, Nw, D)
 
     @staticmethod

@@ -29,8 +29,11 @@ def attention_density(key_padding_mask: Optional[Tensor], causal: bool, batch: i
 
 
 def generator_dropout(x: Tensor, p: float, generator: Optional[torch.Generator]) -> Tensor:
-    """Inverted dropout whose mask comes from ``generator`` when one is given (nn.Dropout cannot take one)."""
+    """Inverted dropout whose mask comes from ``generator`` when one is given (nn.Dropout cannot take one). The
+    repo's one dropout rule: the uniforms are drawn on the generator's device (the tensor's without one) and
+    moved to the tensor's, so a CPU generator also drives a CUDA forward."""
     if p == 0.0:
         return x
-    keep = torch.rand(x.shape, generator=generator, device=x.device) >= p
+    source = generator.device if generator is not None else x.device
+    keep = torch.rand(x.shape, generator=generator, device=source).to(x.device) >= p
     return x * keep / (1.0 - p)

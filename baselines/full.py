@@ -40,16 +40,14 @@ from baselines.common import attention_density, check_padding_mask, generator_dr
 
 
 def alibi_slopes(heads: int) -> Tensor:
-    """ALiBi head slopes m_h (Press et al. 2022, §3): 2^(−8h/H) for h = 1..H when H is a power of two;
-    otherwise the slopes of the nearest lower power of two, then every other slope of the next one."""
-    def power_of_two_slopes(n: int) -> list:
-        return [2.0 ** (-8.0 * (h + 1) / n) for h in range(n)]
+    """(H,) ALiBi slopes m_h, the rule of Press et al. 2022 (§3 and their reference code): 2^(−8h/H), h = 1..H,
+    for H a power of two; otherwise the slopes of the largest power of two P below H, then every other slope of
+    2P (its 1st, 3rd, ...), H − P of them. H = 6: 2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3."""
+    def geometric(n: int) -> list:
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
 
-    lower = 2 ** int(math.floor(math.log2(heads)))
-    slopes = power_of_two_slopes(lower)
-    if lower < heads:
-        slopes += power_of_two_slopes(2 * lower)[0::2][: heads - lower]
-    return torch.tensor(slopes)
+    base = 2 ** (heads.bit_length() - 1)
+    return torch.tensor(geometric(base) + geometric(2 * base)[::2][: heads - base])
 
 
 def admissible_mask(key_padding_mask: Optional[Tensor], causal: bool, n: int, device) -> Optional[Tensor]:

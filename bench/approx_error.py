@@ -1,8 +1,8 @@
 """Approximation error of the linear-cost baselines against exact softmax attention, by budget.
 
-    python -m bench.approx_error [--n 1024] [--d 32] [--heads 4] [--draws 4] [--seed 0]
+    python -m bench.approx_error [--seq-len 1024] [--head-dim 32] [--heads 4] [--draws 4] [--seed 0]
 
-Prints one table: the relative error ‖approx − exact‖_F / ‖exact‖_F, mean ± std over draws, for each method
+Prints one table and writes it to OUT/approx_error.md (``--out``, a folder; default runs/approx_error): the relative error ‖approx − exact‖_F / ‖exact‖_F, mean ± std over draws, for each method
 and budget at two temperatures. Inputs follow shared/notes/cpu_attention_limits.md: per head, q and k entries
 N(0, σ²), v entries N(0, 1), so the exact scores qᵀk/√D have standard deviation σ²; σ = 0.58 (flat attention)
 and σ = 1 (peaked). Uniform attention (every query outputs the mean of V) is the reference row: a method is
@@ -28,9 +28,9 @@ per-head (Q, K, V), with its query/key/value and output projections set to the i
   that kernel is from softmax on these inputs.
 Methods whose file is absent are skipped with a note.
 """
-import argparse
 import importlib
 import math
+import sys
 import time
 
 import torch
@@ -41,6 +41,7 @@ from baselines.full import FullAttention
 from baselines.linear import LinearAttention
 from baselines.linformer import LinformerAttention
 from baselines.performer import PerformerAttention
+from bench import cli
 
 SIGMAS = (0.58, 1.0)
 BUDGETS = (16, 32, 64, 128, 256, 512)
@@ -144,29 +145,30 @@ def build_cases(heads: int, d: int, n: int):
     return cases
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Relative error of the approximating baselines to exact "
-                                                 "softmax attention, by budget, at two temperatures.")
-    parser.add_argument("--n", type=int, default=1024, help="sequence length")
-    parser.add_argument("--d", type=int, default=32, help="head dimension")
+def main(argv=None) -> int:
+    parser = cli.parser("python -m bench.approx_error", "Relative error of the approximating baselines to exact "
+                                                        "softmax attention, by budget, at two temperatures.")
+    parser.add_argument("--seq-len", type=int, default=1024, help="sequence length")
+    parser.add_argument("--head-dim", type=int, default=32, help="size of each head")
     parser.add_argument("--heads", type=int, default=4, help="independent heads per draw")
     parser.add_argument("--draws", type=int, default=4, help="draws of (Q, K, V) and of each method's randomness")
     parser.add_argument("--seed", type=int, default=0, help="seed of the one generator every draw uses")
+    parser.add_argument("--out", default="runs/approx_error", help="folder for the table (approx_error.md)")
     args = parser.parse_args(argv)
-    if min(args.n, args.d, args.heads, args.draws) < 1:
-        parser.error("--n, --d, --heads and --draws must be positive")
+    if min(args.seq_len, args.head_dim, args.heads, args.draws) < 1:
+        parser.error("--seq-len, --head-dim, --heads and --draws must be positive")
 
     started = time.perf_counter()
     g = torch.Generator().manual_seed(args.seed)
-    cases = build_cases(args.heads, args.d, args.n)
+    cases = build_cases(args.heads, args.head_dim, args.seq_len)
     errors = {(i, sigma): [] for i in range(len(cases)) for sigma in SIGMAS}  # case, σ → one error per draw
-    shape = (1, args.heads, args.n, args.d)  # (B, H, N, D)
+    shape = (1, args.heads, args.seq_len, args.head_dim)  # (B, H, N, D)
     with torch.no_grad():
         for sigma in SIGMAS:
             for _ in range(args.draws):
                 q, k, v = sigma * torch.randn(shape, generator=g), sigma * torch.randn(shape, generator=g), \
                     torch.randn(shape, generator=g)
-                shared_q = sigma ** 2 * math.sqrt(args.d) * torch.randn(shape, generator=g)
+                shared_q = sigma ** 2 * math.sqrt(args.head_dim) * torch.randn(shape, generator=g)
                 exact = {"qk": FullAttention.reference_core(q, k, v, None, None, 0.0),
                          "shared": shared_qk_attention(shared_q, v)}
                 for i, (_, _, reference, fn) in enumerate(cases):
@@ -179,11 +181,15 @@ def main(argv=None) -> None:
 
     rows = [[method, budget] + [cell(errors[i, sigma]) for sigma in SIGMAS]
             for i, (method, budget, _, _) in enumerate(cases)]
-    print(f"‖approx − exact‖/‖exact‖, n={args.n}, d={args.d}, {args.heads} heads × {args.draws} draws, "
-          f"seed {args.seed}, {time.perf_counter() - started:.0f} s, torch {torch.__version__}")
-    print(tabulate(rows, headers=["method", "budget"] + [f"σ = {sigma}" for sigma in SIGMAS],
-                   tablefmt="github"))
+    text = (f"‖approx − exact‖/‖exact‖, n={args.seq_len}, d={args.head_dim}, {args.heads} heads × {args.draws} "
+            f"draws, seed {args.seed}, {time.perf_counter() - started:.0f} s, torch {torch.__version__}\n"
+            + tabulate(rows, headers=["method", "budget"] + [f"σ = {sigma}" for sigma in SIGMAS], tablefmt="github"))
+    print(text)
+    path = cli.out_file(args.out, "approx_error.md")
+    path.write_text(text + "\n")
+    print(f"wrote {path}", file=sys.stderr, flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

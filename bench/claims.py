@@ -7,8 +7,9 @@
 A claim of kind ``runs`` is a set of training runs (each one a grid cell: its own process, record and log,
 resumable, results/CLAIM/runs/CELL); the report tabulates them by setting, mean ± standard deviation over
 seeds. A claim of kind ``output`` is the saved output of a benchmark script (results/CLAIM/*.md, its command
-on the first line with the wall time it took), and ``scaling`` the JSON of ``bench.scaling``. The report (bench/report.py) reads this
-list: the README's results section leads with one table per claim, in this order.
+on the first line with the wall time it took); the scaling claim also keeps the JSON that ``bench.scaling
+--out results/scaling`` writes (results/scaling/scaling.json). The report (bench/report.py) reads this list:
+the README's results section leads with one table per claim, in this order.
 """
 import argparse
 import fnmatch
@@ -136,7 +137,7 @@ CLAIMS = [
     Claim("scaling", "Attention scaling: time, memory and FLOPs against sequence length", "output",
           paper="SBM Table 3: per-example FLOPs and memory relative to full attention at LRA lengths.",
           commands=("python -m bench.scaling --methods full,full-ref,linear,linformer,performer,nystromformer,"
-                    "reformer --lengths 1024,2048,4096,8192", "python -m bench.sbm_scaling")),
+                    "reformer --lengths 1024,2048,4096,8192 --out results/scaling", "python -m bench.sbm_scaling")),
 ]
 BY_NAME = {c.name: c for c in CLAIMS}
 

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from bench import cli
 from bench import methods as registry
-from bench.tasks import TASKS, DataError, default_data_dir, get_task
+from bench.data import DataError, default_data_dir  # light; bench.tasks (torch) is imported where a task is built
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "retrieval", "wikitext2"]
@@ -145,6 +146,7 @@ def write_json(path: Path, obj) -> None:
 # ------------------------------------------------------------------------------------------------ planning
 def data_problem(task: str, seq_len: int, data_dir: Path) -> Optional[str]:
     """The task's own message when its data are missing (tasks that read files only), else None."""
+    from bench.tasks import get_task
     instance = get_task(task)
     if not instance.reads_files:
         return None
@@ -158,6 +160,7 @@ def data_problem(task: str, seq_len: int, data_dir: Path) -> Optional[str]:
 def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int], extra: List[str],
          data_dir: Path) -> dict:
     """Every cell with its command, or why it does not run (n/a, no data, left out of this budget)."""
+    from bench.tasks import get_task
     budget = BUDGETS[budget_name]
     cells, not_run, missing, left_out = [], [], {}, {}
     for task in tasks:
@@ -358,9 +361,8 @@ def parse_list(text: str, known: List[str], what: str) -> List[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.grid", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                epilog="Options not listed here go to every cell (e.g. --data-dir, --device).")
+    p = cli.parser("python -m bench.grid", __doc__.splitlines()[0],
+                   epilog="Options not listed here go to every cell (e.g. --data-dir, --device).")
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help="cells' training budget")
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=",".join(GRID_TASKS), help="comma-separated tasks")
@@ -377,6 +379,7 @@ def data_dir_of(extra: List[str]) -> Path:
 
 def selection(args) -> tuple:
     """(methods, tasks, seeds) named by the options, checked against the registries."""
+    from bench.tasks import TASKS
     landed = list(registry.available())
     methods = parse_list(args.methods, landed, "methods") if args.methods else landed
     tasks = parse_list(args.tasks, [t for t in GRID_TASKS if t in TASKS], "tasks")

@@ -2,7 +2,7 @@
 time at the same settings, in one process, repetitions interleaved; the table gives ours ÷ peer per method.
 
     pip install -r requirements-peers.txt      # optional: never a dependency of the repository itself
-    python -m bench.peers                      # n = 4096, batch 1, 2 heads, head dim 32
+    python -m bench.peers                      # n = 4096, batch 1, 2 heads, head dim 32; into runs/peers/
     python -m bench.peers --lengths 1024,4096 --repeats 41 --threads 1
 
 Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training mode; non-causal):
@@ -20,26 +20,29 @@ Per repetition every pair is timed once each way, the order alternating between 
 machine load falls on both sides alike; reported are the medians and their ratio, and the spread of the
 per-repetition ratios (quartiles). The glibc setting of bench.scaling (MALLOC_MMAP_MAX_=0,
 MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the header says whether
-it is.
+it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
 """
-import argparse
 import importlib.util
 import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Tuple
 
-import torch
 from tabulate import tabulate
 
-from bench import scaling
+from bench import cli, scaling
+
+if TYPE_CHECKING:  # torch is imported once the options parse: --help stays light
+    import torch
 
 PEER_PACKAGES = ("nystrom_attention", "reformer_pytorch", "performer_pytorch", "linformer")
 
 
-def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple[torch.nn.Module, Callable, torch.nn.Module, Callable]]:
+def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module", Callable, "torch.nn.Module",
+                                                                 Callable]]:
     """name → (ours, how to call ours, peer, how to call the peer); each call maps x to the output tensor."""
+    import torch
     from baselines.full import FullAttention
     from baselines.linformer import LinformerAttention
     from baselines.nystromformer import NystromAttention
@@ -71,7 +74,7 @@ def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple[torch.nn.Module,
     }
 
 
-def forward_backward(module: torch.nn.Module, call: Callable, x: torch.Tensor, grad: torch.Tensor) -> float:
+def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor", grad: "torch.Tensor") -> float:
     """One forward+backward; its wall time in ms."""
     start = time.perf_counter()
     call(module, x).backward(grad)
@@ -82,20 +85,21 @@ def forward_backward(module: torch.nn.Module, call: Callable, x: torch.Tensor, g
 
 
 def measure(n: int, args) -> List[list]:
+    import torch
     torch.manual_seed(0)
     built = pairs(n, args.heads, args.head_dim)
     chosen = {name: built[name] for name in args.methods}
-    x = torch.randn(args.batch, n, args.heads * args.head_dim, requires_grad=True)
+    x = torch.randn(args.batch_size, n, args.heads * args.head_dim, requires_grad=True)
     grad = torch.randn_like(x)
     times: Dict[str, Tuple[list, list]] = {name: ([], []) for name in chosen}
-    for rep in range(args.warmup + args.repeats):
+    for rep in range(args.warmup_iters + args.repeats):
         for name, (ours, ours_call, peer, peer_call) in chosen.items():
             sides = [(0, ours, ours_call), (1, peer, peer_call)]
             for side, module, call in (sides if rep % 2 == 0 else sides[::-1]):
                 ms = forward_backward(module.train(), call, x, grad)
-                if rep >= args.warmup:
+                if rep >= args.warmup_iters:
                     times[name][side].append(ms)
-        print(f"  n={n} repetition {rep + 1}/{args.warmup + args.repeats}", file=sys.stderr, flush=True)
+        print(f"  n={n} repetition {rep + 1}/{args.warmup_iters + args.repeats}", file=sys.stderr, flush=True)
     rows = []
     for name, (ours, peer) in times.items():
         ratios = sorted(a / b for a, b in zip(ours, peer))
@@ -111,31 +115,30 @@ PEERS = {"full": "torch.nn.MultiheadAttention", "nystromformer": "nystrom-attent
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--lengths", default="4096", help="comma-separated sequence lengths (multiples of 128)")
+    p = cli.parser("python -m bench.peers", __doc__.splitlines()[0])
+    p.add_argument("--lengths", default="4096", type=cli.positive_ints,
+                   help="comma-separated sequence lengths (multiples of 128)")
     p.add_argument("--methods", default=",".join(PEERS), help="comma-separated, from " + ",".join(PEERS))
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward")
+    p.add_argument("--heads", type=int, default=2, help="attention heads")
+    p.add_argument("--head-dim", type=int, default=32, help="size of each head")
+    p.add_argument("--warmup-iters", type=int, default=2, help="untimed repetitions first")
     p.add_argument("--repeats", type=int, default=21, help="timed repetitions (interleaved)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--out", default="runs/peers", help="folder for the table (peers.md)")
     args = p.parse_args(argv)
-    try:
-        lengths = [int(v) for v in args.lengths.split(",") if v]
-        args.methods = [v for v in args.methods.split(",") if v]
-    except ValueError as exc:
-        p.error(str(exc))
-    if not lengths or any(v < 128 or v % 128 for v in lengths):
+    lengths = args.lengths
+    args.methods = [v for v in args.methods.split(",") if v]
+    if any(v < 128 or v % 128 for v in lengths):
         p.error("--lengths: each must be a positive multiple of 128 (reformer-pytorch needs 2 × bucket_size)")
     if not args.methods or set(args.methods) - set(PEERS):
         p.error(f"--methods: choose from {sorted(PEERS)}")
-    if min(args.batch, args.heads, args.head_dim, args.repeats) < 1 or args.warmup < 0 or args.threads < 0:
-        p.error("--batch, --heads, --head-dim and --repeats must be positive; --warmup and --threads >= 0")
+    if min(args.batch_size, args.heads, args.head_dim, args.repeats) < 1 or args.warmup_iters < 0 or args.threads < 0:
+        p.error("--batch-size, --heads, --head-dim and --repeats must be positive; --warmup-iters and --threads >= 0")
     missing = [m for m in PEER_PACKAGES if importlib.util.find_spec(m) is None]
     if missing:
         p.error(f"the peer packages {missing} are not installed: pip install -r requirements-peers.txt")
+    import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     where, _ = scaling.describe("cpu", "keep")
@@ -144,13 +147,17 @@ def main(argv=None) -> int:
     started = time.time()
     rows = [row for n in lengths for row in measure(n, args)]
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"Ours ÷ public implementations — {where}, torch {torch.__version__}; "
-          f"batch {args.batch}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training mode; "
-          f"median of {args.repeats} interleaved repetitions after {args.warmup}; allocator {allocator}; "
-          f"load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n")
-    print(tabulate([[r[0], PEERS[r[0]], *r[1:]] for r in rows],
-                   headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
-                   tablefmt="github", disable_numparse=True))
+    text = (f"Ours ÷ public implementations — {where}, torch {torch.__version__}; "
+            f"batch {args.batch_size}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training "
+            f"mode; median of {args.repeats} interleaved repetitions after {args.warmup_iters}; allocator "
+            f"{allocator}; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n\n"
+            + tabulate([[r[0], PEERS[r[0]], *r[1:]] for r in rows],
+                       headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
+                       tablefmt="github", disable_numparse=True))
+    print(text)
+    path = cli.out_file(args.out, "peers.md")
+    path.write_text(text + "\n")
+    print(f"wrote {path}", file=sys.stderr, flush=True)
     return 0
 
 

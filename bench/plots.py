@@ -58,7 +58,7 @@ def scaling(result: dict, path: Path) -> str:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
     args = result["args"]
-    fig.suptitle(f"Attention scaling — {result['device']}; batch {args['batch']}, {args['heads']} heads × "
+    fig.suptitle(f"Attention scaling — {result['device']}; batch {args['batch_size']}, {args['heads']} heads × "
                  f"{args['head_dim']}", fontsize=10)
     save(fig, path)
     return (f"Attention scaling: forward+backward time and peak memory against sequence length (log-log), "

@@ -17,7 +17,6 @@ density of a training step (what SSA's sub-model and SBM's sampled masks cost), 
 where they differ, peak memory and median step time — then the attention scaling table and the plots.
 With --readme, the Markdown between <!-- results:start --> and <!-- results:end --> is replaced.
 """
-import argparse
 import json
 import statistics
 import sys
@@ -28,6 +27,7 @@ from typing import Dict, List, Optional
 from tabulate import tabulate
 
 from bench import claims as claim_list
+from bench import cli
 from bench import grid, plots, scaling
 from bench import methods as registry
 
@@ -400,7 +400,7 @@ def published(results: Path, plot_dir: Optional[Path], link_prefix: str = "") ->
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
+    p = cli.parser("python -m bench.report", __doc__.splitlines()[0])
     p.add_argument("--results", default="results", help="the published records (one folder per claim)")
     p.add_argument("--readme", default=None, help="rewrite this file's results section; plots to RESULTS/plots")
     p.add_argument("--run", default=None, help="a run folder: write its REPORT.md and plots there instead")

@@ -13,17 +13,17 @@ Publishing is a separate, explicit step for maintainers: copy a run into results
 results/quick``) and regenerate the README with ``python -m bench.report --readme README.md``.
 """
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from bench import cli
 from bench import methods as registry  # light: the grid, report and torch are imported once options parse
 
 SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,8192"}
-SCALING_REPEATS = {"quick": ["--warmup", "2", "--repeats", "5"], "smoke": ["--warmup", "0", "--repeats", "1"],
-                   "full": ["--warmup", "2", "--repeats", "5"]}
+SCALING_REPEATS = {"quick": ["--warmup-iters", "2", "--repeats", "5"],
+                   "smoke": ["--warmup-iters", "0", "--repeats", "1"], "full": ["--warmup-iters", "2", "--repeats", "5"]}
 SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-core CPU, for the estimate
 
 
@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{SCALING['quick']}, smoke {SCALING['smoke']}, full {SCALING['full']})")
     p.add_argument("--no-scaling", action="store_true", help="skip the attention scaling table")
     p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present; the default), cpu or cuda")
+    p.add_argument("--device", default="auto", type=cli.device_option,
+                   help="auto (CUDA when present; the default), cpu, cuda or cuda:N")
     return p
 
 
@@ -69,7 +70,7 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> N
         return
     print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
     scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device, *SCALING_REPEATS[budget],
-                  "--out", str(path)])
+                  "--out", str(out)])
 
 
 def source_commit() -> str:

@@ -2,7 +2,7 @@
 densities, beside full attention (fused SDPA and the explicit reference), in one run.
 
     python -m bench.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
-    python -m bench.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out results/sbm_scaling.json
+    python -m bench.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out runs/sbm_scaling  # JSON: DIR/sbm_scaling.json
     OMP_NUM_THREADS=1 python -m bench.sbm_scaling --rounds 3     # cells interleaved: fair ratios on a busy CPU
 
 Cells, each in a fresh process with bench.scaling's allocator setting (batch 1, 2 heads, head dim 32,
@@ -32,12 +32,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from tabulate import tabulate
 
-from bench import measure, scaling
+from bench import cli, measure, scaling
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
 
@@ -244,7 +243,7 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", default="full,full-ref,core,sbm,sbm-dense", help="which cells (see the docstring)")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every cell this many times, cells interleaved round by round; report the medians")
-    scaling.add_measurement_arguments(p, warmup=1, repeats=3, timeout=1800)
+    scaling.add_measurement_arguments(p, warmup_iters=1, repeats=3, timeout=1800, out="runs/sbm_scaling")
     args = p.parse_args(argv)
     if args.cell:
         print(json.dumps(measure_cell(json.loads(args.cell))))
@@ -264,11 +263,11 @@ def main(argv=None) -> int:
     device = scaling.resolve_device(args.device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     started = time.time()
-    base = {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "device": device,
-            "warmup": args.warmup, "repeats": args.repeats}
+    base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
+            "warmup": args.warmup_iters, "repeats": args.repeats}
     cells = []
     for n in lengths:
-        specs = [(kind, "full" if kind == "full" else "full:fused=False", None)
+        specs = [(kind, kind, None)
                  for kind in kinds if kind in ("full", "full-ref")]
         specs += [(kind, None, dens) for kind in kinds if kind in ("core", "sbm") for dens in densities]
         specs += [(kind, None, densities[0]) for kind in kinds if kind == "sbm-dense"]
@@ -283,9 +282,9 @@ def main(argv=None) -> int:
     rows = [{**median_row(runs), "method": name, "n": n} for (name, n, _), runs in zip(cells, measured)]
     where, allocator = scaling.describe(device, args.allocator)
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch}, {args.heads} heads, "
+    print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch_size}, {args.heads} heads, "
           f"head dim {args.head_dim}, training mode; allocator: {allocator}; median of {args.repeats} after "
-          f"{args.warmup} warm-up" + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1
+          f"{args.warmup_iters} warm-up" + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1
                                       else "") +
           f"; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n")
     print(scaling.table(rows, "full"))
@@ -299,10 +298,10 @@ def main(argv=None) -> int:
               "`step`: the unprofiled fwd+bwd median above; `core cell`: EdgeAttention alone on a graph of that "
               "density).\n")
         print(parts_table(rows, profiled))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": where, "allocator": allocator, "load_average":
-                                              [load, end_load], "args": vars(args), "rows": rows}, indent=2))
+    path = cli.out_file(args.out, "sbm_scaling.json")
+    path.write_text(json.dumps({"device": where, "allocator": allocator, "load_average": [load, end_load],
+                                "args": vars(args), "rows": rows}, indent=2))
+    print(f"wrote {path}", file=sys.stderr, flush=True)
     return 0
 
 

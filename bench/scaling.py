@@ -1,14 +1,16 @@
 """Scaling of attention modules with sequence length: time, peak memory, FLOPs and density in one run.
 
-    python -m bench.scaling --methods full,full-ref --lengths 1024,2048,4096
-    python -m bench.scaling --methods full,linear,performer:features=256 --lengths 1024,8192 --causal
+    python -m bench.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
+    python -m bench.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
+    python -m bench.scaling --methods ... --out results/scaling                   # the published table
 
-A method is a registry name (bench.train.METHODS) with optional constructor options, ``name:key=value;...``;
-``full-ref`` is full attention on its reference path (materialised scores). Each (method, length) cell runs in
-a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken first, above the
-baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated), then forward
-time (no autograd) and forward+backward time as medians after warm-up, then forward FLOPs (bench.measure
-conventions) and density. Ratios are to the first ``full`` method of the run. A small forward+backward
+A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
+option of one of them. ``full-ref`` is full attention on its reference path (materialised scores). The table
+is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
+cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
+first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
+then forward time (no autograd) and forward+backward time as medians after warm-up, then forward FLOPs
+(bench.measure conventions) and density. Ratios are to ``full`` without options. A small forward+backward
 precedes the memory measurement, so one-time lazy allocations (thread pools, kernels) are not counted.
 
 The glibc allocator setting changes CPU timings 1.5-4× (shared/notes/cpu_attention_limits.md): by default
@@ -23,31 +25,43 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict, List
 
-import torch
 from tabulate import tabulate
 
-from bench import measure
+from bench import cli
 
 ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}, "default": {}}
-ALIASES = {"full-ref": "full:fused=False"}
+ALIASES = {"full-ref": ("full", {"fused": "False"})}  # a method name of its own: a second setting of full
 
 
-def parse_method(spec: str):
-    """'name:key=value;key=value' → (registry name, {key: value text}); bench.train.attention_options types them."""
-    from bench.train import parse_attn_option
-    spec = ALIASES.get(spec, spec)
-    name, _, rest = spec.partition(":")
-    options = dict(parse_attn_option(item) for item in rest.split(";") if item)
-    return name, options
+def resolve_method(method: str, options: Dict[str, str]):
+    """A --methods name (an alias included) and its --attn texts → (registry name, {key: value text})."""
+    name, preset = ALIASES.get(method, (method, {}))
+    return name, {**preset, **options}
+
+
+def attn_options(items: List[str], methods: List[str]) -> Dict[str, Dict[str, str]]:
+    """``--attn METHOD.KEY=VALUE`` items → {method: {key: value text}}; ValueError for a method not measured."""
+    options: Dict[str, Dict[str, str]] = {m: {} for m in methods}
+    for item in items:
+        target, value = item.split("=", 1)
+        method, key = target.split(".", 1)
+        if method not in options:
+            raise ValueError(f"--attn {item}: {method} is not among --methods {','.join(methods)}")
+        options[method][key] = value
+    return options
 
 
 def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one attention module and measures it."""
+    import torch
+
+    from bench import measure
     from bench.train import attention_options, load_method
     torch.manual_seed(0)
     device = torch.device(cell["device"])
-    name, texts = parse_method(cell["method"])
+    name, texts = resolve_method(cell["method"], cell.get("options", {}))
     _, cls = load_method(name)
     options = attention_options(name, texts)
     if "max_len" in inspect.signature(cls).parameters:
@@ -105,44 +119,58 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "bench.scal
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def add_measurement_arguments(p: argparse.ArgumentParser, warmup: int, repeats: int, timeout: int) -> None:
-    """The options every scaling benchmark shares (shapes, device, repetitions, allocator, output)."""
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--warmup", type=int, default=warmup)
-    p.add_argument("--repeats", type=int, default=repeats)
-    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep", help="glibc allocator setting")
+def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
+                              out: str) -> None:
+    """The options every scaling benchmark shares (shapes, device, repetitions, allocator, output folder)."""
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward")
+    p.add_argument("--heads", type=int, default=2, help="attention heads")
+    p.add_argument("--head-dim", type=int, default=32, help="size of each head")
+    p.add_argument("--device", default="auto", type=cli.device_option,
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--warmup-iters", type=int, default=warmup_iters, help="untimed iterations before the timed ones")
+    p.add_argument("--repeats", type=int, default=repeats, help="timed iterations (the median is reported)")
+    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep",
+                   help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
+                        "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's")
     p.add_argument("--timeout", type=int, default=timeout, help="seconds per cell")
-    p.add_argument("--out", default=None, help="also write the rows as JSON here")
+    p.add_argument("--out", default=out, help="folder for the JSON of the measurements")
     p.add_argument("--cell", help=argparse.SUPPRESS)
 
 
 def resolve_device(name: str) -> str:
-    return "cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name)
+    import torch
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
 
 
 def describe(device: str, allocator: str) -> tuple:
     """(where the cells ran, the allocator setting) in words, for the table's conditions."""
+    import torch
     where = (torch.cuda.get_device_name() if device.startswith("cuda") else
              f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
     return where, " ".join(f"{k}={v}" for k, v in ALLOCATORS[allocator].items()) or "glibc defaults"
 
 
+def label(row: dict) -> str:
+    """A row's method with the --attn options it was measured with: "performer (features=128)"."""
+    options = row.get("options") or {}
+    return row["method"] + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else "")
+
+
 def table(rows: list, reference: str) -> str:
-    refs = {r["n"]: r for r in rows if r["method"] == reference and "error" not in r}
+    refs = {r["n"]: r for r in rows if label(r) == reference and "error" not in r}
     out = []
     for r in rows:
         if "error" in r:
-            out.append([r["method"], r["n"], "failed: " + r["error"]] + [""] * 8)
+            out.append([label(r), r["n"], "failed: " + r["error"]] + [""] * 8)
             continue
         ref = refs.get(r["n"])
 
         def ratio(key):
             return f"{r[key] / ref[key]:.2f}" if ref and ref[key] else "–"
 
-        out.append([r["method"], r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}", ratio("fwdbwd_ms"),
+        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}", ratio("fwdbwd_ms"),
                     f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio("peak_bytes"), f"{r['flops'] / 1e9:.3f}",
                     ratio("flops"), f"{r['density']:.4f}"])
     headers = ["method", "n", "fwd ms", "fwd+bwd ms", "× full", "peak MiB", "× full", "fwd GFLOP", "× full",
@@ -150,56 +178,70 @@ def table(rows: list, reference: str) -> str:
     return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("python -m bench.scaling", __doc__.splitlines()[0])
+    p.add_argument("--methods", default="full,full-ref", help="comma-separated registry names (and full-ref)")
+    p.add_argument("--attn", action="append", default=[], type=cli.attn_item, metavar="METHOD.KEY=VALUE",
+                   help="a constructor option of one method (repeatable), e.g. performer.features=128")
+    p.add_argument("--lengths", default="1024,2048,4096", type=cli.positive_ints,
+                   help="comma-separated sequence lengths")
+    p.add_argument("--causal", action="store_true", help="causal attention (default: non-causal)")
+    add_measurement_arguments(p, warmup_iters=2, repeats=5, timeout=900, out="runs/scaling")
+    return p
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--methods", default="full,full-ref", help="comma-separated method specs")
-    p.add_argument("--lengths", default="1024,2048,4096", help="comma-separated sequence lengths")
-    p.add_argument("--causal", action="store_true", help="causal attention")
-    add_measurement_arguments(p, warmup=2, repeats=5, timeout=900)
+    p = build_parser()
     args = p.parse_args(argv)
     if args.cell:
         print(json.dumps(measure_cell(json.loads(args.cell))))
         return 0
     try:
         methods = [m for m in args.methods.split(",") if m]
-        lengths = [int(n) for n in args.lengths.split(",") if n]
-        from bench.train import available_methods
-        for spec in methods:
-            if parse_method(spec)[0] not in available_methods():
-                raise ValueError(f"unknown method {spec!r}; available: {sorted(available_methods())}")
-        if not lengths or min(lengths) < 1 or min(args.batch, args.heads, args.head_dim, args.repeats) < 1:
-            raise ValueError("lengths, batch, heads, head-dim and repeats must be positive")
+        options = attn_options(args.attn, methods)
+        from bench.train import attention_options, available_methods
+        for method in methods:
+            name, texts = resolve_method(method, options[method])
+            if name not in available_methods():
+                raise ValueError(f"unknown method {method!r}; available: {sorted(available_methods())}")
+            attention_options(name, texts)  # an unknown key or a value of the wrong type fails here, not in a cell
+        if min(args.batch_size, args.heads, args.head_dim, args.repeats) < 1 or args.warmup_iters < 0:
+            raise ValueError("--batch-size, --heads, --head-dim and --repeats must be positive, --warmup-iters >= 0")
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
+    import torch
     device = resolve_device(args.device)
     rows = []
-    for n in lengths:
+    for n in args.lengths:
         for method in methods:
-            cell = {"method": method, "n": n, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
-                    "causal": args.causal, "device": device, "warmup": args.warmup, "repeats": args.repeats}
-            rows.append({"method": method, "n": n, **run_cell(cell, args.allocator, args.timeout)})
+            cell = {"method": method, "options": options[method], "n": n, "batch": args.batch_size,
+                    "heads": args.heads, "head_dim": args.head_dim, "causal": args.causal, "device": device,
+                    "warmup": args.warmup_iters, "repeats": args.repeats}
+            row = {"method": method, "n": n, **({"options": options[method]} if options[method] else {})}
+            rows.append({**row, **run_cell(cell, args.allocator, args.timeout)})
             print(f"measured {method} n={n}", file=sys.stderr, flush=True)
     where, allocator = describe(device, args.allocator)
     memory = "CUDA max_memory_allocated" if device.startswith("cuda") else "CPU peak RSS"
+    settings = {**vars(args), "lengths": ",".join(map(str, args.lengths))}
     result = {"device": where, "torch": torch.__version__, "allocator": allocator, "memory": memory,
-              "args": vars(args), "rows": rows}
+              "args": settings, "rows": rows}
     print(render(result))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+    path = cli.out_file(args.out, "scaling.json")
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}", file=sys.stderr, flush=True)
     return 0
 
 
 def render(result: dict) -> str:
     """The scaling table with its conditions, from what main() measured or wrote with --out."""
     args, rows = result["args"], result["rows"]
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    reference = next((m for m in methods if parse_method(m) == ("full", {})), methods[0])
-    return (f"Attention scaling — {result['device']}, torch {result['torch']}; batch {args['batch']}, "
+    methods = list(dict.fromkeys(label(r) for r in rows))
+    reference = "full" if "full" in methods else methods[0]
+    return (f"Attention scaling — {result['device']}, torch {result['torch']}; batch {args['batch_size']}, "
             f"{args['heads']} heads, head dim {args['head_dim']}, {'causal' if args['causal'] else 'non-causal'}; "
-            f"allocator: {result['allocator']}; median of {args['repeats']} after {args['warmup']} warm-up; memory: "
-            f"peak of one fwd+bwd above baseline ({result['memory']}); ratios to {reference}.\n\n" + table(rows, reference))
+            f"allocator: {result['allocator']}; median of {args['repeats']} after {args['warmup_iters']} warm-up; "
+            f"memory: peak of one fwd+bwd above baseline ({result['memory']}); ratios to {reference}.\n\n"
+            + table(rows, reference))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ evaluation; FLOPs of a training step's forward per example (for +FT the mean ove
 10 % dense); peak memory of training; median training step time. The targets of our issue are checked and
 printed: S-L4 step time ≤ 0.65 × S0's; S-L4+FT within 2 % of S0's bits per byte; S-L4 better than S-U75.
 """
-import argparse
 import json
 import shutil
 import subprocess
@@ -35,8 +34,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from bench.tasks import TASKS, get_task
-from ssa import fine_tune_start
+from bench import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FT_FRACTION = 0.1  # §3.4: "the last 10% of the training epochs"
@@ -137,8 +135,8 @@ def render(records: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="Other options (e.g. --batch-size, --lr, --data-dir) go to every run.")
+    p = cli.parser("python -m bench.ssa_table", __doc__.splitlines()[0],
+                   epilog="Other options (e.g. --batch-size, --lr, --data-dir) go to every run.")
     p.add_argument("--task", default="bytes", help="an LM task (bytes, enwik8)")
     p.add_argument("--seq-len", type=int, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="the task preset of every run")
@@ -152,6 +150,8 @@ def main(argv=None) -> int:
         p.error(f"--settings must include S0 and come from {list(SETTINGS)}, got {names}")
     if args.ensemble_samples < 0 or (args.steps is not None and args.steps < 0):
         p.error("--ensemble-samples and --steps must be >= 0")
+    from bench.tasks import TASKS, get_task  # after parsing: --help imports nothing heavy
+    from ssa import fine_tune_start
     if args.task not in TASKS or get_task(args.task).metric != "bpb":
         p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")
     steps = args.steps if args.steps is not None else get_task(args.task).presets[args.preset].steps
@@ -165,6 +165,7 @@ def main(argv=None) -> int:
     (out / "table.md").write_text(text)
     (out / "table.json").write_text(json.dumps(records, indent=2))
     print(text)
+    print(f"wrote {out / 'table.md'} and {out / 'table.json'}", file=sys.stderr, flush=True)
     return 0
 
 

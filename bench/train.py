@@ -63,8 +63,10 @@ from torch import nn
 
 from bench import measure
 from bench import methods as registry
+from bench.cli import device_option
+from bench.data import write_atomic
 from bench.model import Model, ModelConfig
-from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task, write_atomic
+from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task
 
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
 LOG_EVERY = 50
@@ -157,14 +159,6 @@ def boolean(text: str) -> bool:
         return parse_bool(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be true or false, got {text}") from None
-
-
-def device_option(text: str) -> str:
-    """auto, cpu, cuda or cuda:N (whether CUDA is there is checked when the run starts)."""
-    kind, _, index = text.partition(":")
-    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
-        return text
-    raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
 
 
 def method_option(method: str):

@@ -1,10 +1,13 @@
-"""bench.scaling, bench.grid and bench.report through their command lines (tiny sizes)."""
+"""The bench entry points through their command lines: --help of each, bench.scaling, bench.grid, bench.report,
+bench.ssa_table and bench.sbm_scaling (tiny sizes)."""
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import ROOT
 
@@ -20,10 +23,44 @@ def run(*args, check=True):
     return result
 
 
+HELP = """
+import contextlib, io, json, runpy, sys
+sys.argv = [sys.argv[1], "--help"]
+text = io.StringIO()
+try:
+    with contextlib.redirect_stdout(text):
+        runpy.run_module(sys.argv[0], run_name="__main__")
+    code = None
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "help": text.getvalue(), "torch": "torch" in sys.modules,
+                  "numpy": "numpy" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("module, prog", [
+    ("bench.scaling", "python -m bench.scaling"), ("bench.peers", "python -m bench.peers"),
+    ("bench.approx_error", "python -m bench.approx_error"), ("bench.ssa_table", "python -m bench.ssa_table"),
+    ("bench.grid", "python -m bench.grid"), ("bench.run_all", "./run_all.sh"),
+    ("bench.report", "python -m bench.report"), ("bench.claims", "python -m bench.claims")])
+def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module, prog):
+    """--help exits 0 with the usage line a user types, before anything runs: nothing written (the working folder
+    stays empty), torch and numpy not imported (bench.approx_error's functions are torch throughout: it imports
+    torch, nothing more), and never "(default: None)"."""
+    result = subprocess.run([sys.executable, "-c", HELP, module], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    shown = json.loads(result.stdout)
+    assert shown["code"] == 0 and shown["help"].startswith(f"usage: {prog} ")
+    assert "(default: None)" not in shown["help"] and "(default: False)" not in shown["help"]
+    assert list(tmp_path.iterdir()) == []
+    assert shown["torch"] == (module == "bench.approx_error") and (not shown["numpy"] or module == "bench.approx_error")
+
+
 def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
-    out = tmp_path / "scaling.json"
     result = run("bench.scaling", "--methods", "full,full-ref", "--lengths", "32,64", "--repeats", "1",
-                 "--warmup", "1", "--out", str(out))
+                 "--warmup-iters", "1", "--out", str(tmp_path))
+    out = tmp_path / "scaling.json"
+    assert f"wrote {out}" in result.stderr
     lines = [l for l in result.stdout.splitlines() if l.startswith("| full")]
     assert len(lines) == 4
     assert "MALLOC_MMAP_MAX_=0" in result.stdout  # the allocator setting is stated
@@ -40,6 +77,20 @@ def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
 def test_scaling_rejects_unknown_methods():
     result = run("bench.scaling", "--methods", "full,bogus", "--lengths", "32", check=False)
     assert result.returncode == 2 and "unknown method" in result.stderr
+
+
+def test_scaling_attn_options_reach_their_method_and_bad_ones_stop_before_any_cell(tmp_path):
+    result = run("bench.scaling", "--methods", "full,performer", "--attn", "performer.features=8", "--lengths", "32",
+                 "--repeats", "1", "--warmup-iters", "0", "--out", str(tmp_path))
+    rows = {r["method"]: r for r in json.loads((tmp_path / "scaling.json").read_text())["rows"]}
+    assert rows["performer"]["options"] == {"features": "8"} and "options" not in rows["full"]
+    assert "| performer (features=8) |" in result.stdout
+    for attn, message in [("performer.bogus=1", "takes no option 'bogus'"), ("performer.features=x", "features"),
+                          ("linear.chunk=4", "not among --methods"), ("features=8", "METHOD.KEY=VALUE")]:
+        bad = run("bench.scaling", "--methods", "full,performer", "--attn", attn, "--lengths", "32",
+                  "--out", str(tmp_path / "bad"), check=False)
+        assert bad.returncode == 2 and message in bad.stderr and "measured" not in bad.stderr, (attn, bad.stderr)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_path):
@@ -195,9 +246,9 @@ def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):
 
 
 def test_sbm_scaling_measures_core_module_and_full_attention_in_one_table(tmp_path):
-    out = tmp_path / "sbm.json"
     result = run("bench.sbm_scaling", "--lengths", "32", "--densities", "0.25", "--kinds", "full,core,sbm",
-                 "--repeats", "1", "--warmup", "0", "--out", str(out))
+                 "--repeats", "1", "--warmup-iters", "0", "--out", str(tmp_path))
+    out = tmp_path / "sbm_scaling.json"
     assert "Crossover densities" in result.stdout and "MALLOC_MMAP_MAX_=0" in result.stdout
     rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {"full", "core@0.25", "sbm@0.25"}

@@ -17,7 +17,8 @@ generator, and the variant's own budget drawn from small values. Each case check
 - a method without a causal form raises a ValueError naming it.
 Documented exceptions (DOCUMENTED) are checks a variant does not promise; each names the docstring line that
 documents it, and a test asserts the line is still there. Masks of another dtype or shape are a ValueError for
-every variant (test_bad_masks_are_a_clear_value_error).
+every variant (test_bad_masks_are_a_clear_value_error), and extra_repr() shows the budget it was built with
+(test_extra_repr_shows_the_budget). The method files' own tests check what is particular to each method.
 """
 import copy
 import importlib
@@ -114,8 +115,28 @@ def build(variant: str, dim: int, heads: int, head_dim: int, dropout: float, bud
     return load_method(VARIANTS[variant].method)[1](dim, heads, head_dim, dropout, **budget)
 
 
+# INTERFACE.md: extra_repr() shows the budget. The options each method's repr names as KEY=VALUE.
+SHOWN_BUDGET = {
+    "full": ("fused", "alibi"), "linear": ("chunk",), "linformer": ("rank", "max_len"),
+    "performer": ("features", "chunk", "redraw_interval"), "nystromformer": ("landmarks", "conv_kernel"),
+    "reformer": ("n_hashes", "bucket_size"),
+    "sbm": ("path", "clusters", "delta", "self_loops", "ste", "explore_in_eval", "shared_mlp"),
+    "ssa": ("mode", "alibi"), "kernel": ("mode", "select", "alibi")}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_extra_repr_shows_the_budget(variant):
+    method = VARIANTS[variant].method
+    _, cls = load_method(method)
+    for index in range(5):
+        budget = VARIANTS[variant].budget(random.Random(f"repr/{variant}/{index}"))
+        text = cls(16, 2, 8, 0.0, **budget).extra_repr()
+        missing = [f"{key}={budget[key]}" for key in SHOWN_BUDGET[method] if f"{key}={budget[key]}" not in text]
+        assert not missing, f"{variant}: {text!r} lacks {missing}"
+
+
 def test_every_registered_method_is_fuzzed():
-    assert {v.method for v in VARIANTS.values()} == set(available_methods())
+    assert {v.method for v in VARIANTS.values()} == set(available_methods()) == set(SHOWN_BUDGET)
 
 
 # ----------------------------------------------------------------------------------------------- the cases

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import lra
+from bench import data, lra, pathfinder
 from bench.tasks import DataError, get_task
 
 from conftest import DATA as SHARED_DATA
@@ -83,9 +83,9 @@ def test_unsafe_tar_members_are_refused(tmp_path, name, kind, payload):
     dest = tmp_path / "sandbox" / "out"
     dest.mkdir(parents=True)
     with pytest.raises(DataError, match="refusing the archive .*bad.tar.gz"):
-        lra.safe_extract(archive, dest)
+        data.safe_extract(archive, dest)
     with pytest.raises(DataError, match="refusing"):
-        list(lra.iter_archive(archive))
+        list(data.iter_archive(archive))
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "sandbox" / "evil.txt").exists()
     assert not any(p.is_symlink() for p in tmp_path.rglob("*"))
 
@@ -103,29 +103,29 @@ def test_unsafe_zip_members_are_refused(tmp_path, name, symlink):
     dest = tmp_path / "sandbox"
     dest.mkdir()
     with pytest.raises(DataError, match="refusing the archive"):
-        lra.safe_extract(archive, dest)
+        data.safe_extract(archive, dest)
     assert not (tmp_path / "evil.txt").exists() and not any(p.is_symlink() for p in tmp_path.rglob("*"))
 
 
 def test_safe_archives_extract_inside_the_destination(tmp_path):
     archive = _tar(tmp_path / "good.tar.gz", [("top/a.txt", "file", b"A"), ("top/sub/b.txt", "file", b"BB")])
-    written = lra.safe_extract(archive, tmp_path / "out", want=lambda p: p.name != "a.txt")
+    written = data.safe_extract(archive, tmp_path / "out", want=lambda p: p.name != "a.txt")
     assert written == [tmp_path / "out" / "top" / "sub" / "b.txt"] and written[0].read_bytes() == b"BB"
     assert not list((tmp_path / "out").rglob("*.tmp"))
     (tmp_path / "broken.tar.gz").write_bytes(b"not an archive")
     with pytest.raises(DataError, match="cannot read the archive"):
-        list(lra.iter_archive(tmp_path / "broken.tar.gz"))
+        list(data.iter_archive(tmp_path / "broken.tar.gz"))
 
 
 def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(tmp_path, monkeypatch):
-    monkeypatch.setattr(lra.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"<html>moved</html>"))
+    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"<html>moved</html>"))
     target = tmp_path / "imdb" / "aclImdb_v1.tar.gz"
     with pytest.raises(DataError, match=f"expected {lra.Text.SHA256}.*deleted"):
-        lra.fetch(lra.Text.URL, target, "text:", sha256=lra.Text.SHA256)
+        data.fetch(lra.Text.URL, target, "text:", sha256=lra.Text.SHA256)
     assert not target.exists() and not list(tmp_path.rglob("*.partial"))
     good = b"payload"
-    monkeypatch.setattr(lra.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(good))
-    lra.fetch("http://x", target, "t:", md5=hashlib.md5(good).hexdigest())
+    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(good))
+    data.fetch("http://x", target, "t:", md5=hashlib.md5(good).hexdigest())
     assert target.read_bytes() == good
 
 
@@ -135,15 +135,15 @@ def test_a_refused_archive_leaves_no_extracted_members(tmp_path):
                                              ("../evil.txt", "file", b"x")])
     dest = tmp_path / "data" / "out"
     with pytest.raises(DataError, match="refusing the archive"):
-        lra.safe_extract(archive, dest)
+        data.safe_extract(archive, dest)
     assert not (tmp_path / "data").exists()  # nor the folders made for the extraction
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "old.txt").write_bytes(b"old")
     with pytest.raises(DataError, match="refusing the archive"):
-        lra.safe_extract(archive, tmp_path / "kept")
+        data.safe_extract(archive, tmp_path / "kept")
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["old.txt"]
     with pytest.raises(DataError, match=r"lacks \['data/absent.txt'\]"):
-        lra.safe_extract(_tar(tmp_path / "good.tar.gz", [("data/ok.txt", "file", b"fine")]), tmp_path / "new",
+        data.safe_extract(_tar(tmp_path / "good.tar.gz", [("data/ok.txt", "file", b"fine")]), tmp_path / "new",
                          required=["data/absent.txt"])
     assert not (tmp_path / "new").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tar.gz", "good.tar.gz", "kept"]  # no staging left
@@ -171,17 +171,17 @@ def test_archive_members_larger_than_the_limit_are_refused_before_they_are_read(
     else:
         archive = _tar(tmp_path / "bomb.tar.gz", [("data/small.txt", "file", b"fine"), ("data/big.bin", "file", big)])
         monkeypatch.setattr(tarfile.TarFile, "extractfile", _refuse_reading(tarfile.TarFile.extractfile, "big.bin"))
-    monkeypatch.setattr(lra, "MAX_MEMBER_BYTES", 4096)
-    monkeypatch.setattr(lra, "MAX_EXTRACTED_BYTES", 4096)
+    monkeypatch.setattr(data, "MAX_MEMBER_BYTES", 4096)
+    monkeypatch.setattr(data, "MAX_EXTRACTED_BYTES", 4096)
     with pytest.raises(DataError, match="member data/big.bin declares 5,000 bytes, more than the 4,096 allowed"):
-        list(lra.iter_archive(archive))
+        list(data.iter_archive(archive))
     with pytest.raises(DataError, match="declares 5,000 bytes"):
-        lra.safe_extract(archive, tmp_path / "out")
+        data.safe_extract(archive, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     monkeypatch.setattr(zipfile.ZipFile, "open", original_open)
     monkeypatch.setattr(tarfile.TarFile, "extractfile", original_extractfile)
-    monkeypatch.setattr(lra, "MAX_MEMBER_BYTES", 5000)
-    assert dict(lra.iter_archive(archive))[PurePosixPath("data/big.bin")] == big  # at the limit: read
+    monkeypatch.setattr(data, "MAX_MEMBER_BYTES", 5000)
+    assert dict(data.iter_archive(archive))[PurePosixPath("data/big.bin")] == big  # at the limit: read
 
 
 def _refuse_reading(method, name):
@@ -196,13 +196,13 @@ def test_a_failed_download_leaves_no_file_and_no_folder(tmp_path, monkeypatch):
         raise OSError("network unreachable (test)")
 
     monkeypatch.delenv("SPARSE_ATTN_OFFLINE")
-    monkeypatch.setattr(lra.urllib.request, "urlopen", unreachable)
+    monkeypatch.setattr(data.urllib.request, "urlopen", unreachable)
     missing = tmp_path / "no" / "such" / "data"
     for name in ("text", "image"):
         with pytest.raises(DataError, match="The download failed: network unreachable"):
             get_task(name).setup(256, 0, missing)
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(lra.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"<html>moved</html>"))
+    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"<html>moved</html>"))
     with pytest.raises(DataError, match="it was deleted"):
         get_task("text").setup(256, 0, missing)
     assert list(tmp_path.iterdir()) == []
@@ -305,7 +305,7 @@ def _cifar_python(path: Path, per_batch: int = 12, test: int = 10) -> Path:
 
 
 def _md5s(path: Path):
-    return {name.name: hashlib.md5(data).hexdigest() for name, data in lra.iter_archive(path)}
+    return {name.name: hashlib.md5(data).hexdigest() for name, data in data.iter_archive(path)}
 
 
 def test_lra_grayscale_matches_tensorflows_rounding():
@@ -403,8 +403,8 @@ def _connected(mask, start, goal):
 
 @pytest.mark.parametrize("side,count", [(32, 120), (16, 120)])
 def test_pathfinder_images_keep_their_promises(side, count):
-    params = lra.PathfinderParams.for_side(side)
-    images, labels, records = lra.generate_pathfinder(count, params, np.random.default_rng(3), records=True)
+    params = pathfinder.PathfinderParams.for_side(side)
+    images, labels, records = pathfinder.generate_pathfinder(count, params, np.random.default_rng(3), records=True)
     assert images.shape == (count, side, side) and images.dtype == np.uint8
     assert labels.sum() == count // 2  # exactly balanced
     scale = 8  # path mask: the centre lines of every snake, rasterised at 8 cells per pixel
@@ -434,10 +434,10 @@ def test_pathfinder_images_keep_their_promises(side, count):
 
 
 def test_pathfinder_is_determined_by_the_seed():
-    params = lra.PathfinderParams.for_side(16)
-    a = lra.generate_pathfinder(50, params, np.random.default_rng(1))
-    b = lra.generate_pathfinder(50, params, np.random.default_rng(1))
-    c = lra.generate_pathfinder(50, params, np.random.default_rng(2))
+    params = pathfinder.PathfinderParams.for_side(16)
+    a = pathfinder.generate_pathfinder(50, params, np.random.default_rng(1))
+    b = pathfinder.generate_pathfinder(50, params, np.random.default_rng(1))
+    c = pathfinder.generate_pathfinder(50, params, np.random.default_rng(2))
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     assert not np.array_equal(a[0], c[0])
 

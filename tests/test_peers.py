@@ -23,7 +23,8 @@ def test_bad_options_exit_2(argv):
 
 @pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in peers.PEER_PACKAGES),
                     reason="optional: pip install -r requirements-peers.txt")
-def test_tiny_side_by_side_run(capsys):
-    assert peers.main(["--lengths", "128", "--repeats", "1", "--warmup", "0"]) == 0
+def test_tiny_side_by_side_run(capsys, tmp_path):
+    assert peers.main(["--lengths", "128", "--repeats", "1", "--warmup-iters", "0", "--out", str(tmp_path)]) == 0
     table = capsys.readouterr().out
     assert all(f"| {name} " in table for name in peers.PEERS)
+    assert (tmp_path / "peers.md").read_text().strip() in table

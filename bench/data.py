@@ -1,0 +1,329 @@
+"""Data I/O of the harness: files written atomically, archives read or extracted safely, the one downloader,
+and the caches of decoded data. The tasks (bench/datasets.py, bench/lra.py) read their data through it.
+
+Files are looked up under ``--data-dir`` (``$SPARSE_ATTN_DATA``, else ``./data``). A missing or corrupt file
+raises ``DataError`` with what was looked for, where, and how to get it; the entry points print it and exit 1.
+
+Downloads (``fetch``) go to a ``.partial`` file beside the target and are renamed into place only after their
+checksum (and any check of their content) passed; a failed download is deleted, with the folders made for it
+(``created_folders``). ``SPARSE_ATTN_OFFLINE`` turns every download off.
+
+Archives are read or extracted member by member: absolute names, ``..`` components, links and device files
+are refused with a DataError and nothing is written outside the destination folder. A member is read into
+memory only up to ``MAX_MEMBER_BYTES`` (64 MiB; the largest real one, a CIFAR-10 batch, is 31 MB) and
+extracted to disk only up to ``MAX_EXTRACTED_BYTES`` (16 GiB): a larger declared size is refused before
+anything of it is read. Extraction goes to a temporary folder, moved into place only once the whole archive
+passed, so a refused archive leaves no members behind.
+
+Caches: decoded data are kept as uncompressed ``.npz`` files keyed by the source's sha256 (archives) or by a
+listing of names, sizes and modification times (folders), written atomically, under ``$SPARSE_ATTN_CACHE``,
+else ``<data-dir>/cache`` when it is writable, else ``~/.cache/sparse-attn`` (a cache found in any of them is
+read; the folder is made only when a cache is written, after the data were read successfully).
+"""
+import contextlib
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+import zlib
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, Iterator, List, Optional, Tuple
+
+if TYPE_CHECKING:  # numpy is imported where a cache is read or written: the command lines' --help stays light
+    import numpy as np
+
+MAX_MEMBER_BYTES = 64 << 20  # an archive member read into memory (the largest real one: a 31 MB CIFAR-10 batch)
+MAX_EXTRACTED_BYTES = 16 << 30  # an archive member extracted to disk (LRA's AAN TSVs)
+
+
+class DataError(RuntimeError):
+    """A dataset is missing, corrupt or cannot be fetched; the message says what to do."""
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("SPARSE_ATTN_DATA", "data"))
+
+
+# ------------------------------------------------------------------------------------------ files
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def created_folders(folder: Path):
+    """Creates ``folder`` with its missing parents for the block; if the block fails, removes the ones it
+    created (deepest first, and only while empty), so a failed download or extraction leaves no folders."""
+    missing, parent = [], Path(folder)
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the folder {folder}: {exc.strerror}") from None
+    try:
+        yield
+    except BaseException:
+        for created in missing:
+            try:
+                created.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def plain_mode(mode: int) -> int:
+    """``mode`` less the process's umask: what open() (0o666) or mkdir() (0o777) would give."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
+def temporary_file(path: Path) -> Tuple[int, str]:
+    """A temporary file beside ``path`` with the permissions a plain open() would give (mkstemp's are 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.chmod(tmp, plain_mode(0o666))
+    return fd, tmp
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    write_atomic_with(path, lambda f: f.write(data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(file)`` into a temporary file, synced and renamed over ``path``: a reader (or a run killed at any
+    instant) sees the old file or the whole new one, never a part."""
+    fd, tmp = temporary_file(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ------------------------------------------------------------------------------------------ archives
+def check_member(name: str, archive: Path, kind: str = "file") -> PurePosixPath:
+    """A member's path relative to the archive root; DataError for anything that could land outside it."""
+    reason = None
+    if kind not in ("file", "dir"):
+        reason = f"is a {kind}"
+    elif not name or name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        reason = "has an absolute path"
+    elif "\\" in name or "\x00" in name:
+        reason = "has a backslash or NUL in its name"
+    elif ".." in PurePosixPath(name).parts:
+        reason = "has a '..' component"
+    if reason:
+        raise DataError(f"refusing the archive {archive}: member {name!r} {reason} (links, absolute or '..' "
+                        f"paths could write outside the data folder). Use an untampered copy of the archive.")
+    return PurePosixPath(name)
+
+
+def _tar_kind(member: tarfile.TarInfo) -> str:
+    if member.isfile():
+        return "file"
+    if member.isdir():
+        return "dir"
+    return {tarfile.SYMTYPE: "symbolic link", tarfile.LNKTYPE: "hard link"}.get(member.type, "special file")
+
+
+def _zip_kind(info: zipfile.ZipInfo) -> str:
+    mode = info.external_attr >> 16
+    if (mode & 0o170000) == 0o120000:
+        return "symbolic link"
+    if mode and (mode & 0o170000) not in (0, 0o100000, 0o040000):
+        return "special file"
+    return "dir" if info.is_dir() else "file"
+
+
+def check_size(name: PurePosixPath, size: int, archive: Path, limit: int) -> None:
+    if size > limit:
+        raise DataError(f"refusing the archive {archive}: member {name} declares {size:,} bytes, more than the "
+                        f"{limit:,} allowed for it (a damaged or hostile archive). Use an untampered copy.")
+
+
+def archive_members(path: Path, want: Callable[[PurePosixPath], bool], limit: int,
+                    consume: Callable[[PurePosixPath, IO[bytes]], object]) -> Iterator[Tuple[PurePosixPath, object]]:
+    """(member path, consume(member path, member stream)) for the regular files of a tar (any compression) or
+    zip archive that ``want`` selects, in archive order, in one sequential pass. Every member is checked
+    (``check_member``) before anything of it is used, and its declared size against ``limit`` before it is
+    read (the readers stop at the declared size): an unsafe one stops the whole archive with a DataError."""
+    path = Path(path)
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                infos = zf.infolist()
+                for info in infos:
+                    check_member(info.filename, path, _zip_kind(info))
+                for info in infos:
+                    name = PurePosixPath(info.filename)
+                    if not info.is_dir() and want(name):
+                        check_size(name, info.file_size, path, limit)
+                        with zf.open(info) as stream:
+                            yield name, consume(name, stream)
+            return
+        with tarfile.open(path, "r|*") as tf:  # streaming: no seeking back through a compressed archive
+            for member in tf:
+                name = check_member(member.name, path, _tar_kind(member))
+                if member.isfile() and want(name):
+                    check_size(name, member.size, path, limit)
+                    yield name, consume(name, tf.extractfile(member))
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise DataError(f"cannot read the archive {path}: {exc}. Delete it and fetch it again.") from None
+
+
+def iter_archive(path: Path, want: Callable[[PurePosixPath], bool] = lambda p: True
+                 ) -> Iterator[Tuple[PurePosixPath, bytes]]:
+    """(member path, bytes) of the selected regular files (``archive_members``), each at most
+    ``MAX_MEMBER_BYTES``."""
+    return archive_members(path, want, MAX_MEMBER_BYTES, lambda name, stream: stream.read())
+
+
+def safe_extract(archive: Path, dest: Path, want: Callable[[PurePosixPath], bool] = lambda p: True,
+                 rename: Callable[[PurePosixPath], PurePosixPath] = lambda p: p,
+                 required: Collection[PurePosixPath] = ()) -> List[Path]:
+    """Writes the selected regular files of ``archive`` under ``dest`` (at ``rename(member path)``), each
+    streamed to disk (at most ``MAX_EXTRACTED_BYTES``). Links, absolute and '..' paths are refused
+    (``archive_members``) and every target is checked to lie inside ``dest``. Everything goes first to a
+    temporary folder beside ``dest`` and is moved into place only when the whole archive passed and every
+    path in ``required`` was among the files: otherwise nothing is left (nor the folders made for it)."""
+    dest = Path(dest)
+    root = os.path.normpath(os.path.abspath(dest))
+
+    def stage(name: PurePosixPath, stream: IO[bytes]) -> PurePosixPath:
+        relative = check_member(str(rename(name)), archive)
+        target = os.path.normpath(os.path.join(root, *relative.parts))
+        if os.path.commonpath([root, target]) != root:
+            raise DataError(f"refusing the archive {archive}: {name} would land outside {dest}")
+        staged = staging.joinpath(*relative.parts)
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        with open(staged, "wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 20)
+        return relative
+
+    with created_folders(dest.parent):
+        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial"))
+        os.chmod(staging, plain_mode(0o777))  # mkdtemp's are 0700, and the folder may become dest itself
+        try:
+            relatives = [relative for _, relative in archive_members(archive, want, MAX_EXTRACTED_BYTES, stage)]
+            missing = sorted(set(map(str, required)) - set(map(str, relatives)))
+            if missing:
+                raise DataError(f"{archive} lacks {missing} (found {sorted(map(str, relatives))})")
+            if not dest.exists():
+                os.replace(staging, dest)  # one rename: every file appears at once
+            for relative in relatives:
+                staged, target = staging.joinpath(*relative.parts), dest.joinpath(*relative.parts)
+                if staged.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staged, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return [dest.joinpath(*relative.parts) for relative in relatives]
+
+
+# ------------------------------------------------------------------------------------------ downloads
+def offline() -> bool:
+    return bool(os.environ.get("SPARSE_ATTN_OFFLINE"))
+
+
+def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md5: Optional[str] = None,
+          verify: Optional[Callable[[Path], Optional[str]]] = None) -> Path:
+    """Downloads ``url`` to ``path`` through ``path.partial``, renamed into place only when the bytes have the
+    given checksum (sha256 or md5) and ``verify(partial)`` (a check of the content: what is wrong, or None)
+    finds nothing wrong. On any failure the partial file and the folders made for it are deleted. The one
+    downloader of the harness."""
+    partial = path.with_name(path.name + ".partial")
+    digest = hashlib.sha256() if sha256 else hashlib.md5()
+    with created_folders(path.parent):
+        print(f"downloading {url} to {path} ...", flush=True)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+            expected = sha256 or md5
+            problem = None
+            if expected is not None and digest.hexdigest() != expected:
+                problem = f"has {digest.name} {digest.hexdigest()}, expected {expected}"
+            elif verify is not None:
+                problem = verify(partial)
+            if problem is not None:
+                raise DataError(f"{help_text} The download from {url} {problem}; it was deleted.")
+            partial.replace(path)
+        except OSError as exc:
+            raise DataError(f"{help_text} The download failed: {exc}") from None
+        finally:
+            partial.unlink(missing_ok=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ caches
+def cache_folders(data_dir: Path) -> List[Path]:
+    """Where caches live, in order: $SPARSE_ATTN_CACHE alone, else <data_dir>/cache and ~/.cache/sparse-attn."""
+    if os.environ.get("SPARSE_ATTN_CACHE"):
+        return [Path(os.environ["SPARSE_ATTN_CACHE"])]
+    return [Path(data_dir) / "cache", Path.home() / ".cache" / "sparse-attn"]
+
+
+def writable_cache_folder(data_dir: Path) -> Path:
+    """The first of ``cache_folders`` that exists or can be made, and can be written."""
+    folders = cache_folders(data_dir)
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if os.access(folder, os.W_OK):
+                return folder
+        except OSError:
+            pass
+    raise DataError(f"no writable cache folder: set SPARSE_ATTN_CACHE (tried {', '.join(map(str, folders))})")
+
+
+def load_cache(path: Path) -> Optional[Dict[str, "np.ndarray"]]:
+    import numpy as np
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {key: f[key] for key in f.files}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None  # a damaged cache is rebuilt
+
+
+def save_cache(path: Path, arrays: Dict[str, "np.ndarray"]) -> None:
+    import numpy as np
+    write_atomic_with(path, lambda f: np.savez(f, **arrays))
+
+
+def source_key(path: Path) -> str:
+    """sha256 of an archive file; for a folder, of its listing (relative names, sizes, mtimes)."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        stat = file.stat()
+        digest.update(f"{file.relative_to(path).as_posix()}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"]]) -> Dict[str, "np.ndarray"]:
+    """The cache ``name`` from the first cache folder that holds a readable one, else ``build()``, saved; the
+    cache folder is made only then, so a build that fails leaves none."""
+    for folder in cache_folders(data_dir):
+        arrays = load_cache(folder / f"{name}.npz")
+        if arrays is not None:
+            return arrays
+    arrays = build()
+    save_cache(writable_cache_folder(data_dir) / f"{name}.npz", arrays)
+    return arrays
