@@ -607,11 +607,8 @@ def build_model(args, task, config: dict, device: torch.device, make_attention: 
         task.data_file = args.data_file
     if args.no_download:
         task.download_allowed = False
-    model_cfg = ModelConfig(vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                            max_len=config["seq_len"], dim=config["dim"], depth=config["depth"],
-                            heads=config["heads"], head_dim=config["head_dim"], mlp_dim=config["mlp_dim"],
-                            dropout=config["dropout"], attn_dropout=config["attn_dropout"],
-                            pos_emb=config["pos_emb"])
+    model_cfg = ModelConfig.of(config, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
+                               max_len=config["seq_len"])
     factory = make_attention(model_cfg)
     try:
         check_attention(factory, model_cfg, device, causal=task.head == "lm")
