@@ -24,12 +24,13 @@ each by top-k pruning and by correlation-based selection, k = 20); learned (§4.
 Analysis (§4.1, Fig. 1): accumulated maps normalised by the number of sequences covering each pair (the
 sequence-length normalisation) and, along each diagonal d, by its n − |d| pairs (the distance normalisation).
 
-Pipeline (`main` here, `run_pipeline` in bench/kernel_pipeline.py): (1) dense masked-LM teacher, 15% masking,
-through bench.train; (2) §4.1 analysis on training batches; (3) the three kernel families, a predictor per layer
-fitted with Eq. 1 (and, §6.2, with a per-kernel loss); (4) §5.2 sparsified validation: perplexity, sparsity,
-attention FLOPs counted from the entries actually computed (Table 1, Table 3), against τ and K (Fig. 5) and
-sparsifying from the last layer backwards (Fig. 6); (5) beyond the paper (§6.2): fine-tune the backbone end to
-end with the predicted masks in place, at the sweep setting of lowest validation perplexity within a FLOP budget.
+Pipeline (bench/recipes/kernel.py runs `run_pipeline` of bench/kernel_pipeline.py, which takes its pieces from
+here): (1) dense masked-LM teacher, 15% masking, through bench.train; (2) §4.1 analysis on training batches; (3) the
+three kernel families, a predictor per layer fitted with Eq. 1 (and, §6.2, with a per-kernel loss); (4) §5.2
+sparsified validation: perplexity, sparsity, attention FLOPs counted from the entries actually computed (Table 1,
+Table 3), against τ and K (Fig. 5) and sparsifying from the last layer backwards (Fig. 6); (5) beyond the paper
+(§6.2): fine-tune the backbone end to end with the predicted masks in place, at the sweep setting of lowest
+validation perplexity within a FLOP budget.
 
 Deviations (named):
 1. The teacher is ours (no RoBERTa download): the shared pre-LN backbone as a byte-level masked LM (vocabulary
@@ -68,8 +69,7 @@ for as many steps with dense attention, so that extra training is not credited t
 metrics.json: the top-level valid/test/density/FLOPs are the final sparse model's (fine-tuned when
 --finetune-steps > 0); the dense teacher's are under kernel.teacher; kernel_report.md is generated from it.
 
-Commands (`--help` lists every option). `python -m bench.train --method kernel --attn mode=dense` uses the module
-as one more attention on bench's tasks; the pipeline below runs only through this file's main():
+Commands (`--help` lists every option; `python -m bench.train --method kernel ...` runs the same pipeline):
     python kernel_sparse.py --task wikitext2                         # CPU preset, minutes on one core
     python kernel_sparse.py --task wikitext2 --preset paper          # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR      # re-run the pipeline on a trained teacher
