@@ -147,7 +147,8 @@ def test_help_lists_the_options():
 
 
 ENTRY_POINTS = [("python -m bench.train", "bench.train", []),
-                ("python -m bench.train", "bench.train", ["--method", "sbm"]), ("python sbm_transformer.py", "sbm_transformer", []), ("python ssa.py", "ssa", []),
+                ("python -m bench.train", "bench.train", ["--method", "sbm"]),
+                ("python sbm_transformer.py", "sbm_transformer", []), ("python ssa.py", "ssa", []),
                 ("python kernel_sparse.py", "kernel_sparse", [])]
 
 
