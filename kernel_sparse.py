@@ -354,7 +354,8 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def init_learned_kernels(max_len: int, count: int = 14, generator: Optional[torch.Generator] = None) -> KernelBank:
+def init_learned_kernels(max_len: int, count: int = KernelConfig.learned_kernels,
+                         generator: Optional[torch.Generator] = None) -> KernelBank:
     """§4.2.3: `count` local kernels of length 2L−1 per layer (the paper's 1023 at L = 512), randomly
     initialised logits N(0, 1), shared by the heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
@@ -367,8 +368,9 @@ class KernelPredictor(nn.Module):
     The first layer on the concatenated window is a Conv1d over the sequence (the same linear map at every
     position); the location embedding (4-d, learned) enters through its own linear map into the same units."""
 
-    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = 5, hidden: int = 64,
-                 hidden_layers: int = 2, location_dim: int = 4):
+    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = KernelConfig.window,
+                 hidden: int = KernelConfig.hidden, hidden_layers: int = KernelConfig.hidden_layers,
+                 location_dim: int = 4):
         super().__init__()
         if bank.row.shape[0] not in (1, heads):
             raise ValueError(f"kernel groups must be 1 or heads={heads}, got {bank.row.shape[0]}")
@@ -399,9 +401,11 @@ class KernelSparseAttention(nn.Module):
     predicted mask, "sparse" = the same computed on the mask's entries only (the default)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
-                 kernels: str = "standard", learned_kernels: int = 14, window: int = 5, hidden: int = 64,
-                 hidden_layers: int = 2, select: str = "threshold", threshold: float = 0.5, top_k: int = 3,
-                 mode: str = "sparse", alibi: bool = False):
+                 kernels: str = "standard", learned_kernels: int = KernelConfig.learned_kernels,
+                 window: int = KernelConfig.window, hidden: int = KernelConfig.hidden,
+                 hidden_layers: int = KernelConfig.hidden_layers, select: str = KernelConfig.select,
+                 threshold: float = KernelConfig.threshold, top_k: int = KernelConfig.top_k, mode: str = "sparse",
+                 alibi: bool = False):
         super().__init__()
         if min(dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k) < 1:
             raise ValueError("dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k must be "

@@ -101,7 +101,8 @@ class SSAConfig:
         "type": _grid, "metavar": "RxC",
         "help": "2-D variant: tokens form an R×C grid row by row; windows are bands of rows"})
     alibi: bool = field(default=True, metadata={
-        "flag": "--no-alibi", "negate": True, "help": "no ALiBi bias (then only masks are re-indexed); with ALiBi a language model has no positional "
+        "flag": "--no-alibi", "negate": True,
+        "help": "no ALiBi bias (then only masks are re-indexed); with ALiBi a language model has no positional "
                 "embeddings unless --pos-emb true (App. B.1)"})
     fused: bool = field(default=True, metadata={
         "flag": "--reference-core", "negate": True,
@@ -207,7 +208,8 @@ class SSAttention(nn.Module):
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
                  windows: int = SSAConfig.windows, sigma: float = 0.1, unbiased: Optional[float] = None,
-                 grid: Optional[Tuple[int, int]] = None, alibi: bool = True, fused: bool = True, mode: str = "sample"):
+                 grid: Optional[Tuple[int, int]] = None, alibi: bool = SSAConfig.alibi, fused: bool = SSAConfig.fused,
+                 mode: str = "sample"):
         super().__init__()
         if min(dim, heads, head_dim, windows) < 1:
             raise ValueError(f"dim, heads, head_dim, windows must be positive, got {dim, heads, head_dim, windows}")
