@@ -24,12 +24,13 @@ each by top-k pruning and by correlation-based selection, k = 20); learned (§4.
 Analysis (§4.1, Fig. 1): accumulated maps normalised by the number of sequences covering each pair (the
 sequence-length normalisation) and, along each diagonal d, by its n − |d| pairs (the distance normalisation).
 
-Pipeline (`main` here, `run_pipeline` in bench/kernel_pipeline.py): (1) dense masked-LM teacher, 15% masking,
-through bench.train; (2) §4.1 analysis on training batches; (3) the three kernel families, a predictor per layer
-fitted with Eq. 1 (and, §6.2, with a per-kernel loss); (4) §5.2 sparsified validation: perplexity, sparsity,
-attention FLOPs counted from the entries actually computed (Table 1, Table 3), against τ and K (Fig. 5) and
-sparsifying from the last layer backwards (Fig. 6); (5) beyond the paper (§6.2): fine-tune the backbone end to
-end with the predicted masks in place, at the sweep setting of lowest validation perplexity within a FLOP budget.
+Pipeline (bench/recipes/kernel.py runs `run_pipeline` of bench/kernel_pipeline.py, which takes its pieces from
+here): (1) dense masked-LM teacher, 15% masking, through bench.train; (2) §4.1 analysis on training batches; (3) the
+three kernel families, a predictor per layer fitted with Eq. 1 (and, §6.2, with a per-kernel loss); (4) §5.2
+sparsified validation: perplexity, sparsity, attention FLOPs counted from the entries actually computed (Table 1,
+Table 3), against τ and K (Fig. 5) and sparsifying from the last layer backwards (Fig. 6); (5) beyond the paper
+(§6.2): fine-tune the backbone end to end with the predicted masks in place, at the sweep setting of lowest
+validation perplexity within a FLOP budget.
 
 Deviations (named):
 1. The teacher is ours (no RoBERTa download): the shared pre-LN backbone as a byte-level masked LM (vocabulary
@@ -68,8 +69,7 @@ for as many steps with dense attention, so that extra training is not credited t
 metrics.json: the top-level valid/test/density/FLOPs are the final sparse model's (fine-tuned when
 --finetune-steps > 0); the dense teacher's are under kernel.teacher; kernel_report.md is generated from it.
 
-Commands (`--help` lists every option). `python -m bench.train --method kernel --attn mode=dense` uses the module
-as one more attention on bench's tasks; the pipeline below runs only through this file's main():
+Commands (`--help` lists every option; `python -m bench.train --method kernel ...` runs the same pipeline):
     python kernel_sparse.py --task wikitext2                         # CPU preset, minutes on one core
     python kernel_sparse.py --task wikitext2 --preset paper          # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR      # re-run the pipeline on a trained teacher
@@ -79,11 +79,9 @@ Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model w
 groups (1: shared by the heads, or H), L max length, R rows (queries) taken, S selected (row, head, kernel)
 triples or sequences, E edges; "global" query / key indices are (b·H + h)·N + i / (b·H + h)·M + s.
 """
-import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import torch
@@ -99,34 +97,58 @@ SELECTS = ("threshold", "topk")
 STANDARD_WINDOWS = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (16, 4), (32, 8))
 
 
+def _floats(text: str) -> Tuple[float, ...]:
+    return tuple(float(t) for t in text.split(",") if t)
+
+
+def _ints(text: str) -> Tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t)
+
+
+def _names(text: str) -> Tuple[str, ...]:
+    return tuple(t for t in text.split(",") if t)
+
+
 @dataclass
 class KernelConfig:
-    """The pipeline's settings (paper values where it gives them)."""
-    families: Tuple[str, ...] = FAMILIES
-    losses: Tuple[str, ...] = LOSSES  # "per-kernel" is fitted for the binary families only (deviation 6)
-    target: str = "threshold"  # binary targets: the 0.05 threshold (§4.2) or the top-k of each row
-    target_threshold: float = 0.05
-    target_topk: int = 20
-    handcrafted_k: int = 20  # ones per handcrafted kernel (§4.2.2)
-    learned_kernels: int = 14  # §4.2.3
-    window: int = 5  # tokens in the predictor's window (§6.1: "a 5-token window")
-    hidden: int = 64  # §4.2: 32 or 64
-    hidden_layers: int = 2  # §4.2: 2 or 3
-    select: str = "threshold"  # §5.2: threshold the coefficients, or take the top-K
-    threshold: float = 0.5
-    top_k: int = 3
-    analysis_sequences: int = 128  # training sequences shown to the analysis and the predictors
-    predictor_steps: int = 300
-    predictor_lr: float = 3e-3
-    predictor_batch: int = 8  # sequences per predictor step
-    predictor_rows: int = 32  # query rows per sequence in a predictor step (Eq. 1 sums over rows)
-    thresholds: Tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)  # Fig. 5
-    top_ks: Tuple[int, ...] = (1, 2, 3, 5, 8)  # Fig. 5
-    sweep: str = "standard/max"  # the variant of Fig. 5, Fig. 6 and the fine-tuning
-    flops_budget: float = 0.6  # fine-tune the sweep setting of best perplexity with core FLOPs ≤ budget × dense
-    finetune_steps: int = 300
-    finetune_lr: float = 5e-4
-    alibi: bool = True  # the teacher's attention carries a symmetric ALiBi bias (deviation 10)
+    """The pipeline's settings (paper values where it gives them). Each field is also an option of
+    `python kernel_sparse.py` (its metadata: the help)."""
+    families: Tuple[str, ...] = field(default=FAMILIES, metadata={
+        "type": _names, "help": "kernel families to fit, comma-separated"})
+    losses: Tuple[str, ...] = field(default=LOSSES, metadata={
+        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (for the binary families only: "
+                                "deviation 6)"})
+    target: str = field(default="threshold", metadata={
+        "choices": ("threshold", "topk"), "help": "binary targets: the threshold (§4.2) or the top-k of each row"})
+    target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
+    target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
+    handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
+    learned_kernels: int = field(default=14, metadata={"help": "learned kernels per layer (§4.2.3)"})
+    window: int = field(default=5, metadata={"help": "tokens in the predictor's window, odd (§6.1)"})
+    hidden: int = field(default=64, metadata={"help": "predictor hidden width (§4.2: 32 or 64)"})
+    hidden_layers: int = field(default=2, metadata={"help": "predictor hidden layers (§4.2: 2 or 3)"})
+    select: str = field(default="threshold", metadata={
+        "choices": SELECTS, "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)"})
+    threshold: float = field(default=0.5, metadata={"help": "τ: take kernels with α > τ"})
+    top_k: int = field(default=3, metadata={"help": "K: take the K largest α"})
+    analysis_sequences: int = field(default=128, metadata={
+        "help": "training sequences shown to the analysis and the predictors"})
+    predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
+    predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
+    predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
+    predictor_rows: int = field(default=32, metadata={
+        "help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"})
+    thresholds: Tuple[float, ...] = field(default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={
+        "type": _floats, "help": "Fig. 5 thresholds, comma-separated"})
+    top_ks: Tuple[int, ...] = field(default=(1, 2, 3, 5, 8), metadata={
+        "type": _ints, "help": "Fig. 5 top-K values, comma-separated"})
+    sweep: str = field(default="standard/max", metadata={"help": "FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning"})
+    flops_budget: float = field(default=0.6, metadata={
+        "help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"})
+    finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
+    finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
+    alibi: bool = field(default=True, metadata={
+        "help": "symmetric ALiBi bias in the teacher's attention (deviation 10)"})
 
     def __post_init__(self):
         unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
@@ -343,7 +365,8 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def init_learned_kernels(max_len: int, count: int = 14, generator: Optional[torch.Generator] = None) -> KernelBank:
+def init_learned_kernels(max_len: int, count: int = KernelConfig.learned_kernels,
+                         generator: Optional[torch.Generator] = None) -> KernelBank:
     """§4.2.3: `count` local kernels of length 2L−1 per layer (the paper's 1023 at L = 512), randomly
     initialised logits N(0, 1), shared by the heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
@@ -356,8 +379,9 @@ class KernelPredictor(nn.Module):
     The first layer on the concatenated window is a Conv1d over the sequence (the same linear map at every
     position); the location embedding (4-d, learned) enters through its own linear map into the same units."""
 
-    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = 5, hidden: int = 64,
-                 hidden_layers: int = 2, location_dim: int = 4):
+    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = KernelConfig.window,
+                 hidden: int = KernelConfig.hidden, hidden_layers: int = KernelConfig.hidden_layers,
+                 location_dim: int = 4):
         super().__init__()
         if bank.row.shape[0] not in (1, heads):
             raise ValueError(f"kernel groups must be 1 or heads={heads}, got {bank.row.shape[0]}")
@@ -388,9 +412,11 @@ class KernelSparseAttention(nn.Module):
     predicted mask, "sparse" = the same computed on the mask's entries only (the default)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
-                 kernels: str = "standard", learned_kernels: int = 14, window: int = 5, hidden: int = 64,
-                 hidden_layers: int = 2, select: str = "threshold", threshold: float = 0.5, top_k: int = 3,
-                 mode: str = "sparse", alibi: bool = False):
+                 kernels: str = "standard", learned_kernels: int = KernelConfig.learned_kernels,
+                 window: int = KernelConfig.window, hidden: int = KernelConfig.hidden,
+                 hidden_layers: int = KernelConfig.hidden_layers, select: str = KernelConfig.select,
+                 threshold: float = KernelConfig.threshold, top_k: int = KernelConfig.top_k, mode: str = "sparse",
+                 alibi: bool = False):
         super().__init__()
         if min(dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k) < 1:
             raise ValueError("dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k must be "
@@ -512,9 +538,9 @@ class LayerData:
 
 
 @torch.no_grad()
-def layer_inputs(model: nn.Module, batches, device) -> List[List[tuple]]:
-    """Per layer, the (x, valid, causal) each attention received while the model ran on `batches`."""
-    from bench.train import model_inputs
+def layer_inputs(model: nn.Module, inputs: List[dict]) -> List[List[tuple]]:
+    """Per layer, the (x, valid, causal) each attention received while the model ran on each of `inputs` (the
+    model's keyword arguments of a batch)."""
     seen = [[] for _ in model.blocks]
 
     def hook(index):
@@ -526,8 +552,8 @@ def layer_inputs(model: nn.Module, batches, device) -> List[List[tuple]]:
 
     handles = [block.attn.register_forward_pre_hook(hook(i), with_kwargs=True) for i, block in enumerate(model.blocks)]
     try:
-        for batch in batches:
-            model(**model_inputs(batch, device))
+        for batch in inputs:
+            model(**batch)
     finally:
         for handle in handles:
             handle.remove()
@@ -722,86 +748,11 @@ def install(model: nn.Module, predictors: Optional[List[KernelPredictor]] = None
 
 
 # -------------------------------------------------------------------------------------------------- main
-def _floats(text: str) -> Tuple[float, ...]:
-    return tuple(float(t) for t in text.split(",") if t)
-
-
-def _ints(text: str) -> Tuple[int, ...]:
-    return tuple(int(t) for t in text.split(",") if t)
-
-
-def _names(text: str) -> Tuple[str, ...]:
-    return tuple(t for t in text.split(",") if t)
-
-
 def main(argv=None) -> int:
-    """`python kernel_sparse.py --task T [harness options] [kernel options]`: the teacher trains through the
-    harness, the pipeline runs as its after-training hook."""
-    from bench import kernel_pipeline, kernel_report, tasks, train  # needed only to run, never to import this file
-
-    parser = train.build_parser("Kernel-based learned sparse attention (Karkhanis et al.): dense teacher, §4.1 "
-                                "analysis, kernel predictors, sparsified inference, end-to-end fine-tuning.",
-                                method="kernel")
-    d = KernelConfig()
-    group = parser.add_argument_group("kernel pipeline (defaults: the paper's values where it gives them)")
-    group.add_argument("--families", type=_names, default=d.families, help="kernel families to fit, comma-separated")
-    group.add_argument("--losses", type=_names, default=d.losses, help="predictor losses: max (Eq. 1), per-kernel")
-    group.add_argument("--target", choices=("threshold", "topk"), default=d.target, help="binary targets (§4.2)")
-    group.add_argument("--target-threshold", type=float, default=d.target_threshold, help="a_is = 1[p ≥ this]")
-    group.add_argument("--target-topk", type=int, default=d.target_topk, help="k of the top-k targets")
-    group.add_argument("--handcrafted-k", type=int, default=d.handcrafted_k, help="ones per handcrafted kernel")
-    group.add_argument("--learned-kernels", type=int, default=d.learned_kernels, help="learned kernels per layer")
-    group.add_argument("--window", type=int, default=d.window, help="tokens in the predictor's window (odd)")
-    group.add_argument("--hidden", type=int, default=d.hidden, help="predictor hidden width (paper: 32 or 64)")
-    group.add_argument("--hidden-layers", type=int, default=d.hidden_layers, help="predictor hidden layers (2 or 3)")
-    group.add_argument("--select", choices=SELECTS, default=d.select, help="kernel selection at inference (§5.2)")
-    group.add_argument("--threshold", type=float, default=d.threshold, help="τ: take kernels with α > τ")
-    group.add_argument("--top-k", type=int, default=d.top_k, help="K: take the K largest α")
-    group.add_argument("--analysis-sequences", type=int, default=d.analysis_sequences,
-                       help="training sequences for the analysis and the predictors")
-    group.add_argument("--predictor-steps", type=int, default=d.predictor_steps, help="Adam steps per predictor")
-    group.add_argument("--predictor-lr", type=float, default=d.predictor_lr, help="predictor learning rate")
-    group.add_argument("--predictor-batch", type=int, default=d.predictor_batch, help="sequences per predictor step")
-    group.add_argument("--predictor-rows", type=int, default=d.predictor_rows, help="query rows per sequence and step")
-    group.add_argument("--thresholds", type=_floats, default=d.thresholds, help="Fig. 5 thresholds, comma-separated")
-    group.add_argument("--top-ks", type=_ints, default=d.top_ks, help="Fig. 5 top-K values, comma-separated")
-    group.add_argument("--sweep", default=d.sweep, help="FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning")
-    group.add_argument("--flops-budget", type=float, default=d.flops_budget,
-                       help="fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense")
-    group.add_argument("--finetune-steps", type=int, default=d.finetune_steps, help="end-to-end steps (§6.2); 0: off")
-    group.add_argument("--finetune-lr", type=float, default=d.finetune_lr, help="fine-tuning peak learning rate")
-    group.add_argument("--alibi", action=argparse.BooleanOptionalAction, default=d.alibi,
-                       help="symmetric ALiBi bias in the teacher's attention (deviation 10)")
-    args = parser.parse_args(argv)
-    if args.attn:
-        parser.error("kernel_sparse.py takes its settings as flags, not --attn")
-    try:
-        cfg = KernelConfig(**{name: getattr(args, name) for name in asdict(d)})
-        config = train.resolve_config(args)
-    except ValueError as exc:
-        parser.error(str(exc))
-
-    def make_attention(args, model_cfg):
-        return lambda layer: KernelSparseAttention(
-            model_cfg.dim, model_cfg.heads, model_cfg.head_dim, model_cfg.attn_dropout, max_len=model_cfg.max_len,
-            window=cfg.window, hidden=cfg.hidden, hidden_layers=cfg.hidden_layers, mode="dense", alibi=cfg.alibi)
-
-    def after_training(model, evaluate) -> dict:
-        task = train.get_task(args.task)  # the hook is handed no task: load the data again for training batches
-        if args.data_file is not None:
-            task.data_file = args.data_file
-        task.setup(config["seq_len"], args.seed, Path(args.data_dir) if args.data_dir else tasks.default_data_dir(),
-                   config["eval_context"])
-        out = Path(args.out or f"runs/{args.method}-{args.task}-{args.preset}-s{args.seed}")
-        result = kernel_pipeline.run_pipeline(model, evaluate, task, config, cfg, out, args.seed, args.grad_clip)
-        (out / "kernel_report.md").write_text(kernel_report.render(result["kernel"]))
-        return result
-
-    # the pipeline's settings act after the teacher's training: --resume may change them (the teacher's own,
-    # which shape its attention modules, must match)
-    teacher = ("window", "hidden", "hidden_layers", "alibi")
-    later = {name: (lambda c: c["steps"]) for name in asdict(d) if name not in teacher}
-    return train.run_cli(args, make_attention, train.Hooks(after_training=after_training, later_settings=later))
+    """`python kernel_sparse.py --task T [options]`: the teacher trains through the harness, then the pipeline
+    (options: KernelConfig's fields; procedures: bench/recipes/kernel.py and bench/kernel_pipeline.py)."""
+    from bench import train  # the harness is needed only to run, never to import this file
+    return train.main(argv, method="kernel", prog="python kernel_sparse.py")
 
 
 if __name__ == "__main__":

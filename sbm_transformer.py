@@ -98,15 +98,21 @@ CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with
 
 @dataclass
 class SBMConfig:
-    """SBM settings of a model (§4, Table 7); everything else is the task's preset."""
-    clusters: int = 128  # k (Table 7)
-    delta: float = 0.01  # δ, random edge exploration (§4.2)
-    density_weight: float = 0.0  # λ (§5.2, Table 2); Table 1 is λ = 0
-    self_loops: bool = False  # the (+I) variant (Table 8)
-    path: str = "sparse"
-    ste: str = "paper"
-    explore_in_eval: bool = False
-    shared_mlp: bool = False
+    """SBM settings of a model (§4, Table 7); everything else is the task's preset. Each field is also an option
+    of `python sbm_transformer.py` (its metadata: the help)."""
+    clusters: int = field(default=128, metadata={"help": "k, clusters per head (Table 7)"})
+    delta: float = field(default=0.01, metadata={"help": "δ, random edge exploration (§4.2)"})
+    density_weight: float = field(default=0.0, metadata={
+        "metavar": "LAMBDA", "help": "λ of the density regulariser (§5.2; Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1; "
+                                     "Table 1 is λ = 0)"})
+    self_loops: bool = field(default=False, metadata={"help": "the (+I) variant: M_ii = 1 (Table 8)"})
+    path: str = field(default="sparse", metadata={"choices": PATHS,
+                                                  "help": "sparse (fastRG) or dense (the reference path)"})
+    ste: str = field(default="paper", metadata={"choices": STE_FORMS,
+                                                "help": "the straight-through estimator: paper (Eq. 9) or official "
+                                                        "(hardtanh)"})
+    explore_in_eval: bool = field(default=False, metadata={"help": "add δ in evaluation too (official)"})
+    shared_mlp: bool = field(default=False, metadata={"help": "one node MLP for all heads (official)"})
 
     @classmethod
     def official(cls, **overrides) -> "SBMConfig":
@@ -340,10 +346,11 @@ class SBMAttention(nn.Module):
     """Multi-head SBM attention (INTERFACE.md). Budget: clusters (k), delta (δ), density_weight (λ per layer),
     self_loops; options: path, ste, explore_in_eval, shared_mlp (module docstring)."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, clusters: int = 128,
-                 delta: float = 0.01, density_weight: float = 0.0, self_loops: bool = False,
-                 path: str = "sparse", ste: str = "paper", explore_in_eval: bool = False,
-                 shared_mlp: bool = False):
+    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
+                 clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
+                 density_weight: float = SBMConfig.density_weight, self_loops: bool = SBMConfig.self_loops,
+                 path: str = SBMConfig.path, ste: str = SBMConfig.ste,
+                 explore_in_eval: bool = SBMConfig.explore_in_eval, shared_mlp: bool = SBMConfig.shared_mlp):
         super().__init__()
         if min(dim, heads, head_dim, clusters) < 1:
             raise ValueError(f"dim, heads, head_dim, clusters must be positive, got {dim, heads, head_dim, clusters}")
@@ -565,48 +572,10 @@ def density_profile(model: nn.Module, evaluate, split: str, limit: Optional[int]
 
 # -------------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
-    """`python sbm_transformer.py --task T [harness options] [SBM options]`: trains through the harness."""
+    """`python sbm_transformer.py --task T [options]`: trains through the harness (options: SBMConfig's fields;
+    procedures: bench/recipes/sbm.py)."""
     from bench import train  # the harness is needed only to run, never to import this file
-
-    parser = train.build_parser("Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one task.",
-                                method="sbm")
-    group = parser.add_argument_group("SBM-Transformer (defaults: the paper's Table 7 and §4)")
-    group.add_argument("--clusters", type=int, default=128, help="k, clusters per head (Table 7: 128)")
-    group.add_argument("--delta", type=float, default=0.01, help="δ, random edge exploration (§4.2)")
-    group.add_argument("--density-weight", type=float, default=0.0, metavar="LAMBDA",
-                       help="λ of the density regulariser (Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1)")
-    group.add_argument("--self-loops", action="store_true", help="the (+I) variant: M_ii = 1 (Table 8)")
-    group.add_argument("--path", choices=PATHS, default=None,
-                       help="sparse (fastRG) or dense (reference); None: sparse, or dense with --official")
-    group.add_argument("--ste", choices=STE_FORMS, default=None,
-                       help="paper (Eq. 9) or official (hardtanh); None: paper, or official with --official")
-    group.add_argument("--explore-in-eval", action="store_true", help="add δ in evaluation too (official)")
-    group.add_argument("--shared-mlp", action="store_true", help="one node MLP for all heads (official)")
-    group.add_argument("--official", action="store_true",
-                       help="the official code's choices: dense path, hardtanh STE, δ in eval, shared MLP")
-    args = parser.parse_args(argv)
-    if args.attn:
-        parser.error("sbm_transformer.py takes its budget as flags (--clusters, --delta, ...), not --attn")
-    settings = {"clusters": args.clusters, "delta": args.delta, "density_weight": args.density_weight,
-                "self_loops": args.self_loops}
-    settings.update({key: value for key, value in (("path", args.path), ("ste", args.ste)) if value is not None})
-    settings.update({key: True for key in ("explore_in_eval", "shared_mlp") if getattr(args, key)})
-    cfg = SBMConfig.official(**settings) if args.official else SBMConfig(**settings)
-    config = train.resolve_config(args)
-    try:
-        make_attention_factory(cfg, 1, 1, 1, 0.0, config["depth"])(0)  # bad settings fail now, not at step 1
-    except ValueError as exc:
-        parser.error(str(exc))
-
-    def make_attention(args, model_cfg):
-        return make_attention_factory(cfg, model_cfg.dim, model_cfg.heads, model_cfg.head_dim,
-                                      model_cfg.attn_dropout, model_cfg.depth)
-
-    def after_training(model, evaluate) -> dict:
-        return {"sbm": {**vars(cfg), "density": density_profile(model, evaluate, "test",
-                                                                  config["final_eval_batches"])}}
-
-    return train.run_cli(args, make_attention, train.Hooks(after_training=after_training))
+    return train.main(argv, method="sbm", prog="python sbm_transformer.py")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ import argparse
 import contextlib
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -76,20 +76,46 @@ from torch import Tensor, nn
 MODES = ("sample", "dense", "ensemble")
 
 
+def _grid(text: str) -> Tuple[int, int]:
+    rows, sep, cols = text.lower().partition("x")
+    if not (sep and rows.isdigit() and cols.isdigit()):
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS, e.g. 32x32, got {text!r}")
+    return int(rows), int(cols)
+
+
 @dataclass
 class SSAConfig:
-    """The SSA settings of a model (App. B): which layers sample, how, and the training procedures."""
-    layers: Optional[int] = None  # ℓ: SSA on the last ℓ layers (S<ℓ>); None = all layers
-    windows: int = 4  # w: locally biased SSA with w windows (L<w>); 1 = dense-equivalent
-    sigma: Tuple[float, float] = (0.1, 0.225)  # σ / length in the first and last sampled layer (enwik8)
-    unbiased: Optional[float] = None  # p: unbiased SSA keeping a fraction p of the sources (U<100(1-p)>)
-    grid: Optional[Tuple[int, int]] = None  # (R, C): 2-D variant on an R×C grid flattened row by row
-    alibi: bool = True  # ALiBi relative bias (the paper's LM runs)
-    fused: bool = True  # SDPA for the attention core; False = the readable reference path
-    finetune_fraction: float = 0.0  # +FT: dense attention for this final fraction of the steps
-    ensemble_samples: int = 0  # self-ensembled evaluation with this many sub-models (0 = off)
+    """The SSA settings of a model (App. B): which layers sample, how, and the training procedures. Each field is
+    also an option of `python ssa.py` (its metadata: the flag where it differs from the name, and the help)."""
+    layers: Optional[int] = field(default=None, metadata={
+        "flag": "--ssa-layers", "metavar": "L", "help": "ℓ: SSA on the last ℓ layers (S<ℓ>), dense below (default: "
+                                                        "all layers)"})
+    windows: int = field(default=4, metadata={"help": "w: windows of locally biased SSA (L<w>); 1 = dense-equivalent"})
+    sigma: Tuple[float, float] = field(default=(0.1, 0.225), metadata={
+        "type": float, "nargs": "+", "metavar": "S",
+        "help": "σ / length (grid: / each side) in the first and last sampled layer (enwik8); one value: both"})
+    unbiased: Optional[float] = field(default=None, metadata={
+        "metavar": "P", "help": "unbiased SSA keeping a fraction P of the sources (the paper's U<100(1-P)>), "
+                                "replacing the local bias"})
+    grid: Optional[Tuple[int, int]] = field(default=None, metadata={
+        "type": _grid, "metavar": "RxC",
+        "help": "2-D variant: tokens form an R×C grid row by row; windows are bands of rows"})
+    alibi: bool = field(default=True, metadata={
+        "flag": "--no-alibi", "negate": True,
+        "help": "no ALiBi bias (then only masks are re-indexed); with ALiBi a language model has no positional "
+                "embeddings unless --pos-emb true (App. B.1)"})
+    fused: bool = field(default=True, metadata={
+        "flag": "--reference-core", "negate": True,
+        "help": "materialised-scores attention core instead of SDPA (same results)"})
+    finetune_fraction: float = field(default=0.0, metadata={
+        "metavar": "F", "help": "+FT: dense attention for the last fraction F of the steps (paper: 0.1)"})
+    ensemble_samples: int = field(default=0, metadata={
+        "metavar": "K", "help": "also report self-ensembled valid/test metrics with K sub-models (paper: 50)"})
 
     def __post_init__(self):
+        if len(self.sigma) not in (1, 2):
+            raise ValueError(f"sigma takes one value or two (first and last sampled layer), got {self.sigma}")
+        self.sigma = (self.sigma[0], self.sigma[-1])
         if self.layers is not None and self.layers < 0:
             raise ValueError(f"layers must be >= 0, got {self.layers}")
         if self.windows < 1:
@@ -100,6 +126,8 @@ class SSAConfig:
             raise ValueError(f"unbiased keep fraction must be in (0, 1], got {self.unbiased}")
         if not 0.0 <= self.finetune_fraction <= 1.0:
             raise ValueError(f"finetune_fraction must be in [0, 1], got {self.finetune_fraction}")
+        if self.ensemble_samples < 0:
+            raise ValueError(f"ensemble_samples must be >= 0, got {self.ensemble_samples}")
 
     def sampled_layers(self, num_layers: int) -> int:
         """ℓ for a model of `num_layers` layers."""
@@ -179,9 +207,10 @@ class SSAttention(nn.Module):
     layers outside the last ℓ); "ensemble" = SSA in eval too (§3.5). `sampled_layer` records whether the
     layer was built to sample; self_ensemble() samples those layers only."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, windows: int = 4,
-                 sigma: float = 0.1, unbiased: Optional[float] = None, grid: Optional[Tuple[int, int]] = None,
-                 alibi: bool = True, fused: bool = True, mode: str = "sample"):
+    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
+                 windows: int = SSAConfig.windows, sigma: float = 0.1, unbiased: Optional[float] = None,
+                 grid: Optional[Tuple[int, int]] = None, alibi: bool = SSAConfig.alibi, fused: bool = SSAConfig.fused,
+                 mode: str = "sample"):
         super().__init__()
         if min(dim, heads, head_dim, windows) < 1:
             raise ValueError(f"dim, heads, head_dim, windows must be positive, got {dim, heads, head_dim, windows}")
@@ -432,99 +461,11 @@ def self_ensemble(model: nn.Module, tokens: Tensor, key_padding_mask: Optional[T
 
 
 # ------------------------------------------------------------------------------------------------- main
-
-def _grid(text: str) -> Tuple[int, int]:
-    rows, sep, cols = text.lower().partition("x")
-    if not (sep and rows.isdigit() and cols.isdigit()):
-        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS, e.g. 32x32, got {text!r}")
-    return int(rows), int(cols)
-
-
 def main(argv=None) -> int:
-    """`python ssa.py --task T [harness options] [SSA options]`: trains through the shared harness."""
-    from bench import measure, train  # the harness is needed only to run, never to import this file
-
-    parser = train.build_parser("Train and evaluate SSA (Hussain et al., KDD 2023) on one task.", method="ssa")
-    group = parser.add_argument_group("SSA: S<ℓ>-L<w> (locally biased) or S<ℓ>-U<x> (unbiased)")
-    group.add_argument("--ssa-layers", type=int, default=None, metavar="L",
-                       help="ℓ: SSA on the last ℓ layers, dense below (None: all layers)")
-    group.add_argument("--windows", type=int, default=4, help="w: windows of locally biased SSA (L<w>)")
-    group.add_argument("--sigma", type=float, nargs="+", default=[0.1, 0.225], metavar="S",
-                       help="σ / length (grid: / each side): one value, or the first and last sampled layer's")
-    group.add_argument("--unbiased", type=float, default=None, metavar="P",
-                       help="unbiased SSA keeping a fraction P of the sources (the paper's U<100(1-P)>)")
-    group.add_argument("--grid", type=_grid, default=None, metavar="RxC",
-                       help="2-D variant: tokens form an R×C grid row by row; windows are bands of rows")
-    group.add_argument("--no-alibi", action="store_true", help="no ALiBi bias (then only masks are re-indexed)")
-    group.add_argument("--reference-core", action="store_true",
-                       help="materialised-scores attention core instead of SDPA (same results)")
-    group.add_argument("--finetune-fraction", type=float, default=0.0, metavar="F",
-                       help="+FT: dense attention for the last fraction F of the steps (paper: 0.1)")
-    group.add_argument("--ensemble-samples", type=int, default=0, metavar="K",
-                       help="also report self-ensembled valid/test metrics with K sub-models (paper: 50)")
-    args = parser.parse_args(argv)
-    if args.attn:
-        parser.error("ssa.py takes its budget as flags (--windows, --sigma, ...), not --attn")
-    if args.pos_emb is None and not args.no_alibi and train.get_task(args.task).head == "lm":
-        args.pos_emb = False  # App. B.1: the ALiBi decoder has no positional embeddings
-    if len(args.sigma) > 2 or args.ensemble_samples < 0:
-        parser.error("--sigma takes one or two values; --ensemble-samples must be >= 0")
-    try:
-        cfg = SSAConfig(layers=args.ssa_layers, windows=args.windows, sigma=(args.sigma[0], args.sigma[-1]),
-                        unbiased=args.unbiased, grid=args.grid, alibi=not args.no_alibi,
-                        fused=not args.reference_core, finetune_fraction=args.finetune_fraction,
-                        ensemble_samples=args.ensemble_samples)
-        config = train.resolve_config(args)
-        causal = train.get_task(args.task).head == "lm"
-        probe = make_attention_factory(cfg, 1, 1, 1, 0.0, config["depth"])(config["depth"] - 1)
-        windows = probe.num_windows(causal)  # fail now, not at step 1, on a setting the length cannot take
-        probe.draw_sources(-(-config["seq_len"] // windows) * windows, causal)
-    except ValueError as exc:
-        parser.error(str(exc))
-
-    def make_attention(args, model_cfg):
-        return make_attention_factory(cfg, model_cfg.dim, model_cfg.heads, model_cfg.head_dim,
-                                      model_cfg.attn_dropout, model_cfg.depth)
-
-    def after_training(model, evaluate) -> dict:
-        depth = config["depth"]
-        first = depth - cfg.sampled_layers(depth)
-        record = {"setting": cfg.name(depth) + ("+FT" if cfg.finetune_fraction > 0 else ""),
-                  "finetune_fraction": cfg.finetune_fraction,
-                  "sigma_per_layer": [layer_sigma(cfg, i, depth) if i >= first else None for i in range(depth)]}
-        sampled_flops = {}
-
-        def counted_sample(model, inputs):  # one sub-model as a training step draws it (evaluation is dense)
-            out = {}
-            with sampling_in_eval(model):
-                sampled_flops.update(measure.model_flops_per_example(
-                    model, lambda: out.setdefault("result", model(**inputs)), len(inputs["tokens"])))
-            return out["result"]
-
-        sampled = evaluate("valid", limit=1, forward=counted_sample)
-        record["sampled_flops_per_example"] = sampled_flops  # the SSA paper's Table 1 compute (training)
-        record["sampled_density"] = sampled["density"]
-        if cfg.ensemble_samples:
-            def ensemble_of(n):
-                return lambda model, inputs: ensemble_forward(model, inputs, n)
-
-            # Fig. 7: the metric against the number of sub-models, on the validation split
-            record["ensemble_curve"] = {n: evaluate("valid", limit=config["final_eval_batches"],
-                                                    forward=ensemble_of(n))["metric"]
-                                        for n in ensemble_sizes(cfg.ensemble_samples)}
-            record["ensemble_valid"] = record["ensemble_curve"][cfg.ensemble_samples]
-            record["ensemble_test"] = evaluate("test", limit=config["final_eval_batches"],
-                                               forward=ensemble_of(cfg.ensemble_samples))["metric"]
-            record["ensemble_samples"] = cfg.ensemble_samples
-        return {"ssa": record}
-
-    on_step = fine_tune_callback(cfg.finetune_fraction) if cfg.finetune_fraction > 0 else None
-    # --resume may change what acts only from the dense tail on (a branch of S-L4 into S-L4+FT, bench.ssa_table)
-    # or after training
-    later = {"finetune_fraction": lambda c: fine_tune_start(c["steps"], c["finetune_fraction"]),
-             "ensemble_samples": lambda c: c["steps"]}
-    return train.run_cli(args, make_attention, train.Hooks(on_step=on_step, after_training=after_training,
-                                                           later_settings=later))
+    """`python ssa.py --task T [options]`: trains through the shared harness (options: SSAConfig's fields;
+    procedures: bench/recipes/ssa.py)."""
+    from bench import train  # the harness is needed only to run, never to import this file
+    return train.main(argv, method="ssa", prog="python ssa.py")
 
 
 if __name__ == "__main__":

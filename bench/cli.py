@@ -9,14 +9,18 @@ from pathlib import Path
 from typing import List
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows an option's default where it has one; never "(default: None)" or "(default: False)" (the help text
-    says what an absent option means)."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """An option's default shown where it has one — never "(default: None)", "(default: False)" or
+    "(default: [])": the help text says what an absent option means — and descriptions and epilogs (the preset
+    tables of bench.train) as written."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
+        text = action.help or ""
+        default = action.default
+        if ("(default" in text or not action.option_strings or default is None or default is False
+                or default == [] or default is argparse.SUPPRESS):
+            return text
+        return text + " (default: %(default)s)"
 
 
 def parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:

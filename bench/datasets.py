@@ -45,24 +45,18 @@ import torch
 from torch import Tensor
 
 from bench.data import DataError, fetch, offline
+from bench.model import Backbone
 
 IGNORE = -100
 MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 0-255)
 
 
 # ----------------------------------------------------------------------------------------------- presets
-@dataclass
-class Preset:
-    """Model and training recipe of a task at one scale. Any field can be overridden from the CLI."""
+@dataclass(kw_only=True)
+class Preset(Backbone):
+    """Model (bench.model.Backbone's fields) and training recipe of a task at one scale. Any field can be
+    overridden from the CLI."""
     seq_len: int
-    dim: int = 64
-    depth: int = 2
-    heads: int = 2
-    head_dim: int = 32
-    mlp_dim: int = 128
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
-    pos_emb: bool = True
     steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-3

@@ -2,8 +2,8 @@
 analysis, the kernel families and a predictor per layer (§4.2, Eq. 1), sparsified inference against τ, K and
 depth (§5.2-§5.3, Fig. 5-6) with FLOPs counted from the entries computed (Table 3), and end-to-end fine-tuning
 beside a dense control (§6.2). The method itself (kernels, predictor, attention) lives in kernel_sparse.py, which
-calls ``run_pipeline`` from its main(); any trained bench.model backbone whose attentions are
-KernelSparseAttention can be the teacher.
+this module uses and never calls back: bench/recipes/kernel.py runs ``run_pipeline`` after the teacher's training;
+any trained bench.model backbone whose attentions are KernelSparseAttention can be the teacher.
 """
 import math
 import time
@@ -48,7 +48,7 @@ def mask_quality(model: nn.Module, batches, device, cfg: KernelConfig) -> Dict[s
     hit = ones = chosen = mass = rows = 0.0
     modes = [block.attn.mode for block in model.blocks]
     install(model, mode="dense")
-    captured = layer_inputs(model, batches, device)
+    captured = layer_inputs(model, [model_inputs(batch, device) for batch in batches])
     for block, layer, mode in zip(model.blocks, captured, modes):
         block.attn.mode = mode
         for x, valid, causal in layer:
@@ -137,7 +137,7 @@ def run_pipeline(model: nn.Module, evaluate, task, config: dict, cfg: KernelConf
 
     # §4.1: attention maps, binary targets and accumulated maps of the teacher on training data.
     batches = -(-cfg.analysis_sequences // config["batch_size"])
-    captured = layer_inputs(model, train_batches(batches, "analysis"), device)
+    captured = layer_inputs(model, [model_inputs(batch, device) for batch in train_batches(batches, "analysis")])
     data, maps = zip(*(analyse_layer(block.attn, layer, cfg) for block, layer in zip(model.blocks, captured)))
     del captured
     torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], out / "analysis.pt")

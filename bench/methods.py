@@ -2,12 +2,15 @@
 reads it, so adding a method is its file plus one entry here (or, outside this repository, a module named in
 $SPARSE_ATTN_PLUGINS that calls ``register``: every process of a run, cells included, imports it).
 
-    Method("name", "module:Class", script="file.py" or None, causal=..., tasks=..., slow=..., scaling=...)
+    Method("name", "module:Class", script="file.py" or None, recipe="bench.recipes.x" or None, causal=...,
+           tasks=..., cost=..., scaling=...)
 
 - ``attention``: the class implementing INTERFACE.md, as ``module:Class``.
-- ``script``: the method file whose ``main()`` adds the method's own options and procedures (SBM's regulariser,
-  SSA's fine-tuning tail, the kernel pipeline); ``python -m bench.train --method NAME`` and the grid run it, as
-  a user would. ``None``: the class is trained by ``bench.train`` with ``--attn key=value`` options.
+- ``script``: the method file a user runs (``python ssa.py``; the grid runs it so too); its ``main()`` hands it to
+  ``bench.train``, as ``python -m bench.train --method NAME`` does.
+- ``recipe``: the module of bench/recipes/ holding the method's own options (its settings dataclass) and
+  procedures (SBM's regulariser, SSA's fine-tuning tail, the kernel pipeline). ``None``: the class is trained by
+  ``bench.train`` with ``--attn key=value`` options.
 - ``causal``: whether the method has a causal form. A method without one (Linformer's and Nyströmformer's
   projections mix every position) is "n/a" on the causal language-modelling tasks, decided before any process
   starts.
@@ -31,6 +34,7 @@ class Method:
     name: str
     attention: str
     script: Optional[str] = None
+    recipe: Optional[str] = None
     causal: bool = True
     tasks: Optional[FrozenSet[str]] = None
     cost: float = 1.0
@@ -41,6 +45,10 @@ class Method:
         module_name, class_name = self.attention.split(":")
         module = importlib.import_module(module_name)
         return module, getattr(module, class_name)
+
+    def load_recipe(self):
+        """The method's bench.recipes.Recipe, or None."""
+        return importlib.import_module(self.recipe).RECIPE if self.recipe else None
 
     def available(self) -> bool:
         return importlib.util.find_spec(self.attention.split(":")[0]) is not None
@@ -53,10 +61,11 @@ REGISTRY = [
     Method("performer", "baselines.performer:PerformerAttention", cost=2.7),
     Method("nystromformer", "baselines.nystromformer:NystromAttention", causal=False, cost=5.0),
     Method("reformer", "baselines.reformer:ReformerAttention", cost=7.5),
-    Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", cost=9.0),
-    Method("ssa", "ssa:SSAttention", script="ssa.py"),
+    Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", recipe="bench.recipes.sbm",
+           cost=9.0),
+    Method("ssa", "ssa:SSAttention", script="ssa.py", recipe="bench.recipes.ssa"),
     Method("kernel", "kernel_sparse:KernelSparseAttention", script="kernel_sparse.py",
-           tasks=frozenset({"wikitext2"}), scaling=False),
+           recipe="bench.recipes.kernel", tasks=frozenset({"wikitext2"}), scaling=False),
 ]
 METHODS: Dict[str, Method] = {m.name: m for m in REGISTRY}
 

@@ -15,7 +15,7 @@ method may differ per layer. The forward returns ``(logits, stats)``: ``stats["d
 
 Shape legend: B batch, N tokens, C model width, L layers, H heads, V vocabulary / classes.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Optional
 
 import torch
@@ -24,12 +24,10 @@ from torch import Tensor, nn
 HEADS = ("cls", "token", "lm", "pair")
 
 
-@dataclass
-class ModelConfig:
-    vocab_size: int
-    num_classes: int  # the LM head predicts vocab_size symbols and ignores this
-    head: str  # one of HEADS
-    max_len: int
+@dataclass(kw_only=True)
+class Backbone:
+    """The backbone's sizes: written once here; a task's preset (bench/tasks.py) sets them beside its training
+    recipe, and ModelConfig adds what the task decides."""
     dim: int = 64
     depth: int = 2
     heads: int = 2
@@ -38,6 +36,20 @@ class ModelConfig:
     dropout: float = 0.1
     attn_dropout: float = 0.0
     pos_emb: bool = True
+
+
+@dataclass(kw_only=True)
+class ModelConfig(Backbone):
+    vocab_size: int
+    num_classes: int  # the LM head predicts vocab_size symbols and ignores this
+    head: str  # one of HEADS
+    max_len: int
+
+    @classmethod
+    def of(cls, sizes: dict, **task) -> "ModelConfig":
+        """The backbone fields of ``sizes`` (a preset's or a run's config) with the task's ``vocab_size``,
+        ``num_classes``, ``head`` and ``max_len``."""
+        return cls(**{f.name: sizes[f.name] for f in fields(Backbone)}, **task)
 
     def __post_init__(self):
         if self.head not in HEADS:

@@ -32,10 +32,12 @@ Bad settings (an unknown device, a negative learning rate, an attention option o
 for an attention with no causal form) are refused in one line, exit 2, before any data are read or folders made.
 
 Methods plug in two ways (bench/methods.py registers them). A baseline is a class built with the interface's core
-arguments plus ``--attn key=value`` budget options. A method file with its own procedures (SSA's fine-tuning
-tail, SBM's regulariser settings) has a ``main(argv)`` that builds a parser with ``build_parser()``, adds its
-options and calls ``run(args, make_attention=..., hooks=Hooks(...))``; ``--method NAME`` here delegates to it,
-so ``python ssa.py --task T`` and ``python -m bench.train --method ssa --task T`` run the same code.
+arguments plus ``--attn key=value`` budget options. A method with its own settings and procedures (SSA's
+fine-tuning tail, SBM's regulariser, the kernel pipeline) has a recipe (bench/recipes/): its settings dataclass
+gives its options, its plan the attention factory and the hooks. Its file's ``main()`` calls ``main(argv,
+method=NAME)`` here, so ``python ssa.py --task T`` and ``python -m bench.train --method ssa --task T`` run the
+same code. Control goes one way: the command line is parsed, the task made and the config resolved once, the
+recipe plans the run, ``run`` trains (setup, loop, final record); the method file is never called back.
 """
 import argparse
 import dataclasses
@@ -63,9 +65,10 @@ from torch import nn
 
 from bench import measure
 from bench import methods as registry
-from bench.cli import device_option
+from bench.cli import HelpFormatter, device_option
 from bench.data import write_atomic
 from bench.model import Model, ModelConfig
+from bench.recipes import Hooks, Plan, Recipe
 from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task
 
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
@@ -94,25 +97,6 @@ def load_method(name: str):
 
 class SetupError(RuntimeError):
     """A setting that cannot work (bad shapes, unknown option): reported as one line, exit 2."""
-
-
-@dataclass
-class Hooks:
-    """What a method file can add to the loop.
-
-    on_step(model, step, total_steps): called before every training step (SSA's dense fine-tuning tail).
-    eval_forward(model, inputs) -> (logits, stats): replaces model(**inputs) in evaluation (self-ensembling).
-    after_training(model, evaluate) -> dict: extra results merged into metrics.json; ``evaluate(split, limit,
-    forward=None)`` returns {"metric", "loss", "density", ...} on the final weights.
-    later_settings: {name: first_step(config) -> int}: the method's settings that act only from a step on (SSA's
-    fine-tuning fraction: from its dense tail's first step; settings used only after training: from
-    config["steps"]). --resume lets one differ from the checkpoint's when neither run's first step is before
-    the checkpoint's step.
-    """
-    on_step: Optional[Callable] = None
-    eval_forward: Optional[Callable] = None
-    after_training: Optional[Callable] = None
-    later_settings: Dict[str, Callable[[dict], int]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -171,13 +155,41 @@ def method_option(method: str):
     return parse
 
 
-def build_parser(description: str = "Train and evaluate one method on one task.",
-                 method: Optional[str] = None) -> argparse.ArgumentParser:
-    """The harness's options. ``method``: the parser of that method's own file, whose --method takes only it."""
-    p = argparse.ArgumentParser(description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+PRESET_TABLES = (("model", ("seq_len", "dim", "depth", "heads", "head_dim", "mlp_dim", "dropout", "attn_dropout",
+                            "pos_emb")),
+                 ("training", ("steps", "batch_size", "lr", "weight_decay", "warmup", "eval_every", "eval_batches",
+                               "final_eval_batches", "eval_context")))
+
+
+def shown(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def preset_tables() -> str:
+    """Every task's presets, the values a preset override takes when not given (the --help epilog)."""
+    presets = [(name, preset, values) for name in sorted(TASKS)
+               for preset, values in get_task(name).presets.items()]
+    text = []
+    for title, names in PRESET_TABLES:
+        header = ["task", "preset", *(n.replace("_", "-") for n in names)]
+        rows = [[task, preset, *(shown(getattr(values, n)) for n in names)] for task, preset, values in presets]
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+                 for row in [header, *rows]]
+        text.append(f"{title} presets (what each override, --{names[0].replace('_', '-')} ..., is when not given):\n"
+                    + "\n".join("  " + line.rstrip() for line in lines))
+    return "\n\n".join(text)
+
+
+def build_parser(prog: str = "python -m bench.train", method: Optional[str] = None,
+                 recipe: Optional[Recipe] = None) -> argparse.ArgumentParser:
+    """The harness's options, and a recipe's. ``method``: the parser of that method's own file (``prog``), whose
+    --method takes only it."""
+    description = recipe.description if recipe is not None else "Train and evaluate one method on one task."
+    p = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter,
+                                epilog=preset_tables())
     if method is None:
-        p.add_argument("--method", default="full", help="attention method (registry name)")
+        p.add_argument("--method", default="full", help="attention method (registry name: bench/methods.py)")
     else:
         p.add_argument("--method", default=method, type=method_option(method),
                        help=f"only {method} here (python -m bench.train --method NAME runs the others)")
@@ -185,18 +197,22 @@ def build_parser(description: str = "Train and evaluate one method on one task."
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--device", default="auto", type=device_option, help="auto (CUDA when present), cpu, cuda or cuda:N")
-    p.add_argument("--out", default=None, help="output folder (default runs/METHOD-TASK-PRESET-sSEED)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its checkpoint (trained with the same settings)")
     again.add_argument("--overwrite", action="store_true",
                        help="replace the run already in --out (without it, a folder holding a run is refused)")
-    p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
-    p.add_argument("--data-file", default=None, help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or "
-                   "the unzipped file; text/image: an archive or folder; retrieval: the folder of LRA's AAN TSV files")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
+    p.add_argument("--data-file", default=None, metavar="PATH",
+                   help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or the unzipped file; text/image: an "
+                        "archive or folder; retrieval: the folder of LRA's AAN TSV files (default: the task's own)")
     p.add_argument("--no-download", action="store_true", help="never download; fail with instructions instead")
     p.add_argument("--attn", action="append", type=parse_attn_option, default=[], metavar="KEY=VALUE",
-                   help="budget option passed to the attention constructor (repeatable)")
+                   help="budget option passed to the attention constructor (repeatable; a method with its own "
+                        "options below takes its settings there instead)")
     p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient-norm clipping (0 = off)")
     p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
                    help="shape of the decay after warm-up, from the peak to the floor at the last step")
@@ -207,7 +223,7 @@ def build_parser(description: str = "Train and evaluate one method on one task."
     p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
                    help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from which a run "
                         "that differs only later can --resume (repeatable)")
-    group = p.add_argument_group("preset overrides (default: the preset's value)")
+    group = p.add_argument_group("preset overrides (default: the task preset's value, in the tables below)")
     group.add_argument("--seq-len", type=positive_int, help="sequence length")
     group.add_argument("--dim", type=positive_int, help="model width")
     group.add_argument("--depth", type=positive_int, help="number of layers")
@@ -226,14 +242,16 @@ def build_parser(description: str = "Train and evaluate one method on one task."
     group.add_argument("--eval-batches", type=positive_int, help="batches per periodic evaluation")
     group.add_argument("--final-eval-batches", type=positive_int, help="batches per final evaluation")
     group.add_argument("--eval-context", type=non_negative_int, help="LM: context bytes between eval windows")
+    if recipe is not None:
+        recipe.add_arguments(p)
     return p
 
 
-def resolve_config(args) -> dict:
-    """Preset values overridden by the options given on the command line. An LM's evaluation context keeps
-    its fraction of the window when only --seq-len is changed."""
-    task = get_task(args.task)
-    preset = dataclasses.asdict(task.presets[args.preset])
+def resolve_config(args, task, method_presets: Optional[dict] = None) -> dict:
+    """Preset values, changed where the method changes them (``method_presets``), overridden by the options given
+    on the command line. An LM's evaluation context keeps its fraction of the window when only --seq-len is
+    changed."""
+    preset = {**dataclasses.asdict(task.presets[args.preset]), **(method_presets or {})}
     if args.seq_len is not None and args.eval_context is None:
         preset["eval_context"] = preset["eval_context"] * args.seq_len // preset["seq_len"]
     for name in PRESET_FIELDS:
@@ -560,21 +578,20 @@ def check_attention(factory: Callable[[int], nn.Module], model_cfg: ModelConfig,
                                               causal=causal)
 
 
-def setup(args, config: dict, device: torch.device, make_attention: Optional[Callable]):
+def run_folder(args) -> Path:
+    return Path(args.out or f"runs/{args.method}-{args.task}-{args.preset}-s{args.seed}")
+
+
+def build_model(args, task, config: dict, device: torch.device, make_attention: Callable):
     """The task with its data and the model on its device (initialised from the seed); the attention is
     checked (``check_attention``) before the data are read."""
-    task = get_task(args.task)
     if args.data_file is not None:
         task.data_file = args.data_file
     if args.no_download:
         task.download_allowed = False
-    model_cfg = ModelConfig(vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                            max_len=config["seq_len"], dim=config["dim"], depth=config["depth"],
-                            heads=config["heads"], head_dim=config["head_dim"], mlp_dim=config["mlp_dim"],
-                            dropout=config["dropout"], attn_dropout=config["attn_dropout"],
-                            pos_emb=config["pos_emb"])
-    factory = (make_attention(args, model_cfg) if make_attention is not None
-               else make_baseline_factory(args.method, model_cfg, config["attn"]))
+    model_cfg = ModelConfig.of(config, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
+                               max_len=config["seq_len"])
+    factory = make_attention(model_cfg)
     try:
         check_attention(factory, model_cfg, device, causal=task.head == "lm")
     except ValueError as exc:
@@ -584,92 +601,116 @@ def setup(args, config: dict, device: torch.device, make_attention: Optional[Cal
     # the data set the vocabulary (duplicates: seq_len + 1); the attention depends on none of these fields
     model_cfg = dataclasses.replace(model_cfg, vocab_size=task.vocab_size, num_classes=task.num_classes)
     torch.manual_seed(derive_seed(args.seed, "init"))
-    return task, Model(model_cfg, factory).to(device), model_cfg
+    return Model(model_cfg, factory).to(device)
 
 
-def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] = None) -> dict:
-    """Trains and evaluates; returns the results record (also written to OUT/metrics.json by rank 0).
+@dataclass
+class Session:
+    """One process's share of a run: what setup made and what the loop advances (step, time)."""
+    args: argparse.Namespace
+    task: object
+    config: dict
+    hooks: Hooks
+    out: Path
+    world: int
+    rank: int
+    device: torch.device
+    amp: bool
+    context: dict  # what --resume compares besides the config: processes, device type, bf16 autocast
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: int = 0
+    elapsed: float = 0.0
+    step_times: List[float] = field(default_factory=list)
 
-    make_attention(args, model_cfg) -> (layer_index -> nn.Module) builds a method's attention; without it
-    the registry's class for ``args.method`` is built with the ``--attn`` options."""
-    hooks = hooks or Hooks()
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def evaluate(self, split: str, limit: Optional[int], forward: Optional[Callable] = None) -> dict:
+        return evaluate(self.model, self.task, split, limit, self.config["batch_size"], self.device, self.args.seed,
+                        self.amp, forward)
+
+    def log(self, record: dict) -> None:
+        if self.is_main:
+            with open(self.out / "log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def save(self, path: Path) -> None:
+        save_checkpoint(path, {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                               "step": self.step, "elapsed": self.elapsed, "step_times": self.step_times,
+                               "config": as_json(self.config), **self.context})
+
+
+def setup(args, task, config: dict, plan: Plan) -> Session:
+    """Device, run folder (checked; a checkpoint loaded with --resume), data and model, optimizer, processes.
+    Any bad setting is refused (SetupError) before the folder's old files go."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    is_main = rank == 0
-    out = Path(args.out or f"runs/{args.method}-{args.task}-{args.preset}-s{args.seed}")
-    ckpt_path, log_file = out / "checkpoint.pt", out / "log.jsonl"
+    out = run_folder(args)
     try:
-        config = resolve_config(args)
         device = resolve_device(args.device)
         if device.type == "cuda" and world > 1:
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         amp = device.type == "cuda" and not args.no_amp
         context = {"world_size": world, "device_type": device.type, "bf16_autocast": amp}
-        saved = open_run_folder(out, args, config, context, hooks, device)
-        task, model, model_cfg = setup(args, config, device, make_attention)
+        saved = open_run_folder(out, args, config, context, plan.hooks, device)
+        model = build_model(args, task, config, device, plan.make_attention)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config["weight_decay"]},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=config["lr"])
-    step, elapsed, step_times = 0, 0.0, []
+    session = Session(args, task, config, plan.hooks, out, world, rank, device, amp, context, model, optimizer)
     if saved is not None:
         try:
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
         except (RuntimeError, KeyError, ValueError) as exc:
-            raise SetupError(f"--resume: {ckpt_path} does not fit this model: {str(exc).splitlines()[0]}") from None
-        step, elapsed, step_times = saved["step"], saved["elapsed"], list(saved["step_times"])
+            raise SetupError(f"--resume: {out / 'checkpoint.pt'} does not fit this model: "
+                             f"{str(exc).splitlines()[0]}") from None
+        session.step, session.elapsed, session.step_times = saved["step"], saved["elapsed"], list(saved["step_times"])
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if is_main:
-        begin_run(out, args.resume, step)
-    trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    if session.is_main:
+        begin_run(out, args.resume, session.step)
+    return session
 
-    def eval_split(split, limit, forward=None):
-        return evaluate(model, task, split, limit, config["batch_size"], device, args.seed, amp,
-                        forward if forward is not None else hooks.eval_forward)
 
-    def log(record):
-        if is_main:
-            with open(log_file, "a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def training_state():
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "elapsed": elapsed, "step_times": step_times, "config": as_json(config), **context}
-
+def train_loop(s: Session) -> List[torch.Tensor]:
+    """Steps from the session's step to config["steps"], with progress lines, periodic evaluations and
+    checkpoints; returns the density of what each step computed, (L,) per step (SSA's sub-model, SBM's masks)."""
+    args, config, task, model, device = s.args, s.config, s.task, s.model, s.device
+    trained = nn.parallel.DistributedDataParallel(model) if s.world > 1 else model
     total = config["steps"]
-    memory = measure.PeakRSS() if device.type == "cpu" else None
-    measure.reset_peak_memory(device)
     trained.train()
     window_loss, window_metric, window_density = [], [], []
-    train_density = []  # (L,) per step: the density of what training computed (SSA's sub-model, SBM's masks)
-    while step < total:
-        if hooks.on_step is not None:
-            hooks.on_step(model, step, total)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config)
-        torch.manual_seed(derive_seed(args.seed, rank, step))
+    train_density = []
+    while s.step < total:
+        if s.hooks.on_step is not None:
+            s.hooks.on_step(model, s.step, total)
+        for group in s.optimizer.param_groups:
+            group["lr"] = lr_at(s.step, config)
+        torch.manual_seed(derive_seed(args.seed, s.rank, s.step))
         batch = task.train_batch(config["batch_size"],
-                                 torch.Generator().manual_seed(derive_seed(args.seed, rank, step, "data")))
+                                 torch.Generator().manual_seed(derive_seed(args.seed, s.rank, s.step, "data")))
         measure.synchronize(device)
         start = time.perf_counter()
         inputs, targets = model_inputs(batch, device), batch["targets"].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=s.amp):
             logits, stats = trained(**inputs)
         loss = task_loss(logits, targets)
-        optimizer.zero_grad(set_to_none=True)
+        s.optimizer.zero_grad(set_to_none=True)
         (loss + stats["aux_loss"]).backward()
         if args.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
+        s.optimizer.step()
         measure.synchronize(device)
-        step_times.append((time.perf_counter() - start) * 1e3)
-        elapsed += step_times[-1] / 1e3
-        step += 1
+        s.step_times.append((time.perf_counter() - start) * 1e3)
+        s.elapsed += s.step_times[-1] / 1e3
+        s.step += 1
         with torch.no_grad():
             scored = targets != IGNORE
             window_loss.append(loss.item())
@@ -677,86 +718,106 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
                                  (logits.argmax(-1)[scored] == targets[scored]).float().mean().item())
             window_density.append(stats["density"].mean().item())
             train_density.append(stats["density"].float().mean(-1).cpu())
-        if is_main and (step % args.log_every == 0 or step == total):
-            median_ms = statistics.median(step_times[-args.log_every:])
-            eta = datetime.timedelta(seconds=round(median_ms * (total - step) / 1e3))
-            metric_name = "bpb" if task.metric == "bpb" else "acc"
-            print(f"step {step}/{total} | loss {np.mean(window_loss):.4f} | {metric_name} "
-                  f"{np.mean(window_metric):.4f} | density {np.mean(window_density):.3f} | "
-                  f"{median_ms:.1f} ms/step | ETA {eta}", flush=True)
-            log({"step": step, "split": "train", "loss": float(np.mean(window_loss)),
-                 "metric": float(np.mean(window_metric)), "density": float(np.mean(window_density))})
+        if s.is_main and (s.step % args.log_every == 0 or s.step == total):
+            report_progress(s, window_loss, window_metric, window_density)
             window_loss, window_metric, window_density = [], [], []
-        if step % config["eval_every"] == 0 or step == total:
-            if is_main:
-                result = eval_split("valid", config["eval_batches"])
-                log({"step": step, "split": "valid", "lr": lr_at(step - 1, config),
-                     **{k: v for k, v in result.items()}})
-                print(f"eval step {step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
+        if s.step % config["eval_every"] == 0 or s.step == total:
+            if s.is_main:
+                result = s.evaluate("valid", config["eval_batches"])
+                s.log({"step": s.step, "split": "valid", "lr": lr_at(s.step - 1, config), **result})
+                print(f"eval step {s.step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
                       f"density {result['density']:.3f}", flush=True)
-                save_checkpoint(ckpt_path, training_state())
-            if world > 1:
+                s.save(s.out / "checkpoint.pt")
+            if s.world > 1:
                 dist.barrier()
-        if is_main and step in args.snapshot_at:
-            save_checkpoint(out / f"checkpoint-{step}.pt", training_state())
+        if s.is_main and s.step in args.snapshot_at:
+            s.save(s.out / f"checkpoint-{s.step}.pt")
+    return train_density
 
-    peak_memory = measure.peak_memory_bytes(device, memory) if total > 0 else None
-    record = None
-    fingerprints = [parameter_fingerprint(model)]
-    if world > 1:
-        gathered = [None] * world
+
+def report_progress(s: Session, losses: List[float], metrics: List[float], densities: List[float]) -> None:
+    """The progress line and the log's training record: means over the steps since the last one."""
+    total = s.config["steps"]
+    median_ms = statistics.median(s.step_times[-s.args.log_every:])
+    eta = datetime.timedelta(seconds=round(median_ms * (total - s.step) / 1e3))
+    metric_name = "bpb" if s.task.metric == "bpb" else "acc"
+    print(f"step {s.step}/{total} | loss {np.mean(losses):.4f} | {metric_name} {np.mean(metrics):.4f} | density "
+          f"{np.mean(densities):.3f} | {median_ms:.1f} ms/step | ETA {eta}", flush=True)
+    s.log({"step": s.step, "split": "train", "loss": float(np.mean(losses)), "metric": float(np.mean(metrics)),
+           "density": float(np.mean(densities))})
+
+
+def final_record(s: Session, train_density: List[torch.Tensor], peak_memory: Optional[int],
+                 fingerprints: List[str]) -> dict:
+    """The results record (DESIGN.md): final evaluations, densities, FLOPs, memory, timings, provenance, and what
+    the method's after-training hook adds."""
+    config, device, model, task = s.config, s.device, s.model, s.task
+    valid = s.evaluate("valid", config["final_eval_batches"])
+    test = s.evaluate("test", config["final_eval_batches"])
+    example = next(task.eval_batches("valid", min(4, config["batch_size"]), 1))
+    inputs = model_inputs(example, device)
+    flops = {}
+    for mode, training in (("train", True), ("eval", False)):
+        # Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks);
+        # evaluation FLOPs those of inference, where a method may differ (SSA evaluates dense).
+        model.train(training)
+        torch.manual_seed(derive_seed(s.args.seed, "flops"))
+        with torch.no_grad():
+            flops[mode] = measure.model_flops_per_example(model, lambda: model(**inputs), len(example["tokens"]))
+    model.eval()
+    torch.manual_seed(derive_seed(s.args.seed, "memory"))
+    inference_memory = measure.inference_peak_memory_bytes(lambda: model(**inputs), device)
+    trained = torch.stack(train_density) if train_density else None  # (steps, L)
+    record = {
+        "status": "complete", "method": s.args.method, "task": s.args.task, "preset": s.args.preset,
+        "seed": s.args.seed, "device": device_name(device), "world_size": s.world,
+        "metric": task.metric, "valid": valid["metric"], "test": test["metric"],
+        "valid_loss": valid["loss"], "test_loss": test["loss"],
+        "scored": {"valid": valid["scored"], "test": test["scored"]},
+        "base_rate": test["base_rate"],
+        "density": test["density"], "density_per_layer": test["density_per_layer"],
+        "train_density": trained.mean().item() if trained is not None else None,
+        "train_density_per_layer": trained.mean(0).tolist() if trained is not None else None,
+        "params": sum(p.numel() for p in model.parameters()),
+        "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
+        "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
+        "peak_memory_bytes": peak_memory,
+        "inference_memory_per_example_bytes": inference_memory // len(example["tokens"]),
+        "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else
+                            "CPU peak RSS above the pre-training baseline",
+        "median_step_ms": statistics.median(s.step_times[5:] or s.step_times) if s.step_times else None,
+        "steps": config["steps"], "wall_time_s": s.elapsed,
+        "param_fingerprints": fingerprints,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
+        "allocator": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ},
+        "config": as_json(config),
+    }
+    if s.hooks.after_training is not None:
+        record.update(s.hooks.after_training(model, s.evaluate))
+    return record
+
+
+def run(args, task, config: dict, plan: Plan) -> Optional[dict]:
+    """Trains and evaluates ``plan``'s attention on ``task`` with the resolved ``config``; returns the results
+    record, written to OUT/metrics.json by rank 0 (other ranks: None)."""
+    s = setup(args, task, config, plan)
+    memory = measure.PeakRSS() if s.device.type == "cpu" else None
+    measure.reset_peak_memory(s.device)
+    train_density = train_loop(s)
+    peak_memory = measure.peak_memory_bytes(s.device, memory) if config["steps"] > 0 else None
+    fingerprints = [parameter_fingerprint(s.model)]
+    if s.world > 1:
+        gathered = [None] * s.world
         dist.all_gather_object(gathered, fingerprints[0])
         fingerprints = gathered
-    if is_main:
-        valid = eval_split("valid", config["final_eval_batches"])
-        test = eval_split("test", config["final_eval_batches"])
-        example = next(task.eval_batches("valid", min(4, config["batch_size"]), 1))
-        inputs = model_inputs(example, device)
-        flops = {}
-        for mode, training in (("train", True), ("eval", False)):
-            # Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks);
-            # evaluation FLOPs those of inference, where a method may differ (SSA evaluates dense).
-            model.train(training)
-            torch.manual_seed(derive_seed(args.seed, "flops"))
-            with torch.no_grad():
-                flops[mode] = measure.model_flops_per_example(model, lambda: model(**inputs),
-                                                              len(example["tokens"]))
-        model.eval()
-        torch.manual_seed(derive_seed(args.seed, "memory"))
-        inference_memory = measure.inference_peak_memory_bytes(lambda: model(**inputs), device)
-        record = {
-            "status": "complete", "method": args.method, "task": args.task, "preset": args.preset,
-            "seed": args.seed, "device": device_name(device), "world_size": world,
-            "metric": task.metric, "valid": valid["metric"], "test": test["metric"],
-            "valid_loss": valid["loss"], "test_loss": test["loss"],
-            "scored": {"valid": valid["scored"], "test": test["scored"]},
-            "base_rate": test["base_rate"],
-            "density": test["density"], "density_per_layer": test["density_per_layer"],
-            "train_density": torch.stack(train_density).mean().item() if train_density else None,
-            "train_density_per_layer": torch.stack(train_density).mean(0).tolist() if train_density else None,
-            "params": sum(p.numel() for p in model.parameters()),
-            "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
-            "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
-            "peak_memory_bytes": peak_memory,
-            "inference_memory_per_example_bytes": inference_memory // len(example["tokens"]),
-            "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else
-                                "CPU peak RSS above the pre-training baseline",
-            "median_step_ms": statistics.median(step_times[5:] or step_times) if step_times else None,
-            "steps": total, "wall_time_s": elapsed,
-            "param_fingerprints": fingerprints,
-            "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                         "numpy": np.__version__},
-            "allocator": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
-                          if k in os.environ},
-            "config": as_json(config),
-        }
-        if hooks.after_training is not None:
-            record.update(hooks.after_training(model, eval_split))
-        write_json_atomic(out / "metrics.json", record)
+    record = None
+    if s.is_main:
+        record = final_record(s, train_density, peak_memory, fingerprints)
+        write_json_atomic(s.out / "metrics.json", record)
         print(f"final: valid {task.metric} {record['valid']:.4f} | test {task.metric} {record['test']:.4f} | "
-              f"density {record['density']:.3f} | {record['wall_time_s']:.1f} s | record {out / 'metrics.json'}",
+              f"density {record['density']:.3f} | {record['wall_time_s']:.1f} s | record {s.out / 'metrics.json'}",
               flush=True)  # the record's figures: an after-training hook may replace the dense evaluation's
-    if world > 1:
+    if s.world > 1:
         dist.barrier()
         dist.destroy_process_group()
     return record
@@ -768,24 +829,52 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--method", default="full")
-    method = pre.parse_known_args(argv)[0].method
-    methods = available_methods()
-    if method not in methods:
-        build_parser().error(f"argument --method: invalid choice {method!r} (available: {sorted(methods)})")
-    if registry.get(method).script is not None:
-        return load_method(method)[0].main(argv)
-    args = build_parser().parse_args(argv)
-    return run_cli(args)
+# ------------------------------------------------------------------------------------------------ command line
+def command_line(argv: List[str], method: Optional[str], prog: str):
+    """The parser of the method asked for (``method``: the one of the calling method file) with its recipe's
+    options, and the recipe (None for a baseline)."""
+    if method is None:
+        pre = argparse.ArgumentParser(add_help=False)
+        pre.add_argument("--method", default="full")
+        method_asked = pre.parse_known_args(argv)[0].method
+        if method_asked not in available_methods():
+            build_parser(prog).error(f"argument --method: invalid choice {method_asked!r} "
+                                     f"(available: {sorted(available_methods())})")
+    recipe = registry.get(method or method_asked).load_recipe()
+    return build_parser(prog, method, recipe), recipe
 
 
-def run_cli(args, make_attention=None, hooks=None) -> int:
-    """run() with bad input turned into one clear message: exit 1 for data problems, 2 for bad settings."""
+def configure(args, task, recipe: Optional[Recipe], parser: argparse.ArgumentParser):
+    """The run's config (the task's preset, what the method changes in it, the command line) and its plan. A
+    method's bad setting is argparse's one-line error (exit 2), a baseline's --attn a SetupError."""
+    if recipe is None:
+        try:
+            config = resolve_config(args, task)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+        return config, Plan(lambda model_cfg: make_baseline_factory(args.method, model_cfg, config["attn"]))
+    if args.attn:
+        flags = ", ".join(flag for _, flag, _, _ in list(recipe.options())[:2])
+        parser.error(f"{parser.prog} takes its settings as flags ({flags}, ...), not --attn")
     try:
-        run(args, make_attention, hooks)
+        settings = recipe.settings(args)
+        config = resolve_config(args, task, recipe.preset_changes(settings, task) if recipe.preset_changes else {})
+        return config, recipe.plan(settings, args, config, task)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def main(argv=None, method: Optional[str] = None, prog: str = "python -m bench.train") -> int:
+    """The command line: parsed, the task made, the config resolved and the run planned once, then ``run``. Bad
+    input is one clear message: exit 2 for bad settings, 1 for data problems. ``method``: called from that
+    method's file (``prog``: how it is run), which trains only it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, recipe = command_line(argv, method, prog)
+    args = parser.parse_args(argv)
+    try:
+        task = get_task(args.task)
+        config, plan = configure(args, task, recipe, parser)
+        run(args, task, config, plan)
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

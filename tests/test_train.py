@@ -146,6 +146,51 @@ def test_help_lists_the_options():
         assert option in result.stdout
 
 
+ENTRY_POINTS = [("python -m bench.train", "bench.train", []),
+                ("python -m bench.train", "bench.train", ["--method", "sbm"]),
+                ("python sbm_transformer.py", "sbm_transformer", []), ("python ssa.py", "ssa", []),
+                ("python kernel_sparse.py", "kernel_sparse", [])]
+
+
+@pytest.mark.parametrize("prog, module, argv", ENTRY_POINTS)
+def test_help_runs_nothing_says_how_to_call_and_shows_the_presets_values(prog, module, argv, tmp_path, monkeypatch,
+                                                                         capsys):
+    """Issue 20: --help exits 0 writing nothing; its usage line is the command a user types; no "(default: None)":
+    a preset override's value is in the task × preset tables."""
+    import importlib
+
+    from bench.tasks import TASKS, get_task
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        importlib.import_module(module).main([*argv, "--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and list(tmp_path.iterdir()) == []
+    assert text.startswith(f"usage: {prog} ") and "(default: None)" not in text
+    for name in TASKS:
+        for preset, values in get_task(name).presets.items():
+            assert any(line.split()[:3] == [name, preset, str(values.seq_len)] for line in text.splitlines())
+            assert any(line.split()[:3] == [name, preset, str(values.steps)] for line in text.splitlines())
+
+
+@pytest.mark.parametrize("method", ["sbm", "ssa", "kernel"])
+def test_a_methods_options_are_its_settings_dataclass(method):
+    """Every field of the method's settings is an option whose default is the field's (written once), and
+    bench.train --method NAME parses the same options as the method's file."""
+    import dataclasses
+
+    from bench import methods, train as harness
+    recipe = methods.get(method).load_recipe()
+    parser, _ = harness.command_line(["--method", method], None, "python -m bench.train")
+    own, _ = harness.command_line([], method, "python x.py")
+    args = parser.parse_args(["--method", method, "--task", "duplicates"])
+    assert recipe.settings(args) == recipe.config()
+    flags = {flag for _, flag, _, _ in recipe.options()}
+    assert len(flags) == len(dataclasses.fields(recipe.config))
+    assert flags <= set(parser._option_string_actions) and flags <= set(own._option_string_actions)
+    for name, (make, _) in recipe.profiles.items():
+        assert recipe.settings(parser.parse_args(["--method", method, "--task", "duplicates", f"--{name}"])) == make()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task", "imagenet"], "invalid choice"),
     (["--task", "duplicates", "--method", "transformer-xl"], "invalid choice"),
