@@ -172,6 +172,9 @@ def measure_cell(cell: dict) -> dict:
     result["density"] = forward()
     if cell["kind"] == "sbm":
         result["parts_ms"] = profile_parts(lambda: run(True), cell["repeats"])
+        # The unit of the floor: one elementwise pass over the graph's E float32 values (two read, one written).
+        a, c = (torch.rand(max(1, round(result["density"] * b * h * n * n)), device=device) for _ in range(2))
+        result["pass_ms"] = measure.time_fn(lambda: torch.add(a, c), device, 1, max(5, cell["repeats"]))
     return result
 
 
@@ -216,6 +219,8 @@ def median_row(runs: list) -> dict:
         row[key] = statistics.median(r[key] for r in done)
     if "parts_ms" in row:
         row["parts_ms"] = {part: statistics.median(r["parts_ms"][part] for r in done) for part in row["parts_ms"]}
+    if "pass_ms" in row:
+        row["pass_ms"] = statistics.median(r["pass_ms"] for r in done)
     return row
 
 
@@ -229,11 +234,18 @@ def parts_table(rows: list, profiled: list) -> str:
     for r in profiled:
         parts = r["parts_ms"]
         core_ms = core.get((r["n"], r["method"].split("@")[1]))
-        out.append([r["n"], f"{r['density']:.2%}"] + [f"{parts[name]:.1f}" for name in names] +
-                   [f"{sum(parts.values()):.1f}", f"{r['fwdbwd_ms']:.1f}",
-                    f"{core_ms:.1f}" if core_ms else "–", f"{r['fwdbwd_ms'] / core_ms:.2f}" if core_ms else "–"])
-    return tabulate(out, headers=["n", "density"] + list(names) + ["sum", "step", "core cell", "step ÷ core"],
-                    tablefmt="github", disable_numparse=True)
+        sampler = (parts["proposal"] + parts["thinning"]) / sum(parts.values())  # share of the step
+        row = [r["n"], f"{r['density']:.2%}"] + [f"{parts[name]:.1f}" for name in names]
+        row += [f"{sum(parts.values()):.1f}", f"{r['fwdbwd_ms']:.1f}", f"{core_ms:.1f}" if core_ms else "–",
+                f"{r['fwdbwd_ms'] / core_ms:.2f}" if core_ms else "–",
+                f"{r['fwdbwd_ms'] * (1 - sampler) / core_ms:.2f}" if core_ms else "–"]
+        if "pass_ms" in r:
+            row += [f"{r['pass_ms']:.3f}", f"{r['fwdbwd_ms'] * sampler / r['pass_ms']:.0f}"]
+        out.append(row)
+    headers = ["n", "density"] + list(names) + ["sum", "step", "core cell", "step ÷ core", "without sampler ÷ core"]
+    if all("pass_ms" in r for r in profiled):
+        headers += ["E-pass ms", "sampler in E-passes"]
+    return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)
 
 
 def main(argv=None) -> int:
@@ -297,7 +309,9 @@ def main(argv=None) -> int:
     if profiled:
         print("\nWhere the module's fwd+bwd time goes (torch.profiler, ms per step; `other`: projections and glue; "
               "`step`: the unprofiled fwd+bwd median above; `core cell`: EdgeAttention alone on a graph of that "
-              "density).\n")
+              "density; `without sampler`: the step less its proposal and thinning share, a floor for any "
+              "sampler; `E-pass`: one elementwise pass over the graph's E values, and the sampler's time in "
+              "such passes).\n")
         print(parts_table(rows, profiled))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
