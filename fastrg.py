@@ -69,9 +69,9 @@ Deviations and notes
 Use in SBM-Transformer
 ----------------------
 X = Q̂ (B, H, N, K), S = Ŝ (H, K, K) (broadcast over the batch), Y = K̂ (B, H, M, K): R = B·H graphs, graph
-r = b·H + h; up to N = M = 16384, K = 128. Per graph and side the tables keep 8·K·N bytes (float64 CDF) plus
-the guide (up to 8·K·N while built), plus about 12 bytes per drawn edge and 40 per edge of a chunk while
-sampling. `sample_block_csr` returns the graphs as one block-diagonal CSR matrix (row offsets and global
+r = b·H + h; up to N = M = 16384, K = 128. One side's tables live at a time, built just before its draws:
+8·K·N bytes per graph (float64 CDF) plus the guide (up to 8·K·N while built); then about 12 bytes per drawn
+edge and 40 per edge of a chunk while sampling. `sample_block_csr` returns the graphs as one block-diagonal CSR matrix (row offsets and global
 columns, int32), the form a sparse attention consumes: it needs no sort of its own. Random edge exploration
 (+δ, SBM §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ).
 
@@ -200,7 +200,7 @@ def _uniforms(generator: torch.Generator | None, device: torch.device):
 
 
 def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse-CDF table of every column of W (R, n, K) → (cdf (R·K·L,), totals (R, K)).
+    """Inverse-CDF table of every column of W (R, n, K) → (cdf (R·K·L,), totals (R, K) of the prefix sums).
 
     Rows are L = 2^b ≥ n entries apart (b = bits of n − 1), so a flat index o·L + i splits into CDF row
     o = r·K + u and entry i with a shift and a mask. Row o is the CDF of column u of graph r, float64, padded
@@ -259,11 +259,12 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> tuple[torch.Tensor, int]:
     return guide.to(_index_dtype(rows * L)).view(-1), widest
 
 
-def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Generator | None,
+def _draw(W: torch.Tensor, per_row: torch.Tensor, generator: torch.Generator | None,
           shift: torch.Tensor | None = None) -> torch.Tensor:
-    """One inverse-CDF draw per edge from a CDF table (_cdf_table's), per_row[o] edges from row o, in row order
-    → flat indices (E,) o·L + i (i = flat & (L − 1)): the first entry strictly above U ∈ [0, 1). With `shift`
-    (E,), draw e is stored at position e + shift[e].
+    """One inverse-CDF draw per edge from the columns of W (R, n, K), per_row[o] edges from column o = r·K + u,
+    in that order → flat indices (E,) o·L + i (i = flat & (L − 1)): the first entry of the column's CDF
+    (_cdf_table, built here so that it is fresh in cache and alone in memory) strictly above U ∈ [0, 1). With
+    `shift` (E,), draw e is stored at position e + shift[e].
 
     The guide table's bucket names an interval holding the answer (_guide_table); draws then step through it
     when every interval is short (one gather per step, the row staying in cache as draws come grouped by row),
@@ -272,6 +273,8 @@ def _draw(cdf: torch.Tensor, per_row: torch.Tensor, n: int, generator: torch.Gen
     bisection of every draw and save each draw log2(G) rounds.
     An index of zero weight repeats its predecessor's CDF, so it is never the first one above U.
     """
+    n = W.shape[1]
+    cdf = _cdf_table(W)[0]
     b = _bits(n)
     rows, E = len(per_row), int(per_row.sum())
     L = 1 << b
@@ -432,8 +435,8 @@ def _draw_edges(X, S, Y, generator, key_needed: bool):
         raise ValueError(f"generator is on {generator.device}, inputs on {device}")
     if R * n * m * K == 0:
         return R, n, m, None, None, None
-    cdf_x, cx = _cdf_table(_flat(X, lead))                           # (R·K·2^bn,), (R, K)
-    cdf_y, cy = _cdf_table(_flat(Y, lead))                           # (R·K·2^bm,), (R, K)
+    X, Y = _flat(X, lead), _flat(Y, lead)
+    cx, cy = X.sum(1, dtype=_WORK), Y.sum(1, dtype=_WORK)            # (R, K) column sums
     rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
     total = float(rates.sum())
     if not total < _MAX_EXPECTED_EDGES:
@@ -446,9 +449,8 @@ def _draw_edges(X, S, Y, generator, key_needed: bool):
     # run row by row through its CDF table (one row stays in cache) without sorting anything. Edges of one
     # (r, u, v) group are exchangeable, so pairing its k-th source with its k-th destination keeps the law
     # exact; `_uv_shift` moves each destination, as it is drawn, to its source's place.
-    i = _draw(cdf_x, counts.sum(2).view(-1), n, generator)
-    del cdf_x
-    j = _draw(cdf_y, counts.sum(1).view(-1), m, generator, shift=_uv_shift(counts))
+    i = _draw(X, counts.sum(2).view(-1), generator)
+    j = _draw(Y, counts.sum(1).view(-1), generator, shift=_uv_shift(counts))
     return R, n, m, counts, i, j
 
 
