@@ -54,6 +54,9 @@ Deviations (named):
    the learned positions; `--no-alibi` drops it. Without it our byte-level teacher stayed at the no-context
    solution (4.17 bits per masked byte after 1000 steps; other learning rates and position schemes too).
    Every path adds the bias (per entry, per edge), so an all-ones mask still reproduces the teacher exactly.
+11. Attention dropout (the paper has none) keeps a pair where a hash of the pair and of one seed drawn from the
+   forward's generator clears p (`pair_dropout`): every path drops the same pairs, and a causal query's draws
+   do not depend on later tokens, as a flat draw over the edge list would.
 
 Attention FLOPs (Table 3): bench.measure's counter on one validation batch, split into the attention core
 (scores, softmax and weighted sum on the computed entries, plus building the (query, key) list), the q/k/v/out
@@ -163,13 +166,30 @@ def valid_pairs(valid: Tensor, causal: bool) -> Tensor:
     return admissible(valid, causal) & valid[:, None, :, None]
 
 
-def dropout(weights: Tensor, p: float, generator: Optional[torch.Generator]) -> Tensor:
-    """Inverted dropout on attention weights, its mask drawn from `generator` (INTERFACE.md)."""
+def hash32(x: Tensor) -> Tensor:
+    """An integer hash of int64 values in [0, 2³²) to [0, 2³²) (Wellons' "lowbias32": xor-shifts and two odd
+    multipliers). The products are taken 16 bits at a time so that no int64 product overflows."""
+    def times(x: Tensor, c: int) -> Tensor:  # x·c mod 2³²
+        return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    x = times(x ^ (x >> 16), 0x7FEB352D)
+    x = times(x ^ (x >> 15), 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def pair_dropout(weights: Tensor, row: Tensor, col: Tensor, p: float,
+                 generator: Optional[torch.Generator]) -> Tensor:
+    """Inverted dropout on attention weights of the (query, key) pairs with global indices `row`, `col`
+    (broadcastable to `weights`). One seed is drawn from `generator` (INTERFACE.md); a pair is kept where
+    hash(hash(row + hash(seed)) + col)/2³² ≥ p, so its draw depends on the pair alone, not on which other pairs the
+    masks hold: the sparse path (a list of edges) and the masked path (every pair) drop the same pairs, and a
+    causal query's draws do not move when later tokens change the edges after it (a flat draw over the edge
+    list would shift)."""
     if p == 0.0:
         return weights
     source = generator.device if generator is not None else weights.device
-    keep = torch.rand(weights.shape, generator=generator, device=source).to(weights.device) >= p
-    return weights * keep / (1.0 - p)
+    seed = torch.randint(2 ** 32, (), generator=generator, device=source).to(weights.device)
+    u = hash32((hash32((row + hash32(seed)) & 0xFFFFFFFF) + col) & 0xFFFFFFFF)  # (…) uniform on [0, 2³²)
+    return weights * (u >= p * 2 ** 32) / (1.0 - p)
 
 
 def positions(flags: Tensor) -> Tuple[Tensor, Tensor]:
@@ -198,7 +218,10 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p_drop: floa
     if bias is not None:
         scores = scores + bias
     probs = scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(-1) * mask  # empty rows → 0
-    return dropout(probs, p_drop, generator) @ v  # (B, H, N, D)
+    b, h, n, m = probs.shape
+    block = torch.arange(b * h, device=q.device).view(b, h, 1, 1)  # graph b·H + h: global indices as the edges'
+    row, col = block * n + torch.arange(n, device=q.device)[:, None], block * m + torch.arange(m, device=q.device)
+    return pair_dropout(probs, row, col, p_drop, generator) @ v  # (B, H, N, D)
 
 
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, p_drop: float = 0.0,
@@ -214,7 +237,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, 
     top = top.scatter_reduce(0, row, s.detach(), "amax")  # (Rq,) row maxima: a shift the softmax ignores
     w = (s - top.index_select(0, row)).exp()  # (E,)
     total = w.new_zeros(q.shape[0]).index_add(0, row, w)  # (Rq,) ≥ 1 on rows with edges
-    a = dropout(w / total.index_select(0, row), p_drop, generator)  # (E,) softmax over each query's edges
+    a = pair_dropout(w / total.index_select(0, row), row, col, p_drop, generator)  # (E,) softmax per query
     return v.new_zeros(q.shape[0], v.shape[-1]).index_add(0, row, a[:, None] * v.index_select(0, col))
 
 
@@ -309,7 +332,7 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def learned_kernels(max_len: int, count: int = 14, generator: Optional[torch.Generator] = None) -> KernelBank:
+def init_learned_kernels(max_len: int, count: int = 14, generator: Optional[torch.Generator] = None) -> KernelBank:
     """§4.2.3: `count` local kernels of length 2L−1 per layer (the paper's 1023 at L = 512), randomly
     initialised logits N(0, 1), shared by the heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
@@ -370,7 +393,8 @@ class KernelSparseAttention(nn.Module):
         self.select, self.threshold, self.top_k, self.mode = select, threshold, top_k, mode
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
-        bank = standard_kernels(max_len) if kernels == "standard" else learned_kernels(max_len, learned_kernels)
+        bank = (standard_kernels(max_len) if kernels == "standard"
+                else init_learned_kernels(max_len, learned_kernels))
         self.predictor = KernelPredictor(dim, heads, bank, window, hidden, hidden_layers)
         # ALiBi's geometric slopes 2^(−8h/H), h = 1..H (Press et al. 2022, §3), on |i − s| (deviation 10).
         slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, dtype=torch.float64) / heads) if alibi else None
@@ -706,8 +730,8 @@ def main(argv=None) -> int:
     from bench import kernel_pipeline, kernel_report, tasks, train  # needed only to run, never to import this file
 
     parser = train.build_parser("Kernel-based learned sparse attention (Karkhanis et al.): dense teacher, §4.1 "
-                                "analysis, kernel predictors, sparsified inference, end-to-end fine-tuning.")
-    parser.set_defaults(method="kernel")
+                                "analysis, kernel predictors, sparsified inference, end-to-end fine-tuning.",
+                                method="kernel")
     d = KernelConfig()
     group = parser.add_argument_group("kernel pipeline (defaults: the paper's values where it gives them)")
     group.add_argument("--families", type=_names, default=d.families, help="kernel families to fit, comma-separated")
@@ -763,7 +787,11 @@ def main(argv=None) -> int:
         (out / "kernel_report.md").write_text(kernel_report.render(result["kernel"]))
         return result
 
-    return train.run_cli(args, make_attention, train.Hooks(after_training=after_training))
+    # the pipeline's settings act after the teacher's training: --resume may change them (the teacher's own,
+    # which shape its attention modules, must match)
+    teacher = ("window", "hidden", "hidden_layers", "alibi")
+    later = {name: (lambda c: c["steps"]) for name in asdict(d) if name not in teacher}
+    return train.run_cli(args, make_attention, train.Hooks(after_training=after_training, later_settings=later))
 
 
 if __name__ == "__main__":

@@ -244,6 +244,8 @@ class EdgeAttention(torch.autograd.Function):
     binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves α_e and s_e (E,): O(E)
     memory, never (E, D). Every product is a sparse kernel over the edges: SDDMM for scores and ∂L/∂α, CSR
     products for the output and dQ, and for dK, dV the same products on the key-major copy of the graph.
+    The backward is once-differentiable: its sparse products are not differentiated again, so a double backward
+    (a gradient penalty, gradgradcheck) raises instead of returning a wrong second derivative.
     """
 
     @staticmethod
@@ -260,6 +262,7 @@ class EdgeAttention(torch.autograd.Function):
         return edges.csr(weights) @ v  # (R·N, D); a query without edges gets 0
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, alpha, s, keep = ctx.saved_tensors
         edges, scale = ctx.edges, q.shape[-1] ** -0.5
@@ -563,8 +566,8 @@ def main(argv=None) -> int:
     """`python sbm_transformer.py --task T [harness options] [SBM options]`: trains through the harness."""
     from bench import train  # the harness is needed only to run, never to import this file
 
-    parser = train.build_parser("Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one task.")
-    parser.set_defaults(method="sbm")
+    parser = train.build_parser("Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one task.",
+                                method="sbm")
     group = parser.add_argument_group("SBM-Transformer (defaults: the paper's Table 7 and §4)")
     group.add_argument("--clusters", type=int, default=128, help="k, clusters per head (Table 7: 128)")
     group.add_argument("--delta", type=float, default=0.01, help="δ, random edge exploration (§4.2)")

@@ -240,8 +240,9 @@ class SSAttention(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
+            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, True at padding; got "
+                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
         sample = self.sampling()
         windows = self.num_windows(causal) if sample else 1
         padded = -(-n // windows) * windows  # deviation 4: pad to a multiple of W; the pad is key padding
@@ -296,18 +297,20 @@ class SSAttention(nn.Module):
     def reference_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
                        p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
         """softmax(Q_w K_wᵀ/√D + B̃_w) V_w (Alg. 2 line 12) with the (B, H, W, Nw, K) scores materialised,
-        softmax in float32; the dropout mask comes from `generator`."""
+        softmax in float32 (autocast off: it would run the score product, and so the softmax, in its lower
+        precision); the dropout mask comes from `generator`."""
         compute = torch.promote_types(q.dtype, torch.float32)
-        scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B,H,W,Nw,K)
-        if bias is not None:
-            scores = scores + bias
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed[:, None], torch.finfo(compute).min)
-        probs = scores.softmax(-1)
-        if p_drop > 0.0:
-            keep = torch.rand(probs.shape, generator=generator,
-                              device=generator.device if generator is not None else probs.device)
-            probs = probs * (keep.to(probs.device) >= p_drop) / (1.0 - p_drop)
+        with torch.autocast(q.device.type, enabled=False):
+            scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B,H,W,Nw,K)
+            if bias is not None:
+                scores = scores + bias
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed[:, None], torch.finfo(compute).min)
+            probs = scores.softmax(-1)
+            if p_drop > 0.0:
+                keep = torch.rand(probs.shape, generator=generator,
+                                  device=generator.device if generator is not None else probs.device)
+                probs = probs * (keep.to(probs.device) >= p_drop) / (1.0 - p_drop)
         return probs.to(v.dtype) @ v  # (B, H, W, Nw, D)
 
     @staticmethod
@@ -440,8 +443,7 @@ def main(argv=None) -> int:
     """`python ssa.py --task T [harness options] [SSA options]`: trains through the shared harness."""
     from bench import measure, train  # the harness is needed only to run, never to import this file
 
-    parser = train.build_parser("Train and evaluate SSA (Hussain et al., KDD 2023) on one task.")
-    parser.set_defaults(method="ssa")
+    parser = train.build_parser("Train and evaluate SSA (Hussain et al., KDD 2023) on one task.", method="ssa")
     group = parser.add_argument_group("SSA: S<ℓ>-L<w> (locally biased) or S<ℓ>-U<x> (unbiased)")
     group.add_argument("--ssa-layers", type=int, default=None, metavar="L",
                        help="ℓ: SSA on the last ℓ layers, dense below (None: all layers)")
@@ -516,7 +518,12 @@ def main(argv=None) -> int:
         return {"ssa": record}
 
     on_step = fine_tune_callback(cfg.finetune_fraction) if cfg.finetune_fraction > 0 else None
-    return train.run_cli(args, make_attention, train.Hooks(on_step=on_step, after_training=after_training))
+    # --resume may change what acts only from the dense tail on (a branch of S-L4 into S-L4+FT, bench.ssa_table)
+    # or after training
+    later = {"finetune_fraction": lambda c: fine_tune_start(c["steps"], c["finetune_fraction"]),
+             "ensemble_samples": lambda c: c["steps"]}
+    return train.run_cli(args, make_attention, train.Hooks(on_step=on_step, after_training=after_training,
+                                                           later_settings=later))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,18 @@
-"""Helpers shared by the baselines: the density statistic of INTERFACE.md and generator-driven dropout."""
+"""Helpers shared by the baselines: key-padding-mask validation, the density statistic of INTERFACE.md and
+generator-driven dropout."""
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+
+def check_padding_mask(key_padding_mask: Optional[Tensor], batch: int, n: int) -> None:
+    """INTERFACE.md's mask: None or a (B, N) bool tensor, True at padding. Anything else (a float or integer
+    mask, a wrong shape) is a ValueError naming what was expected, not an error from deep inside the core.
+    The method files, which are leaves, carry the same two-line check."""
+    if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (batch, n)):
+        raise ValueError(f"key_padding_mask must be a bool tensor of shape {(batch, n)}, True at padding; got "
+                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
 
 
 def attention_density(key_padding_mask: Optional[Tensor], causal: bool, batch: int, n: int, heads: int,

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import attention_density, generator_dropout
+from baselines.common import attention_density, check_padding_mask, generator_dropout
 
 
 def alibi_slopes(heads: int) -> Tensor:
@@ -95,21 +95,23 @@ class FullAttention(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
-        # SDPA's own causal kernel is faster than an explicit (N, N) mask when nothing else is masked.
-        sdpa_causal = self.fused and causal and key_padding_mask is None and not self.alibi
+        p_drop = self.dropout if self.training else 0.0
+        # SDPA's dropout cannot take a generator: a reproducible draw needs the reference path.
+        fused = self.fused and not (p_drop > 0 and generator is not None)
+        # SDPA's own causal kernel is faster than an explicit (N, N) mask when nothing else is masked; only the
+        # fused path may leave causality to it, the reference path needs it in `allowed`.
+        sdpa_causal = fused and causal and key_padding_mask is None and not self.alibi
         allowed = admissible_mask(key_padding_mask, causal and not sdpa_causal, n, x.device)  # (B|1,1,N|1,M)
         empty = None
         if allowed is not None:
             empty = ~allowed.any(-1, keepdim=True)  # (B|1, 1, N|1, 1): rows with no admissible key
             allowed = allowed | empty  # a dummy key keeps softmax finite; the row is zeroed below
         bias = self.alibi_bias(n, x.device) if self.alibi else None  # (1, H, N, M)
-        p_drop = self.dropout if self.training else 0.0
-        if self.fused and not (p_drop > 0 and generator is not None):
+        if fused:
             y = self.fused_core(q, k, v, allowed, bias, p_drop, sdpa_causal)
-        else:  # SDPA's dropout cannot take a generator: a reproducible draw needs the reference path
+        else:
             y = self.reference_core(q, k, v, allowed, bias, p_drop, generator)
         if empty is not None:
             y = y.masked_fill(empty, 0.0)
@@ -119,16 +121,18 @@ class FullAttention(nn.Module):
     @staticmethod
     def reference_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
                        p_drop: float, generator: Optional[torch.Generator] = None) -> Tensor:
-        """softmax(QKᵀ/√D + bias, masked) V with the scores materialised, softmax in float32."""
+        """softmax(QKᵀ/√D + bias, masked) V with the scores materialised, softmax in float32 (autocast off:
+        it would run the score product, and so the softmax, in its lower precision)."""
         compute = torch.promote_types(q.dtype, torch.float32)  # float32 at least, float64 kept for gradcheck
-        q = q.to(compute) / math.sqrt(q.shape[-1])  # scaling Q, not the scores, keeps one (N, M) tensor fewer
-        scores = q @ k.to(compute).transpose(-1, -2)  # (B, H, N, M)
-        if bias is not None:
-            scores = scores + bias
-        if allowed is not None:
-            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        probs = generator_dropout(scores.softmax(-1), p_drop, generator)
-        return (probs.to(v.dtype) @ v)  # (B, H, N, D)
+        with torch.autocast(q.device.type, enabled=False):
+            q = q.to(compute) / math.sqrt(q.shape[-1])  # scaling Q, not the scores: one (N, M) tensor fewer
+            scores = q @ k.to(compute).transpose(-1, -2)  # (B, H, N, M)
+            if bias is not None:
+                scores = scores + bias
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            probs = generator_dropout(scores.softmax(-1), p_drop, generator)
+        return probs.to(v.dtype) @ v  # (B, H, N, D)
 
     @staticmethod
     def fused_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],

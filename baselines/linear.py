@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import attention_density, generator_dropout
+from baselines.common import attention_density, check_padding_mask, generator_dropout
 
 
 
@@ -108,8 +108,7 @@ class LinearAttention(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
         y = self.core(q, k, v, key_padding_mask, causal).to(v.dtype)  # (B, H, N, D)
         y = generator_dropout(y, self.dropout if self.training else 0.0, generator)

@@ -43,7 +43,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from baselines.common import attention_density, generator_dropout
+from baselines.common import attention_density, check_padding_mask, generator_dropout
 
 
 
@@ -98,8 +98,7 @@ class LinformerAttention(nn.Module):
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
         self.check(n, causal)
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
         p_drop = self.dropout if self.training else 0.0
         y = self.core(q, k, v, key_padding_mask, causal, p_drop, generator).to(v.dtype)  # (B, H, N, D)

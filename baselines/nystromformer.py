@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import generator_dropout
+from baselines.common import check_padding_mask, generator_dropout
 
 
 def masked_softmax(logits: Tensor, allowed: Tensor) -> Tensor:
@@ -109,8 +109,7 @@ class NystromAttention(nn.Module):
             raise ValueError("NystromAttention has no causal form: each landmark averages a whole segment, "
                              "future tokens included, so causal=True cannot be honoured")
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
                  else ~key_padding_mask)  # (B, N)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
@@ -127,23 +126,33 @@ class NystromAttention(nn.Module):
         n_land = self.landmarks
         seg = -(-n // n_land)  # C = ⌈N/K⌉
         pad = seg * n_land - n  # pad to N' = K·C; the padding is masked like key padding
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))  # (B, H, N', D)
-        valid = F.pad(valid, (0, pad), value=False)  # (B, N')
-        w = valid.to(q.dtype)[:, None, :, None]  # (B, 1, N', 1)
         q = q / math.sqrt(d)  # the 1/√D of every score, folded into Q (and so into Q̃)
-        v = v * w  # padded values are never read, not even by the conv skip
+        if pad == 0 and bool(valid.all()):
+            # Nothing to mask: every segment is full, so a landmark is a plain segment mean and every softmax
+            # row has all its entries admissible (the masked path below gives the same values, at 3 more
+            # passes over each N×K matrix).
+            q_land = q.view(b, h, n_land, seg, d).mean(3)  # (B, H, K, D)
+            k_land = k.view(b, h, n_land, seg, d).mean(3)  # (B, H, K, D)
+            f = (q @ k_land.transpose(-1, -2)).softmax(-1)  # (B, H, N, K)
+            a = (q_land @ k_land.transpose(-1, -2)).softmax(-1)  # (B, H, K, K)
+            bk = (q_land @ k.transpose(-1, -2)).softmax(-1)  # (B, H, K, N)
+        else:
+            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))  # (B, H, N', D)
+            valid = F.pad(valid, (0, pad), value=False)  # (B, N')
+            w = valid.to(q.dtype)[:, None, :, None]  # (B, 1, N', 1)
+            v = v * w  # padded values are never read, not even by the conv skip
 
-        # Segment means over valid tokens only (Eq. 13-14); an all-padding segment gives no landmark.
-        count = w.view(b, 1, n_land, seg, 1).sum(3)  # (B, 1, K, 1)
-        q_land = (q * w).view(b, h, n_land, seg, d).sum(3) / count.clamp_min(1)  # (B, H, K, D)
-        k_land = (k * w).view(b, h, n_land, seg, d).sum(3) / count.clamp_min(1)  # (B, H, K, D)
-        has_land = count[..., 0] > 0  # (B, 1, K)
+            # Segment means over valid tokens only (Eq. 13-14); an all-padding segment gives no landmark.
+            count = w.view(b, 1, n_land, seg, 1).sum(3)  # (B, 1, K, 1)
+            q_land = (q * w).view(b, h, n_land, seg, d).sum(3) / count.clamp_min(1)  # (B, H, K, D)
+            k_land = (k * w).view(b, h, n_land, seg, d).sum(3) / count.clamp_min(1)  # (B, H, K, D)
+            has_land = count[..., 0] > 0  # (B, 1, K)
 
-        f = masked_softmax(q @ k_land.transpose(-1, -2), has_land[:, :, None, :])  # (B, H, N', K)
-        a = masked_softmax(q_land @ k_land.transpose(-1, -2), has_land[..., :, None] & has_land[..., None, :])
-        a = a + torch.diag_embed((~has_land).to(a.dtype))  # (B, H, K, K): identity block on empty landmarks
-        bk = masked_softmax(q_land @ k.transpose(-1, -2), has_land[..., :, None] & valid[:, None, None, :])
-        # bk: (B, H, K, N'), padded keys never weighted
+            f = masked_softmax(q @ k_land.transpose(-1, -2), has_land[:, :, None, :])  # (B, H, N', K)
+            a = masked_softmax(q_land @ k_land.transpose(-1, -2), has_land[..., :, None] & has_land[..., None, :])
+            a = a + torch.diag_embed((~has_land).to(a.dtype))  # (B, H, K, K): identity block on empty landmarks
+            bk = masked_softmax(q_land @ k.transpose(-1, -2), has_land[..., :, None] & valid[:, None, None, :])
+            # bk: (B, H, K, N'), padded keys never weighted
         if self.training:
             f = generator_dropout(f, self.dropout, generator)
         y = f @ (iterative_pinv(a, self.pinv_iterations) @ (bk @ v))  # (B, H, N', D), right to left

@@ -23,14 +23,22 @@ Numerical stabilisation (why subtracting maxima is exact). The output of query i
 Σ_j φ(q_i)ᵀφ(k_j) v_j / Σ_j φ(q_i)ᵀφ(k_j):
 - multiplying φ(q_i) by any positive constant c_i cancels in that ratio, so we subtract the row max of query
   i's log-features (this also removes exp(−‖x‖²/2) and 1/√m, which are such constants);
-- multiplying every key feature φ(k_j) by one constant c cancels as well, provided c is the same for every key
-  the query sums over. Non-causal: c = the max of the log-features over all valid keys and features of this
-  sample and head (a per-(B, H) constant; padded keys are excluded so their content cannot move it, and
-  samples do not share it). Causal: a whole-sequence max would be exact too but lets a future key change,
-  through rounding or underflow, what position i outputs, so query i uses c_i = the max over keys j ≤ i (a
-  prefix max). The scan carries its state in the scale of the last prefix max and rescales it by
-  exp(c_old − c_new) ≤ 1 when the max grows (the online-softmax trick), so every exponent is ≤ 0. The
-  shifts are detached: their exact gradient is zero.
+- multiplying feature f of every key by a constant d_f and feature f of every query by 1/d_f leaves each
+  φ(q_i)ᵀφ(k_j) unchanged. Non-causal: d_f = exp(−m_f), m_f = the max of feature f's log-features over the
+  valid keys of this sample and head (padded keys are excluded so their content cannot move it, and samples
+  do not share it), added to the queries' log-features before their row max is taken. Then every exponent
+  is ≤ 0, and the feature where query i's shifted log-feature is 1 has a key sum ≥ 1, so the denominator is
+  ≥ 1: it cannot underflow, and neither 1/den nor the gradients can overflow, whatever the input scale
+  (one max over all features instead, as before, let it fall to denormals at input scale 100).
+- Causal: per-feature shifts would make the within-chunk weights exp(m_jf − m_if) differ per feature, an
+  O(N·C·m) tensor instead of the O(N·C) below, so the key shift is one constant over the features:
+  c_i = the max over keys j ≤ i and features (a prefix max; a whole-sequence max would be exact too but lets
+  a future key change, through rounding or underflow, what position i outputs). The scan carries its state
+  in the scale of the last prefix max and rescales it by exp(c_old − c_new) ≤ 1 when the max grows (the
+  online-softmax trick), so every exponent is ≤ 0. Limitation: where the keys' log-features spread over more
+  than float32's exp range (about 87) across features, a query's denominator can underflow, and its gradient
+  is then not finite (here from input scale ≈ 30 on random weights); compute in float64 there.
+- The shifts are detached: their exact gradient is zero.
 
 Causal computation (``chunk``): inside a chunk of C positions the quadratic form, masked to j ≤ i and
 rescaled by exp(c_j − c_i); across chunks the states of earlier chunks, rescaled to the current chunk's
@@ -60,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import attention_density, generator_dropout
+from baselines.common import attention_density, check_padding_mask, generator_dropout
 
 
 
@@ -157,7 +165,6 @@ class PerformerAttention(nn.Module):
             q_logits = softmax_kernel_logits(q.to(compute) * scale, omega)  # (B, H, N, K)
             k_logits = softmax_kernel_logits(k.to(compute) * scale, omega)  # (B, H, M, K)
             v = v.to(compute)
-            phi_q = (q_logits - q_logits.amax(-1, keepdim=True).detach()).exp()  # (B, H, N, K), row max = 1
             floor = torch.finfo(compute).min
             if key_padding_mask is not None:
                 padded = key_padding_mask[:, None, :, None]  # (B, 1, M, 1)
@@ -166,8 +173,10 @@ class PerformerAttention(nn.Module):
                 shift = k_logits.amax(-1).cummax(-1).values.detach()  # (B, H, M): prefix max c_j
                 phi_k = (k_logits - shift.unsqueeze(-1)).exp()  # (B, H, M, K), ≤ 1
             else:
-                shift = k_logits.amax((-2, -1), keepdim=True).detach()  # (B, H, 1, 1)
-                phi_k = (k_logits - shift).exp()  # (B, H, M, K), ≤ 1
+                shift = k_logits.amax(-2, keepdim=True).detach()  # (B, H, 1, K): per-feature key max m_f
+                phi_k = (k_logits - shift).exp()  # (B, H, M, K), ≤ 1, each feature's largest key = 1
+                q_logits = q_logits + shift  # the queries carry exp(m_f), so φ(q)ᵀφ(k) is unchanged
+            phi_q = (q_logits - q_logits.amax(-1, keepdim=True).detach()).exp()  # (B, H, N, K), row max = 1
             if key_padding_mask is not None:
                 # A padded key's logit is `floor`, so exp underflows to 0 — except where every key so far is
                 # padded (shift = floor too, exp(0) = 1): zero those explicitly.
@@ -182,8 +191,7 @@ class PerformerAttention(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         if self.training and self.redraw_interval > 0:
             if self.training_forwards % self.redraw_interval == 0:
                 self.redraw_features(generator)

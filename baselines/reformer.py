@@ -19,8 +19,9 @@ all rounds *and* both chunks of a round (with a single chunk, U = 1, a round's w
 Subtracting log N_ij from every occurrence makes Σ_occurrences exp(s_ij − log N_ij) = Σ_distinct exp(s_ij),
 so o_i is the exact softmax over the union of the scored keys. N_ij is counted without sorting: key j is in
 query i's window of round r' iff its chunk in round r' is i's chunk or the one before it (causal: same
-bucket, at most W − 1 sorted slots back), so N_ij = Σ_r' of that test, R lookups per scored pair,
-O(N·R²·C) elementwise work; the first occurrence (lowest round, own chunk first) counts the distinct pairs.
+bucket, at most W − 1 sorted slots back), so N_ij = Σ_r' of that test (chunked: the pair's own round always
+passes it, so R − 1 lookups per scored pair), O(N·R²·C) elementwise work; the first occurrence (lowest round,
+own chunk first) counts the distinct pairs.
 
 Deviations from the paper and the official (trax) code:
 - Self-masking: the paper penalises i = j by a finite 10⁵ so that a token attends to itself only when it
@@ -68,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import generator_dropout
+from baselines.common import check_padding_mask, generator_dropout
 
 
 
@@ -93,17 +94,50 @@ def lsh_buckets(k: Tensor, valid: Tensor, n_rounds: int, n_buckets: int,
         buckets = torch.zeros(b, h, n_rounds, n, dtype=torch.long, device=k.device)
     else:
         rot = torch.randn(b, h, n_rounds, d, n_buckets // 2, generator=generator, device=k.device, dtype=k.dtype)
-        proj = torch.einsum("bhnd,bhrdk->bhrnk", k, rot)  # (B, H, R, N, n_buckets/2)
-        buckets = torch.cat([proj, -proj], dim=-1).argmax(-1)  # (B, H, R, N)
+        with torch.no_grad():  # integer buckets: no gradient, so nothing to record
+            proj = torch.einsum("bhnd,bhrdk->bhrnk", k, rot)  # (B, H, R, N, n_buckets/2)
+            buckets = torch.cat([proj, -proj], dim=-1).argmax(-1)  # (B, H, R, N)
     return buckets.masked_fill(~valid[:, None, None, :], n_buckets)  # padding last, content ignored
 
 
-def gather_keys(t: Tensor, index: Tensor) -> Tensor:
-    """t (B, H, N, ...) at positions index (B, H, R, N, W) → (B, H, R, N, W, ...), one row lookup per key."""
-    b, h, r, n, w = index.shape
-    base = torch.arange(b * h, device=index.device).view(b, h, 1, 1, 1) * t.shape[2]  # row of (b, h, 0)
-    rows = t.reshape(b * h * t.shape[2], *t.shape[3:])  # (B·H·N, ...)
-    return rows.index_select(0, (index + base).flatten()).view(b, h, r, n, w, *t.shape[3:])
+class SoftmaxWithLSE(torch.autograd.Function):
+    """Row softmax P = softmax(S) and its log-normaliser z = logsumexp(S) in one fused softmax; the backward,
+    ∂L/∂S = P ⊙ (G − rowsum(G ⊙ P) + g_z), is the fused softmax backward plus one term (∂z/∂S = P)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor):
+        probs = scores.softmax(-1)
+        # z = s_j − log p_j for any j; at the row's maximum p_j ≥ 1/W, so the log is well conditioned.
+        lse = scores.amax(-1) - probs.amax(-1).log()
+        ctx.save_for_backward(probs)
+        return probs, lse
+
+    @staticmethod
+    def backward(ctx, grad_probs: Tensor, grad_lse: Tensor):
+        (probs,) = ctx.saved_tensors
+        grad = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        return grad.addcmul_(probs, grad_lse[..., None])
+
+
+def softmax_with_lse(scores: Tensor):
+    """(…, W) scores → (softmax over W, logsumexp over W), see SoftmaxWithLSE."""
+    return SoftmaxWithLSE.apply(scores)
+
+
+def first_occurrences(seen: Optional[Tensor], this_round: int, u: int, c: int,
+                      admissible: Optional[Tensor]):
+    """Pairs of one round of the chunked path that no earlier round scored, per (B, H): seen (B, H, U, C, W)
+    marks those an earlier round did (None in round 0); admissible (same shape) restricts the count (None: all
+    pairs are). With one chunk (U = 1) a round's window holds the chunk twice and every round scores every
+    pair: only round 0's own-chunk copy is a first occurrence."""
+    if u == 1:
+        if this_round > 0:
+            return 0
+        return admissible[..., :c].sum((2, 3, 4)) if admissible is not None else c * c
+    if admissible is not None:
+        return (admissible if seen is None else admissible & ~seen).sum((2, 3, 4))
+    pairs = u * c * 2 * c
+    return pairs if seen is None else pairs - seen.sum((2, 3, 4))
 
 
 def density_of(distinct: Tensor, valid: Tensor) -> Tensor:
@@ -138,8 +172,7 @@ class ReformerAttention(nn.Module):
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (b, n):
-            raise ValueError(f"key_padding_mask must have shape {(b, n)}, got {tuple(key_padding_mask.shape)}")
+        check_padding_mask(key_padding_mask, b, n)
         valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
                  else ~key_padding_mask)  # (B, N)
         q = self.qk(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, N, D)
@@ -154,76 +187,97 @@ class ReformerAttention(nn.Module):
 
     def attend(self, q: Tensor, v: Tensor, valid: Tensor, generator: Optional[torch.Generator]):
         """The paper's sorted-chunk attention (non-causal). (B, H, N, D) ×2, (B, N) valid → y (B, H, N, D),
-        density (H,)."""
+        density (H,).
+
+        Work per scored pair is kept to the score matmul, one additive bias (−log N_ij, or the mask fill) that
+        the matmul adds as it writes, a fused softmax and the P·V matmul: a query's own key sits on the
+        diagonal of its chunk's block (and, with one chunk, also C columns on), so the self rule touches C
+        entries per chunk, and the padding mask is applied only when there is padding."""
         b, h, n, d = q.shape
         r, c = self.n_hashes, self.bucket_size
         u = -(-n // c)  # chunks per round
         n_pad = u * c
         n_buckets = max(2, u + u % 2)
-        q, v = F.pad(q, (0, 0, 0, n_pad - n)), F.pad(v, (0, 0, 0, n_pad - n))  # (B, H, N', D)
-        valid = F.pad(valid, (0, n_pad - n), value=False)  # (B, N')
+        # Without padding (and N > 1) every query has another key in its window: no padding mask, and the self
+        # rule always masks self. Otherwise the general masks below.
+        general = n_pad > n or n == 1 or not bool(valid.all())
+        if n_pad > n:
+            q, v = F.pad(q, (0, 0, 0, n_pad - n)), F.pad(v, (0, 0, 0, n_pad - n))  # (B, H, N', D)
+            valid = F.pad(valid, (0, n_pad - n), value=False)  # (B, N')
         k = F.normalize(q, dim=-1)  # shared-QK keys
 
         buckets = lsh_buckets(k, valid, r, n_buckets, generator)  # (B, H, R, N')
         pos = torch.arange(n_pad, device=q.device)  # (N',)
         perm = (buckets * n_pad + pos).argsort(-1)  # (B, H, R, N'): sorted slot → position, by (bucket, pos)
         inv = perm.argsort(-1)  # (B, H, R, N'): position → sorted slot
+        rows = (perm + torch.arange(b * h, device=q.device).view(b, h, 1, 1) * n_pad).flatten()  # (B·H·R·N',)
 
-        def to_chunks(t: Tensor) -> Tensor:  # (B, H, N', ...) → (B, H, R, U, C, ...) in sorted order
-            t = gather_slots(t.unsqueeze(2).expand(b, h, r, *t.shape[2:]), perm)
-            return t.view(b, h, r, u, c, *t.shape[4:])
-
-        sq, sk, sv = to_chunks(q), to_chunks(k), to_chunks(v)  # (B, H, R, U, C, D)
-        q_pos = perm.view(b, h, r, u, c)  # (B, H, R, U, C) original positions of the sorted queries
-        q_valid = to_chunks(valid[:, None].expand(b, h, n_pad))  # (B, H, R, U, C)
-        k_pos, k_valid = with_previous_chunk(q_pos), with_previous_chunk(q_valid)  # (B, H, R, U, W)
+        # One row lookup gathers q, k and v in sorted order (its backward adds the R copies back in place).
+        qkv = torch.cat([q / math.sqrt(d), k, v], dim=-1).view(b * h * n_pad, 3 * d)
+        sq, sk, sv = qkv.index_select(0, rows).view(b, h, r, u, c, 3 * d).split(d, dim=-1)  # (B, H, R, U, C, D)
         wk, wv = with_previous_chunk(sk), with_previous_chunk(sv)  # (B, H, R, U, W, D)
+        q_pos = perm.view(b, h, r, u, c)  # (B, H, R, U, C) original positions of the sorted queries
+        k_pos = with_previous_chunk(q_pos)  # (B, H, R, U, W)
 
-        # Masks over (query, scored key): admissible as in full attention, then the self rule.
-        admissible = q_valid[..., :, None] & k_valid[..., None, :]  # (B, H, R, U, C, W)
-        is_self = k_pos[..., None, :] == q_pos[..., :, None]  # (B, H, R, U, C, W)
-        other = admissible & ~is_self
-        # has_other: query i has an admissible non-self key in some round's window.
-        has_other = gather_slots(other.any(-1).view(b, h, r, n_pad), inv).any(2)  # (B, H, N')
-        self_needed = ~gather_slots(has_other[:, :, None].expand(b, h, r, n_pad), perm)  # (B, H, R, N')
-        allowed = other | (admissible & is_self & self_needed.view(b, h, r, u, c, 1))  # (B, H, R, U, C, W)
+        if general:  # admissible pairs: valid query and valid key, as in full attention
+            q_valid = valid.expand(b, n_pad)[:, None, None].expand(b, h, r, n_pad).gather(3, perm).view(b, h, r, u, c)
+            k_valid = with_previous_chunk(q_valid)  # (B, H, R, U, W)
+            admissible = q_valid[..., :, None] & k_valid[..., None, :]  # (B, H, R, U, C, W)
 
-        # N_ij: occurrences of key j among query i's R·W scored keys (all rounds, both chunks). Within a chunk
-        # every query scores the same W keys, so round r' needs the chunks of (B, H, R, U, W) keys and
-        # (B, H, R, U, C) queries; only the test itself is (B, H, R, U, C, W). Chunk −1 wraps as in the sort.
+        # N_ij: occurrences of key j among query i's R·W scored keys (all rounds, both chunks). In its own round
+        # every scored key occurs once; round r' ≠ r scores it iff its chunk there is i's chunk or the one before
+        # (chunk −1 wraps as in the sort): one test per pair and other round. `seen` marks the pairs of round r
+        # that an earlier round already scored; `first` counts the rest, the distinct pairs of the density.
         chunk = inv // c  # (B, H, R, N'): chunk of each position in each round
-        rounds = torch.arange(r, device=q.device).view(r, 1, 1, 1)  # (R, 1, 1, 1): the slot's own round
-        count = torch.zeros(b, h, r, u, c, 2 * c, dtype=q.dtype, device=q.device)  # (B, H, R, U, C, W)
-        earlier = torch.zeros(b, h, r, u, c, 2 * c, dtype=torch.bool, device=q.device)
-        for other_round in range(r):
-            key_chunk = chunk[:, :, other_round].gather(2, k_pos.view(b, h, -1)).view(b, h, r, u, 1, 2 * c)
-            query_chunk = chunk[:, :, other_round].gather(2, q_pos.view(b, h, -1)).view(b, h, r, u, c, 1)
-            hit = (key_chunk == query_chunk) | (key_chunk == (query_chunk - 1) % u)  # (B, H, R, U, C, W)
-            count += hit
-            earlier |= hit & (rounds > other_round)
+        count = torch.ones(b, h, r, u, c, 2 * c, dtype=q.dtype, device=q.device)  # (B, H, R, U, C, W)
+        first = torch.zeros(b, h, dtype=torch.long, device=q.device)  # (B, H)
+        for this_round in range(r):
+            seen = None
+            for other_round in range(r):
+                if other_round == this_round:
+                    continue
+                there = chunk[:, :, other_round]  # (B, H, N')
+                key_chunk = there.gather(2, k_pos[:, :, this_round].reshape(b, h, -1)).view(b, h, u, 1, 2 * c)
+                query_chunk = there.gather(2, q_pos[:, :, this_round].reshape(b, h, -1)).view(b, h, u, c, 1)
+                hit = (key_chunk == query_chunk) | (key_chunk == (query_chunk - 1) % u)  # (B, H, U, C, W)
+                count[:, :, this_round] += hit
+                if other_round < this_round:
+                    seen = hit if seen is None else seen | hit
+            first += first_occurrences(seen, this_round, u, c, admissible[:, :, this_round] if general else None)
         if u == 1:  # one chunk: it is its own previous chunk, so every key occurs twice per round
             count *= 2
-        first = ~earlier  # the key's first occurrence for this query: lowest round, own-chunk copy if U = 1
-        if u == 1:
-            first[..., c:] = False
+        bias = count.log_().neg_()  # (B, H, R, U, C, W): −log N_ij
 
-        scores = torch.einsum("bhrucd,bhruwd->bhrucw", sq / math.sqrt(d), wk) - count.log()
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)  # (B, H, R, U, C, W)
-        lse = scores.logsumexp(-1, keepdim=True)  # (B, H, R, U, C, 1): z(i, P̃_i^(r))
-        probs = (scores - lse).exp()
+        # Masks: padded queries and keys, then the self rule: query i's own key is masked unless i has no other
+        # admissible key in any round's window.
+        fill = torch.finfo(bias.dtype).min
+        if general:
+            bias.masked_fill_(~admissible, fill)
+            others = k_valid.sum(-1, keepdim=True) - (2 if u == 1 else 1)  # (B, H, R, U, 1) valid keys but self
+            has_other = (q_valid & (others > 0)).view(b, h, r, n_pad)  # (B, H, R, N')
+            has_other = has_other.gather(3, inv).any(2, keepdim=True).expand(b, h, r, n_pad)  # per position
+            self_masked = has_other.gather(3, perm).view(b, h, r, u, c)  # (B, H, R, U, C)
+        else:
+            self_masked = torch.ones(b, h, r, u, c, dtype=torch.bool, device=q.device)
+        for offset in ((0, c) if u == 1 else (0,)):
+            bias.diagonal(offset, dim1=-2, dim2=-1).masked_fill_(self_masked, fill)
+
+        scores = torch.baddbmm(bias.view(-1, c, 2 * c), sq.reshape(-1, c, d), wk.reshape(-1, 2 * c, d).transpose(1, 2))
+        probs, lse = softmax_with_lse(scores)  # (B·H·R·U, C, W), (B·H·R·U, C): z(i, P̃_i^(r))
         if self.training:
             probs = generator_dropout(probs, self.dropout, generator)
-        o = probs @ wv  # (B, H, R, U, C, D): o_i^(r)
+        o = torch.bmm(probs, wv.reshape(-1, 2 * c, d)).view(b, h, r, n_pad, d)  # o_i^(r), in sorted order
 
-        # Multi-round combination: weights exp(z_r − logsumexp_r z_r), back in position order.
-        o = gather_slots(o.view(b, h, r, n_pad, d), inv)  # (B, H, R, N', D)
-        weight = gather_slots(lse.view(b, h, r, n_pad), inv).softmax(2)  # (B, H, R, N')
-        y = (weight[..., None] * o).sum(2)  # (B, H, N', D)
+        # Multi-round combination, weights exp(z_r − logsumexp_r z_r) per position, added back in position
+        # order by the inverse of the row lookup.
+        lse = lse.view(b, h, r, n_pad)
+        weight = lse.gather(3, inv).softmax(2).gather(3, perm)  # (B, H, R, N'), sorted order
+        y = (o * weight[..., None]).view(-1, d)
+        y = torch.zeros(b * h * n_pad, d, dtype=y.dtype, device=y.device).index_add(0, rows, y)
         # A valid query always has at least itself; a padded query has nothing admissible: zeros.
-        y = (y * valid[:, None, :, None])[:, :, :n]  # (B, H, N, D)
+        y = (y.view(b, h, n_pad, d) * valid[:, None, :, None])[:, :, :n]  # (B, H, N, D)
 
-        distinct = (first & admissible).sum((2, 3, 4, 5))  # (B, H): first occurrences of admissible pairs
-        return y, density_of(distinct, valid)
+        return y, density_of(first, valid)
 
     def attend_causal(self, q: Tensor, v: Tensor, valid: Tensor, generator: Optional[torch.Generator]):
         """Strictly causal LSH attention (module docstring, "Causal attention"): per round, query i scores

@@ -17,7 +17,7 @@ from torch import nn
 from bench import measure
 from bench.train import derive_seed, lr_at, model_inputs, task_loss
 from kernel_sparse import (KernelConfig, KernelPredictor, analyse_layer, binary_targets, fit_predictor,
-                           handcrafted_kernels, install, layer_inputs, layer_summary, learned_kernels,
+                           handcrafted_kernels, init_learned_kernels, install, layer_inputs, layer_summary,
                            standard_kernels, valid_pairs)
 
 
@@ -155,7 +155,7 @@ def run_pipeline(model: nn.Module, evaluate, task, config: dict, cfg: KernelConf
             if family == "standard":
                 bank = standard_kernels(max_len)
             elif family == "learned":
-                bank = learned_kernels(max_len, cfg.learned_kernels, generator)
+                bank = init_learned_kernels(max_len, cfg.learned_kernels, generator)
             else:
                 bank = handcrafted_kernels(d, causal, max_len, cfg.handcrafted_k, generator=generator)
             torch.manual_seed(int(torch.randint(2 ** 31, (1,), generator=generator)))

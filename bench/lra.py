@@ -46,10 +46,15 @@ Data and caches. Files are looked up under ``--data-dir`` (``$SPARSE_ATTN_DATA``
 ``--data-file`` (an archive or folder for text / image, the TSV folder for retrieval). Decoded data are
 cached as uncompressed ``.npz`` files keyed by the source's sha256 (archives) or by a listing of names,
 sizes and modification times (folders, TSVs), written atomically, under ``$SPARSE_ATTN_CACHE``, else
-``<data-dir>/cache`` when it is writable, else ``~/.cache/sparse-attn``. Archives are read or extracted
-member by member: absolute names, ``..`` components, links and device files are refused with a DataError
-and nothing is written outside the destination folder. Downloads go to a ``.partial`` file and are renamed
-only after their checksum matched.
+``<data-dir>/cache`` when it is writable, else ``~/.cache/sparse-attn`` (a cache found in any of them is
+read; the folder is made only when a cache is written, after the data were read successfully). Archives are
+read or extracted member by member: absolute names, ``..`` components, links and device files are refused
+with a DataError and nothing is written outside the destination folder. A member is read into memory only up
+to ``MAX_MEMBER_BYTES`` (64 MiB; the largest real one, a CIFAR-10 batch, is 31 MB) and extracted to disk only
+up to ``MAX_EXTRACTED_BYTES`` (16 GiB): a larger declared size is refused before anything of it is read.
+Extraction goes to a temporary folder, moved into place only once the whole archive passed, so a refused
+archive leaves no members behind. Downloads go to a ``.partial`` file and are renamed only after their
+checksum matched; a failed download is deleted, with the folders made for it.
 
 Shape legend: B batch, N tokens (seq_len), S image side, P pixels (S*S), K snake steps.
 """
@@ -59,19 +64,23 @@ import math
 import os
 import pickle
 import tarfile
+import shutil
 import tempfile
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import IO, Callable, Collection, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from bench.tasks import DataError, Preset, Task, sha256_file
+from bench.tasks import DataError, Preset, Task, created_folders, plain_mode, sha256_file, write_atomic_with
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
+MAX_MEMBER_BYTES = 64 << 20  # an archive member read into memory (the largest real one: a 31 MB CIFAR-10 batch)
+MAX_EXTRACTED_BYTES = 16 << 30  # an archive member extracted to disk (LRA's AAN TSVs)
 
 
 # ------------------------------------------------------------------------------------------ archives
@@ -109,11 +118,18 @@ def _zip_kind(info: zipfile.ZipInfo) -> str:
     return "dir" if info.is_dir() else "file"
 
 
-def iter_archive(path: Path, want: Callable[[PurePosixPath], bool] = lambda p: True
-                 ) -> Iterator[Tuple[PurePosixPath, bytes]]:
-    """(member path, bytes) of the regular files of a tar (any compression) or zip archive that ``want``
-    selects, in archive order, in one sequential pass. Every member is checked (``check_member``) before
-    anything of it is used: an unsafe one stops the whole archive with a DataError."""
+def check_size(name: PurePosixPath, size: int, archive: Path, limit: int) -> None:
+    if size > limit:
+        raise DataError(f"refusing the archive {archive}: member {name} declares {size:,} bytes, more than the "
+                        f"{limit:,} allowed for it (a damaged or hostile archive). Use an untampered copy.")
+
+
+def archive_members(path: Path, want: Callable[[PurePosixPath], bool], limit: int,
+                    consume: Callable[[PurePosixPath, IO[bytes]], object]) -> Iterator[Tuple[PurePosixPath, object]]:
+    """(member path, consume(member path, member stream)) for the regular files of a tar (any compression) or
+    zip archive that ``want`` selects, in archive order, in one sequential pass. Every member is checked
+    (``check_member``) before anything of it is used, and its declared size against ``limit`` before it is
+    read (the readers stop at the declared size): an unsafe one stops the whole archive with a DataError."""
     path = Path(path)
     try:
         if zipfile.is_zipfile(path):
@@ -124,55 +140,67 @@ def iter_archive(path: Path, want: Callable[[PurePosixPath], bool] = lambda p: T
                 for info in infos:
                     name = PurePosixPath(info.filename)
                     if not info.is_dir() and want(name):
-                        yield name, zf.read(info)
+                        check_size(name, info.file_size, path, limit)
+                        with zf.open(info) as stream:
+                            yield name, consume(name, stream)
             return
         with tarfile.open(path, "r|*") as tf:  # streaming: no seeking back through a compressed archive
             for member in tf:
                 name = check_member(member.name, path, _tar_kind(member))
                 if member.isfile() and want(name):
-                    yield name, tf.extractfile(member).read()
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+                    check_size(name, member.size, path, limit)
+                    yield name, consume(name, tf.extractfile(member))
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
         raise DataError(f"cannot read the archive {path}: {exc}. Delete it and fetch it again.") from None
 
 
+def iter_archive(path: Path, want: Callable[[PurePosixPath], bool] = lambda p: True
+                 ) -> Iterator[Tuple[PurePosixPath, bytes]]:
+    """(member path, bytes) of the selected regular files (``archive_members``), each at most
+    ``MAX_MEMBER_BYTES``."""
+    return archive_members(path, want, MAX_MEMBER_BYTES, lambda name, stream: stream.read())
+
+
 def safe_extract(archive: Path, dest: Path, want: Callable[[PurePosixPath], bool] = lambda p: True,
-                 rename: Callable[[PurePosixPath], PurePosixPath] = lambda p: p) -> List[Path]:
+                 rename: Callable[[PurePosixPath], PurePosixPath] = lambda p: p,
+                 required: Collection[PurePosixPath] = ()) -> List[Path]:
     """Writes the selected regular files of ``archive`` under ``dest`` (at ``rename(member path)``), each
-    through a temporary file and an atomic rename. Links, absolute and '..' paths are refused
-    (``iter_archive``), and every target is checked to lie inside ``dest``."""
+    streamed to disk (at most ``MAX_EXTRACTED_BYTES``). Links, absolute and '..' paths are refused
+    (``archive_members``) and every target is checked to lie inside ``dest``. Everything goes first to a
+    temporary folder beside ``dest`` and is moved into place only when the whole archive passed and every
+    path in ``required`` was among the files: otherwise nothing is left (nor the folders made for it)."""
+    dest = Path(dest)
     root = os.path.normpath(os.path.abspath(dest))
-    written = []
-    for name, data in iter_archive(archive, want):
+
+    def stage(name: PurePosixPath, stream: IO[bytes]) -> PurePosixPath:
         relative = check_member(str(rename(name)), archive)
         target = os.path.normpath(os.path.join(root, *relative.parts))
         if os.path.commonpath([root, target]) != root:
             raise DataError(f"refusing the archive {archive}: {name} would land outside {dest}")
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(Path(target), data)
-        written.append(Path(target))
-    return written
+        staged = staging.joinpath(*relative.parts)
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        with open(staged, "wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 20)
+        return relative
 
-
-def _temporary(path: Path) -> Tuple[int, str]:
-    """A temporary file beside ``path`` with the permissions a plain open() would give (mkstemp's are 0600)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    return fd, tmp
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = _temporary(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with created_folders(dest.parent):
+        staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial"))
+        os.chmod(staging, plain_mode(0o777))  # mkdtemp's are 0700, and the folder may become dest itself
+        try:
+            relatives = [relative for _, relative in archive_members(archive, want, MAX_EXTRACTED_BYTES, stage)]
+            missing = sorted(set(map(str, required)) - set(map(str, relatives)))
+            if missing:
+                raise DataError(f"{archive} lacks {missing} (found {sorted(map(str, relatives))})")
+            if not dest.exists():
+                os.replace(staging, dest)  # one rename: every file appears at once
+            for relative in relatives:
+                staged, target = staging.joinpath(*relative.parts), dest.joinpath(*relative.parts)
+                if staged.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staged, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return [dest.joinpath(*relative.parts) for relative in relatives]
 
 
 # ------------------------------------------------------------------------------------------ downloads
@@ -181,44 +209,48 @@ def offline() -> bool:
 
 
 def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md5: Optional[str] = None) -> Path:
-    """Downloads ``url`` to ``path`` through ``path.partial``; renamed only when the checksum matches."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Downloads ``url`` to ``path`` through ``path.partial``; renamed only when the checksum matches. On any
+    failure the partial file and the folders made for it are deleted."""
     partial = path.with_name(path.name + ".partial")
     digest = hashlib.sha256() if sha256 else hashlib.md5()
-    print(f"downloading {url} to {path} ...", flush=True)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-            for block in iter(lambda: response.read(1 << 20), b""):
-                digest.update(block)
-                out.write(block)
-    except OSError as exc:
-        partial.unlink(missing_ok=True)
-        raise DataError(f"{help_text} The download failed: {exc}") from None
-    expected = sha256 or md5
-    if digest.hexdigest() != expected:
-        partial.unlink(missing_ok=True)
-        raise DataError(f"{help_text} The download from {url} has {digest.name} {digest.hexdigest()}, "
-                        f"expected {expected}; it was deleted.")
-    partial.replace(path)
+    with created_folders(path.parent):
+        print(f"downloading {url} to {path} ...", flush=True)
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+                for block in iter(lambda: response.read(1 << 20), b""):
+                    digest.update(block)
+                    out.write(block)
+            expected = sha256 or md5
+            if digest.hexdigest() != expected:
+                raise DataError(f"{help_text} The download from {url} has {digest.name} {digest.hexdigest()}, "
+                                f"expected {expected}; it was deleted.")
+            partial.replace(path)
+        except OSError as exc:
+            raise DataError(f"{help_text} The download failed: {exc}") from None
+        finally:
+            partial.unlink(missing_ok=True)
     return path
 
 
 # ------------------------------------------------------------------------------------------ caches
-def cache_dir(data_dir: Path) -> Path:
-    """$SPARSE_ATTN_CACHE, else <data_dir>/cache when it can be written, else ~/.cache/sparse-attn."""
+def cache_folders(data_dir: Path) -> List[Path]:
+    """Where caches live, in order: $SPARSE_ATTN_CACHE alone, else <data_dir>/cache and ~/.cache/sparse-attn."""
     if os.environ.get("SPARSE_ATTN_CACHE"):
-        folder = Path(os.environ["SPARSE_ATTN_CACHE"])
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-    for folder in (Path(data_dir) / "cache", Path.home() / ".cache" / "sparse-attn"):
+        return [Path(os.environ["SPARSE_ATTN_CACHE"])]
+    return [Path(data_dir) / "cache", Path.home() / ".cache" / "sparse-attn"]
+
+
+def writable_cache_folder(data_dir: Path) -> Path:
+    """The first of ``cache_folders`` that exists or can be made, and can be written."""
+    folders = cache_folders(data_dir)
+    for folder in folders:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if os.access(folder, os.W_OK):
                 return folder
         except OSError:
             pass
-    raise DataError(f"no writable cache folder: set SPARSE_ATTN_CACHE (tried {Path(data_dir) / 'cache'} and "
-                    f"{Path.home() / '.cache' / 'sparse-attn'})")
+    raise DataError(f"no writable cache folder: set SPARSE_ATTN_CACHE (tried {', '.join(map(str, folders))})")
 
 
 def load_cache(path: Path) -> Optional[Dict[str, np.ndarray]]:
@@ -232,16 +264,7 @@ def load_cache(path: Path) -> Optional[Dict[str, np.ndarray]]:
 
 
 def save_cache(path: Path, arrays: Dict[str, np.ndarray]) -> None:
-    fd, tmp = _temporary(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic_with(path, lambda f: np.savez(f, **arrays))
 
 
 def source_key(path: Path) -> str:
@@ -257,11 +280,14 @@ def source_key(path: Path) -> str:
 
 
 def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
-    path = cache_dir(data_dir) / f"{name}.npz"
-    arrays = load_cache(path)
-    if arrays is None:
-        arrays = build()
-        save_cache(path, arrays)
+    """The cache ``name`` from the first cache folder that holds a readable one, else ``build()``, saved; the
+    cache folder is made only then, so a build that fails leaves none."""
+    for folder in cache_folders(data_dir):
+        arrays = load_cache(folder / f"{name}.npz")
+        if arrays is not None:
+            return arrays
+    arrays = build()
+    save_cache(writable_cache_folder(data_dir) / f"{name}.npz", arrays)
     return arrays
 
 
@@ -296,6 +322,7 @@ class Docs:
 class LRATask(Task):
     """Fixed splits held in memory; a batch is built from example indices by ``batch``."""
     download_allowed = True
+    reads_files = True
     data_file: Optional[str] = None
 
     def split_size(self, split: str) -> int:
@@ -891,6 +918,7 @@ class Pathfinder(LRATask):
     batch 32, 800 steps. Paper preset (Table 7 "Pathfinder"): 32x32 (1024 tokens), 160,000 training images,
     batch 1024, lr 5e-4, 62,400 steps, warm-up 312."""
     GENERATOR_VERSION = 1  # bump when the generator changes: old caches are then ignored
+    reads_files = False  # generated
 
     def __init__(self):
         super().__init__("pathfinder", "cls", vocab_size=256, num_classes=2, metric="accuracy",
@@ -962,12 +990,12 @@ class Retrieval(LRATask):
 
     def extract(self, archive: Path, dest: Path) -> Path:
         print(f"extracting the AAN TSVs from {archive} to {dest} (one pass over the archive) ...", flush=True)
-        names = set(self.FILES.values())
-        written = safe_extract(archive, dest, want=lambda p: p.name in names and p.parent.name == "tsv_data",
-                               rename=lambda p: PurePosixPath(p.name))
-        if len(written) != len(names):
-            raise DataError(f"retrieval: {archive} holds {sorted(w.name for w in written)}, not all of "
-                            f"{sorted(names)} under tsv_data/")
+        names = sorted(self.FILES.values())
+        try:
+            safe_extract(archive, dest, want=lambda p: p.name in names and p.parent.name == "tsv_data",
+                         rename=lambda p: PurePosixPath(p.name), required=[PurePosixPath(n) for n in names])
+        except DataError as exc:
+            raise DataError(f"retrieval: {exc} (LRA's AAN pairs are its tsv_data/{{{','.join(names)}}})") from None
         return dest
 
     def read(self, folder: Path) -> Dict[str, np.ndarray]:

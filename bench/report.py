@@ -1,18 +1,21 @@
-"""Tables from results records, never typed by hand.
+"""Tables and plots from results records, never typed by hand.
 
-    python -m bench.report [--results results] [--readme README.md]
+    python -m bench.report                          # the published report (results/), printed
+    python -m bench.report --readme README.md       # maintainers: README's results section + results/plots/
+    python -m bench.report --run runs/grid-quick    # a run folder's REPORT.md and plots (./run_all.sh does this)
 
-One block per (preset, device), each stating device, preset, training budget and seeds:
-- accuracy (SBM paper Table 1 shape): rows are methods, columns tasks; a cell is the test metric (accuracy in
-  %, or bits per byte) with the mean attention density in parentheses, mean ± std over seeds when there are
-  several, "failed" with the reason's first words for a cell that could not run and "n/a" where the method
-  does not apply (bench/grid.py's ONLY); the average over the accuracy tasks when a method has all of them;
-- cost (SBM paper Table 3 and SSA paper Table 1 shape): per task, each method's attention FLOPs, model FLOPs,
-  peak memory and median training step time, normalised to full attention's on the same task.
-RESULTS/scaling*.json written by ``bench.scaling --out`` become the scaling tables. RESULTS/benchmarks/*.md,
-the saved output of a benchmark script (its command on the first line; e.g. ``bench.fastrg_bench``,
-``bench.sbm_scaling``, ``bench.ssa_table``), are appended as they are, in name order. With --readme, the
-Markdown between the markers <!-- results:start --> and <!-- results:end --> is replaced.
+The published report (results/) leads with one section per claim of bench/claims.py, in that order: what the
+paper reports, the command that reproduces it, and the table generated from the claim's records (training
+runs: mean ± standard deviation over seeds, with each seed's value and wall time) or the benchmark's saved
+output. The quick preview (results/quick, a ./run_all.sh run folder copied there deliberately) follows.
+
+A run's report (the quick preview's shape): the test metric of every method on every task with the density
+of what training computed, the task's base rate and whether full attention cleared the quick budget's target
+(bench/grid.py QUICK_TARGETS), cells that do not run said once under the table (n/a, no data, left out,
+failed with the whole reason), then cost relative to full attention on the same task — attention FLOPs and
+density of a training step (what SSA's sub-model and SBM's sampled masks cost), inference FLOPs beside them
+where they differ, peak memory and median step time — then the attention scaling table and the plots.
+With --readme, the Markdown between <!-- results:start --> and <!-- results:end --> is replaced.
 """
 import argparse
 import json
@@ -20,55 +23,115 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Dict, List, Optional
 
 from tabulate import tabulate
 
-from bench import scaling
-from bench.grid import applicable
+from bench import claims as claim_list
+from bench import grid, plots, scaling
+from bench import methods as registry
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 REFERENCE = "full"
 
 
-def load(results: Path):
+# ------------------------------------------------------------------------------------------------ records
+def load(folder: Path):
+    """(complete records, failures) of a run folder's cells; each record carries its cell's command."""
     records, failures = [], []
-    for folder in sorted((results / "runs").glob("*")):
-        if (folder / "metrics.json").exists():
-            rec = json.loads((folder / "metrics.json").read_text())
-            if rec.get("status") == "complete":
-                records.append(rec)
-                continue
-        if (folder / "failed.json").exists():
-            failures.append(json.loads((folder / "failed.json").read_text()))
+    for cell in sorted((folder / "runs").glob("*")):
+        record = grid.read_json(cell / "metrics.json")
+        if record and record.get("status") == "complete":
+            record["cell"] = grid.read_json(cell / "cell.json") or {}
+            record["folder"] = cell
+            records.append(record)
+        elif (cell / "failed.json").exists():
+            failures.append(grid.read_json(cell / "failed.json"))
     return records, failures
 
 
-def fmt(values, metric):
-    scale = 100 if metric == "accuracy" else 1
-    mean = statistics.mean(v * scale for v in values)
-    text = f"{mean:.2f}" if metric == "accuracy" else f"{mean:.3f}"
-    if len(values) > 1:
-        text += f" ± {statistics.stdev(v * scale for v in values):.2f}"
+def scale(record_or_metric, value):
+    metric = record_or_metric if isinstance(record_or_metric, str) else record_or_metric["metric"]
+    return 100 * value if metric == "accuracy" else value
+
+
+def fmt(values: List[float], metric: str) -> str:
+    """Mean (± standard deviation over seeds when there are several): accuracy in %, bits per byte."""
+    scaled = [scale(metric, v) for v in values]
+    digits = 2 if metric == "accuracy" else 3
+    text = f"{statistics.mean(scaled):.{digits}f}"
+    if len(scaled) > 1:
+        text += f" ± {statistics.stdev(scaled):.{digits}f}"
     return text
 
 
-def budget(recs) -> str:
-    """Each task's training budget as the records state it (steps × batch at sequence length)."""
+def train_density(r: dict) -> float:
+    return r["train_density"] if r.get("train_density") is not None else r["density"]
+
+
+def train_flops(r: dict) -> dict:
+    return r.get("train_flops_per_example") or r["flops_per_example"]
+
+
+def clock(seconds: Optional[float]) -> str:
+    return "–" if seconds is None else (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min")
+
+
+# ------------------------------------------------------------------------------------------------ a run
+def budget_line(recs: List[dict]) -> str:
     seen = {}
     for r in recs:
         c = r["config"]
-        seen.setdefault(r["task"], f"{r['task']} {c['steps']} steps × {c['batch_size']} × {c['seq_len']}")
+        seen.setdefault(r["task"], f"{r['task']} {c['steps']} steps × batch {c['batch_size']} at length "
+                                   f"{c['seq_len']} ({c['depth']} layers × {c['heads']} heads, width {c['dim']})")
     return "; ".join(seen[t] for t in sorted(seen))
 
 
-def accuracy_table(recs, failed) -> str:
-    tasks = sorted({r["task"] for r in recs} | {t for _, t in failed})
-    methods = list(dict.fromkeys([r["method"] for r in recs] + [m for m, _ in failed]))
+def target_check(task: str, recs: List[dict]) -> Optional[str]:
+    """Whether full attention cleared the quick budget's target on this task, with its margin."""
+    if task not in grid.QUICK_TARGETS:
+        return None
+    ref = [r for r in recs if r["method"] == REFERENCE and r["task"] == task]
+    if not ref:
+        return None
+    kind, amount, words = grid.QUICK_TARGETS[task]
+    value, base = statistics.mean(r["test"] for r in ref), statistics.mean(r["base_rate"] for r in ref)
+    metric = ref[0]["metric"]
+    goal = {"min": amount, "above_base": base + amount, "below_base": base - amount}[kind]
+    ok = value <= goal if kind == "below_base" else value >= goal
+    return (f"{task}: full attention {fmt([value], metric)} against base rate {fmt([base], metric)} "
+            f"(target {words}: {'≤' if kind == 'below_base' else '≥'} {fmt([goal], metric)}) — "
+            f"{'learned' if ok else 'NOT learned'}")
+
+
+def ranking_check(recs: List[dict]) -> Optional[str]:
+    """SBM Fig. 4 ranks full attention and SBM near 100% on duplicates, Performer and Linformer far below."""
+    test = {r["method"]: r["test"] for r in recs if r["task"] == "duplicates"}
+    if not all(m in test for m in ("full", "sbm", "performer", "linformer")):
+        return None
+    top, low = min(test["full"], test["sbm"]), max(test["performer"], test["linformer"])
+    agrees = top >= 0.95 and low <= top - 0.05
+    return (f"SBM Fig. 4 ranks full attention and SBM-Transformer near 100% on duplicates and Performer and "
+            f"Linformer far below. Here: full {100 * test['full']:.2f}%, SBM {100 * test['sbm']:.2f}%, Performer "
+            f"{100 * test['performer']:.2f}%, Linformer {100 * test['linformer']:.2f}%: "
+            f"{'agrees' if agrees else 'does not agree'} at this budget"
+            + ("" if agrees else " (the paper's recipe: the README's SBM Fig. 4 claim)") + ".")
+
+
+def method_order(names) -> List[str]:
+    """Registry order, then any method the records name that this process has not registered (a plug-in)."""
+    names = set(names)
+    return [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS))
+
+
+def accuracy_table(recs: List[dict], plan: dict, failures: List[dict]) -> str:
+    tasks = [t for t in grid.GRID_TASKS if any(r["task"] == t for r in recs)]
+    methods = method_order([r["method"] for r in recs] + [f["method"] for f in failures] + plan.get("methods", []))
+    refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
+    failed = {(f["method"], f["task"]): f for f in failures}
     cells = defaultdict(list)
     for r in recs:
         cells[(r["method"], r["task"])].append(r)
-    metric_of = {t: next((r["metric"] for r in recs if r["task"] == t), None) for t in tasks}
-    accuracy_tasks = [t for t in tasks if metric_of[t] == "accuracy"]
     rows = []
     for m in methods:
         row = [m]
@@ -77,78 +140,228 @@ def accuracy_table(recs, failed) -> str:
             if rs:
                 density = statistics.mean(r["density"] for r in rs)
                 row.append(f"{fmt([r['test'] for r in rs], rs[0]['metric'])} ({100 * density:.1f}%)")
+            elif (m, t) in refused:
+                row.append(f"n/a ({refused[(m, t)]})")
             elif (m, t) in failed:
-                row.append("failed: " + failed[(m, t)][:60])
-            elif not applicable(m, t):
-                row.append("n/a")
-            else:
+                row.append("failed (below)")
+            elif m in registry.METHODS and not registry.applicable(m, t):
                 row.append("–")
-        done = [cells[(m, t)] for t in accuracy_tasks if cells.get((m, t))]
-        average = (f"{100 * statistics.mean(statistics.mean(r['test'] for r in rs) for rs in done):.2f}"
-                   if accuracy_tasks and len(done) == len(accuracy_tasks) else "–")
-        rows.append(row + [average])
-    unit = {"accuracy": " (acc %)", "bpb": " (bpb)", None: ""}
-    headers = ["method"] + [t + unit[metric_of[t]] for t in tasks] + ["avg acc"]
+            else:
+                row.append("not run")
+        rows.append(row)
+    base = ["base rate"]
+    for t in tasks:
+        rs = [r for r in recs if r["task"] == t and r.get("base_rate") is not None]
+        base.append(fmt([statistics.mean(r["base_rate"] for r in rs)], rs[0]["metric"]) if rs else "–")
+    rows.append(base)
+    metric_of = {t: next(r["metric"] for r in recs if r["task"] == t) for t in tasks}
+    headers = ["method"] + [f"{t} ({'acc %' if metric_of[t] == 'accuracy' else 'bpb'})" for t in tasks]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def cost_table(recs) -> str:
+def cost_table(recs: List[dict]) -> str:
     by_cell = defaultdict(list)
     for r in recs:
         by_cell[(r["task"], r["method"])].append(r)
 
     def mean(rs, get):
-        values = [get(r) for r in rs]
+        values = [get(r) for r in rs] if rs else []
         return statistics.mean(values) if values and None not in values else None
 
-    measures = [("attention FLOPs", lambda r: r["flops_per_example"]["attention"]),
-                ("model FLOPs", lambda r: r["flops_per_example"]["model"]),
-                ("peak memory", lambda r: r["peak_memory_bytes"]),
-                ("step time", lambda r: r["median_step_ms"])]
+    def ratio(rs, ref, get):
+        value, base = mean(rs, get), mean(ref, get)
+        return f"{value / base:.2f}" if value is not None and base else "–"
+
     rows = []
-    for task in sorted({t for t, _ in by_cell}):
-        reference = by_cell.get((task, REFERENCE))
-        for method in [m for t, m in by_cell if t == task]:
-            row = [task, method]
-            for _, get in measures:
-                value, ref = mean(by_cell[(task, method)], get), mean(reference, get) if reference else None
-                row.append(f"{value / ref:.2f}" if value is not None and ref else "–")
+    for task in [t for t in grid.GRID_TASKS if any(k[0] == t for k in by_cell)]:
+        ref = by_cell.get((task, REFERENCE))
+        for method in method_order(m for t, m in by_cell if t == task):
             rs = by_cell[(task, method)]
-            row.append(f"{statistics.mean(r['median_step_ms'] for r in rs):.0f}")
-            rows.append(row)
-    headers = ["task", "method"] + [f"{name} × {REFERENCE}" for name, _ in measures] + ["step ms"]
+            train_attn = ratio(rs, ref, lambda r: train_flops(r)["attention"])
+            eval_attn = ratio(rs, ref, lambda r: r["flops_per_example"]["attention"])
+            density, eval_density = mean(rs, train_density), mean(rs, lambda r: r["density"])
+            rows.append([task, method, f"{100 * density:.1f}%",
+                         train_attn + ("" if eval_attn == train_attn else f" (eval {eval_attn})"),
+                         ratio(rs, ref, lambda r: train_flops(r)["model"]),
+                         ratio(rs, ref, lambda r: r["peak_memory_bytes"]),
+                         ratio(rs, ref, lambda r: r["median_step_ms"]),
+                         f"{mean(rs, lambda r: r['median_step_ms']):.0f}", f"{100 * eval_density:.1f}%"])
+    headers = ["task", "method", "train density", f"attention FLOPs × {REFERENCE}", f"model FLOPs × {REFERENCE}",
+               f"peak memory × {REFERENCE}", f"step time × {REFERENCE}", "step ms", "eval density"]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def tables(records, failures, scaling_results=(), benchmarks=()) -> str:
-    groups = defaultdict(list)
-    for rec in records:
-        groups[(rec["preset"], rec["device"])].append(rec)
+def run_section(folder: Path, plot_dir: Optional[Path], link_prefix: str = "") -> str:
+    """A run folder (./run_all.sh's output) as Markdown: preview table, cost, scaling, plots."""
+    plan = grid.read_json(folder / "grid.json") or {}
+    run = grid.read_json(folder / "run.json") or {}
+    recs, failures = load(folder)
     out = []
-    for (preset, device), recs in sorted(groups.items()):
-        failed = {(f["method"], f["task"]): f["reason"] for f in failures if f["preset"] == preset}
-        seeds = sorted({r["seed"] for r in recs})
-        out.append(f"**Preset `{preset}`, {device}, seeds {seeds}.** Budget: {budget(recs)}.\n\n"
-                   f"Test metric (mean attention density):\n\n{accuracy_table(recs, failed)}\n\n"
-                   f"Cost relative to {REFERENCE} attention on the same task (forward FLOPs per example; peak "
-                   f"memory of training; median training step):\n\n{cost_table(recs)}")
-    unplaced = [f for f in failures if not any(r["preset"] == f["preset"] for r in records)]
-    for f in unplaced:
-        out.append(f"- {f['method']} on {f['task']} ({f['preset']}): failed: {f['reason']}")
-    out += [scaling.render(result) for result in scaling_results]
-    out += [text.strip() for text in benchmarks]
-    return "\n\n".join(out) if out else "No results yet: run ./run_all.sh."
+    if not recs and not failures:
+        return f"No records in {folder} yet: run ./run_all.sh."
+    devices = sorted({r["device"] for r in recs})
+    seeds = sorted({r["seed"] for r in recs})
+    head = (f"**Budget `{plan.get('budget', '?')}`** (preset `{plan.get('preset', '?')}`), {', '.join(devices)}, "
+            f"seeds {seeds}; `{' '.join(run.get('command', ['./run_all.sh']))}` (commit {run.get('commit', '?')}) "
+            f"took {clock(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
+            f"Per task: {budget_line(recs)}.")
+    if plan.get("budget") == "quick":
+        head = ("**Quick preview**: a smoke-level comparison on a CPU budget; the papers' claims are measured by the "
+                "claim tables of the README. " + head)
+    out.append(head)
+    out.append("Test metric (attention density of the test evaluation, mean over heads and layers; what training "
+               "computed is in the cost table):\n\n" + accuracy_table(recs, plan, failures))
+    notes = []
+    if plan.get("budget") == "quick":  # the targets the quick budget was calibrated to, checked on this run
+        notes += [line for line in (target_check(t, recs) for t in grid.GRID_TASKS) if line]
+        notes += [line for line in [ranking_check(recs)] if line]
+    notes += [f"n/a: {n['method']} on {n['task']} ({n['reason']}), decided before the grid ran"
+              for n in plan.get("not_run", [])]
+    notes += [f"no data: {task}: {message}" for task, message in plan.get("missing_data", {}).items()]
+    notes += [f"left out of the {plan.get('budget')} budget: {task}: {reason}"
+              for task, reason in plan.get("left_out", {}).items()]
+    notes += [f"failed: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
+    if notes:
+        out.append("\n".join(f"- {line}" for line in notes))
+    out.append(f"Cost relative to {REFERENCE} attention on the same task (forward FLOPs per example of a training "
+               f"step; peak memory of training; median training step):\n\n{cost_table(recs)}")
+    scaling_result = grid.read_json(folder / "scaling.json")
+    if scaling_result:
+        out.append(scaling.render(scaling_result))
+    if plot_dir is not None:
+        out.append(run_plots(recs, scaling_result, plot_dir, link_prefix))
+    return "\n\n".join(out)
+
+
+def run_plots(recs: List[dict], scaling_result: Optional[dict], plot_dir: Path, link_prefix: str) -> str:
+    if not plots.available():
+        return "Plots: matplotlib is not installed (`pip install -r requirements-extra.txt`); tables only."
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    shown = []
+    if recs:
+        shown.append(("accuracy_vs_cost.png", plots.accuracy_vs_cost(recs, plot_dir / "accuracy_vs_cost.png")))
+    if scaling_result:
+        shown.append(("scaling.png", plots.scaling(scaling_result, plot_dir / "scaling.png")))
+    return "\n\n".join(f"![{caption}]({link_prefix}{name})\n\n*{caption}*" for name, caption in shown)
+
+
+def write_run_report(folder: Path) -> str:
+    """OUT/REPORT.md and OUT/*.png of a run folder; returns the report's text."""
+    text = "# ./run_all.sh report\n\n" + run_section(folder, folder)
+    (folder / "REPORT.md").write_text(text + "\n")
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ claims
+def log_lines(folder: Path) -> List[dict]:
+    lines = []
+    path = folder / "log.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                break  # a torn last line of a killed run
+    return lines
+
+
+def runs_table(claim, recs: List[dict]) -> str:
+    groups: Dict[str, List[dict]] = defaultdict(list)
+    for r in recs:
+        command = r["cell"].get("command", [])
+        setting = [c for i, c in enumerate(command) if c != "--seed" and (i == 0 or command[i - 1] != "--seed")]
+        groups[" ".join(["python", *setting])].append(r)
+    rows = []
+    for command, rs in groups.items():
+        rs.sort(key=lambda r: r["seed"])
+        rows.append([f"`{command}`", ", ".join(str(r["seed"]) for r in rs), fmt([r["test"] for r in rs],
+                     rs[0]["metric"]), " / ".join(fmt([r["test"]], r["metric"]) for r in rs),
+                     f"{100 * statistics.mean(r['density'] for r in rs):.1f}%",
+                     " / ".join(f"{r['median_step_ms']:.0f}" for r in rs),
+                     " / ".join(clock(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
+                     " / ".join(clock(r["cell"].get("cpu_s")) for r in rs)])
+    metric = recs[0]["metric"] if recs else "accuracy"
+    unit = "test acc %" if metric == "accuracy" else "test bpb"
+    headers = ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
+               "median step ms", "wall per seed", "CPU per seed"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def claim_section(claim, results: Path, plot_dir: Optional[Path], link_prefix: str) -> str:
+    folder = results / claim.name
+    out = [f"### {claim.title}", f"Paper: {claim.paper}"]
+    if claim.kind == "runs":
+        recs, failures = load(folder)
+        missing = [c for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
+        out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in `results/{claim.name}/`), "
+                   f"or one row's command with `--seed S --out DIR`.")
+        if recs:
+            out.append(runs_table(claim, recs))
+        if missing:
+            out.append("Not yet run: " + ", ".join(f"`{c['name']}`" for c in missing) + ".")
+        out += [f"- {note}" for note in claim.notes]
+        if plot_dir is not None and claim.name == "sbm-fig4" and recs and plots.available():
+            curves = {r["method"]: log_lines(r["folder"]) for r in recs}
+            caption = plots.sbm_training(curves, plot_dir / "sbm_fig4.png")
+            out.append(f"![{caption}]({link_prefix}sbm_fig4.png)\n\n*{caption}*")
+    else:
+        out.append("Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in `results/{claim.name}/`).")
+        for path in sorted(folder.glob("*.md")):
+            out.append(path.read_text().strip())
+        out += [scaling.render(json.loads(path.read_text())) for path in sorted(folder.glob("scaling*.json"))]
+        if plot_dir is not None and claim.name == "ssa-table" and plots.available():
+            out += ssa_plot(folder, plot_dir, link_prefix)
+        if plot_dir is not None and claim.name == "scaling" and plots.available():
+            for path in sorted(folder.glob("*.json")):
+                caption = plots.scaling(json.loads(path.read_text()), plot_dir / f"{path.stem}.png")
+                out.append(f"![{caption}]({link_prefix}{path.stem}.png)\n\n*{caption}*")
+    return "\n\n".join(out)
+
+
+def ssa_plot(folder: Path, plot_dir: Path, link_prefix: str) -> List[str]:
+    """Fig. 7's curve from bench.ssa_table's saved output: the dense figure on the "Self-ensembling" line and
+    the rows of the sub-models table that follows it."""
+    for path in sorted(folder.glob("*.md")):
+        lines = path.read_text().splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("Self-ensembling")), None)
+        if start is None:
+            continue
+        dense = float(lines[start].rsplit(" ", 1)[1])
+        rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[start + 1:]
+                if line.startswith("|") and line.strip("|").split("|")[0].strip().isdigit()]
+        caption = plots.ssa_ensemble([int(r[0]) for r in rows], [float(r[1]) for r in rows], dense,
+                                     plot_dir / "ssa_fig7.png")
+        return [f"![{caption}]({link_prefix}ssa_fig7.png)\n\n*{caption}*"]
+    return []
+
+
+def published(results: Path, plot_dir: Optional[Path], link_prefix: str = "") -> str:
+    out = [claim_section(claim, results, plot_dir, link_prefix) for claim in claim_list.CLAIMS]
+    quick = results / "quick"
+    out.append("### Quick preview: every method on every task (`./run_all.sh`)")
+    out.append(run_section(quick, plot_dir, link_prefix) if quick.exists() else
+               "Not published yet: `./run_all.sh --out results/quick`.")
+    return "\n\n".join(out)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", default="results", help="results folder (written by bench.grid)")
-    p.add_argument("--readme", default=None, help="rewrite this file's results section between the markers")
+    p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
+    p.add_argument("--results", default="results", help="the published records (one folder per claim)")
+    p.add_argument("--readme", default=None, help="rewrite this file's results section; plots to RESULTS/plots")
+    p.add_argument("--run", default=None, help="a run folder: write its REPORT.md and plots there instead")
     args = p.parse_args(argv)
+    if args.run:
+        if not Path(args.run).is_dir():
+            p.error(f"--run: no folder {args.run}")
+        print(write_run_report(Path(args.run)))
+        return 0
     results = Path(args.results)
-    scaling_results = [json.loads(path.read_text()) for path in sorted(results.glob("scaling*.json"))]
-    benchmarks = [path.read_text() for path in sorted((results / "benchmarks").glob("*.md"))]
-    text = tables(*load(results), scaling_results, benchmarks)
+    if not results.is_dir():
+        p.error(f"--results: no folder {results}")
+    plot_dir = results / "plots" if args.readme else None
+    if plot_dir is not None and plots.available():
+        plot_dir.mkdir(exist_ok=True)
+    text = published(results, plot_dir, f"{results.as_posix()}/plots/")
     print(text)
     if args.readme:
         readme = Path(args.readme)

@@ -34,7 +34,7 @@ ALIASES = {"full-ref": "full:fused=False"}
 
 
 def parse_method(spec: str):
-    """'name:key=value;key=value' → (registry name, options dict)."""
+    """'name:key=value;key=value' → (registry name, {key: value text}); bench.train.attention_options types them."""
     from bench.train import parse_attn_option
     spec = ALIASES.get(spec, spec)
     name, _, rest = spec.partition(":")
@@ -44,11 +44,12 @@ def parse_method(spec: str):
 
 def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one attention module and measures it."""
-    from bench.train import load_method
+    from bench.train import attention_options, load_method
     torch.manual_seed(0)
     device = torch.device(cell["device"])
-    name, options = parse_method(cell["method"])
+    name, texts = parse_method(cell["method"])
     _, cls = load_method(name)
+    options = attention_options(name, texts)
     if "max_len" in inspect.signature(cls).parameters:
         options.setdefault("max_len", cell["n"])
     dim = cell["heads"] * cell["head_dim"]

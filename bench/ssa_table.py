@@ -70,6 +70,8 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int, branch: in
         shutil.copyfile(snapshot.parent / "log.jsonl", folder / "log.jsonl")  # --resume keeps steps ≤ branch
         extra += ["--resume"]
         header = f"resumed from {snapshot} (S-L4 until step {branch}), trains the dense tail\n"
+    else:
+        extra += ["--overwrite"]  # an unfinished setting starts again
     cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder)]
     print(f"{name}: {' '.join(cmd[1:])}", flush=True)
     with open(folder / "train.log", "w") as log:

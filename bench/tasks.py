@@ -13,8 +13,9 @@ A task has ``train_batch(batch_size, generator)`` (a fresh, reproducible draw fo
   MAX/MIN/MED/SM, operator with probability 0.25 below the maximum depth, 2..max_args arguments, accepted
   when min_len < length < max_len, deduplicated): see shared/data/README.md §3. Tokens as in the PyTorch
   ports: the brackets' "(" ")" dropped, "]" a token of its own. Ten classes.
-- ``enwik8`` — byte-level LM on the first 10⁸ bytes of Wikipedia (Mahoney), standard 90M/5M/5M split,
-  downloaded from the canonical URL and checked against its sha256; bits per byte.
+- ``enwik8`` — byte-level LM on the first 10⁸ bytes of Wikipedia (Mahoney), standard 90M/5M/5M split; read
+  from ``--data-file`` (enwik8.zip or the unzipped file) or the data folder (the file or the zip), else
+  downloaded from the canonical URL; checked against the sha256 of the unzipped bytes; bits per byte.
 - ``bytes`` — the same LM on local text: a folder with train/valid/test.txt, or any file split 90/5/5.
   The default is the WikiText-2 copy under the data folder; with only its valid.txt and test.txt present
   (as in shared/data), valid.txt is split 95/5 into train/valid and test.txt is the test split.
@@ -28,18 +29,23 @@ before it (fewer only at the start).
 
 Data live in ``--data-dir`` (default ``$SPARSE_ATTN_DATA`` or ``./data``). A missing or corrupt file raises
 ``DataError`` with what was looked for, where, and how to get it; the entry points print it and exit 1.
+A failure leaves no trace: a download or extraction goes through temporary files that are renamed into place
+only once checked, and the folders made for it are removed again when it fails (``created_folders``).
 """
+import contextlib
 import hashlib
 import importlib
 import io
 import os
 import random
 import shutil
+import tempfile
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -90,6 +96,7 @@ class Task:
     num_classes: int
     metric: str  # "accuracy" or "bpb"
     presets: Dict[str, Preset] = field(default_factory=dict)
+    reads_files = False  # True: setup() reads data files and raises DataError when they are missing
 
     def setup(self, seq_len: int, seed: int, data_dir: Path, eval_context: int = 0) -> None:
         raise NotImplementedError
@@ -239,6 +246,7 @@ class ListOps(ExampleSetTask):
 
 class ByteLM(Task):
     """Byte-level language modelling on a byte array per split; bits per byte."""
+    reads_files = True
 
     def __init__(self, name: str):
         cpu = Preset(seq_len=256, dim=128, depth=2, heads=4, head_dim=32, mlp_dim=512, dropout=0.0, steps=1500,
@@ -288,45 +296,110 @@ class ByteLM(Task):
 
 
 class Enwik8(ByteLM):
+    """The first 10⁸ bytes of enwik8, split 90/5/5 (90M/5M/5M). Read from ``--data-file`` (enwik8.zip or the
+    unzipped file), else from the data folder (DATA/enwik8/enwik8, DATA/enwik8/enwik8.zip or DATA/enwik8.zip,
+    in that order), else downloaded to DATA/enwik8/enwik8. Whichever is read, the bytes are checked against
+    the sha256 of the unzipped file (a zip is checked by its content, which is what the split is made of)."""
     URL = "http://mattmahoney.net/dc/enwik8.zip"
     SHA256 = "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8"
-    SIZE = 100_000_000
+    MEMBER = "enwik8"  # the zip holds this one file
+    SIZE = 100_000_000  # its size in bytes
     download_allowed = True
 
     def __init__(self):
         super().__init__("enwik8")
+        self.data_file: Optional[Path] = None  # set from --data-file
+
+    def candidates(self, data_dir: Path) -> List[Path]:
+        if self.data_file is not None:
+            return [Path(self.data_file)]
+        data_dir = Path(data_dir)
+        return [data_dir / "enwik8" / "enwik8", data_dir / "enwik8" / "enwik8.zip", data_dir / "enwik8.zip"]
 
     def load(self, data_dir):
-        path = Path(data_dir) / "enwik8" / "enwik8"
-        if not path.exists():
+        found = [path for path in self.candidates(data_dir) if path.is_file()]
+        if self.data_file is not None and not found:
+            raise DataError(f"enwik8: no file at {self.data_file} (given by --data-file). Pass enwik8.zip from "
+                            f"{self.URL} or the unzipped file enwik8 (sha256 {self.SHA256}).")
+        if found:
+            path = found[0]
+        else:
+            path = Path(data_dir) / "enwik8" / "enwik8"
             self.fetch(path)
-        digest = sha256_file(path)
+        data = read_enwik8(path, self.MEMBER)
+        digest = hashlib.sha256(data).hexdigest()
         if digest != self.SHA256:
-            raise DataError(f"enwik8: {path} has sha256 {digest}, expected {self.SHA256} (the first 10^8 bytes "
-                            f"of enwik8 from {self.URL}). Delete it and fetch it again.")
-        data = np.fromfile(path, dtype=np.uint8)
-        return {"train": data[:90_000_000], "valid": data[90_000_000:95_000_000], "test": data[95_000_000:]}
+            what = f"the file {self.MEMBER!r} in {path}" if zipfile.is_zipfile(path) else str(path)
+            raise DataError(f"enwik8: {what} has sha256 {digest}, expected {self.SHA256} (the first 10^8 bytes of "
+                            f"enwik8, unzipped, from {self.URL}). Delete it and fetch it again.")
+        train_end, valid_end = enwik8_split(len(data))
+        return {"train": data[:train_end], "valid": data[train_end:valid_end], "test": data[valid_end:]}
 
     def fetch(self, path: Path) -> None:
-        help_text = (f"enwik8: no file at {path}. Download {self.URL}, unzip it and put the file 'enwik8' there "
-                     f"(sha256 {self.SHA256}), or point --data-dir / SPARSE_ATTN_DATA at a folder holding "
-                     f"enwik8/enwik8.")
+        """Downloads the zip into memory (36 MB) and extracts its one member through a temporary file, which
+        becomes ``path`` only when its size and sha256 are right; on any failure nothing is left behind (the
+        temporary file and the folders this created are removed)."""
+        looked = ", ".join(str(p) for p in self.candidates(path.parent.parent))
+        help_text = (f"enwik8: not found (looked for {looked}). Download {self.URL} and pass it with --data-file "
+                     f"(the zip or the unzipped file 'enwik8', sha256 {self.SHA256}), or put either there, or "
+                     f"point --data-dir / SPARSE_ATTN_DATA at a folder holding enwik8/enwik8.")
         if not self.download_allowed or os.environ.get("SPARSE_ATTN_OFFLINE"):
             raise DataError(help_text + " (Downloads are off.)")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"downloading {self.URL} to {path.parent} ...", flush=True)
-        try:
-            with urllib.request.urlopen(self.URL, timeout=60) as response:
-                archive = response.read()
-            with zipfile.ZipFile(io.BytesIO(archive)) as zf:
-                if zf.namelist() != ["enwik8"]:
-                    raise DataError(f"enwik8: unexpected archive members {zf.namelist()[:5]} in {self.URL}")
-                partial = path.with_suffix(".partial")
-                with zf.open("enwik8") as src, open(partial, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-                partial.replace(path)
-        except (OSError, zipfile.BadZipFile) as exc:
-            raise DataError(f"{help_text} The download failed: {exc}") from None
+        with created_folders(path.parent):
+            print(f"downloading {self.URL} to {path.parent} ...", flush=True)
+            try:
+                with urllib.request.urlopen(self.URL, timeout=60) as response:
+                    archive = response.read()
+                with zipfile.ZipFile(io.BytesIO(archive)) as zf:
+                    infos = zf.infolist()
+                    if [info.filename for info in infos] != [self.MEMBER] or infos[0].file_size != self.SIZE:
+                        raise DataError(f"enwik8: the archive from {self.URL} holds "
+                                        f"{[(i.filename, i.file_size) for i in infos[:5]]}, expected one member "
+                                        f"'enwik8' of {self.SIZE} bytes")
+                    fd, partial = temporary_file(path)
+                    try:
+                        with zf.open(infos[0]) as src, os.fdopen(fd, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+                        digest = sha256_file(Path(partial))
+                        if digest != self.SHA256:
+                            raise DataError(f"{help_text} The download has sha256 {digest}, expected "
+                                            f"{self.SHA256}; it was deleted.")
+                        os.replace(partial, path)
+                    finally:
+                        Path(partial).unlink(missing_ok=True)
+            except (OSError, zipfile.BadZipFile) as exc:
+                raise DataError(f"{help_text} The download failed: {exc}") from None
+
+
+def enwik8_split(length: int):
+    """(end of train, end of valid) for the standard 90/5/5 split: 90M/5M/5M bytes of the real 10⁸."""
+    return length * 9 // 10, length * 19 // 20
+
+
+def read_enwik8(path: Path, member: str) -> np.ndarray:
+    """The bytes of enwik8 as a uint8 array, from the unzipped file or from the one member of a zip."""
+    if not zipfile.is_zipfile(path):
+        if path.suffix == ".zip":
+            raise DataError(f"enwik8: {path} is not a zip archive (damaged or incomplete?); pass enwik8.zip from "
+                            f"{Enwik8.URL} or the unzipped file.")
+        return np.fromfile(path, dtype=np.uint8)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            if member not in zf.namelist():
+                raise DataError(f"enwik8: {path} is a zip without a file {member!r} (it holds "
+                                f"{zf.namelist()[:5]}); pass enwik8.zip from {Enwik8.URL} or the unzipped file.")
+            data = np.empty(zf.getinfo(member).file_size, dtype=np.uint8)
+            with zf.open(member) as src:  # decompressed straight into the array: no second copy of 10⁸ bytes
+                view, filled = memoryview(data), 0
+                while filled < len(data):
+                    got = src.readinto(view[filled:filled + (1 << 22)])
+                    if not got:
+                        raise DataError(f"enwik8: {path} ends early: {filled} of {len(data)} bytes of {member!r}")
+                    filled += got
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise DataError(f"enwik8: cannot read {path} as a zip ({exc}); pass enwik8.zip from {Enwik8.URL} or the "
+                        f"unzipped file.") from None
+    return data
 
 
 class LocalBytes(ByteLM):
@@ -397,6 +470,62 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def created_folders(folder: Path):
+    """Creates ``folder`` with its missing parents for the block; if the block fails, removes the ones it
+    created (deepest first, and only while empty), so a failed download or extraction leaves no folders."""
+    missing, parent = [], Path(folder)
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the folder {folder}: {exc.strerror}") from None
+    try:
+        yield
+    except BaseException:
+        for created in missing:
+            try:
+                created.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def plain_mode(mode: int) -> int:
+    """``mode`` less the process's umask: what open() (0o666) or mkdir() (0o777) would give."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
+def temporary_file(path: Path) -> Tuple[int, str]:
+    """A temporary file beside ``path`` with the permissions a plain open() would give (mkstemp's are 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.chmod(tmp, plain_mode(0o666))
+    return fd, tmp
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    write_atomic_with(path, lambda f: f.write(data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(file)`` into a temporary file, synced and renamed over ``path``: a reader (or a run killed at any
+    instant) sees the old file or the whole new one, never a part."""
+    fd, tmp = temporary_file(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def lra_task(class_name: str):

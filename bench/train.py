@@ -13,7 +13,25 @@ Reproducibility: every random draw of step t — the batch, dropout, a method's 
 seeds derived from (seed, rank, t), and each evaluation from (seed, step). A run killed and resumed from its
 last checkpoint therefore ends with exactly the metrics of an uninterrupted one (tests/test_train.py).
 
-Methods plug in two ways. A baseline is a class in the registry ``METHODS`` built with the interface's core
+The run folder ``--out`` holds one run: ``checkpoint.pt`` (and ``checkpoint-STEP.pt`` snapshots), ``log.jsonl``
+and, once the run has finished, ``metrics.json`` — the only sign of a finished run (``"status": "complete"``).
+- A fresh run refuses a folder that already holds a run's files (exit 2) unless ``--overwrite`` is given: an
+  earlier run's hours are not replaced because a command was repeated or an --out mistyped. Files of others
+  (a caller's train.log) do not count. With ``--overwrite`` (as with ``--resume``) the old files go only once
+  the new run's settings, data and model are ready — so a run refused for bad input changes nothing — and
+  metrics.json goes first: a run killed at any instant never leaves a folder that looks finished beside a
+  checkpoint and log of another run.
+- ``--resume`` continues from checkpoint.pt, which must have been trained with this run's settings (see
+  ``resume_conflicts``: what may differ only says where the run lives and what it reports, or acts only after
+  the checkpoint's step); a mismatch is refused naming each setting, old → new. log.jsonl keeps its complete
+  lines up to the checkpoint's step: a line torn by a kill mid-write, and what was logged after the
+  checkpoint, are dropped.
+- Checkpoints are written atomically and carry the sha256 of their payload in a one-line header; a damaged,
+  truncated or empty one is refused in one line before torch reads it.
+Bad settings (an unknown device, a negative learning rate, an attention option of the wrong type, a causal task
+for an attention with no causal form) are refused in one line, exit 2, before any data are read or folders made.
+
+Methods plug in two ways (bench/methods.py registers them). A baseline is a class built with the interface's core
 arguments plus ``--attn key=value`` budget options. A method file with its own procedures (SSA's fine-tuning
 tail, SBM's regulariser settings) has a ``main(argv)`` that builds a parser with ``build_parser()``, adds its
 options and calls ``run(args, make_attention=..., hooks=Hooks(...))``; ``--method NAME`` here delegates to it,
@@ -23,9 +41,8 @@ import argparse
 import dataclasses
 import datetime
 import hashlib
-import importlib
-import importlib.util
 import inspect
+import io
 import json
 import math
 import os
@@ -33,9 +50,10 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -44,35 +62,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import measure
+from bench import methods as registry
 from bench.model import Model, ModelConfig
-from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task
+from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task, write_atomic
 
-METHODS = {
-    "full": "baselines.full:FullAttention",
-    "linear": "baselines.linear:LinearAttention",
-    "linformer": "baselines.linformer:LinformerAttention",
-    "performer": "baselines.performer:PerformerAttention",
-    "nystromformer": "baselines.nystromformer:NystromAttention",
-    "reformer": "baselines.reformer:ReformerAttention",
-    "sbm": "sbm_transformer:SBMAttention",
-    "ssa": "ssa:SSAttention",
-    "kernel": "kernel_sparse:KernelSparseAttention",
-}
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
 LOG_EVERY = 50
 LR_DECAYS = ("cosine", "linear")
+CORE_ARGUMENTS = ("dim", "heads", "head_dim", "dropout")  # the interface's; any other constructor argument is a budget
+# What --resume lets differ from the checkpoint's settings, beside a method's Hooks.later_settings:
+# settings that only say where the run lives and what it reports (the device string: its type and the bf16
+# autocast are compared instead, as they change the numbers; eval_every: evaluations draw from their own seeds)
+OBSERVING = ("out", "resume", "overwrite", "log_every", "snapshot_at", "eval_every", "final_eval_batches",
+             "data_dir", "no_download", "device")
+# and the learning-rate schedule where it gives every step already taken the same rate (lr_at): e.g. more steps
+# while still in the warm-up; after it the decay's length changes the rate of the steps taken
+SCHEDULE = ("steps", "lr", "warmup", "lr_decay", "lr_floor")
+CHECKPOINT_HEADER = b"bench.train checkpoint, sha256 of the rest: "
 
 
 def available_methods() -> Dict[str, str]:
-    """Registry entries whose module exists in this checkout."""
-    return {name: target for name, target in METHODS.items()
-            if importlib.util.find_spec(target.split(":")[0]) is not None}
+    """Registered methods (bench/methods.py) whose module exists in this checkout: name → module:Class."""
+    return {name: method.attention for name, method in registry.available().items()}
 
 
 def load_method(name: str):
-    module_name, class_name = METHODS[name].split(":")
-    module = importlib.import_module(module_name)
-    return module, getattr(module, class_name)
+    return registry.get(name).load()
 
 
 class SetupError(RuntimeError):
@@ -87,65 +102,108 @@ class Hooks:
     eval_forward(model, inputs) -> (logits, stats): replaces model(**inputs) in evaluation (self-ensembling).
     after_training(model, evaluate) -> dict: extra results merged into metrics.json; ``evaluate(split, limit,
     forward=None)`` returns {"metric", "loss", "density", ...} on the final weights.
+    later_settings: {name: first_step(config) -> int}: the method's settings that act only from a step on (SSA's
+    fine-tuning fraction: from its dense tail's first step; settings used only after training: from
+    config["steps"]). --resume lets one differ from the checkpoint's when neither run's first step is before
+    the checkpoint's step.
     """
     on_step: Optional[Callable] = None
     eval_forward: Optional[Callable] = None
     after_training: Optional[Callable] = None
+    later_settings: Dict[str, Callable[[dict], int]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
 def parse_attn_option(text: str):
+    """KEY=VALUE → (KEY, VALUE text); ``attention_options`` gives VALUE the type the attention declares."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--attn expects key=value, got {text!r}")
     key, value = text.split("=", 1)
-    for cast in (int, float):
-        try:
-            return key, cast(value)
-        except ValueError:
-            pass
-    if value.lower() in ("true", "false"):
-        return key, value.lower() == "true"
     return key, value
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def checked_number(cast, accept, requirement: str):
+    """An argparse type: ``cast(text)``, finite and accepted by ``accept``, else 'must be REQUIREMENT'."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+    return parse
 
 
-def unit_fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text}")
-    return value
+positive_int = checked_number(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = checked_number(int, lambda v: v >= 0, "a non-negative integer")
+positive_float = checked_number(float, lambda v: v > 0, "a positive number")
+non_negative_float = checked_number(float, lambda v: v >= 0, "a non-negative number")
+unit_fraction = checked_number(float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
+dropout_rate = checked_number(float, lambda v: 0 <= v < 1, "a rate in [0, 1)")
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
-    return value
+def parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "1"):
+        return True
+    if lowered in ("false", "no", "0"):
+        return False
+    raise ValueError(text)
 
 
-def build_parser(description: str = "Train and evaluate one method on one task.") -> argparse.ArgumentParser:
+def boolean(text: str) -> bool:
+    try:
+        return parse_bool(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text}") from None
+
+
+def device_option(text: str) -> str:
+    """auto, cpu, cuda or cuda:N (whether CUDA is there is checked when the run starts)."""
+    kind, _, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"must be auto, cpu, cuda or cuda:N, got {text!r}")
+
+
+def method_option(method: str):
+    """--method of a method file's parser: only its own method (``python -m bench.train`` runs the others)."""
+    def parse(text: str) -> str:
+        if text != method:
+            raise argparse.ArgumentTypeError(f"this file trains {method} only; run python -m bench.train --method "
+                                             f"{text} for {text}")
+        return text
+    return parse
+
+
+def build_parser(description: str = "Train and evaluate one method on one task.",
+                 method: Optional[str] = None) -> argparse.ArgumentParser:
+    """The harness's options. ``method``: the parser of that method's own file, whose --method takes only it."""
     p = argparse.ArgumentParser(description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--method", default="full", help="attention method (registry name)")
+    if method is None:
+        p.add_argument("--method", default="full", help="attention method (registry name)")
+    else:
+        p.add_argument("--method", default=method, type=method_option(method),
+                       help=f"only {method} here (python -m bench.train --method NAME runs the others)")
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--device", default="auto", type=device_option, help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--out", default=None, help="output folder (default runs/METHOD-TASK-PRESET-sSEED)")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its checkpoint (trained with the same settings)")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in --out (without it, a folder holding a run is refused)")
     p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
-    p.add_argument("--data-file", default=None, help="bytes: any text file (split 90/5/5); text/image: an archive or "
-                   "folder; retrieval: the folder of LRA's AAN TSV files")
+    p.add_argument("--data-file", default=None, help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or "
+                   "the unzipped file; text/image: an archive or folder; retrieval: the folder of LRA's AAN TSV files")
     p.add_argument("--no-download", action="store_true", help="never download; fail with instructions instead")
     p.add_argument("--attn", action="append", type=parse_attn_option, default=[], metavar="KEY=VALUE",
                    help="budget option passed to the attention constructor (repeatable)")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="gradient-norm clipping (0 = off)")
+    p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient-norm clipping (0 = off)")
     p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
                    help="shape of the decay after warm-up, from the peak to the floor at the last step")
     p.add_argument("--lr-floor", type=unit_fraction, default=0.1, metavar="FRACTION",
@@ -162,14 +220,13 @@ def build_parser(description: str = "Train and evaluate one method on one task."
     group.add_argument("--heads", type=positive_int, help="attention heads")
     group.add_argument("--head-dim", type=positive_int, help="dimension per head")
     group.add_argument("--mlp-dim", type=positive_int, help="MLP hidden width")
-    group.add_argument("--dropout", type=float, help="dropout rate")
-    group.add_argument("--attn-dropout", type=float, help="attention dropout rate")
-    group.add_argument("--pos-emb", type=lambda s: s.lower() in ("1", "true", "yes"), metavar="BOOL",
-                       help="learned positional embeddings")
+    group.add_argument("--dropout", type=dropout_rate, help="dropout rate")
+    group.add_argument("--attn-dropout", type=dropout_rate, help="attention dropout rate")
+    group.add_argument("--pos-emb", type=boolean, metavar="BOOL", help="learned positional embeddings")
     group.add_argument("--steps", type=non_negative_int, help="training steps (0: evaluate the untrained model)")
     group.add_argument("--batch-size", type=positive_int, help="batch size per process")
-    group.add_argument("--lr", type=float, help="peak learning rate")
-    group.add_argument("--weight-decay", type=float, help="AdamW weight decay")
+    group.add_argument("--lr", type=positive_float, help="peak learning rate")
+    group.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay")
     group.add_argument("--warmup", type=non_negative_int, help="linear warm-up steps")
     group.add_argument("--eval-every", type=positive_int, help="steps between evaluations and checkpoints")
     group.add_argument("--eval-batches", type=positive_int, help="batches per periodic evaluation")
@@ -191,8 +248,61 @@ def resolve_config(args) -> dict:
             preset[name] = value
     config = {k: v for k, v in vars(args).items() if k not in PRESET_FIELDS}
     config.update(preset)
-    config["attn"] = dict(args.attn)
+    config["attn"] = attention_options(args.method, dict(args.attn)) if args.attn else {}
     return config
+
+
+def attention_options(method: str, texts: Dict[str, str]) -> dict:
+    """--attn KEY=VALUE texts as the values the attention's constructor declares: KEY must be one of its budget
+    arguments, VALUE is parsed to that argument's annotation (else its default's type). ValueError naming the
+    option, the value and the type expected, or the options there are."""
+    _, cls = load_method(method)
+    params = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in CORE_ARGUMENTS}
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError):
+        hints = {}
+    options = {}
+    for key, text in texts.items():
+        if key not in params:
+            raise ValueError(f"{method} takes no option {key!r}; its options: {list(params)}")
+        default = params[key].default
+        declared = hints.get(key, type(default) if default not in (inspect.Parameter.empty, None) else str)
+        try:
+            options[key] = parse_as(text, declared)
+        except ValueError:
+            raise ValueError(f"--attn {key}={text}: {method}'s {key} takes {type_words(declared)}") from None
+    return options
+
+
+def optional_of(declared):
+    """X for Optional[X], else None."""
+    args = typing.get_args(declared)
+    if type(None) in args and len(args) == 2:
+        return next(a for a in args if a is not type(None))
+    return None
+
+
+def parse_as(text: str, declared):
+    """``text`` as a value of the type ``declared`` (bool, int, float, str, Optional of one); ValueError if not."""
+    if optional_of(declared) is not None:
+        return None if text.lower() == "none" else parse_as(text, optional_of(declared))
+    if declared is bool:
+        return parse_bool(text)
+    if declared is int:
+        return int(text)
+    if declared is float and math.isfinite(float(text)):
+        return float(text)
+    if declared is str:
+        return text
+    raise ValueError(text)
+
+
+def type_words(declared) -> str:
+    if optional_of(declared) is not None:
+        return f"{type_words(optional_of(declared))} or none"
+    words = {bool: "true or false", int: "an integer", float: "a finite number", str: "text"}
+    return words.get(declared, f"{declared} values, which --attn cannot give")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -206,7 +316,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but CUDA is not available")
+        raise ValueError(f"--device {name} was asked for, but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
@@ -236,18 +348,46 @@ def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=2).encode())
 
 
-def save_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+def as_json(obj):
+    """What ``obj`` is after a JSON round trip (tuples become lists): how configs are stored and compared."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """torch.save's bytes behind a one-line header with their sha256, written atomically."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    write_atomic(path, CHECKPOINT_HEADER + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+
+
+def load_checkpoint(path: Path, map_location="cpu") -> dict:
+    """The state saved by ``save_checkpoint``. A file that is empty, has no header, fails its checksum
+    (truncated, bytes altered) or cannot be read is refused with a SetupError naming it, before torch sees it."""
+    def refuse(reason: str):
+        return SetupError(f"the checkpoint {path} {reason}; it cannot be used: start afresh with --overwrite "
+                          f"(or resume from a good copy)")
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})") from None
+    if not data:
+        raise refuse("is empty")
+    header, newline, _ = data[:len(CHECKPOINT_HEADER) + 65].partition(b"\n")
+    if not header.startswith(CHECKPOINT_HEADER) or not newline:
+        raise refuse("has no checksum header (damaged, or not written by bench.train)")
+    payload = memoryview(data)[len(header) + 1:]
+    if hashlib.sha256(payload).hexdigest().encode() != header[len(CHECKPOINT_HEADER):]:
+        raise refuse(f"is damaged: its {len(payload)}-byte payload does not match the sha256 in its header "
+                     f"(truncated or altered)")
+    try:
+        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 — any failure of a checked file is one line, not a torch traceback
+        raise refuse(f"cannot be read by this torch ({type(exc).__name__})") from None
 
 
 def parameter_fingerprint(model: nn.Module) -> str:
@@ -259,12 +399,9 @@ def parameter_fingerprint(model: nn.Module) -> str:
 
 
 def make_baseline_factory(method: str, model_cfg: ModelConfig, budget: dict) -> Callable[[int], nn.Module]:
+    """The registry's class for ``method`` with the interface's arguments and the (typed) budget options."""
     _, cls = load_method(method)
     params = inspect.signature(cls).parameters
-    unknown = sorted(set(budget) - set(params))
-    if unknown:
-        raise ValueError(f"{method} takes no option(s) {unknown}; its options: "
-                         f"{[n for n in params if n not in ('dim', 'heads', 'head_dim', 'dropout')]}")
     kwargs = dict(budget)
     if "max_len" in params and "max_len" not in kwargs:
         kwargs["max_len"] = model_cfg.max_len
@@ -280,7 +417,7 @@ def evaluate(model: nn.Module, task, split: str, limit: Optional[int], batch_siz
     was_training = model.training
     model.eval()
     torch.manual_seed(derive_seed(seed, "eval", split))
-    nll, correct, count, densities = 0.0, 0, 0, []
+    nll, correct, count, densities, target_counts = 0.0, 0, 0, [], torch.zeros(task.num_classes)
     for batch in task.eval_batches(split, batch_size, limit):
         inputs, targets = model_inputs(batch, device), batch["targets"].to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -291,6 +428,7 @@ def evaluate(model: nn.Module, task, split: str, limit: Optional[int], batch_siz
         nll += F.cross_entropy(logits, flat, ignore_index=IGNORE, reduction="sum").item()
         correct += (logits.argmax(-1)[scored] == flat[scored]).sum().item()
         count += scored.sum().item()
+        target_counts += torch.bincount(flat[scored].cpu(), minlength=task.num_classes)
         densities.append(stats["density"].float().cpu())
     model.train(was_training)
     if count == 0:
@@ -299,32 +437,160 @@ def evaluate(model: nn.Module, task, split: str, limit: Optional[int], batch_siz
     density = torch.stack(densities).mean(0)  # (L, H)
     metric = loss / math.log(2) if task.metric == "bpb" else correct / count
     return {"metric": metric, "loss": loss, "density": density.mean().item(),
-            "density_per_layer": density.mean(1).tolist(), "scored": count}
+            "density_per_layer": density.mean(1).tolist(), "scored": count,
+            "base_rate": base_rate(target_counts, task.metric)}
+
+
+def base_rate(counts: torch.Tensor, metric: str) -> float:
+    """What the split's own target distribution gives with no input: the majority class's accuracy, or the
+    entropy of the unigram distribution in bits (a model must beat it to have learned anything)."""
+    p = counts / counts.sum()
+    if metric == "bpb":
+        return -(p[p > 0] * p[p > 0].log2()).sum().item()
+    return p.max().item()
+
+
+# ------------------------------------------------------------------------------------------------ run folders
+def run_files(out: Path) -> List[Path]:
+    """The files of a run in ``out``: record, checkpoint, snapshots and log (not leftovers of atomic writes)."""
+    if not out.is_dir():
+        return []
+    found = [out / name for name in ("metrics.json", "checkpoint.pt", "log.jsonl") if (out / name).is_file()]
+    return found + sorted(out.glob("checkpoint-*.pt"))
+
+
+def resume_conflicts(saved: dict, config: dict, context: dict, later: Dict[str, Callable[[dict], int]]
+                     ) -> List[str]:
+    """'--name old → new' for each setting of this run that differs from the one the checkpoint was trained
+    with and would have changed the steps it has already taken. Free to differ: OBSERVING; the SCHEDULE
+    settings while lr_at gives every step before the checkpoint's the same rate (and --steps is not below
+    it); a method's later settings (Hooks.later_settings) that act from a step no earlier than the
+    checkpoint's, in both runs. ``context``: the processes, the device type and the bf16 autocast, which
+    change every step's numbers and must match too."""
+    old, new, step = saved["config"], as_json(config), saved["step"]
+    absent = object()
+
+    def differs(name):
+        return old.get(name, absent) != new.get(name, absent)
+
+    def acts_later(name):
+        try:
+            return min(later[name](old), later[name](new)) >= step
+        except (KeyError, TypeError, ValueError):
+            return False
+
+    def show(value):
+        return "(absent)" if value is absent else json.dumps(value)
+
+    def entry(name, note=""):
+        return f"--{name.replace('_', '-')} {show(old.get(name, absent))} → {show(new.get(name, absent))}{note}"
+
+    names = [n for n in dict.fromkeys([*new, *old]) if differs(n)]
+    conflicts = [entry(n) for n in names
+                 if n not in OBSERVING and n not in SCHEDULE and not (n in later and acts_later(n))]
+    if new["steps"] < step:
+        conflicts.append(entry("steps", f" (below the checkpoint's step {step})"))
+    elif not all(n in old for n in SCHEDULE) or any(lr_at(t, old) != lr_at(t, new) for t in range(step)):
+        conflicts += [entry(n, " (sets the learning rate of the steps already taken)") for n in SCHEDULE if differs(n)]
+    conflicts += [f"{key.replace('_', ' ')} {show(saved.get(key, absent))} → {show(value)}"
+                  for key, value in context.items() if saved.get(key, absent) != value]
+    return conflicts
+
+
+def open_run_folder(out: Path, args, config: dict, context: dict, hooks: Hooks, device: torch.device
+                    ) -> Optional[dict]:
+    """Checks ``out`` before anything is read or made: with --resume, its checkpoint (verified, and trained with
+    this run's settings) is returned; a fresh run refuses a folder holding a run unless --overwrite."""
+    ckpt_path = out / "checkpoint.pt"
+    if not args.resume:
+        existing = run_files(out)
+        if existing and not args.overwrite:
+            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): continue it "
+                             f"with --resume, or replace it with --overwrite")
+        return None
+    if not ckpt_path.exists():
+        raise DataError(f"--resume: no checkpoint at {ckpt_path}")
+    saved = load_checkpoint(ckpt_path, map_location=device)
+    conflicts = resume_conflicts(saved, config, context, hooks.later_settings)
+    if conflicts:
+        raise SetupError(f"--resume: {ckpt_path} (step {saved['step']}) was trained with other settings: "
+                         f"{', '.join(conflicts)}; what changes the steps already taken must match (or start "
+                         f"afresh with --overwrite)")
+    return saved
+
+
+def kept_log(log_file: Path, step: int) -> bytes:
+    """log.jsonl's complete lines with a step ≤ ``step``: what follows the last newline (a line torn by a kill
+    mid-write) and any line that is not a JSON record are dropped."""
+    if not log_file.is_file():
+        return b""
+    kept = []
+    for line in log_file.read_bytes().split(b"\n")[:-1]:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line + b"\n")
+    return b"".join(kept)
+
+
+def begin_run(out: Path, resume: bool, step: int) -> None:
+    """Once the run is ready to train: metrics.json goes first (from then on the folder does not look finished),
+    then leftovers of atomic writes; a resumed run keeps its checkpoints and its log up to the checkpoint's step
+    (rewritten atomically), a fresh one removes the old checkpoints, then the old log."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").unlink(missing_ok=True)
+    for leftover in [*out.glob("metrics.json*.tmp"), *out.glob("checkpoint*.pt*.tmp"), *out.glob("log.jsonl*.tmp")]:
+        leftover.unlink(missing_ok=True)
+    log_file = out / "log.jsonl"
+    if resume:
+        if log_file.exists():
+            write_atomic(log_file, kept_log(log_file, step))
+        return
+    for checkpoint in [out / "checkpoint.pt", *out.glob("checkpoint-*.pt")]:
+        checkpoint.unlink(missing_ok=True)
+    log_file.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------ the run
-def setup(args, make_attention: Optional[Callable]):
-    """Resolved config, the task with its data, the model on its device (initialised from the seed)."""
-    config = resolve_config(args)
-    device = resolve_device(args.device)
-    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+def check_attention(factory: Callable[[int], nn.Module], model_cfg: ModelConfig, device: torch.device,
+                    causal: bool) -> None:
+    """Builds every layer's attention and runs it once, in training mode, on a zero sequence of the task's
+    length, so that a setting it refuses (a causal task for an attention with no causal form, a length it cannot
+    take) raises its ValueError now, before any data are read. Throwaway modules, and the random state is
+    restored: the run's initialisation and draws are unchanged."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+        for layer in range(model_cfg.depth):
+            factory(layer).to(device).train()(torch.zeros(1, model_cfg.max_len, model_cfg.dim, device=device),
+                                              causal=causal)
+
+
+def setup(args, config: dict, device: torch.device, make_attention: Optional[Callable]):
+    """The task with its data and the model on its device (initialised from the seed); the attention is
+    checked (``check_attention``) before the data are read."""
     task = get_task(args.task)
     if args.data_file is not None:
         task.data_file = args.data_file
     if args.no_download:
         task.download_allowed = False
-    task.setup(config["seq_len"], args.seed, Path(args.data_dir) if args.data_dir else default_data_dir(),
-               config["eval_context"])
     model_cfg = ModelConfig(vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                             max_len=config["seq_len"], dim=config["dim"], depth=config["depth"],
                             heads=config["heads"], head_dim=config["head_dim"], mlp_dim=config["mlp_dim"],
                             dropout=config["dropout"], attn_dropout=config["attn_dropout"],
                             pos_emb=config["pos_emb"])
-    torch.manual_seed(derive_seed(args.seed, "init"))
     factory = (make_attention(args, model_cfg) if make_attention is not None
                else make_baseline_factory(args.method, model_cfg, config["attn"]))
-    return config, task, Model(model_cfg, factory).to(device), model_cfg
+    try:
+        check_attention(factory, model_cfg, device, causal=task.head == "lm")
+    except ValueError as exc:
+        raise ValueError(f"{args.method} cannot run task {args.task} with these settings: {exc}") from None
+    task.setup(config["seq_len"], args.seed, Path(args.data_dir) if args.data_dir else default_data_dir(),
+               config["eval_context"])
+    # the data set the vocabulary (duplicates: seq_len + 1); the attention depends on none of these fields
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=task.vocab_size, num_classes=task.num_classes)
+    torch.manual_seed(derive_seed(args.seed, "init"))
+    return task, Model(model_cfg, factory).to(device), model_cfg
 
 
 def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] = None) -> dict:
@@ -333,38 +599,39 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
     make_attention(args, model_cfg) -> (layer_index -> nn.Module) builds a method's attention; without it
     the registry's class for ``args.method`` is built with the ``--attn`` options."""
     hooks = hooks or Hooks()
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    is_main = rank == 0
+    out = Path(args.out or f"runs/{args.method}-{args.task}-{args.preset}-s{args.seed}")
+    ckpt_path, log_file = out / "checkpoint.pt", out / "log.jsonl"
     try:
-        config, task, model, model_cfg = setup(args, make_attention)
+        config = resolve_config(args)
+        device = resolve_device(args.device)
+        if device.type == "cuda" and world > 1:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        amp = device.type == "cuda" and not args.no_amp
+        context = {"world_size": world, "device_type": device.type, "bf16_autocast": amp}
+        saved = open_run_folder(out, args, config, context, hooks, device)
+        task, model, model_cfg = setup(args, config, device, make_attention)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    device = next(model.parameters()).device
-    if world > 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    is_main = rank == 0
-    amp = device.type == "cuda" and not args.no_amp
-    out = Path(args.out or f"runs/{args.method}-{args.task}-{args.preset}-s{args.seed}")
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config["weight_decay"]},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=config["lr"])
     step, elapsed, step_times = 0, 0.0, []
-    ckpt_path, log_file = out / "checkpoint.pt", out / "log.jsonl"
-    if args.resume:
-        if not ckpt_path.exists():
-            raise DataError(f"--resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        step, elapsed, step_times = ckpt["step"], ckpt["elapsed"], list(ckpt["step_times"])
-    if is_main and log_file.exists():
-        # A fresh run starts a new log; a resumed one drops what was logged after its checkpoint.
-        kept = [line for line in log_file.read_text().splitlines() if json.loads(line)["step"] <= step]
-        log_file.write_text("".join(line + "\n" for line in kept) if args.resume else "")
+    if saved is not None:
+        try:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise SetupError(f"--resume: {ckpt_path} does not fit this model: {str(exc).splitlines()[0]}") from None
+        step, elapsed, step_times = saved["step"], saved["elapsed"], list(saved["step_times"])
+    if world > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if is_main:
+        begin_run(out, args.resume, step)
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
 
     def eval_split(split, limit, forward=None):
@@ -378,13 +645,14 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
 
     def training_state():
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "elapsed": elapsed, "step_times": step_times, "config": json.loads(json.dumps(config, default=str))}
+                "elapsed": elapsed, "step_times": step_times, "config": as_json(config), **context}
 
     total = config["steps"]
     memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
     trained.train()
     window_loss, window_metric, window_density = [], [], []
+    train_density = []  # (L,) per step: the density of what training computed (SSA's sub-model, SBM's masks)
     while step < total:
         if hooks.on_step is not None:
             hooks.on_step(model, step, total)
@@ -414,6 +682,7 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
             window_metric.append(loss.item() / math.log(2) if task.metric == "bpb" else
                                  (logits.argmax(-1)[scored] == targets[scored]).float().mean().item())
             window_density.append(stats["density"].mean().item())
+            train_density.append(stats["density"].float().mean(-1).cpu())
         if is_main and (step % args.log_every == 0 or step == total):
             median_ms = statistics.median(step_times[-args.log_every:])
             eta = datetime.timedelta(seconds=round(median_ms * (total - step) / 1e3))
@@ -421,6 +690,8 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
             print(f"step {step}/{total} | loss {np.mean(window_loss):.4f} | {metric_name} "
                   f"{np.mean(window_metric):.4f} | density {np.mean(window_density):.3f} | "
                   f"{median_ms:.1f} ms/step | ETA {eta}", flush=True)
+            log({"step": step, "split": "train", "loss": float(np.mean(window_loss)),
+                 "metric": float(np.mean(window_metric)), "density": float(np.mean(window_density))})
             window_loss, window_metric, window_density = [], [], []
         if step % config["eval_every"] == 0 or step == total:
             if is_main:
@@ -429,11 +700,11 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
                      **{k: v for k, v in result.items()}})
                 print(f"eval step {step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
                       f"density {result['density']:.3f}", flush=True)
-                save_atomic(ckpt_path, training_state())
+                save_checkpoint(ckpt_path, training_state())
             if world > 1:
                 dist.barrier()
         if is_main and step in args.snapshot_at:
-            save_atomic(out / f"checkpoint-{step}.pt", training_state())
+            save_checkpoint(out / f"checkpoint-{step}.pt", training_state())
 
     peak_memory = measure.peak_memory_bytes(device, memory) if total > 0 else None
     record = None
@@ -447,18 +718,29 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
         test = eval_split("test", config["final_eval_batches"])
         example = next(task.eval_batches("valid", min(4, config["batch_size"]), 1))
         inputs = model_inputs(example, device)
+        flops = {}
+        for mode, training in (("train", True), ("eval", False)):
+            # Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks);
+            # evaluation FLOPs those of inference, where a method may differ (SSA evaluates dense).
+            model.train(training)
+            torch.manual_seed(derive_seed(args.seed, "flops"))
+            with torch.no_grad():
+                flops[mode] = measure.model_flops_per_example(model, lambda: model(**inputs),
+                                                              len(example["tokens"]))
         model.eval()
-        with torch.no_grad():
-            flops = measure.model_flops_per_example(model, lambda: model(**inputs), len(example["tokens"]))
         record = {
             "status": "complete", "method": args.method, "task": args.task, "preset": args.preset,
             "seed": args.seed, "device": device_name(device), "world_size": world,
             "metric": task.metric, "valid": valid["metric"], "test": test["metric"],
             "valid_loss": valid["loss"], "test_loss": test["loss"],
             "scored": {"valid": valid["scored"], "test": test["scored"]},
+            "base_rate": test["base_rate"],
             "density": test["density"], "density_per_layer": test["density_per_layer"],
+            "train_density": torch.stack(train_density).mean().item() if train_density else None,
+            "train_density_per_layer": torch.stack(train_density).mean(0).tolist() if train_density else None,
             "params": sum(p.numel() for p in model.parameters()),
-            "flops_per_example": flops, "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
+            "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
+            "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
             "peak_memory_bytes": peak_memory,
             "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else
                                 "CPU peak RSS above the pre-training baseline",
@@ -469,7 +751,7 @@ def run(args, make_attention: Optional[Callable] = None, hooks: Optional[Hooks] 
                          "numpy": np.__version__},
             "allocator": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
                           if k in os.environ},
-            "config": json.loads(json.dumps(config, default=str)),
+            "config": as_json(config),
         }
         if hooks.after_training is not None:
             record.update(hooks.after_training(model, eval_split))
@@ -497,9 +779,8 @@ def main(argv=None) -> int:
     methods = available_methods()
     if method not in methods:
         build_parser().error(f"argument --method: invalid choice {method!r} (available: {sorted(methods)})")
-    module, _ = load_method(method)
-    if hasattr(module, "main") and not module.__name__.startswith("baselines."):
-        return module.main(argv)
+    if registry.get(method).script is not None:
+        return load_method(method)[0].main(argv)
     args = build_parser().parse_args(argv)
     return run_cli(args)
 

@@ -1,10 +1,12 @@
 """Shared test settings: where the real data live (SPARSE_ATTN_DATA, as CI sets it; else ../shared/data), one
-intra-op thread per test, and seeded generators."""
+intra-op thread per test, seeded generators, and a recorder of low-precision softmax / exp under autocast."""
+import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("SPARSE_ATTN_DATA", ROOT.parent / "shared" / "data")).resolve()
@@ -21,3 +23,26 @@ def one_thread():
 
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+class LowPrecisionMath(TorchDispatchMode):
+    """Records softmax / exp / feature-map ops that run on a bf16 or float16 input (INTERFACE.md: float32)."""
+    WATCHED = {"softmax", "log_softmax", "safe_softmax", "exp", "expm1", "logsumexp", "logcumsumexp", "elu",
+               "sigmoid", "scaled_dot_product_attention_math"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0].strip("_")  # aten::_softmax, aten::exp_ → softmax, exp
+        low = [a for a in args if isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16)]
+        if name in self.WATCHED and low:
+            self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def valid_steps(log_path: Path) -> list:
+    """Steps of a run's periodic evaluations in its log.jsonl (the log also holds training-window lines)."""
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()]
+    return [line["step"] for line in lines if line["split"] == "valid"]

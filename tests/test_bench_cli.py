@@ -42,36 +42,53 @@ def test_scaling_rejects_unknown_methods():
     assert result.returncode == 2 and "unknown method" in result.stderr
 
 
-def test_grid_skips_complete_cells_records_failures_and_reports(tmp_path):
+def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_path):
     out = tmp_path / "results"
     first = run("bench.grid", "--methods", "full", "--tasks", "duplicates,bytes", "--out", str(out),
                 "--data-dir", str(tmp_path / "no-data"), *TINY)
     assert "full-duplicates-cpu-s0: done" in first.stdout
-    assert "full-bytes-cpu-s0: FAILED" in first.stdout and "no WikiText-2 text" in first.stdout
+    assert "no data: bytes: bytes: no WikiText-2 text" in first.stdout and "full-bytes" not in first.stdout
+    assert not (tmp_path / "no-data").exists()  # the plan looked, and created nothing
     record = out / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
     stamp = record.stat().st_mtime_ns
-    second = run("bench.grid", "--methods", "full", "--tasks", "duplicates", "--out", str(out), *TINY)
-    assert "complete, skipped" in second.stdout and record.stat().st_mtime_ns == stamp
+    second = run("bench.grid", "--methods", "full", "--tasks", "duplicates", "--out", str(out),
+                 "--data-dir", str(tmp_path / "no-data"), *TINY)  # the same command: the cell is kept
+    assert "complete, kept" in second.stdout and record.stat().st_mtime_ns == stamp
+    failing = run("bench.grid", "--methods", "full", "--tasks", "listops", "--out", str(out), *TINY, "--lr", "x",
+                  check=False)
+    assert failing.returncode == 1 and "full-listops-cpu-s0: FAILED" in failing.stdout
+    failure = json.loads((out / "runs" / "full-listops-cpu-s0" / "failed.json").read_text())
+    assert failure["exit_code"] == 2 and failure["reason"].strip()
 
-    (out / "benchmarks").mkdir()
-    (out / "benchmarks" / "b.md").write_text("`python -m bench.b`\n\n| b table |\n")
-    (out / "benchmarks" / "a.md").write_text("`python -m bench.a`\n\n| a table |\n")
+    from bench import report
+    text = report.write_run_report(out)
+    assert "| full " in text and "failed: full on listops (exit 2): " + failure["reason"] in text
+    assert "seeds [0]" in text
+
+
+def test_published_report_leads_with_the_claims_and_rewrites_only_the_readme_section(tmp_path):
+    results = tmp_path / "results"
+    (results / "fastrg").mkdir(parents=True)
+    (results / "fastrg" / "fastrg.md").write_text("`python -m bench.fastrg_bench`\n\n| fastrg table |\n")
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\noutro\n")
-    run("bench.report", "--results", str(out), "--readme", str(readme))
+    run("bench.report", "--results", str(results), "--readme", str(readme))
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
-    assert "| full " in text and "failed: " in text and "seeds [0]" in text
-    assert text.index("| full ") < text.index("| a table |") < text.index("| b table |")  # saved benchmarks
+    from bench.claims import CLAIMS
+    positions = [text.index(f"### {claim.title}") for claim in CLAIMS]
+    assert positions == sorted(positions) and positions[-1] < text.index("### Quick preview")
+    assert "| fastrg table |" in text and "Not yet run:" in text
+    assert "Not published yet: `./run_all.sh --out results/quick`" in text
 
 
 def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
     out = tmp_path / "results"
-    args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), *TINY]
+    args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), "--jobs", "1", *TINY]
     grid = subprocess.Popen([sys.executable, "-m", "bench.grid", *args], cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    first = out / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
+    first = out / "runs" / "performer-duplicates-cpu-s0" / "metrics.json"  # the longest is dispatched first
     deadline = time.time() + 240
     while not (first.exists() and json.loads(first.read_text())["status"] == "complete"):
         assert grid.poll() is None and time.time() < deadline, "the grid ended before its first cell completed"
@@ -79,23 +96,24 @@ def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
     os.killpg(grid.pid, signal.SIGKILL)  # the grid and the cell it is running
     grid.wait()
     records = [out / "runs" / f"{m}-duplicates-cpu-s0" / "metrics.json" for m in ("full", "linear", "performer")]
-    assert not records[2].exists(), "the kill came too late to leave a cell undone"
+    assert not records[0].exists(), "the kill came too late to leave a cell undone"
     stamp = first.stat().st_mtime_ns
 
     rerun = run("bench.grid", *args)
-    assert "full-duplicates-cpu-s0: complete, skipped" in rerun.stdout
+    assert "performer-duplicates-cpu-s0: complete, kept" in rerun.stdout
     assert first.stat().st_mtime_ns == stamp
-    assert "performer-duplicates-cpu-s0: done" in rerun.stdout
+    assert "full-duplicates-cpu-s0: done" in rerun.stdout
     assert all(json.loads(r.read_text())["status"] == "complete" for r in records)
 
 
 def test_grid_pairs_the_kernel_pipeline_with_its_masked_lm_task_and_refuses_unknown_tasks(tmp_path):
-    from bench.grid import applicable
+    from bench.methods import applicable
     assert applicable("kernel", "wikitext2") and not applicable("kernel", "listops")
     assert applicable("full", "listops") and not applicable("full", "wikitext2")
     result = run("bench.grid", "--methods", "kernel,full", "--tasks", "duplicates,nonsense", "--out",
                  str(tmp_path), check=False)
     assert result.returncode == 2 and "unknown tasks ['nonsense']" in result.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_grid_runs_methods_with_their_own_entry_points(tmp_path):
@@ -167,8 +185,8 @@ def test_ssa_table_branches_the_fine_tuned_run_from_s_l4_with_the_parameters_of_
     reference = json.loads((scratch / "metrics.json").read_text())
     assert branched["param_fingerprints"] == reference["param_fingerprints"]
     assert branched["test"] == reference["test"] and len(branched["config"]) == len(reference["config"])
-    steps = [json.loads(line)["step"] for line in (out / "S-L4+FT" / "log.jsonl").read_text().splitlines()]
-    assert steps == [4, 8, 10]  # S-L4's evaluations before the branch, then the tail's
+    lines = [json.loads(line) for line in (out / "S-L4+FT" / "log.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line["split"] == "valid"] == [4, 8, 10]  # S-L4's evaluations before the branch, then the tail's
 
 
 def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):

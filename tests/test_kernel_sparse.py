@@ -126,7 +126,7 @@ def synthetic_layer_data(n=8, sequences=6):
 BANKS = {
     "standard": lambda: ks.standard_kernels(L),
     "handmade": handmade_bank,
-    "learned": lambda: ks.learned_kernels(L, 5, seeded(3)),
+    "learned": lambda: ks.init_learned_kernels(L, 5, seeded(3)),
     "handcrafted": lambda: ks.handcrafted_kernels(synthetic_layer_data(), False, L, k=3, samples=64,
                                                   generator=seeded(4)),
 }
@@ -364,7 +364,7 @@ def test_per_kernel_loss_is_minimised_at_each_kernels_precision():
 
 
 def test_kernel_loss_trains_learned_kernels_and_rejects_per_kernel_for_them():
-    bank = ks.learned_kernels(L, 3, seeded(0))
+    bank = ks.init_learned_kernels(L, 3, seeded(0))
     torch.manual_seed(0)
     predictor = ks.KernelPredictor(DIM, H, bank, hidden=8)
     data = synthetic_layer_data()
@@ -612,14 +612,56 @@ def test_causal_predictor_window_ends_at_the_query():
 
 
 # ---------------------------------------------------------------------- 6. reproducibility and bad input
-def test_dropout_draws_come_from_the_generator():
-    attn = make(dropout=0.3, mode="sparse", threshold=-1.0).train()
-    x = torch.randn(2, N, DIM, generator=seeded(0))
-    with torch.no_grad():
-        a = attn(x, generator=seeded(5))[0]
-        b = attn(x, generator=seeded(5))[0]
-        c = attn(x, generator=seeded(6))[0]
-    assert torch.equal(a, b) and not torch.allclose(a, c)
+def test_learned_kernels_build_and_run():
+    """Issue 19, item 3: the `learned_kernels` count shadowed the bank's constructor, so kernels="learned" always
+    raised TypeError."""
+    attn = ks.KernelSparseAttention(DIM, H, D, max_len=L, hidden=16, kernels="learned", learned_kernels=5)
+    assert attn.predictor.bank.learned and attn.predictor.bank.num_kernels == 5
+    y, stats = attn(torch.randn(2, N, DIM), padding(), causal=True)
+    assert torch.isfinite(y).all() and stats["density"].shape == (H,)
+
+
+def test_causal_sparse_dropout_never_sees_the_future():
+    """Issue 19, item 6: one flat dropout draw over the edge list let a later token's edges shift the draws of
+    earlier queries; pair_dropout draws per pair, so the past is unchanged under a fixed generator."""
+    attn = make(dropout=0.3, mode="sparse", threshold=0.5).train()
+    x = torch.randn(2, N, DIM, generator=seeded(1))
+    y = attn(x, padding(), causal=True, generator=seeded(2))[0]
+    for t in range(1, N):
+        changed = x.clone()
+        changed[:, t:] = torch.randn(2, N - t, DIM, generator=seeded(t))
+        assert torch.equal(attn(changed, padding(), causal=True, generator=seeded(2))[0][:, :t], y[:, :t]), t
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_masked_and_sparse_modes_drop_the_same_pairs(causal):
+    """The masked path (every pair) and the sparse path (the edges) draw each pair's dropout from the same hash,
+    so fine-tuning on the masked path trains what the sparse path computes, dropout included (deviation 7)."""
+    attn = make(dropout=0.3, select="topk", top_k=4).train()
+    x = torch.randn(3, N, DIM, generator=seeded(3))
+    results = []
+    for mode in ("masked", "sparse"):
+        attn.mode = mode
+        attn.zero_grad()
+        y, _ = attn(x, padding(3), causal, generator=seeded(4))
+        y.square().sum().backward()
+        results.append((y.detach(), attn.qkv.weight.grad.clone()))
+    for m, s in zip(*results):
+        assert torch.allclose(m, s, atol=1e-5)
+    assert not torch.allclose(results[0][0], attn.eval()(x, padding(3), causal)[0], atol=1e-3)  # it does drop
+
+
+def test_pair_dropout_keeps_pairs_independently_at_rate_one_minus_p():
+    """Keep rate and pairwise independence over 40 seeds × 64² pairs: the mean keep rate's z-score, and the
+    excess of adjacent pairs kept together over rate², within 4 standard errors of the sampling variance."""
+    p, n, seeds = 0.3, 64, 40
+    row, col = torch.arange(n)[:, None], torch.arange(n)[None]
+    keep = torch.stack([ks.pair_dropout(torch.ones(n, n), row, col, p, seeded(s)) > 0 for s in range(seeds)])
+    rate = keep.float().mean()
+    assert abs(rate - (1 - p)) < 4 * (p * (1 - p) / keep.numel()) ** 0.5, rate
+    both = (keep[:, :, 1:] & keep[:, :, :-1]).float().mean()
+    assert abs(both - rate ** 2) < 4 * (rate ** 2 * (1 - rate ** 2) / keep[:, :, 1:].numel()) ** 0.5, both
+    assert (keep[0] != keep[1]).any()  # seeds draw different masks
 
 
 def test_default_config_and_variants():

@@ -1,4 +1,5 @@
-"""LinearAttention (Katharopoulos et al. 2020): shapes, the quadratic form it must equal, masks, gradients."""
+"""LinearAttention (Katharopoulos et al. 2020): the quadratic form it must equal (chunked causal scan, masks), its
+density, float32 under autocast. The interface contract is tests/test_interface.py."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -39,63 +40,15 @@ def test_equals_quadratic_form(causal, chunk):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_shapes_density_and_gradients(causal):
-    torch.manual_seed(0)
-    attn = LinearAttention(DIM, H, D, chunk=4)
-    x = torch.randn(B, N, DIM, requires_grad=True)
-    pad = padding_mask()
-    pad[1] = True  # one sample entirely padding
-    y, stats = attn(x, pad, causal)
-    assert y.shape == (B, N, DIM) and torch.isfinite(y).all()
-    _, ref_stats = FullAttention(DIM, H, D)(x, pad, causal)
-    assert stats["density"].shape == (H,) and not stats["density"].requires_grad
-    torch.testing.assert_close(stats["density"], ref_stats["density"])
-    y.square().sum().backward()
-    assert torch.isfinite(x.grad).all()
-    assert all(torch.isfinite(p.grad).all() for p in attn.parameters())
-
-
-def test_all_padded_sample_outputs_zero_attention():
-    attn = LinearAttention(DIM, H, D)
-    q, k, v = torch.randn(3, B, H, N, D)
-    pad = torch.zeros(B, N, dtype=torch.bool)
-    pad[0] = True
-    for causal in (False, True):
-        y = attn.core(q, k, v, pad, causal)
-        assert torch.isfinite(y).all() and (y[0] == 0).all()
-
-
-@pytest.mark.parametrize("causal", [False, True])
-def test_padded_content_is_ignored(causal):
+def test_density_is_full_attentions(causal):
+    """Every admissible pair influences the output, so the density is full attention's (module docstring)."""
     torch.manual_seed(0)
     attn = LinearAttention(DIM, H, D, chunk=4)
     x, pad = torch.randn(B, N, DIM), padding_mask()
-    x2 = torch.where(pad[..., None], 100 * torch.randn(B, N, DIM), x)
-    y, _ = attn(x, pad, causal)
-    y2, _ = attn(x2, pad, causal)
-    torch.testing.assert_close(y[~pad], y2[~pad])
-
-
-def test_causal_future_does_not_reach_past():
-    torch.manual_seed(0)
-    attn = LinearAttention(DIM, H, D, chunk=4)
-    x = torch.randn(B, N, DIM)
-    x2 = x.clone()
-    x2[:, 10:] = 50 * torch.randn(B, N - 10, DIM)
-    y, _ = attn(x, causal=True)
-    y2, _ = attn(x2, causal=True)
-    torch.testing.assert_close(y[:, :10], y2[:, :10], rtol=0, atol=0)
-
-
-def test_dropout_reproducible_with_generator():
-    torch.manual_seed(0)
-    attn = LinearAttention(DIM, H, D, dropout=0.5).train()
-    x = torch.randn(B, N, DIM)
-    y1, _ = attn(x, generator=torch.Generator().manual_seed(1))
-    y2, _ = attn(x, generator=torch.Generator().manual_seed(1))
-    y3, _ = attn(x, generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(y1, y2)
-    assert not torch.allclose(y1, y3)
+    pad[1] = True  # one sample entirely padding
+    _, stats = attn(x, pad, causal)
+    _, ref_stats = FullAttention(DIM, H, D)(x, pad, causal)
+    torch.testing.assert_close(stats["density"], ref_stats["density"])
 
 
 def test_float32_under_autocast_and_repr():

@@ -14,7 +14,7 @@ import tarfile
 import time
 import zipfile
 from collections import deque
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
@@ -127,6 +127,85 @@ def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(tmp_path, mon
     monkeypatch.setattr(lra.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(good))
     lra.fetch("http://x", target, "t:", md5=hashlib.md5(good).hexdigest())
     assert target.read_bytes() == good
+
+
+def test_a_refused_archive_leaves_no_extracted_members(tmp_path):
+    """The members before the bad one were written in place before (and a later run used them)."""
+    archive = _tar(tmp_path / "bad.tar.gz", [("data/ok.txt", "file", b"fine"), ("data/sub/ok2.txt", "file", b"x"),
+                                             ("../evil.txt", "file", b"x")])
+    dest = tmp_path / "data" / "out"
+    with pytest.raises(DataError, match="refusing the archive"):
+        lra.safe_extract(archive, dest)
+    assert not (tmp_path / "data").exists()  # nor the folders made for the extraction
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "old.txt").write_bytes(b"old")
+    with pytest.raises(DataError, match="refusing the archive"):
+        lra.safe_extract(archive, tmp_path / "kept")
+    assert [p.name for p in (tmp_path / "kept").iterdir()] == ["old.txt"]
+    with pytest.raises(DataError, match=r"lacks \['data/absent.txt'\]"):
+        lra.safe_extract(_tar(tmp_path / "good.tar.gz", [("data/ok.txt", "file", b"fine")]), tmp_path / "new",
+                         required=["data/absent.txt"])
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tar.gz", "good.tar.gz", "kept"]  # no staging left
+
+
+def test_retrieval_refuses_an_archive_with_a_bad_member_after_its_tsvs_and_keeps_nothing(tmp_path):
+    _lra_release(tmp_path, last_member="lra_release/../../escape.tsv")
+    for _ in range(2):  # the second run is refused the same way: nothing of the first was kept
+        with pytest.raises(DataError, match="refusing the archive"):
+            get_task("retrieval").setup(32, 0, tmp_path / "data")
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["lra_release.gz"]
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar"])
+def test_archive_members_larger_than_the_limit_are_refused_before_they_are_read(tmp_path, monkeypatch, kind):
+    """A zip of 2 MB of zeros is a few kilobytes; its declared size is checked against the limit first."""
+    big = b"\0" * 5000
+    original_open, original_extractfile = zipfile.ZipFile.open, tarfile.TarFile.extractfile
+    if kind == "zip":
+        archive = tmp_path / "bomb.zip"
+        with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("data/small.txt", b"fine")
+            zf.writestr("data/big.bin", big)
+        monkeypatch.setattr(zipfile.ZipFile, "open", _refuse_reading(zipfile.ZipFile.open, "big.bin"))
+    else:
+        archive = _tar(tmp_path / "bomb.tar.gz", [("data/small.txt", "file", b"fine"), ("data/big.bin", "file", big)])
+        monkeypatch.setattr(tarfile.TarFile, "extractfile", _refuse_reading(tarfile.TarFile.extractfile, "big.bin"))
+    monkeypatch.setattr(lra, "MAX_MEMBER_BYTES", 4096)
+    monkeypatch.setattr(lra, "MAX_EXTRACTED_BYTES", 4096)
+    with pytest.raises(DataError, match="member data/big.bin declares 5,000 bytes, more than the 4,096 allowed"):
+        list(lra.iter_archive(archive))
+    with pytest.raises(DataError, match="declares 5,000 bytes"):
+        lra.safe_extract(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(zipfile.ZipFile, "open", original_open)
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", original_extractfile)
+    monkeypatch.setattr(lra, "MAX_MEMBER_BYTES", 5000)
+    assert dict(lra.iter_archive(archive))[PurePosixPath("data/big.bin")] == big  # at the limit: read
+
+
+def _refuse_reading(method, name):
+    def wrapped(self, member, *args, **kwargs):
+        assert name not in str(getattr(member, "name", getattr(member, "filename", member))), "read before refused"
+        return method(self, member, *args, **kwargs)
+    return wrapped
+
+
+def test_a_failed_download_leaves_no_file_and_no_folder(tmp_path, monkeypatch):
+    def unreachable(url, timeout):
+        raise OSError("network unreachable (test)")
+
+    monkeypatch.delenv("SPARSE_ATTN_OFFLINE")
+    monkeypatch.setattr(lra.urllib.request, "urlopen", unreachable)
+    missing = tmp_path / "no" / "such" / "data"
+    for name in ("text", "image"):
+        with pytest.raises(DataError, match="The download failed: network unreachable"):
+            get_task(name).setup(256, 0, missing)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(lra.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"<html>moved</html>"))
+    with pytest.raises(DataError, match="it was deleted"):
+        get_task("text").setup(256, 0, missing)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_data_messages_say_what_where_and_how(tmp_path):
@@ -274,8 +353,11 @@ def test_image_folder_without_pillow_names_the_extra(tmp_path, monkeypatch):
     (folder / "train" / "cat").mkdir(parents=True)
     (folder / "train" / "cat" / "0000.jpg").write_bytes(b"\xff\xd8 not decoded")
     monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL now fails as if it were not installed
+    monkeypatch.delenv("SPARSE_ATTN_CACHE")  # the default cache folders: <data-dir>/cache, then ~/.cache
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     with pytest.raises(DataError, match="needs Pillow: pip install pillow"):
         get_task("image").setup(1024, 0, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar10"]  # no cache folder made for nothing
 
 
 @pytest.mark.skipif(not HAVE_PILLOW, reason="Pillow is not installed (pip install -r requirements-extra.txt)")
@@ -411,14 +493,19 @@ def test_retrieval_reads_lras_tsvs_as_pairs(tmp_path):
         lra.Retrieval().read(tmp_path / "lra_release" / "tsv_data")
 
 
-def test_retrieval_extracts_its_tsvs_from_the_lra_release_archive(tmp_path):
+def _lra_release(tmp_path, last_member):
+    """data/lra_release.gz: the AAN TSVs of ``_aan``, then one more member."""
     source = _aan(tmp_path / "src" / "lra_release" / "tsv_data")
     (tmp_path / "data").mkdir()
     with tarfile.open(tmp_path / "data" / "lra_release.gz", "w:gz") as tf:
         tf.add(source.parent, arcname="lra_release")
-        info = tarfile.TarInfo("lra_release/listops-1000/basic_test.tsv")
+        info = tarfile.TarInfo(last_member)
         info.size = 4
         tf.addfile(info, io.BytesIO(b"x\ty\n"))
+
+
+def test_retrieval_extracts_its_tsvs_from_the_lra_release_archive(tmp_path):
+    _lra_release(tmp_path, last_member="lra_release/listops-1000/basic_test.tsv")
     task = get_task("retrieval")
     task.setup(32, 0, tmp_path / "data")
     assert task.split_size("test") == 14

@@ -155,6 +155,18 @@ def test_gradcheck_edge_attention(dropout):
                                     (q, k, v))
 
 
+def test_edge_attention_double_backward_is_refused():
+    """Issue 19, item 5: a second derivative through EdgeAttention was silently wrong (gradgradcheck False); its
+    backward is once-differentiable, so differentiating it again raises."""
+    torch.manual_seed(0)
+    edges = sbm.Edges.from_mask(torch.rand(2, 7, 7) < 0.4)
+    q, k, v = (torch.randn(14, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    y = sbm.EdgeAttention.apply(q, k, v, torch.rand(edges.E, dtype=torch.float64), edges, None, 0.0, "paper")
+    (grad_q,) = torch.autograd.grad(y.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (grad_q.square().sum() + y.sum()).backward()
+
+
 def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_matches_a_dense_computation():
     """Forward M_e = 1 on every edge; backward the gradient of p_e = x_i · w_j (differentiated densely)."""
     torch.manual_seed(0)

@@ -1,6 +1,11 @@
 """bench/tasks.py: generators follow their rules, determinism from the seed, LM windows score every byte once,
 clear errors for missing or corrupt data."""
+import hashlib
+import io
+import json
 import random
+import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +14,7 @@ import torch
 
 from bench import tasks
 from bench.tasks import IGNORE, DataError, get_task
+from bench.train import main as train_main
 
 from conftest import DATA as SHARED_DATA
 
@@ -157,17 +163,115 @@ def test_corrupt_enwik8_is_refused_with_its_checksum(tmp_path):
         get_task("enwik8").setup(64, 0, tmp_path)
 
 
-def test_enwik8_split_is_90_5_5(tmp_path, monkeypatch):
-    """The standard split, checked on a stand-in file (the real one is 10⁸ bytes and must be downloaded)."""
-    data = np.arange(100_000_000, dtype=np.uint64).astype(np.uint8)
-    path = tmp_path / "enwik8" / "enwik8"
-    path.parent.mkdir()
-    data.tofile(path)
-    monkeypatch.setattr(tasks, "sha256_file", lambda p: tasks.Enwik8.SHA256)
+def test_an_enwik8_download_with_the_wrong_checksum_is_deleted_with_its_folder(tmp_path, monkeypatch):
+    """A stand-in archive (the real one is 36 MB): before, the file was renamed into place, then refused."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("enwik8", b"<mediawiki>" * 10)
+    monkeypatch.delenv("SPARSE_ATTN_OFFLINE", raising=False)
+    monkeypatch.setattr(tasks.Enwik8, "SIZE", 110)
+    monkeypatch.setattr(tasks.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(archive.getvalue()))
+    with pytest.raises(DataError, match=f"has sha256 .*, expected {tasks.Enwik8.SHA256}; it was deleted"):
+        get_task("enwik8").setup(64, 0, tmp_path / "data")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(tasks.Enwik8, "SIZE", 100)  # a member of another size is refused before it is read
+    with pytest.raises(DataError, match="expected one member 'enwik8' of 100 bytes"):
+        get_task("enwik8").setup(64, 0, tmp_path / "data")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_enwik8_split_is_90_5_5_of_the_real_length():
+    assert tasks.enwik8_split(100_000_000) == (90_000_000, 95_000_000)
+
+
+FAKE_ENWIK8 = np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8)  # stands in for the 10⁸ bytes
+
+
+@pytest.fixture
+def fake_enwik8(tmp_path, monkeypatch):
+    """A small stand-in for enwik8, unzipped and zipped (one member, as the real archive), with its sha256
+    injected as the expected one."""
+    plain = tmp_path / "copy" / "enwik8"
+    plain.parent.mkdir()
+    FAKE_ENWIK8.tofile(plain)
+    archive = tmp_path / "copy" / "enwik8.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.write(plain, "enwik8")
+    monkeypatch.setattr(tasks.Enwik8, "SHA256", hashlib.sha256(FAKE_ENWIK8.tobytes()).hexdigest())
+    return plain, archive
+
+
+def enwik8_from(data_dir, data_file=None):
     task = get_task("enwik8")
-    task.setup(64, 0, tmp_path)
-    assert [len(task.data[s]) for s in ("train", "valid", "test")] == [90_000_000, 5_000_000, 5_000_000]
-    assert task.data["valid"][0] == (90_000_000 % 256) and task.data["test"][0] == (95_000_000 % 256)
+    task.download_allowed = False
+    task.data_file = data_file
+    task.setup(64, 0, data_dir)
+    return task
+
+
+@pytest.mark.parametrize("given", ["zip", "file"])
+def test_enwik8_data_file_zip_or_unzipped_gives_the_scaled_split(fake_enwik8, tmp_path, given):
+    plain, archive = fake_enwik8
+    task = enwik8_from(tmp_path / "empty", archive if given == "zip" else plain)
+    assert [len(task.data[s]) for s in ("train", "valid", "test")] == [18_000, 1_000, 1_000]  # 90/5/5
+    assert np.array_equal(np.concatenate([task.data[s] for s in ("train", "valid", "test")]), FAKE_ENWIK8)
+
+
+@pytest.mark.parametrize("where", ["enwik8/enwik8.zip", "enwik8.zip", "enwik8/enwik8"])
+def test_enwik8_is_found_in_the_data_folder(fake_enwik8, tmp_path, where):
+    plain, archive = fake_enwik8
+    target = tmp_path / "data" / where
+    target.parent.mkdir(parents=True)
+    shutil.copy(plain if where.endswith("enwik8/enwik8") else archive, target)
+    assert np.array_equal(enwik8_from(tmp_path / "data").data["test"], FAKE_ENWIK8[19_000:])
+
+
+@pytest.mark.parametrize("given", ["zip", "file"])
+def test_enwik8_wrong_checksum_names_the_expected_hash(fake_enwik8, tmp_path, monkeypatch, given):
+    plain, archive = fake_enwik8
+    monkeypatch.setattr(tasks.Enwik8, "SHA256", "0" * 64)
+    with pytest.raises(DataError, match="expected " + "0" * 64) as info:
+        enwik8_from(tmp_path, archive if given == "zip" else plain)
+    assert hashlib.sha256(FAKE_ENWIK8.tobytes()).hexdigest() in str(info.value)
+
+
+def test_enwik8_bad_archives_and_missing_data_file(fake_enwik8, tmp_path):
+    plain, _ = fake_enwik8
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.write(plain, "enwik9")
+    with pytest.raises(DataError, match="without a file 'enwik8'"):
+        enwik8_from(tmp_path, other)
+    broken = tmp_path / "broken.zip"
+    broken.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(DataError, match="not a zip archive"):
+        enwik8_from(tmp_path, broken)
+    truncated = tmp_path / "truncated.zip"
+    truncated.write_bytes(fake_enwik8[1].read_bytes()[:-200])  # the central directory cut off
+    with pytest.raises(DataError, match="not a zip archive"):
+        enwik8_from(tmp_path, truncated)
+    damaged = bytearray(fake_enwik8[1].read_bytes())
+    damaged[5_000] ^= 0xFF  # inside the compressed member
+    (tmp_path / "damaged.zip").write_bytes(damaged)
+    with pytest.raises(DataError, match="cannot read .* as a zip"):
+        enwik8_from(tmp_path, tmp_path / "damaged.zip")
+    with pytest.raises(DataError, match="given by --data-file"):
+        enwik8_from(tmp_path, tmp_path / "absent.zip")
+
+
+@pytest.mark.parametrize("given", ["zip", "file"])
+def test_enwik8_trains_from_a_data_file(fake_enwik8, tmp_path, given):
+    """A few training steps through the command line's code path, with --data-file the zip or the file."""
+    plain, archive = fake_enwik8
+    out = tmp_path / "run"
+    code = train_main(["--task", "enwik8", "--data-file", str(archive if given == "zip" else plain), "--no-download",
+                       "--seq-len", "32", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16",
+                       "--depth", "1", "--batch-size", "4", "--steps", "3", "--eval-every", "3", "--eval-batches",
+                       "2", "--final-eval-batches", "2", "--warmup", "1", "--out", str(out)])
+    assert code == 0
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["task"] == "enwik8" and record["steps"] == 3 and record["metric"] == "bpb"
+    assert 0 < record["test"] < 16
 
 
 def test_unknown_task_and_bad_context():

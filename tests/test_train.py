@@ -9,10 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-from conftest import DATA as SHARED_DATA
+from bench.train import load_checkpoint
+from conftest import DATA as SHARED_DATA, ROOT, valid_steps
 TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1",
         "--batch-size", "4", "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2"]
 
@@ -49,10 +48,9 @@ def test_duplicates_run_writes_the_results_record(tmp_path):
     assert 0 <= rec["test"] <= 1 and rec["density"] == 1.0
     assert rec["flops_per_example"]["model"] > rec["flops_per_example"]["attention"] > 0
     assert rec["peak_memory_bytes"] > 0
-    lines = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
-    assert [l["step"] for l in lines] == [3, 6]
+    assert valid_steps(out / "log.jsonl") == [3, 6]
     assert (out / "checkpoint.pt").exists()
-    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    ckpt = load_checkpoint(out / "checkpoint.pt")
     assert ckpt["step"] == 6
 
 
@@ -97,13 +95,13 @@ def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "metrics.json").exists(), "the run finished before it could be killed"
-    step = torch.load(killed / "checkpoint.pt", weights_only=True)["step"]
+    step = load_checkpoint(killed / "checkpoint.pt")["step"]
     assert 0 < step < 400
     train(*args, "--out", str(killed), "--resume")
     a, b = record(full), record(killed)
     for field in ("valid", "test", "valid_loss", "test_loss", "density", "param_fingerprints"):
         assert a[field] == b[field], field
-    log_steps = [json.loads(l)["step"] for l in (killed / "log.jsonl").read_text().splitlines()]
+    log_steps = valid_steps(killed / "log.jsonl")
     assert log_steps == list(range(40, 401, 40))
 
 
@@ -122,7 +120,7 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
     from bench.train import parameter_fingerprint
     from bench.model import Model, ModelConfig
     from baselines.full import FullAttention
-    state = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
+    state = load_checkpoint(out / "checkpoint.pt")["model"]
     cfg = ModelConfig(vocab_size=17, num_classes=2, head="token", max_len=16, dim=16, depth=1, heads=2,
                       head_dim=8, mlp_dim=16)
     model = Model(cfg, lambda layer: FullAttention(16, 2, 8))

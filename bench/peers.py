@@ -1,0 +1,158 @@
+"""Our baselines side by side with the public implementations a user would otherwise pick: forward+backward
+time at the same settings, in one process, repetitions interleaved; the table gives ours ÷ peer per method.
+
+    pip install -r requirements-peers.txt      # optional: never a dependency of the repository itself
+    python -m bench.peers                      # n = 4096, batch 1, 2 heads, head dim 32
+    python -m bench.peers --lengths 1024,4096 --repeats 41 --threads 1
+
+Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training mode; non-causal):
+- full · torch.nn.MultiheadAttention (need_weights=False: the fused path);
+- nystromformer (64 landmarks, 6 pseudo-inverse iterations, no conv skip) · nystrom-attention 0.0.14
+  (num_landmarks=64, residual=False): the same mathematics, outputs equal to rounding;
+- reformer (2 hashes, bucket_size 64 → 64 buckets of 64 at n = 4096) · reformer-pytorch 1.4.4
+  LSHSelfAttention (n_hashes=2, bucket_size=64). Ours corrects duplicate pairs exactly (the peer's default,
+  allow_duplicate_attention=True, does not) and draws one rotation per sample, head and round;
+- performer (256 features, features fixed: redraw_interval=0) · performer-pytorch SelfAttention
+  (nb_features=256, which keeps its features unless a PerformerLM redraws them);
+- linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
+
+Per repetition every pair is timed once each way, the order alternating between repetitions, so a change of
+machine load falls on both sides alike; reported are the medians and their ratio, and the spread of the
+per-repetition ratios (quartiles). The glibc setting of bench.scaling (MALLOC_MMAP_MAX_=0,
+MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the header says whether
+it is.
+"""
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+import torch
+from tabulate import tabulate
+
+from bench import scaling
+
+PEER_PACKAGES = ("nystrom_attention", "reformer_pytorch", "performer_pytorch", "linformer")
+
+
+def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple[torch.nn.Module, Callable, torch.nn.Module, Callable]]:
+    """name → (ours, how to call ours, peer, how to call the peer); each call maps x to the output tensor."""
+    from baselines.full import FullAttention
+    from baselines.linformer import LinformerAttention
+    from baselines.nystromformer import NystromAttention
+    from baselines.performer import PerformerAttention
+    from baselines.reformer import ReformerAttention
+    import linformer
+    import nystrom_attention
+    import performer_pytorch
+    import reformer_pytorch
+
+    dim = heads * head_dim
+    ours_call = lambda m, x: m(x)[0]  # noqa: E731
+    peer_call = lambda m, x: m(x)  # noqa: E731
+    mha_call = lambda m, x: m(x, x, x, need_weights=False)[0]  # noqa: E731
+    return {
+        "full": (FullAttention(dim, heads, head_dim), ours_call,
+                 torch.nn.MultiheadAttention(dim, heads, batch_first=True), mha_call),
+        "nystromformer": (NystromAttention(dim, heads, head_dim, landmarks=64), ours_call,
+                          nystrom_attention.NystromAttention(dim, dim_head=head_dim, heads=heads, num_landmarks=64,
+                                                             residual=False), peer_call),
+        "reformer": (ReformerAttention(dim, heads, head_dim, n_hashes=2, bucket_size=64), ours_call,
+                     reformer_pytorch.LSHSelfAttention(dim, heads=heads, dim_head=head_dim, bucket_size=64,
+                                                       n_hashes=2), peer_call),
+        "performer": (PerformerAttention(dim, heads, head_dim, features=256, redraw_interval=0), ours_call,
+                      performer_pytorch.SelfAttention(dim, heads=heads, dim_head=head_dim, nb_features=256),
+                      peer_call),
+        "linformer": (LinformerAttention(dim, heads, head_dim, rank=256, max_len=n), ours_call,
+                      linformer.LinformerSelfAttention(dim, n, k=256, heads=heads, dim_head=head_dim), peer_call),
+    }
+
+
+def forward_backward(module: torch.nn.Module, call: Callable, x: torch.Tensor, grad: torch.Tensor) -> float:
+    """One forward+backward; its wall time in ms."""
+    start = time.perf_counter()
+    call(module, x).backward(grad)
+    elapsed = time.perf_counter() - start
+    x.grad = None
+    module.zero_grad(set_to_none=True)
+    return 1e3 * elapsed
+
+
+def measure(n: int, args) -> List[list]:
+    torch.manual_seed(0)
+    built = pairs(n, args.heads, args.head_dim)
+    chosen = {name: built[name] for name in args.methods}
+    x = torch.randn(args.batch, n, args.heads * args.head_dim, requires_grad=True)
+    grad = torch.randn_like(x)
+    times: Dict[str, Tuple[list, list]] = {name: ([], []) for name in chosen}
+    for rep in range(args.warmup + args.repeats):
+        for name, (ours, ours_call, peer, peer_call) in chosen.items():
+            sides = [(0, ours, ours_call), (1, peer, peer_call)]
+            for side, module, call in (sides if rep % 2 == 0 else sides[::-1]):
+                ms = forward_backward(module.train(), call, x, grad)
+                if rep >= args.warmup:
+                    times[name][side].append(ms)
+        print(f"  n={n} repetition {rep + 1}/{args.warmup + args.repeats}", file=sys.stderr, flush=True)
+    rows = []
+    for name, (ours, peer) in times.items():
+        ratios = sorted(a / b for a, b in zip(ours, peer))
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        rows.append([name, n, f"{statistics.median(ours):.1f}", f"{statistics.median(peer):.1f}",
+                     f"{statistics.median(ours) / statistics.median(peer):.2f}", f"{q1:.2f}-{q3:.2f}"])
+    return rows
+
+
+PEERS = {"full": "torch.nn.MultiheadAttention", "nystromformer": "nystrom-attention",
+         "reformer": "reformer-pytorch LSHSelfAttention", "performer": "performer-pytorch SelfAttention",
+         "linformer": "linformer LinformerSelfAttention"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--lengths", default="4096", help="comma-separated sequence lengths (multiples of 128)")
+    p.add_argument("--methods", default=",".join(PEERS), help="comma-separated, from " + ",".join(PEERS))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
+    p.add_argument("--repeats", type=int, default=21, help="timed repetitions (interleaved)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    args = p.parse_args(argv)
+    try:
+        lengths = [int(v) for v in args.lengths.split(",") if v]
+        args.methods = [v for v in args.methods.split(",") if v]
+    except ValueError as exc:
+        p.error(str(exc))
+    if not lengths or any(v < 128 or v % 128 for v in lengths):
+        p.error("--lengths: each must be a positive multiple of 128 (reformer-pytorch needs 2 × bucket_size)")
+    if not args.methods or set(args.methods) - set(PEERS):
+        p.error(f"--methods: choose from {sorted(PEERS)}")
+    if min(args.batch, args.heads, args.head_dim, args.repeats) < 1 or args.warmup < 0 or args.threads < 0:
+        p.error("--batch, --heads, --head-dim and --repeats must be positive; --warmup and --threads >= 0")
+    missing = [m for m in PEER_PACKAGES if importlib.util.find_spec(m) is None]
+    if missing:
+        p.error(f"the peer packages {missing} are not installed: pip install -r requirements-peers.txt")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    where, _ = scaling.describe("cpu", "keep")
+    allocator = {key: os.environ.get(key, "unset") for key in scaling.ALLOCATORS["keep"]}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    started = time.time()
+    rows = [row for n in lengths for row in measure(n, args)]
+    end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"Ours ÷ public implementations — {where}, torch {torch.__version__}; "
+          f"batch {args.batch}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training mode; "
+          f"median of {args.repeats} interleaved repetitions after {args.warmup}; allocator {allocator}; "
+          f"load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n")
+    print(tabulate([[r[0], PEERS[r[0]], *r[1:]] for r in rows],
+                   headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
+                   tablefmt="github", disable_numparse=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The comparison, end to end: the grid, the attention scaling table, then the report and its plots, all in
+one run folder.
+
+    ./run_all.sh                      # the quick grid (≤ 30 minutes on 2 cores) into runs/grid-quick
+    ./run_all.sh --smoke --out X      # every cell at a handful of steps (≤ 3 minutes): checks the plumbing
+    ./run_all.sh --full               # paper presets, 3 seeds (a GPU job); scaling to n = 8192
+
+Everything this writes goes to the run folder (--out, default runs/grid-BUDGET, an ignored path): the cells'
+records under OUT/runs/, the scaling measurements OUT/scaling.json, the report OUT/REPORT.md (printed at the
+end) and its plots OUT/*.png. Nothing tracked is modified. A rerun into the same folder resumes: complete
+cells and a scaling table of the same methods and lengths are kept (bench/grid.py says when a cell is redone).
+Publishing is a separate, explicit step for maintainers: copy a run into results/quick (``--out
+results/quick``) and regenerate the README with ``python -m bench.report --readme README.md``.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench import methods as registry  # light: the grid, report and torch are imported once options parse
+
+SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,8192"}
+SCALING_REPEATS = {"quick": ["--warmup", "2", "--repeats", "5"], "smoke": ["--warmup", "0", "--repeats", "1"],
+                   "full": ["--warmup", "2", "--repeats", "5"]}
+SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-core CPU, for the estimate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="./run_all.sh", description=" ".join(__doc__.split("\n\n")[0].split()),
+                                epilog="Environment: SPARSE_ATTN_DATA (data folder); run_all.sh sets the glibc "
+                                       "allocator for every CPU timing (MALLOC_MMAP_MAX_=0 "
+                                       "MALLOC_TRIM_THRESHOLD_=68719476736).")
+    scale = p.add_mutually_exclusive_group()
+    scale.add_argument("--quick", dest="budget", action="store_const", const="quick",
+                       help="the quick grid: per-task CPU budgets, one seed (the default)")
+    scale.add_argument("--smoke", dest="budget", action="store_const", const="smoke",
+                       help="every method × task at a handful of steps and tiny shapes")
+    scale.add_argument("--full", dest="budget", action="store_const", const="full",
+                       help="paper presets, three seeds (a GPU job); one cell at a time")
+    p.set_defaults(budget="quick")
+    p.add_argument("--out", default=None, help="run folder (default runs/grid-BUDGET)")
+    p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
+    p.add_argument("--tasks", default=None, help="comma-separated (default: every grid task)")
+    p.add_argument("--seeds", default=None, help="comma-separated (default: the budget's)")
+    p.add_argument("--jobs", type=int, default=None, help="cells side by side (default: cores; 1 for --full)")
+    p.add_argument("--lengths", default=None, help="scaling table lengths (default: the budget's: quick "
+                   f"{SCALING['quick']}, smoke {SCALING['smoke']}, full {SCALING['full']})")
+    p.add_argument("--no-scaling", action="store_true", help="skip the attention scaling table")
+    p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present; the default), cpu or cuda")
+    return p
+
+
+def scaling_methods(methods) -> str:
+    chosen = [m for m in methods if registry.get(m).scaling]
+    return ",".join(chosen + (["full-ref"] if "full" in chosen else []))
+
+
+def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> None:
+    """OUT/scaling.json, kept when it holds the same methods and lengths (a resumed run)."""
+    from bench import grid, scaling
+    path = out / "scaling.json"
+    wanted = scaling_methods(methods)
+    previous = grid.read_json(path)
+    if previous and previous["args"]["methods"] == wanted and previous["args"]["lengths"] == lengths:
+        print(f"scaling: {path} holds these methods and lengths; kept", flush=True)
+        return
+    print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
+    scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device, *SCALING_REPEATS[budget],
+                  "--out", str(path)])
+
+
+def source_commit() -> str:
+    """The git commit of the code that ran ("+ changes" when the tree differs from it), or "unknown"."""
+    import subprocess
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + changes" if dirty else "")
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    from bench import grid, report
+    jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
+    grid_args = ["--budget", args.budget, "--jobs", str(jobs)]
+    for flag in ("methods", "tasks", "seeds"):
+        if getattr(args, flag):
+            grid_args += [f"--{flag}", getattr(args, flag)]
+    cell_args = ["--device", args.device] + (["--data-dir", args.data_dir] if args.data_dir else [])
+    try:
+        settings, extra = grid.build_parser().parse_known_args(grid_args)
+        methods, tasks, seeds = grid.selection(settings)
+        if jobs < 1:
+            raise ValueError("--jobs must be at least 1")
+        lengths = args.lengths or SCALING[args.budget]
+        if any(int(n) < 1 for n in lengths.split(",")):
+            raise ValueError(f"--lengths must be positive integers, got {lengths}")
+    except ValueError as exc:
+        p.error(str(exc))
+    out = Path(args.out or f"runs/grid-{args.budget}")
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    with grid.GridLock(out):
+        plan = grid.plan(args.budget, methods, tasks, seeds, cell_args, grid.data_dir_of(cell_args))
+        grid.write_json(out / "grid.json", plan)
+        estimate = sum(c["estimate_s"] for c in plan["cells"]) / jobs + \
+            (0 if args.no_scaling else SCALING_SECONDS[args.budget])
+        print(f"./run_all.sh: budget {args.budget}, output folder {out}", flush=True)
+        print(grid.describe(plan, jobs), flush=True)
+        print(f"then: {'no scaling table' if args.no_scaling else 'attention scaling at n = ' + lengths}, the "
+              f"report and plots; estimated total {grid.clock(estimate)}", flush=True)
+        failures = grid.run_cells(out, plan["cells"], jobs)
+        if not args.no_scaling:
+            run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda") else
+                        args.device)
+        wall = time.time() - start
+        previous = grid.read_json(out / "run.json") or {}
+        grid.write_json(out / "run.json", {"command": ["./run_all.sh", *(argv if argv is not None else sys.argv[1:])],
+                                           "wall_time_s": wall, "earlier_wall_time_s": previous.get("wall_time_s"),
+                                           "budget": args.budget, "jobs": jobs, "commit": source_commit()})
+        text = report.write_run_report(out)
+    print(text)
+    print(f"\n./run_all.sh finished in {grid.clock(wall)} ({failures} failed cells): report {out / 'REPORT.md'}",
+          flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Run folders under faults and bad input, through the command line: --resume refuses a checkpoint trained with
+other settings; a fresh run never replaces a run unasked and, with --overwrite, never leaves a folder that looks
+finished; a torn log line or a leftover of a killed write is recovered from; a damaged checkpoint is refused in
+one line; the method files refuse another --method; bad settings give one line, exit 2, and create nothing."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import kernel_sparse
+import sbm_transformer
+import ssa
+from bench import train as harness
+from bench.train import load_checkpoint
+from conftest import ROOT, valid_steps
+from test_train import TINY, env, record, train
+
+BASE = ["--task", "duplicates", *TINY]
+RUN = [*BASE, "--steps", "6", "--eval-every", "3"]  # a later occurrence of an option overrides these
+
+
+def tree(folder):
+    """Every path under ``folder`` with its bytes (None for folders): what a refused command must not change."""
+    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+
+
+def one_line_error(result, code=2):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "error: " in lines[-1], result.stderr
+    return lines[-1]
+
+
+def refused(capsys, *argv, entry=harness.main, code=2):
+    """An entry point's main() run in this process (a refusal trains nothing): its exit code must be ``code``
+    and its message one line; returns that line."""
+    try:
+        result = entry(list(argv))
+    except SystemExit as exc:  # argparse
+        result = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert result == code and err and "error: " in err[-1], (result, err)
+    return err[-1]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """One finished run (6 steps, checkpoints at 3 and 6, a snapshot at 3), copied by the tests that need one."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    train(*RUN, "--snapshot-at", "3", "--out", str(out))
+    return out
+
+
+def copy_of(finished, tmp_path):
+    return Path(shutil.copytree(finished, tmp_path / "run"))
+
+
+# ------------------------------------------------------------------------------------ item 8: resume settings
+def test_resume_refuses_a_checkpoint_trained_with_other_settings_naming_each(tmp_path, finished, capsys):
+    out = copy_of(finished, tmp_path)
+    before = tree(tmp_path)
+    for changed, named in [(["--seed", "7", "--steps", "30", "--lr", "0.01"],
+                            ["--seed 0 → 7", "--lr 0.001 → 0.01", "--steps 6 → 30 (sets the learning rate"]),
+                           (["--method", "linear"], ['--method "full" → "linear"']),
+                           (["--attn", "fused=false"], ['--attn {} → {"fused": false}']),
+                           (["--dropout", "0.2", "--grad-clip", "0.5"],
+                            ["--dropout 0.0 → 0.2", "--grad-clip 1.0 → 0.5"]),
+                           (["--steps", "4"], ["--steps 6 → 4 (below the checkpoint's step 6)"])]:
+        line = refused(capsys, *RUN, *changed, "--out", str(out), "--resume")
+        assert f"{out / 'checkpoint.pt'} (step 6) was trained with other settings" in line
+        for setting in named:
+            assert setting in line, (setting, line)
+    assert tree(tmp_path) == before  # nothing of the run was touched
+
+
+def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_not_see(tmp_path, capsys):
+    """Observing settings may change; --steps may grow while the steps taken keep their learning rates (here
+    all of them are in the warm-up), and the run then ends as one trained with the new --steps from scratch."""
+    warm = [*RUN, "--warmup", "20"]
+    scratch, grown = tmp_path / "scratch", tmp_path / "grown"
+    train(*warm, "--steps", "9", "--out", str(scratch))
+    train(*warm, "--out", str(grown))
+    train(*warm, "--steps", "9", "--log-every", "1", "--final-eval-batches", "3", "--eval-every", "1",
+          "--snapshot-at", "8", "--device", "cpu", "--out", str(grown), "--resume")
+    a, b = record(scratch), record(grown)
+    assert a["param_fingerprints"] == b["param_fingerprints"] and b["steps"] == 9
+    assert valid_steps(grown / "log.jsonl") == [3, 6, 7, 8, 9]
+    past_warmup = refused(capsys, *RUN, "--steps", "12", "--out", str(scratch), "--resume")  # TINY: 2 warm-up steps
+    assert "--steps 9 → 12 (sets the learning rate of the steps already taken)" in past_warmup
+
+
+# ------------------------------------------------------------------------------------ item 9: fresh runs
+def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp_path, finished, capsys):
+    out = copy_of(finished, tmp_path)
+    (out / "train.log").write_text("a caller's log\n")
+    before = tree(tmp_path)
+    line = refused(capsys, *RUN, "--seed", "1", "--out", str(out))
+    assert line == (f"error: {out} already holds a run (metrics.json, checkpoint.pt, log.jsonl, checkpoint-3.pt): "
+                    f"continue it with --resume, or replace it with --overwrite")
+    # with --overwrite, a run refused for bad input (here: no data) changes nothing either
+    line = refused(capsys, "--task", "bytes", *TINY, "--steps", "1", "--data-dir", str(tmp_path / "none"),
+                   "--overwrite", "--out", str(out), code=1)
+    assert "no WikiText-2 text" in line and tree(tmp_path) == before
+    train(*RUN, "--seed", "1", "--out", str(out), "--overwrite")
+    assert record(out)["seed"] == 1 and load_checkpoint(out / "checkpoint.pt")["config"]["seed"] == 1
+    assert (out / "train.log").read_text() == "a caller's log\n"  # not a file of the run
+
+
+def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finished(tmp_path, finished):
+    """Before: the old run's complete metrics.json and checkpoint stayed beside the new run's log."""
+    out = copy_of(finished, tmp_path)
+    args = ["--task", "duplicates", *TINY, "--seed", "1", "--steps", "400", "--eval-every", "40",
+            "--log-every", "1000", "--out", str(out), "--overwrite"]
+    old_checkpoint = (out / "checkpoint.pt").stat().st_ino
+    proc = subprocess.Popen([sys.executable, "-m", "bench.train", *args], cwd=ROOT, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def new_checkpoint():
+        try:
+            return (out / "checkpoint.pt").stat().st_ino != old_checkpoint
+        except FileNotFoundError:
+            return False
+
+    deadline = time.time() + 120
+    while not new_checkpoint() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (out / "metrics.json").exists()
+    checkpoint = load_checkpoint(out / "checkpoint.pt")
+    assert checkpoint["config"]["seed"] == 1 and 40 <= checkpoint["step"] < 400
+    steps = valid_steps(out / "log.jsonl")
+    assert steps[:checkpoint["step"] // 40] == list(range(40, checkpoint["step"] + 1, 40))  # the new run's only
+
+
+# ------------------------------------------------------------------------------------ item 10: torn log line
+def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tmp_path, finished):
+    """A kill mid-write leaves a log line without its newline (and a checkpoint's temporary file): before, every
+    later run in the folder failed on the log."""
+    out = copy_of(finished, tmp_path)
+    os.replace(out / "checkpoint-3.pt", out / "checkpoint.pt")  # as if killed after step 3's checkpoint ...
+    (out / "metrics.json").unlink()
+    with open(out / "log.jsonl", "ab") as log:
+        log.write(b'{"step": 9, "split": "val')  # ... and while a later line was being written
+    (out / "checkpoint.pt.abc123.tmp").write_bytes(b"half a checkpoint")
+    train(*RUN, "--out", str(out), "--resume")
+    assert valid_steps(out / "log.jsonl") == [3, 6]
+    assert record(out)["steps"] == 6 and not list(out.glob("*.tmp"))
+    with open(out / "log.jsonl", "ab") as log:
+        log.write(b'{"step": 9, "split": "val')
+    train(*RUN, "--out", str(out), "--overwrite")  # a fresh run starts a new log
+    assert valid_steps(out / "log.jsonl") == [3, 6]
+
+
+# ------------------------------------------------------------------------------------ item 13: damaged checkpoints
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "no header"])
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finished, capsys, damage):
+    out = copy_of(finished, tmp_path)
+    path = out / "checkpoint.pt"
+    data = bytearray(path.read_bytes())
+    if damage == "flipped":  # in the middle of the weights: torch.load alone read this silently
+        for i in range(len(data) // 2, len(data) // 2 + 8):
+            data[i] ^= 0xFF
+    elif damage == "truncated":
+        data = data[:len(data) // 2]
+    elif damage == "empty":
+        data = b""
+    else:
+        data = data[data.index(b"\n") + 1:]  # the bare torch.save payload, as written before checksums
+    path.write_bytes(bytes(data))
+    line = refused(capsys, *RUN, "--out", str(out), "--resume")
+    assert line.startswith(f"error: the checkpoint {path} ") and "weights_only" not in line
+    assert {"flipped": "is damaged", "truncated": "is damaged", "empty": "is empty",
+            "no header": "has no checksum header"}[damage] in line
+
+
+# ------------------------------------------------------------------------------------ item 11: method files
+@pytest.mark.parametrize("module", [sbm_transformer, ssa, kernel_sparse])
+def test_method_files_refuse_another_method(tmp_path, capsys, module):
+    """Before: python sbm_transformer.py --method performer trained SBM and recorded "performer"."""
+    line = refused(capsys, "--task", "duplicates", "--method", "performer", "--steps", "0", "--out",
+                   str(tmp_path / "run"), entry=module.main)
+    assert "argument --method: this file trains" in line and "python -m bench.train --method performer" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_train_still_runs_a_method_file_by_name(tmp_path):
+    out = tmp_path / "run"
+    train("--method", "ssa", *BASE, "--steps", "2", "--out", str(out))
+    assert record(out)["method"] == "ssa"
+
+
+# ------------------------------------------------------------------------------------ items 14-15: bad input
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--device", "gpu"], 2, "argument --device: must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["--lr", "-1"], 2, "argument --lr: must be a positive number, got -1"),
+    (["--lr", "nan"], 2, "argument --lr: must be a positive number, got nan"),
+    (["--dropout", "1"], 2, "argument --dropout: must be a rate in [0, 1), got 1"),
+    (["--pos-emb", "maybe"], 2, "argument --pos-emb: must be true or false, got maybe"),
+    (["--method", "performer", "--attn", "features=abc"], 2,
+     "--attn features=abc: performer's features takes an integer"),
+    (["--method", "performer", "--attn", "features=1.5"], 2, "performer's features takes an integer"),
+    (["--attn", "fused=maybe"], 2, "error: --attn fused=maybe: full's fused takes true or false"),
+    (["--attn", "window=3"], 2, "full takes no option 'window'; its options: ['fused', 'alibi']"),
+    (["--method", "linformer", "--task", "bytes"], 2, "linformer cannot run task bytes with these settings: "
+                                                       "LinformerAttention cannot be causal"),
+    (["--method", "nystromformer", "--task", "enwik8"], 2, "nystromformer cannot run task enwik8"),
+    (["--resume", "--overwrite"], 2, "argument --overwrite: not allowed with argument --resume"),
+    (["--task", "text", "--data-dir", "{tmp}/no/such/data"], 1, "The download failed: network unreachable (test)"),
+    (["--task", "image", "--data-dir", "{tmp}/no/such/data"], 1, "The download failed: network unreachable (test)"),
+    (["--task", "enwik8", "--data-dir", "{tmp}/no/such/data"], 1, "The download failed: network unreachable (test)"),
+])
+def test_bad_input_is_one_line_before_anything_is_made(tmp_path, monkeypatch, capsys, args, code, message):
+    """Each refused before training with one line (exit 2 for settings, 1 for data), leaving no folder: not the
+    run's, not the data folder, not a cache (downloads are allowed here, and fail). The data folder is always
+    one under tmp_path, so that even a run that is not refused leaves the shared data alone."""
+    def unreachable(*args, **kwargs):
+        raise OSError("network unreachable (test)")
+
+    monkeypatch.setattr("urllib.request.urlopen", unreachable)
+    for name in ("SPARSE_ATTN_OFFLINE", "SPARSE_ATTN_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    task = [] if "--task" in args else ["--task", "duplicates"]
+    line = refused(capsys, *task, "--data-dir", str(tmp_path / "data"), *args, *TINY[2:], "--steps", "1",
+                   "--out", str(tmp_path / "out"), code=code)
+    assert message in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cuda_asked_for_on_a_machine_without_it_is_one_line(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    line = one_line_error(train(*RUN, "--device", "cuda", "--out", str(tmp_path / "out"), check=False))
+    assert line == "error: --device cuda was asked for, but CUDA is not available on this machine"
+    assert list(tmp_path.iterdir()) == []

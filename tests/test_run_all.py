@@ -1,0 +1,192 @@
+"""./run_all.sh as a user runs it: its own run folder, a clean git tree, --help and bad options, --out end to end
+(cells, scaling, report, plots), n/a and no-data cells, the lock, no orphan cells, budget changes, the report
+from a folder of records, and a method registered from outside (tiny smoke budgets throughout)."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+       "HOME": os.environ.get("HOME", "/tmp")}
+FAST = ["--steps", "1", "--final-eval-batches", "1"]
+
+
+def sh(args, cwd=ROOT, env=None, check=True, timeout=300):
+    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**ENV, **(env or {})})
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def fake_wikitext(folder):
+    """A WikiText-2-shaped folder of a few kilobytes (the byte-LM task's files)."""
+    text = "".join(f" = Section {i} = \n The quick brown fox {i} jumps over the lazy dog . \n" for i in range(300))
+    (folder / "wikitext-2").mkdir(parents=True)
+    for split in ("train", "valid", "test"):
+        (folder / "wikitext-2" / f"{split}.txt").write_text(text)
+    return folder
+
+
+def test_help_exits_at_once_and_runs_nothing():
+    before = sorted(os.listdir(ROOT))
+    start = time.time()
+    result = sh(["bash", "run_all.sh", "--help"])
+    assert "usage: ./run_all.sh" in result.stdout and "--smoke" in result.stdout and "--out" in result.stdout
+    assert time.time() - start < 30 and sorted(os.listdir(ROOT)) == before and "budget" not in result.stdout[:20]
+    assert "./run_all.sh: budget" not in result.stdout and "(default: quick)" not in result.stdout
+
+
+def test_an_unknown_option_is_refused_before_anything_runs(tmp_path):
+    result = sh(["bash", "run_all.sh", "--smoke", "--out", str(tmp_path / "x"), "--bogus"], check=False)
+    assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr
+    assert not (tmp_path / "x").exists()
+    result = sh(["bash", "run_all.sh", "--smoke", "--out", str(tmp_path / "x"), "--methods", "nope"], check=False)
+    assert result.returncode == 2 and "unknown methods ['nope']" in result.stderr
+
+
+def test_a_fresh_clone_runs_into_its_own_ignored_folder_and_leaves_git_clean(tmp_path):
+    clone = tmp_path / "clone"
+    files = sh(["git", "ls-files", "--cached", "--others", "--exclude-standard"]).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "clone"]):
+        sh([*git, *args], cwd=clone)
+    result = sh(["bash", "run_all.sh", "--smoke", "--methods", "full", "--tasks", "duplicates", "--no-scaling"],
+                cwd=clone)
+    folder = clone / "runs" / "grid-smoke"
+    assert (folder / "REPORT.md").is_file() and (folder / "runs" / "full-duplicates-cpu-s0" / "metrics.json").is_file()
+    assert "output folder runs/grid-smoke" in result.stdout and "| full " in result.stdout  # the report is printed
+    assert sh(["git", "status", "--porcelain"], cwd=clone).stdout == ""
+
+
+def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path):
+    data, out = fake_wikitext(tmp_path / "data"), tmp_path / "run"
+    result = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
+                 "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
+    assert "n/a: linformer on bytes (no causal form)" in result.stdout  # said in the plan, before any cell ran
+    assert "no data: retrieval" in result.stdout and "ETA" in result.stdout
+    cells = sorted(p.name for p in (out / "runs").iterdir())
+    assert cells == ["full-bytes-cpu-s0", "full-duplicates-cpu-s0", "linformer-duplicates-cpu-s0",
+                     "sbm-bytes-cpu-s0", "sbm-duplicates-cpu-s0"]  # no process for n/a or no-data cells
+    assert all(json.loads((out / "runs" / c / "metrics.json").read_text())["status"] == "complete" for c in cells)
+    assert json.loads((out / "scaling.json").read_text())["args"]["lengths"] == "32"
+    report = (out / "REPORT.md").read_text()
+    assert "n/a (no causal form)" in report and "no data: retrieval: retrieval: LRA's AAN pairs" in report
+    assert "failed" not in report and report.strip() in result.stdout
+    assert "Attention scaling" in report and "| sbm " in report
+    if shutil.which("python3") and __import__("importlib").util.find_spec("matplotlib"):
+        assert (out / "accuracy_vs_cost.png").stat().st_size > 1000 and (out / "scaling.png").stat().st_size > 1000
+        assert "![" in report
+    rerun = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
+                "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
+    assert rerun.stdout.count("complete, kept") == 5 and "scaling.json holds these methods and lengths" in rerun.stdout
+
+
+def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
+    from bench import plots, report
+    monkeypatch.setattr(plots, "available", lambda: False)
+    assert "matplotlib is not installed" in report.run_plots([], None, tmp_path, "")
+    assert list(tmp_path.iterdir()) == []
+
+
+def write_record(folder, method, seed, test, command):
+    folder.mkdir(parents=True)
+    record = {"status": "complete", "method": method, "task": "listops", "seed": seed, "metric": "accuracy",
+              "test": test, "valid": test, "density": 0.5, "median_step_ms": 10.0, "wall_time_s": 5.0,
+              "device": "cpu", "config": {"steps": 1, "batch_size": 1, "seq_len": 8, "depth": 1, "heads": 1, "dim": 8}}
+    (folder / "metrics.json").write_text(json.dumps(record))
+    (folder / "cell.json").write_text(json.dumps({"command": [*command, "--seed", str(seed)], "wall_s": 60.0 + seed,
+                                                  "cpu_s": 30.0}))
+
+
+def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
+    from bench import claims, report
+    claim = claims.BY_NAME["sbm-listops"]
+    for seed, test in zip((0, 1, 2), (0.30, 0.32, 0.37)):
+        write_record(tmp_path / claim.name / "runs" / f"full-listops-cpu-s{seed}", "full", seed, test,
+                     claim.runs[0])
+    write_record(tmp_path / claim.name / "runs" / "sbm-listops-cpu-s0", "sbm", 0, 0.25, claim.runs[1])
+    text = report.claim_section(claim, tmp_path, None, "")
+    full_row = next(line for line in text.splitlines() if "--method full" in line)
+    assert "33.00 ± 3.61" in full_row and "30.00 / 32.00 / 37.00" in full_row and "| 0, 1, 2 " in full_row
+    assert "60 s / 61 s / 62 s" in full_row and "30 s / 30 s / 30 s" in full_row  # each seed's wall and CPU time
+    sbm_row = next(line for line in text.splitlines() if "sbm_transformer.py" in line)
+    assert "25.00 " in sbm_row and "±" not in sbm_row
+    assert "Not yet run:" in text and "sbm-lambda0.01-listops-cpu-s2" in text
+    assert "python -m bench.claims run sbm-listops" in text and claim.paper in text
+
+
+def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
+    from bench.grid import GridLock
+    with GridLock(tmp_path):
+        result = sh([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path),
+                     "--methods", "full", "--tasks", "duplicates"], check=False)
+    assert result.returncode != 0 and f"another grid is running in {tmp_path} (pid {os.getpid()})" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def cell_processes(marker: str):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline and "bench.grid" not in cmdline:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_killed_grid_leaves_no_cell_running(tmp_path):
+    out = tmp_path / "grid"
+    grid = subprocess.Popen([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(out),
+                             "--methods", "full", "--tasks", "duplicates", "--steps", "100000"], cwd=ROOT,
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not cell_processes(str(out)):
+        assert grid.poll() is None and time.time() < deadline, "no cell started"
+        time.sleep(0.1)
+    grid.send_signal(signal.SIGKILL)  # the grid alone: its cell must not outlive it
+    grid.wait()
+    deadline = time.time() + 30
+    while cell_processes(str(out)):
+        assert time.time() < deadline, "a cell outlived its killed grid"
+        time.sleep(0.1)
+
+
+def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path):
+    args = [sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods", "full",
+            "--tasks", "duplicates"]
+    sh([*args, *FAST])
+    record = tmp_path / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
+    assert json.loads(record.read_text())["steps"] == 1
+    same = sh([*args, *FAST])
+    assert "complete, kept" in same.stdout
+    changed = sh([*args, "--steps", "2", "--final-eval-batches", "1"])
+    assert "made with another command" in changed.stdout and "redone" in changed.stdout
+    assert json.loads(record.read_text())["steps"] == 2
+
+
+def test_a_method_registered_from_outside_runs_through_the_smoke_grid(tmp_path):
+    """Adding a method touches two places: its file and its registry entry (here one line of that file)."""
+    env = {"SPARSE_ATTN_PLUGINS": "toy_attention", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    result = sh([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods",
+                 "toy,full", "--tasks", "duplicates,bytes", "--data-dir", str(fake_wikitext(tmp_path / "data")),
+                 *FAST], env=env)
+    assert "toy-duplicates-cpu-s0: done" in result.stdout and "toy-bytes-cpu-s0: done" in result.stdout
+    record = json.loads((tmp_path / "runs" / "toy-bytes-cpu-s0" / "metrics.json").read_text())
+    assert record["method"] == "toy" and record["status"] == "complete"
+    from bench import report
+    text = report.write_run_report(tmp_path)
+    assert "| toy " in text
