@@ -75,7 +75,7 @@ edge and 40 per edge of a chunk while sampling. `sample_block_csr` returns the g
 columns, int32), the form a sparse attention consumes: it needs no sort of its own. Random edge exploration
 (+δ, SBM §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ).
 
-Run `python fastrg.py` for a short self-check.
+Run `python fastrg.py` for a short self-check (`--help` runs nothing).
 
 Shape legend: R graphs (flattened leading dims), N = n rows of X (queries), M = m rows of Y (keys),
 K clusters, E edges.
@@ -83,6 +83,7 @@ K clusters, E edges.
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import numpy as np
@@ -503,8 +504,15 @@ def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
 
 
 # -------------------------------------------------------------------------------------------------- main
-def main() -> None:
-    """Short self-check (fixed seeds, 5σ bounds from Poisson/binomial variances); prints what it verified."""
+def main(argv=None) -> int:
+    """`python fastrg.py`: a short self-check (fixed seeds, 5σ bounds from Poisson/binomial variances) that prints
+    what it verified."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python fastrg.py", description="fastRG (Rohe et al. 2018): a short "
+                                     "self-check of the sampler's law, its CSR form and its speed; prints what it "
+                                     "verified.")
+    parser.parse_args(argv)
     g = torch.Generator().manual_seed(0)
     T, n, m, K = 4000, 5, 6, 3                                       # T independent graphs in one call
     X, Y = torch.rand(n, K, generator=g), torch.rand(m, K, generator=g)
@@ -557,7 +565,8 @@ def main() -> None:
     print(f"n = m = 4096, K = 128, density 1%: {len(r)} edges (dedup, CSR) in "
           f"{(time.perf_counter() - t0) * 1e3:.0f} ms")
     print("fastrg self-check passed")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

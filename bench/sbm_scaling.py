@@ -2,7 +2,7 @@
 densities, beside full attention (fused SDPA and the explicit reference), in one run.
 
     python -m bench.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
-    python -m bench.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out results/sbm_scaling.json
+    python -m bench.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out results/scaling
     OMP_NUM_THREADS=1 python -m bench.sbm_scaling --rounds 3     # cells interleaved: fair ratios on a busy CPU
 
 Cells, each in a fresh process with bench.scaling's allocator setting (batch 1, 2 heads, head dim 32,
@@ -40,6 +40,7 @@ from tabulate import tabulate
 from bench import measure, scaling
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "scaling"
 
 
 def shifted_module(dim: int, heads: int, head_dim: int, x: torch.Tensor, density: float, path: str):
@@ -249,16 +250,30 @@ def parts_table(rows: list, profiled: list) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m bench.sbm_scaling", allow_abbrev=False,
+                                description=__doc__.split(", beside")[0] + ".",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--lengths", default="1024,2048,4096,8192", help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
     p.add_argument("--kinds", default="full,full-ref,core,sbm,sbm-dense", help="which cells (see the docstring)")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every cell this many times, cells interleaved round by round; report the medians")
-    scaling.add_measurement_arguments(p, warmup=1, repeats=3, timeout=1800)
+    p.add_argument("--batch-size", type=int, default=1, help="sequences per cell")
+    p.add_argument("--heads", type=int, default=2, help="attention heads")
+    p.add_argument("--head-dim", type=int, default=32, help="size of each head")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when present")
+    p.add_argument("--warmup-iters", type=int, default=1, help="untimed calls before the timed ones")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per cell (median)")
+    p.add_argument("--allocator", choices=sorted(scaling.ALLOCATORS), default="keep",
+                   help="glibc allocator setting of the cells' processes (keep: freed memory stays in the process)")
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    p.add_argument("--out", metavar="DIR", type=Path, default=argparse.SUPPRESS,
+                   help="folder for sbm_scaling.json, the rows and settings (default: the repository's "
+                        "results/scaling)")
+    p.add_argument("--cell", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.cell:
+    args.out = getattr(args, "out", RESULTS)
+    if "cell" in args:
         print(json.dumps(measure_cell(json.loads(args.cell))))
         return 0
     try:
@@ -269,15 +284,19 @@ def main(argv=None) -> int:
             raise ValueError("lengths must be positive and densities in (0, 1)")
         if set(kinds) - set(KINDS):
             raise ValueError(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
-        if args.rounds < 1:
-            raise ValueError("--rounds must be at least 1")
+        if min(args.rounds, args.repeats, args.batch_size, args.heads, args.head_dim, args.timeout) < 1 or \
+                args.warmup_iters < 0:
+            raise ValueError("--rounds, --repeats, --batch-size, --heads, --head-dim and --timeout must be at "
+                             "least 1, --warmup-iters at least 0")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: CUDA is not available")
     except ValueError as exc:
         p.error(str(exc))
     device = scaling.resolve_device(args.device)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     started = time.time()
-    base = {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "device": device,
-            "warmup": args.warmup, "repeats": args.repeats}
+    base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
+            "warmup": args.warmup_iters, "repeats": args.repeats}
     cells = []
     for n in lengths:
         specs = [(kind, "full" if kind == "full" else "full:fused=False", None)
@@ -295,9 +314,9 @@ def main(argv=None) -> int:
     rows = [{**median_row(runs), "method": name, "n": n} for (name, n, _), runs in zip(cells, measured)]
     where, allocator = scaling.describe(device, args.allocator)
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch}, {args.heads} heads, "
+    print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch_size}, {args.heads} heads, "
           f"head dim {args.head_dim}, training mode; allocator: {allocator}; median of {args.repeats} after "
-          f"{args.warmup} warm-up" + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1
+          f"{args.warmup_iters} warm-up" + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1
                                       else "") +
           f"; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n")
     print(scaling.table(rows, "full"))
@@ -313,10 +332,11 @@ def main(argv=None) -> int:
               "sampler; `E-pass`: one elementwise pass over the graph's E values, and the sampler's time in "
               "such passes).\n")
         print(parts_table(rows, profiled))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": where, "allocator": allocator, "load_average":
-                                              [load, end_load], "args": vars(args), "rows": rows}, indent=2))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "sbm_scaling.json"
+    path.write_text(json.dumps({"device": where, "allocator": allocator, "load_average": [load, end_load],
+                                "args": {**vars(args), "out": str(args.out)}, "rows": rows}, indent=2))
+    print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

@@ -459,19 +459,41 @@ def test_overflowing_sort_key_and_expected_count_raise():
         sample(X.double() * 1e200, S.double() * 1e200, Y)
 
 
-def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys):
+def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp_path):
+    import json
+
     from bench import fastrg_bench
-    fastrg_bench.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--threads", "1", "--clock", "cpu"])
+    assert fastrg_bench.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--threads", "1",
+                              "--clock", "cpu", "--warmup-iters", "2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "cpu clock" in out and " 64 |" in out
+    assert "cpu clock" in out and " 64 |" in out and "after 2 warm-up" in out
+    record = json.loads((tmp_path / "fastrg_bench.json").read_text())
+    assert [row["n"] for row in record["rows"]] == [64] and record["settings"]["clock"] == "cpu"
+    for bad in (["--threads", "2", "--clock", "cpu"], ["--default-allocator"], ["--warmup-iters", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            fastrg_bench.main(bad)
+        assert exc.value.code == 2
+
+
+def test_benchmark_help_runs_nothing(capsys):
+    from bench import fastrg_bench
     with pytest.raises(SystemExit) as exc:
-        fastrg_bench.main(["--threads", "2", "--clock", "cpu"])
-    assert exc.value.code == 2
+        fastrg_bench.main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: python -m bench.fastrg_bench")
+    assert "default: None" not in out and "--allocator" in out and "fastRG vs naive" not in out
 
 
 def test_self_check_runs(capsys):
-    fastrg.main()
+    assert fastrg.main([]) == 0
     assert "self-check passed" in capsys.readouterr().out
+
+
+def test_help_runs_nothing(capsys):
+    with pytest.raises(SystemExit) as exc:
+        fastrg.main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: python fastrg.py") and "self-check passed" not in out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
