@@ -538,3 +538,10 @@ def test_row_offsets_by_count_equal_offsets_by_search(per_row):
     expected[1:] = torch.bincount(r * n + i, minlength=R * n).cumsum(0)
     assert torch.equal(fastrg._row_ptr(key, R, n, bm).long(), expected)
     assert torch.equal(fastrg._row_ptr(key.int(), R, n, bm).long(), expected)
+
+
+def test_column_sums_through_numpy_equal_torch_and_take_broadcast_inputs():
+    # Many graphs (torch's slow case), float32 and float64, and a broadcast (stride-0) batch as _flat gives it.
+    W = torch.rand(8, 300, 5, generator=torch.Generator().manual_seed(53))
+    for t in (W, W.double(), W[:1].expand(8, 300, 5)):
+        assert torch.allclose(fastrg._column_sums(t), t.sum(1, dtype=torch.float64), rtol=1e-12, atol=0)
