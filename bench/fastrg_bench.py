@@ -190,7 +190,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "fastrg_bench.json"
     headers = ["n", "density", "edges", "fastrg_ms", "naive_ms", "speed_up", "ns_per_edge"]
-    path.write_text(json.dumps({"settings": {**vars(args), "out": str(args.out), "device": str(device),
+    settings = {k: v for k, v in vars(args).items() if k != "out"}  # where it was written is no setting
+    path.write_text(json.dumps({"settings": {**settings, "device": str(device),
                                              "threads": torch.get_num_threads(), "allocator": allocator,
                                              "load_average": [load, end_load]},
                                 "rows": [dict(zip(headers, row)) for row in rows], "slope": slope}, indent=2))

@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "sbm_scaling.json"
     path.write_text(json.dumps({"device": where, "allocator": allocator, "load_average": [load, end_load],
-                                "args": {**vars(args), "out": str(args.out)}, "rows": rows}, indent=2))
+                                "args": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}, indent=2))
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
