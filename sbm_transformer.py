@@ -453,14 +453,19 @@ class SBMAttention(nn.Module):
         M, R, delta = z.shape[2], B * H, self.exploration()
         with _part("proposal"):
             keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
-            z = z * keys
+            if not bool(valid.all()):  # without padding, no pass over z
+                z = z * keys
             # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
             bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
             bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
             scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
-            xs, zs = x * scale[..., None], z
+            # X = diag(c) Q̂, written where fastRG reads it (no concatenation copy when δ adds a column)
+            xs = x.new_empty(B, H, N, K + (delta > 0))
+            torch.mul(x, scale[..., None], out=xs[..., :K])
+            zs = z
             if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
-                xs, zs = torch.cat([xs, scale[..., None]], -1), torch.cat([zs, keys.expand(B, H, M, 1)], -1)
+                xs[..., K] = scale
+                zs = torch.cat([z, keys.expand(B, H, M, 1)], -1)
                 s = F.pad(s, (0, 1, 0, 1))
                 s[:, K, K] = delta
             row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)

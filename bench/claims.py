@@ -133,11 +133,12 @@ CLAIMS = [
           commands=("python kernel_sparse.py --task wikitext2",)),
     Claim("fastrg", "fastRG: a sparse graph with low-rank expectation in time linear in its edges", "output",
           paper="Rohe et al. 2018: O(nk + k² + E) sampling, against the O(n m) of a dense Bernoulli draw.",
-          commands=("python -m bench.fastrg_bench",)),
+          commands=("python -m bench.fastrg_bench --out results/fastrg",)),
     Claim("scaling", "Attention scaling: time, memory and FLOPs against sequence length", "output",
           paper="SBM Table 3: per-example FLOPs and memory relative to full attention at LRA lengths.",
           commands=("python -m bench.scaling --methods full,full-ref,linear,linformer,performer,nystromformer,"
-                    "reformer --lengths 1024,2048,4096,8192 --out results/scaling", "python -m bench.sbm_scaling")),
+                    "reformer --lengths 1024,2048,4096,8192 --out results/scaling",
+                    "python -m bench.sbm_scaling --out results/scaling")),
 ]
 BY_NAME = {c.name: c for c in CLAIMS}
 

@@ -14,17 +14,19 @@ by call, so that load from other processes falls on all of them alike. "edges" i
 returned in the last timed call. The log-log slope of fastRG time against edges is the least-squares fit
 over the cells with E ≥ 1e5.
 
-By default glibc is told to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2^31 − 1, the
-setting of shared/notes/cpu_attention_limits.md) so that large buffers are not page-faulted back on every
-call; --default-allocator leaves glibc's defaults. The setting is printed with the table.
+By default (--allocator keep) glibc is told to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD =
+2^31 − 1, the setting of shared/notes/cpu_attention_limits.md) so that large buffers are not page-faulted back on
+every call; --allocator default leaves glibc's defaults. The setting is printed with the table, which is also
+written with its settings as JSON to OUT/fastrg_bench.json.
 
     python -m bench.fastrg_bench
-    python bench/fastrg_bench.py --lengths 1024,8192 --densities 0.01 --repeats 3
+    python -m bench.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
     python -m bench.fastrg_bench --threads 1 --clock cpu      # on a shared machine
 """
 import argparse
 import ctypes
 import ctypes.util
+import json
 import os
 import platform
 import statistics
@@ -39,6 +41,7 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fastrg  # noqa: E402
+from bench import cli  # noqa: E402
 
 K = 128
 NAIVE_BLOCK = 1 << 24  # entries of P per block in the naive draw
@@ -60,11 +63,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fns: list, device: torch.device, repeats: int, clock=time.perf_counter) -> tuple[list, list]:
-    """Median time in ms (by `clock`) of `repeats` calls of each function after one warm-up, the calls
+def timed(fns: list, device: torch.device, repeats: int, clock=time.perf_counter, warmup: int = 1) -> tuple[list, list]:
+    """Median time in ms (by `clock`) of `repeats` calls of each function after `warmup` untimed ones, the calls
     interleaved (one of each per round, so that load on a shared machine falls on all alike), and each one's
     last result (keep it small: every function's result stays alive)."""
-    outs = [fn() for fn in fns]
+    outs = [fn() for fn in fns]  # at least one call each: the results
+    for _ in range(warmup - 1):
+        outs = [fn() for fn in fns]
     sync(device)
     times = [[] for _ in fns]
     for _ in range(repeats):
@@ -105,23 +110,30 @@ def parse_list(kind):
     return parse
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="fastRG sampling time vs edges, beside a naive dense Bernoulli draw.")
-    ap.add_argument("--lengths", type=parse_list(int), default=[1024, 2048, 4096, 8192, 16384],
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.fastrg_bench", allow_abbrev=False,
+                                 description="fastRG sampling time vs edges, beside a naive dense Bernoulli draw.",
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--lengths", type=parse_list(int), default="1024,2048,4096,8192,16384",
                     help="comma-separated n = m values")
-    ap.add_argument("--densities", type=parse_list(float), default=[0.001, 0.01, 0.1],
+    ap.add_argument("--densities", type=parse_list(float), default="0.001,0.01,0.1",
                     help="comma-separated expected densities Σλ/(n·m), each in (0, 1]")
-    ap.add_argument("--repeats", type=int, default=5, help="timed calls per cell after one warm-up (median)")
-    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA when present")
+    ap.add_argument("--warmup-iters", type=int, default=1, help="untimed calls of each function first (at least 1)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per cell (median)")
+    ap.add_argument("--device", default="auto", type=cli.device_option,
+                    help="auto (CUDA when present), cpu, cuda or cuda:N")
     ap.add_argument("--seed", type=int, default=0, help="seed of inputs and draws")
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    ap.add_argument("--default-allocator", action="store_true", help="leave glibc's memory settings alone")
+    ap.add_argument("--allocator", choices=["default", "keep"], default="keep",
+                    help="glibc's memory setting in this process (keep: freed memory stays in the process)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="wall time, or the process's CPU time (with --threads 1: time other processes hold the "
                          "core is not counted, for a shared machine)")
+    ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench",
+                    help="folder for fastrg_bench.json: the table's rows, slope and settings")
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error("--repeats must be at least 1")
+    if args.repeats < 1 or args.warmup_iters < 1:
+        ap.error("--repeats and --warmup-iters must be at least 1")
     if args.threads < 0:
         ap.error("--threads must be >= 0")
     if args.clock == "cpu" and args.threads != 1:
@@ -130,11 +142,10 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     if any(d > 1 for d in args.densities):
         ap.error("--densities must be in (0, 1]")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        ap.error("--device cuda: CUDA is not available")
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
-    allocator = "glibc defaults" if args.default_allocator or device.type == "cuda" else keep_freed_memory()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: CUDA is not available")
+    allocator = "glibc defaults" if args.allocator == "default" or device.type == "cuda" else keep_freed_memory()
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     rows, fit_e, fit_ms = [], [], []
@@ -148,7 +159,7 @@ def main(argv=None) -> None:
         fns = [lambda: naive_draw(X, S0 * (0.01 * n * n / base), Y, g).shape[0]]
         fns += [lambda S=S: len(fastrg.sample(X, S, Y, generator=g, csr=True)[0]) for S in scaled]
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        (naive_ms, *fast_ms), (_, *edges) = timed(fns, device, args.repeats, clock)
+        (naive_ms, *fast_ms), (_, *edges) = timed(fns, device, args.repeats, clock, args.warmup_iters)
         for density, ms, E in zip(args.densities, fast_ms, edges):
             rows.append([n, f"{density:.1%}", E, f"{ms:.1f}", f"{naive_ms:.1f}", f"{naive_ms / ms:.1f}",
                          f"{ms * 1e6 / max(E, 1):.0f}"])
@@ -161,17 +172,27 @@ def main(argv=None) -> None:
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"fastRG vs naive dense Bernoulli, K = {K}, torch {torch.__version__}, device {device} "
           f"({os.cpu_count()} cores), {torch.get_num_threads()} threads, {args.clock} clock, allocator: {allocator}, "
-          f"median of {args.repeats} after 1 warm-up, calls interleaved; load average {load:.2f} at start, "
-          f"{end_load:.2f} at end")
+          f"median of {args.repeats} after {args.warmup_iters} warm-up, calls interleaved; load average {load:.2f} at "
+          f"start, {end_load:.2f} at end")
     print("fastRG = sample(..., dedup=True, csr=True); naive = P = X S Yᵀ and rand < P (one cell per n)")
     print(tabulate(rows, headers=["n", "density", "edges", "fastRG ms", "naive ms", "speed-up", "ns/edge"],
                    tablefmt="github", colalign=("right",) * 7))
-    if len(fit_e) >= 2:
-        print(f"log-log slope of fastRG time vs edges over {len(fit_e)} cells with E >= 1e5: "
-              f"{loglog_slope(fit_e, fit_ms):.2f} (target 0.8-1.2)")
+    slope = loglog_slope(fit_e, fit_ms) if len(fit_e) >= 2 else None
+    if slope is not None:
+        print(f"log-log slope of fastRG time vs edges over {len(fit_e)} cells with E >= 1e5: {slope:.2f} "
+              f"(target 0.8-1.2)")
     else:
         print("log-log slope: fewer than 2 cells with E >= 1e5")
+    path = cli.out_file(args.out, "fastrg_bench.json")
+    headers = ["n", "density", "edges", "fastrg_ms", "naive_ms", "speed_up", "ns_per_edge"]
+    settings = {k: v for k, v in vars(args).items() if k != "out"}  # where it was written is no setting
+    path.write_text(json.dumps({"settings": {**settings, "device": str(device),
+                                             "threads": torch.get_num_threads(), "allocator": allocator,
+                                             "load_average": [load, end_load]},
+                                "rows": [dict(zip(headers, row)) for row in rows], "slope": slope}, indent=2))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

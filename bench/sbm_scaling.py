@@ -171,6 +171,9 @@ def measure_cell(cell: dict) -> dict:
     result["density"] = forward()
     if cell["kind"] == "sbm":
         result["parts_ms"] = profile_parts(lambda: run(True), cell["repeats"])
+        # The unit of the floor: one elementwise pass over the graph's E float32 values (two read, one written).
+        a, c = (torch.rand(max(1, round(result["density"] * b * h * n * n)), device=device) for _ in range(2))
+        result["pass_ms"] = measure.time_fn(lambda: torch.add(a, c), device, 1, max(5, cell["repeats"]))
     return result
 
 
@@ -215,6 +218,8 @@ def median_row(runs: list) -> dict:
         row[key] = statistics.median(r[key] for r in done)
     if "parts_ms" in row:
         row["parts_ms"] = {part: statistics.median(r["parts_ms"][part] for r in done) for part in row["parts_ms"]}
+    if "pass_ms" in row:
+        row["pass_ms"] = statistics.median(r["pass_ms"] for r in done)
     return row
 
 
@@ -228,15 +233,23 @@ def parts_table(rows: list, profiled: list) -> str:
     for r in profiled:
         parts = r["parts_ms"]
         core_ms = core.get((r["n"], r["method"].split("@")[1]))
-        out.append([r["n"], f"{r['density']:.2%}"] + [f"{parts[name]:.1f}" for name in names] +
-                   [f"{sum(parts.values()):.1f}", f"{r['fwdbwd_ms']:.1f}",
-                    f"{core_ms:.1f}" if core_ms else "–", f"{r['fwdbwd_ms'] / core_ms:.2f}" if core_ms else "–"])
-    return tabulate(out, headers=["n", "density"] + list(names) + ["sum", "step", "core cell", "step ÷ core"],
-                    tablefmt="github", disable_numparse=True)
+        sampler = (parts["proposal"] + parts["thinning"]) / sum(parts.values())  # share of the step
+        row = [r["n"], f"{r['density']:.2%}"] + [f"{parts[name]:.1f}" for name in names]
+        row += [f"{sum(parts.values()):.1f}", f"{r['fwdbwd_ms']:.1f}", f"{core_ms:.1f}" if core_ms else "–",
+                f"{r['fwdbwd_ms'] / core_ms:.2f}" if core_ms else "–",
+                f"{r['fwdbwd_ms'] * (1 - sampler) / core_ms:.2f}" if core_ms else "–"]
+        if "pass_ms" in r:
+            row += [f"{r['pass_ms']:.3f}", f"{r['fwdbwd_ms'] * sampler / r['pass_ms']:.0f}"]
+        out.append(row)
+    headers = ["n", "density"] + list(names) + ["sum", "step", "core cell", "step ÷ core", "without sampler ÷ core"]
+    if all("pass_ms" in r for r in profiled):
+        headers += ["E-pass ms", "sampler in E-passes"]
+    return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m bench.sbm_scaling", allow_abbrev=False,
+                                description=__doc__.split(", beside")[0] + ".",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--lengths", default="1024,2048,4096,8192", help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
@@ -256,8 +269,12 @@ def main(argv=None) -> int:
             raise ValueError("lengths must be positive and densities in (0, 1)")
         if set(kinds) - set(KINDS):
             raise ValueError(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
-        if args.rounds < 1:
-            raise ValueError("--rounds must be at least 1")
+        if min(args.rounds, args.repeats, args.batch_size, args.heads, args.head_dim, args.timeout) < 1 or \
+                args.warmup_iters < 0:
+            raise ValueError("--rounds, --repeats, --batch-size, --heads, --head-dim and --timeout must be at "
+                             "least 1, --warmup-iters at least 0")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: CUDA is not available")
     except ValueError as exc:
         p.error(str(exc))
     device = scaling.resolve_device(args.device)
@@ -296,7 +313,9 @@ def main(argv=None) -> int:
     if profiled:
         print("\nWhere the module's fwd+bwd time goes (torch.profiler, ms per step; `other`: projections and glue; "
               "`step`: the unprofiled fwd+bwd median above; `core cell`: EdgeAttention alone on a graph of that "
-              "density).\n")
+              "density; `without sampler`: the step less its proposal and thinning share, a floor for any "
+              "sampler; `E-pass`: one elementwise pass over the graph's E values, and the sampler's time in "
+              "such passes).\n")
         print(parts_table(rows, profiled))
     path = cli.out_file(args.out, "sbm_scaling.json")
     path.write_text(json.dumps({"device": where, "allocator": allocator, "load_average": [load, end_load],

@@ -248,9 +248,18 @@ def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):
 def test_sbm_scaling_measures_core_module_and_full_attention_in_one_table(tmp_path):
     result = run("bench.sbm_scaling", "--lengths", "32", "--densities", "0.25", "--kinds", "full,core,sbm",
                  "--repeats", "1", "--warmup-iters", "0", "--out", str(tmp_path))
-    out = tmp_path / "sbm_scaling.json"
     assert "Crossover densities" in result.stdout and "MALLOC_MMAP_MAX_=0" in result.stdout
-    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    rows = {r["method"]: r for r in json.loads((tmp_path / "sbm_scaling.json").read_text())["rows"]}
     assert set(rows) == {"full", "core@0.25", "sbm@0.25"}
     assert all("error" not in r and r["fwdbwd_ms"] > 0 for r in rows.values())
     assert abs(rows["core@0.25"]["density"] - 0.25) < 0.05 and rows["full"]["density"] == 1.0
+
+
+def test_sbm_scaling_help_runs_nothing_and_refuses_old_flag_names():
+    result = run("bench.sbm_scaling", "--help")
+    assert result.stdout.startswith("usage: python -m bench.sbm_scaling") and "default: None" not in result.stdout
+    assert "--warmup-iters" in result.stdout and "--batch-size" in result.stdout and "SBM-Transformer scaling —" \
+        not in result.stdout
+    for old in (["--warmup", "1"], ["--batch", "1"], ["--repeats", "0"]):
+        failed = run("bench.sbm_scaling", *old, check=False)
+        assert failed.returncode == 2 and "error:" in failed.stderr

@@ -459,19 +459,41 @@ def test_overflowing_sort_key_and_expected_count_raise():
         sample(X.double() * 1e200, S.double() * 1e200, Y)
 
 
-def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys):
+def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp_path):
+    import json
+
     from bench import fastrg_bench
-    fastrg_bench.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--threads", "1", "--clock", "cpu"])
+    assert fastrg_bench.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--threads", "1",
+                              "--clock", "cpu", "--warmup-iters", "2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "cpu clock" in out and " 64 |" in out
+    assert "cpu clock" in out and " 64 |" in out and "after 2 warm-up" in out
+    record = json.loads((tmp_path / "fastrg_bench.json").read_text())
+    assert [row["n"] for row in record["rows"]] == [64] and record["settings"]["clock"] == "cpu"
+    for bad in (["--threads", "2", "--clock", "cpu"], ["--default-allocator"], ["--warmup-iters", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            fastrg_bench.main(bad)
+        assert exc.value.code == 2
+
+
+def test_benchmark_help_runs_nothing(capsys):
+    from bench import fastrg_bench
     with pytest.raises(SystemExit) as exc:
-        fastrg_bench.main(["--threads", "2", "--clock", "cpu"])
-    assert exc.value.code == 2
+        fastrg_bench.main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: python -m bench.fastrg_bench")
+    assert "default: None" not in out and "--allocator" in out and "fastRG vs naive" not in out
 
 
 def test_self_check_runs(capsys):
-    fastrg.main()
+    assert fastrg.main([]) == 0
     assert "self-check passed" in capsys.readouterr().out
+
+
+def test_help_runs_nothing(capsys):
+    with pytest.raises(SystemExit) as exc:
+        fastrg.main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: python fastrg.py") and "self-check passed" not in out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -483,3 +505,43 @@ def test_cuda_matches_structure_and_is_reproducible():
     r, i, j, row_ptr = out[0]
     assert r.is_cuda and len(r) > 0 and int(row_ptr[-1]) == len(r)
     assert int(i.max()) < 64 and int(j.max()) < 48
+
+
+@pytest.mark.parametrize("shape", [(1, 200, 3), (3, 64, 129), (2, 1, 5)])
+def test_tiled_column_copy_equals_the_transpose(shape):
+    # The CPU copy goes _TILE rows at a time: n not a multiple of the tile (200), exactly one tile (64), one
+    # row, several graphs; float32 in, float64 out, bit for bit the plain transposing conversion.
+    W = torch.rand(*shape, generator=torch.Generator().manual_seed(41))
+    columns = fastrg._columns(W)
+    assert columns.dtype == torch.float64 and columns.is_contiguous()
+    assert torch.equal(columns, W.transpose(1, 2).double())
+
+
+def test_cdf_totals_are_the_column_sums_of_the_rates():
+    # _draw_edges takes X's column sums cx from its CDF table's totals (the prefix sums' last entries) rather
+    # than summing X again: they must be the column sums, to float64 round-off.
+    X = torch.rand(3, 1000, 7, generator=torch.Generator().manual_seed(43))
+    _, totals = fastrg._cdf_table(X)
+    assert torch.allclose(totals, X.sum(1, dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("per_row", [0.5, 200.0])
+def test_row_offsets_by_count_equal_offsets_by_search(per_row):
+    # _row_ptr counts the keys by row up to 64 edges a row and searches each row's first key above that: both
+    # must give the offsets of the sorted keys, with empty rows, rows past n's power of two (n = 5 in 8 slots).
+    R, n, m = 3, 5, 6
+    bn, bm = fastrg._bits(n), fastrg._bits(m)
+    g = torch.Generator().manual_seed(47)
+    r, i, j = (torch.randint(0, size, (int(per_row * R * n),), generator=g) for size in (R, n, m))
+    key = ((r << (bn + bm)) | (i << bm) | j).sort().values
+    expected = torch.zeros(R * n + 1, dtype=torch.int64)
+    expected[1:] = torch.bincount(r * n + i, minlength=R * n).cumsum(0)
+    assert torch.equal(fastrg._row_ptr(key, R, n, bm).long(), expected)
+    assert torch.equal(fastrg._row_ptr(key.int(), R, n, bm).long(), expected)
+
+
+def test_column_sums_through_numpy_equal_torch_and_take_broadcast_inputs():
+    # Many graphs (torch's slow case), float32 and float64, and a broadcast (stride-0) batch as _flat gives it.
+    W = torch.rand(8, 300, 5, generator=torch.Generator().manual_seed(53))
+    for t in (W, W.double(), W[:1].expand(8, 300, 5)):
+        assert torch.allclose(fastrg._column_sums(t), t.sum(1, dtype=torch.float64), rtol=1e-12, atol=0)
