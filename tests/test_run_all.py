@@ -155,6 +155,17 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
     assert rows["performer"][-1] == "0.18 / 0.76" and rows["full (explicit path)"][6] == "10.000"
 
 
+def test_the_fig4_check_names_methods_on_each_side_of_99_percent():
+    from bench import report
+    records = lambda tests: [{"method": m, "test": t} for m, t in tests.items()]  # noqa: E731
+    text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "performer": 0.74}))
+    assert "At ≥ 99% test accuracy: full 99.98%, sbm 99.50%. Below: performer 74.00%." in text
+    assert text.endswith("the records agree.")
+    text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "linear": 0.9967, "performer": 0.74}))
+    assert text.endswith("they differ for linear, which also reaches 99%.")
+    assert report.fig4_check(records({"full": 0.9998, "sbm": 0.84})).endswith("do not agree.")
+
+
 def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path):
     result = sh([sys.executable, "-m", "bench.claims", "run", "sbm-table3", "--cells", "*-s9", "--out",
                  str(tmp_path / "claim")], check=False)
