@@ -161,9 +161,11 @@ def test_the_fig4_check_names_methods_on_each_side_of_99_percent():
     text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "performer": 0.74}))
     assert "At ≥ 99% test accuracy: full 99.98%, sbm 99.50%. Below: performer 74.00%." in text
     assert text.endswith("the records agree.")
+    text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "reformer": 0.9975, "performer": 0.74}))
+    assert "reformer 99.75%" in text and text.endswith("the records agree.")  # Reformer is neither low-rank nor kernel
     text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "linear": 0.9967, "performer": 0.74}))
-    assert text.endswith("they differ for linear, which also reaches 99%.")
-    assert report.fig4_check(records({"full": 0.9998, "sbm": 0.84})).endswith("do not agree.")
+    assert text.endswith("they differ for linear, which reaches 99% too.")
+    assert report.fig4_check(records({"full": 0.9998, "sbm": 0.84})).endswith("do not agree: sbm stays below 99%.")
 
 
 def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path):
