@@ -60,13 +60,16 @@ def scaling_methods(methods) -> str:
 
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> None:
-    """OUT/scaling.json, kept when it holds the same methods and lengths (a resumed run)."""
+    """OUT/scaling.json, kept when it was measured with the same settings (a resumed run); a table of other
+    methods, lengths or repetitions, or one an older version wrote with other setting names, is measured anew."""
     from bench import grid, scaling
     path = out / "scaling.json"
     wanted = scaling_methods(methods)
-    previous = grid.read_json(path)
-    if previous and previous["args"]["methods"] == wanted and previous["args"]["lengths"] == lengths:
-        print(f"scaling: {path} holds these methods and lengths; kept", flush=True)
+    timing = SCALING_REPEATS[budget]
+    settings = {"methods": wanted, "lengths": lengths, "warmup_iters": int(timing[1]), "repeats": int(timing[3])}
+    previous = (grid.read_json(path) or {}).get("args", {})
+    if all(previous.get(key) == value for key, value in settings.items()):
+        print(f"scaling: {path} was measured with these settings; kept", flush=True)
         return
     print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
     scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device, *SCALING_REPEATS[budget],

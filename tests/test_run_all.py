@@ -89,7 +89,17 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path):
         assert "![" in report
     rerun = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
                 "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
-    assert rerun.stdout.count("complete, kept") == 5 and "scaling.json holds these methods and lengths" in rerun.stdout
+    assert rerun.stdout.count("complete, kept") == 5 and "scaling.json was measured with these settings; kept" in rerun.stdout
+    # A table an older version wrote (settings under other names, e.g. "batch", "warmup") is measured anew.
+    old = json.loads((out / "scaling.json").read_text())
+    old["args"] = {("batch" if k == "batch_size" else "warmup" if k == "warmup_iters" else k): v
+                   for k, v in old["args"].items()}
+    (out / "scaling.json").write_text(json.dumps(old))
+    again = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
+                "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
+    assert again.stdout.count("complete, kept") == 5 and "kept" not in again.stdout.split("scaling:")[1].split("\n")[0]
+    assert "Attention scaling" in again.stdout
+    assert "batch_size" in json.loads((out / "scaling.json").read_text())["args"]
 
 
 def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
