@@ -51,7 +51,7 @@ Deviations (named):
    reported as keys per query (density × N) and as the density of INTERFACE.md.
 9. Padded queries select no kernel (their output is 0; they are never scored). A row whose kernels are empty
    outputs 0 (INTERFACE.md). Causal tasks: one-sided predictor window and kernels cut at s ≤ i.
-10. The teacher's scores carry a symmetric ALiBi bias −m_h·|i − s| (Press et al. 2022's slopes, `alibi_slopes`),
+10. The teacher's scores carry a symmetric ALiBi bias −m_h·|i − s| (Press et al. 2022's slopes, alibi.py),
    beside the learned positions; `--no-alibi` drops it. Without it our byte-level teacher stayed at the no-context
    solution (4.17 bits per masked byte after 1000 steps; other learning rates and position schemes too).
    Every path adds the bias (per entry, per edge), so an all-ones mask still reproduces the teacher exactly.
@@ -87,6 +87,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from alibi import alibi_bias, alibi_slopes
 
 FAMILIES = ("standard", "handcrafted", "learned")
 LOSSES = ("max", "per-kernel")
@@ -186,17 +188,6 @@ def admissible(valid: Tensor, causal: bool) -> Tensor:
 def valid_pairs(valid: Tensor, causal: bool) -> Tensor:
     """(B, 1, N, M) bool: admissible pairs whose query is valid too (the pairs that targets and losses see)."""
     return admissible(valid, causal) & valid[:, None, :, None]
-
-
-def alibi_slopes(heads: int) -> Tensor:
-    """(H,) ALiBi slopes m_h, the rule of Press et al. 2022 (§3 and their reference code): 2^(−8h/H), h = 1..H,
-    for H a power of two; otherwise the slopes of the largest power of two P below H, then every other slope of
-    2P (its 1st, 3rd, ...), H − P of them. H = 6: 2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3."""
-    def geometric(n: int) -> list:
-        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
-
-    base = 2 ** (heads.bit_length() - 1)
-    return torch.tensor(geometric(base) + geometric(2 * base)[::2][: heads - base])
 
 
 def hash32(x: Tensor) -> Tensor:
@@ -446,7 +437,7 @@ class KernelSparseAttention(nn.Module):
         if self.slopes is None:
             return None
         position = torch.arange(n, device=self.slopes.device)
-        return -self.slopes.to(dtype)[:, None, None] * (position[:, None] - position).abs()
+        return alibi_bias(self.slopes.to(dtype), position[:, None], position[None, :])
 
     def project(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """x (B, N, C) → q, k, v (B, H, N, D) in float32 or wider (softmax in float32, INTERFACE.md)."""

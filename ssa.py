@@ -73,6 +73,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from alibi import alibi_bias, alibi_slopes
+
 MODES = ("sample", "dense", "ensemble")
 
 
@@ -145,17 +147,6 @@ class SSAConfig:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-
-def alibi_slopes(heads: int) -> Tensor:
-    """(H,) ALiBi slopes m_h, the rule of Press et al. 2022 (§3 and their reference code): 2^(−8h/H), h = 1..H,
-    for H a power of two; otherwise the slopes of the largest power of two P below H, then every other slope of
-    2P (its 1st, 3rd, ...), H − P of them. H = 6: 2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3."""
-    def geometric(n: int) -> list:
-        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
-
-    base = 2 ** (heads.bit_length() - 1)
-    return torch.tensor(geometric(base) + geometric(2 * base)[::2][: heads - base])
-
 
 def _randn(shape, generator: Optional[torch.Generator], device) -> Tensor:
     """Standard normal draws from `generator` (on its own device), moved to `device`."""
@@ -264,8 +255,7 @@ class SSAttention(nn.Module):
     def block_bias(self, query_pos: Tensor, source_pos: Tensor) -> Tensor:
         """(H, W, Nw, K) ALiBi −m_h·|i − j| at the ORIGINAL positions: B[:, P] on the diagonal blocks
         (Alg. 2 lines 7, 11) built directly from the two index tensors, never the N×N matrix."""
-        distance = (query_pos.float()[:, :, None] - source_pos.float()[:, None, :]).abs()  # (W, Nw, K)
-        return -self.slopes[:, None, None, None] * distance
+        return alibi_bias(self.slopes, query_pos[:, :, None], source_pos[:, None, :])
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):

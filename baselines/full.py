@@ -36,18 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from alibi import alibi_bias, alibi_slopes
 from baselines.common import attention_density, check_padding_mask, generator_dropout
-
-
-def alibi_slopes(heads: int) -> Tensor:
-    """(H,) ALiBi slopes m_h, the rule of Press et al. 2022 (§3 and their reference code): 2^(−8h/H), h = 1..H,
-    for H a power of two; otherwise the slopes of the largest power of two P below H, then every other slope of
-    2P (its 1st, 3rd, ...), H − P of them. H = 6: 2^−2, 2^−4, 2^−6, 2^−8, then 2^−1, 2^−3."""
-    def geometric(n: int) -> list:
-        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
-
-    base = 2 ** (heads.bit_length() - 1)
-    return torch.tensor(geometric(base) + geometric(2 * base)[::2][: heads - base])
 
 
 def admissible_mask(key_padding_mask: Optional[Tensor], causal: bool, n: int, device) -> Optional[Tensor]:
@@ -59,7 +49,6 @@ def admissible_mask(key_padding_mask: Optional[Tensor], causal: bool, n: int, de
         tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]  # (1, 1, N, M)
         mask = tril if mask is None else mask & tril
     return mask
-
 
 
 class FullAttention(nn.Module):
@@ -86,9 +75,8 @@ class FullAttention(nn.Module):
 
     def alibi_bias(self, n: int, device) -> Tensor:
         """(1, H, N, N) float32 bias −m_h·|i − j|."""
-        pos = torch.arange(n, device=device, dtype=torch.float32)
-        distance = (pos[:, None] - pos[None, :]).abs()  # (N, M)
-        return -self.slopes.to(device)[None, :, None, None] * distance
+        pos = torch.arange(n, device=device)
+        return alibi_bias(self.slopes.to(device), pos[:, None], pos[None, :])[None]
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):

@@ -1,15 +1,15 @@
-"""One ALiBi slope rule: the copies in ssa.py, kernel_sparse.py and baselines/full.py (method files are leaves, so
-each keeps its own) agree with Press et al.'s reference code and with the known values, and the modules use them."""
+"""One ALiBi rule (alibi.py, the leaf that ssa.py, kernel_sparse.py and baselines/full.py import): its slopes
+follow Press et al.'s reference code and the known values at head counts that are not powers of two, its bias is
+−m_h·|i − j|, and each attention module carries those slopes and adds that bias."""
 import math
 
 import pytest
 import torch
 
+import alibi
 import kernel_sparse
 import ssa
 from baselines import full
-
-COPIES = {"ssa": ssa.alibi_slopes, "kernel_sparse": kernel_sparse.alibi_slopes, "full": full.alibi_slopes}
 
 
 def press_slopes(n: int) -> list:
@@ -31,16 +31,34 @@ KNOWN = {  # 2^-8h/H for H a power of two; otherwise the lower power of two's sl
 
 
 @pytest.mark.parametrize("heads", [1, 2, 3, 4, 5, 6, 8, 12, 16])
-@pytest.mark.parametrize("copy", sorted(COPIES))
-def test_every_copy_follows_the_reference_rule(copy, heads):
-    torch.testing.assert_close(COPIES[copy](heads), torch.tensor(press_slopes(heads), dtype=torch.float32))
+def test_the_slopes_follow_the_reference_rule(heads):
+    torch.testing.assert_close(alibi.alibi_slopes(heads), torch.tensor(press_slopes(heads), dtype=torch.float32))
 
 
 @pytest.mark.parametrize("heads", sorted(KNOWN))
 def test_non_power_of_two_head_counts_give_the_known_slopes(heads):
     assert press_slopes(heads) == pytest.approx(KNOWN[heads])
-    for copy in COPIES.values():
-        torch.testing.assert_close(copy(heads), torch.tensor(KNOWN[heads], dtype=torch.float32))
+    torch.testing.assert_close(alibi.alibi_slopes(heads), torch.tensor(KNOWN[heads], dtype=torch.float32))
+
+
+@pytest.mark.parametrize("heads", [0, -1, 2.0])
+def test_a_bad_head_count_is_refused_with_a_message(heads):
+    with pytest.raises(ValueError, match="positive number of heads"):
+        alibi.alibi_slopes(heads)
+
+
+def test_the_bias_is_minus_slope_times_distance_for_any_broadcast_of_positions():
+    slopes = alibi.alibi_slopes(6)
+    query, key = torch.tensor([[0, 3, 7]]), torch.tensor([[5, 1], [2, 9]])
+    bias = alibi.alibi_bias(slopes, query[..., None], key[:, None, :])  # (H, 2, 3, 2)
+    assert bias.shape == (6, 2, 3, 2) and bias.dtype == torch.float32
+    for h in range(6):
+        for r in range(2):
+            for i in range(3):
+                for j in range(2):
+                    expected = -slopes[h] * abs(int(query[0, i]) - int(key[r, j]))
+                    assert bias[h, r, i, j] == expected
+    assert alibi.alibi_bias(slopes.double(), query, query).dtype == torch.float64
 
 
 @pytest.mark.parametrize("heads", [6, 12])
@@ -50,3 +68,13 @@ def test_the_attention_modules_carry_those_slopes(heads):
                full.FullAttention(16, heads, 4, alibi=True)]
     for module in modules:
         torch.testing.assert_close(module.slopes, expected)
+
+
+def test_full_attention_and_the_kernel_teacher_add_the_shared_bias():
+    """Their dense (N, N) bias is −m_h·|i − j| (SSA's per-window blocks: tests/test_ssa.py)."""
+    heads, n = 6, 8
+    slopes, pos = alibi.alibi_slopes(heads), torch.arange(n)
+    dense = -slopes[:, None, None] * (pos[:, None] - pos[None, :]).abs().float()  # (H, N, N)
+    torch.testing.assert_close(full.FullAttention(16, heads, 4, alibi=True).alibi_bias(n, "cpu"), dense[None])
+    kernel = kernel_sparse.KernelSparseAttention(16, heads, 4, max_len=n, alibi=True)
+    torch.testing.assert_close(kernel.bias(n, torch.float64), dense.double())

@@ -5,8 +5,9 @@ nothing imports in a circle.
   ``importlib.import_module("literal")``. ``from package import name`` is an edge to ``package.name`` when that
   is a module.
 - No cycle among them, whether the imports run at import time or only when a function is called.
-- Method files (the root files the registry names, fastrg.py) and baselines/ import nothing from bench,
-  except in the ``main()`` of a method file, which hands the file to the harness in at most MAIN_LINES lines.
+- Method files (the root files the registry names; fastrg.py and alibi.py, the leaves they share) and
+  baselines/ import nothing from bench, except in the ``main()`` of a method file, which hands the file to the
+  harness in at most MAIN_LINES lines.
 """
 import ast
 from pathlib import Path
@@ -110,7 +111,7 @@ def cycles(edges: dict) -> list:
 
 
 def leaves() -> list:
-    """The method files (root modules) and baselines/: torch, numpy and each other only."""
+    """The root modules (method files, fastrg.py, alibi.py) and baselines/: torch, numpy and each other only."""
     return sorted(name for name in sources() if "." not in name or name.startswith("baselines"))
 
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import ssa
+from alibi import alibi_slopes
 from conftest import LowPrecisionMath, seeded
 
 H, D, DIM = 2, 8, 16
@@ -154,14 +155,12 @@ def test_one_draw_is_shared_by_heads_and_batch():
 def test_alibi_reindexing_equals_dense_bias_gathered_on_blocks():
     m = make(windows=4, sigma=0.4)
     pos = torch.arange(16.0)
-    dense = -ssa.alibi_slopes(H)[:, None, None] * (pos[:, None] - pos[None]).abs()  # (H, N, N)
+    dense = -alibi_slopes(H)[:, None, None] * (pos[:, None] - pos[None]).abs()  # (H, N, N)
     for causal in (False, True):
         sources = m.draw_sources(16, causal, seeded(2))
         query = torch.arange(16).view(4, 4)
         gathered = torch.stack([dense[:, query[w]][:, :, sources[w]] for w in range(4)], 1)  # (H, W, Nw, K)
         torch.testing.assert_close(m.block_bias(query, sources), gathered)
-    assert ssa.alibi_slopes(8).tolist() == [2.0 ** -h for h in range(1, 9)]
-    assert ssa.alibi_slopes(6).tolist() == [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
 
 
 @functools.lru_cache(maxsize=None)
