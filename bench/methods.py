@@ -2,15 +2,19 @@
 reads it, so adding a method is its file plus one entry here (or, outside this repository, a module named in
 $SPARSE_ATTN_PLUGINS that calls ``register``: every process of a run, cells included, imports it).
 
-    Method("name", "module:Class", script="file.py" or None, recipe="bench.recipes.x" or None, causal=...,
-           tasks=..., cost=..., scaling=...)
+    Method("name", "module:Class", script="file.py" or None, recipe="bench.recipes.x" or None,
+           options="module:Settings" or None, causal=..., tasks=..., cost=..., scaling=...)
 
 - ``attention``: the class implementing INTERFACE.md, as ``module:Class``.
 - ``script``: the method file a user runs (``python ssa.py``; the grid runs it so too); its ``main()`` hands it to
   ``bench.train``, as ``python -m bench.train --method NAME`` does.
 - ``recipe``: the module of bench/recipes/ holding the method's own options (its settings dataclass) and
   procedures (SBM's regulariser, SSA's fine-tuning tail, the kernel pipeline). ``None``: the class is trained by
-  ``bench.train`` with ``--attn key=value`` options.
+  ``bench.train`` with ``--attn key=value`` options, or with ``options``' flags.
+- ``options``: for a method with settings of its own but no procedures, its settings dataclass as
+  ``module:Class`` (usually in the method file): each field becomes a flag (bench/recipes/__init__.py says how) and
+  is passed to the attention's constructor by name. No recipe module is needed then: the file and this entry are
+  the whole of adding such a method.
 - ``causal``: whether the method has a causal form. A method without one (Linformer's and Nyströmformer's
   projections mix every position) is "n/a" on the causal language-modelling tasks, decided before any process
   starts.
@@ -35,6 +39,7 @@ class Method:
     attention: str
     script: Optional[str] = None
     recipe: Optional[str] = None
+    options: Optional[str] = None
     causal: bool = True
     tasks: Optional[FrozenSet[str]] = None
     cost: float = 1.0
@@ -47,8 +52,15 @@ class Method:
         return module, getattr(module, class_name)
 
     def load_recipe(self):
-        """The method's bench.recipes.Recipe, or None."""
-        return importlib.import_module(self.recipe).RECIPE if self.recipe else None
+        """The method's bench.recipes.Recipe (its recipe module's, or one made from ``options``), or None."""
+        if self.recipe:
+            return importlib.import_module(self.recipe).RECIPE
+        if self.options:
+            from bench.recipes import settings_recipe
+            module_name, class_name = self.options.split(":")
+            return settings_recipe(self.name, getattr(importlib.import_module(module_name), class_name),
+                                   self.load()[1])
+        return None
 
     def available(self) -> bool:
         return importlib.util.find_spec(self.attention.split(":")[0]) is not None

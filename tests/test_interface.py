@@ -20,17 +20,20 @@ documents it, and a test asserts the line is still there. Masks of another dtype
 every variant (test_bad_masks_are_a_clear_value_error), and extra_repr() shows the budget it was built with
 (test_extra_repr_shows_the_budget). The method files' own tests check what is particular to each method.
 """
+import argparse
 import copy
 import importlib
 import random
 from contextlib import nullcontext
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import pytest
 import torch
 
 from bench import methods as registry
+from bench.recipes import settings_recipe
 from bench.train import available_methods, load_method
 from conftest import LowPrecisionMath
 
@@ -330,3 +333,31 @@ def test_bad_masks_are_a_clear_value_error(variant, mask):
     module = build(variant, 8, 2, 4, 0.0, VARIANTS[variant].budget(random.Random(0)))
     with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 5\)"):
         module(torch.randn(2, 5, 8), BAD_MASKS[mask](2, 5))
+
+
+def test_a_settings_dataclass_named_by_the_registry_reaches_each_layer_s_constructor():
+    """bench.recipes.settings_recipe: each field is a flag and a constructor argument by name; the model's
+    max_len is added where the constructor takes one; a field the constructor lacks is refused at once."""
+    @dataclass
+    class Settings:
+        budget: int = 3
+
+    class Budgeted(torch.nn.Module):
+        def __init__(self, dim, heads, head_dim, dropout=0.0, budget=1, max_len=0):
+            super().__init__()
+            self.seen = (dim, heads, head_dim, dropout, budget, max_len)
+
+    recipe = settings_recipe("budgeted", Settings, Budgeted)
+    parser = argparse.ArgumentParser()
+    recipe.add_arguments(parser)
+    args = parser.parse_args(["--budget", "5"])
+    plan = recipe.plan(recipe.settings(args), args, {}, None)
+    model_cfg = SimpleNamespace(dim=8, heads=2, head_dim=4, attn_dropout=0.1, max_len=16)
+    assert plan.make_attention(model_cfg)(0).seen == (8, 2, 4, 0.1, 5, 16)
+
+    @dataclass
+    class Stray:
+        width: int = 2
+
+    with pytest.raises(TypeError, match=r"fields its attention Budgeted does not take: \['width'\]"):
+        settings_recipe("budgeted", Stray, Budgeted)

@@ -237,9 +237,12 @@ def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path)
     assert json.loads(record.read_text())["steps"] == 2
 
 
+TOY = {"SPARSE_ATTN_PLUGINS": "toy_attention", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+
+
 def test_a_method_registered_from_outside_runs_through_the_smoke_grid(tmp_path):
     """Adding a method touches two places: its file and its registry entry (here one line of that file)."""
-    env = {"SPARSE_ATTN_PLUGINS": "toy_attention", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    env = TOY
     result = sh([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods",
                  "toy,full", "--tasks", "duplicates,bytes", "--data-dir", str(fake_wikitext(tmp_path / "data")),
                  *FAST], env=env)
@@ -249,3 +252,19 @@ def test_a_method_registered_from_outside_runs_through_the_smoke_grid(tmp_path):
     from bench import report
     text = report.write_run_report(tmp_path)
     assert "| toy " in text
+
+
+def test_a_registered_method_s_settings_are_flags_of_the_harness_without_a_recipe(tmp_path):
+    """The toy's registry entry names its settings dataclass: --temperature is a flag with its default in --help,
+    a bad value is one line and exit 2, and a run's record and model carry the value given."""
+    train = [sys.executable, "-m", "bench.train", "--method", "toy"]
+    shown = sh([*train, "--help"], env=TOY).stdout
+    assert "--temperature" in shown and "divides the attention scores (default: 1.0)" in " ".join(shown.split())
+    bad = sh([*train, "--task", "duplicates", "--temperature", "0"], env=TOY, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--temperature must be > 0, got 0.0")
+    assert "Traceback" not in bad.stderr
+    refused = sh([*train, "--task", "duplicates", "--attn", "temperature=2"], env=TOY, check=False)
+    assert refused.returncode == 2 and "takes its settings as flags (--temperature" in refused.stderr
+    sh([*train, "--task", "duplicates", "--temperature", "0.25", "--out", str(tmp_path / "run"), *FAST], env=TOY)
+    record = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert record["method"] == "toy" and record["config"]["temperature"] == 0.25

@@ -12,9 +12,14 @@ A recipe module (bench/methods.py names it in the method's entry) defines ``RECI
   the profile changes takes its value from the profile unless given.
 - ``preset_changes(cfg, task) -> {preset field: value}``: where the method changes a preset's value when the
   command line does not give one (SSA's ALiBi decoder drops positional embeddings).
+
+A method with settings but no procedures needs no recipe module: its registry entry names the settings dataclass
+(``options="module:Class"``) and ``settings_recipe`` makes the recipe, passing each field to the attention's
+constructor by name.
 """
 import argparse
 import dataclasses
+import inspect
 import typing
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
@@ -118,6 +123,31 @@ class Recipe:
             values[f.name] = value
         make = next((make for name, (make, _) in self.profiles.items() if getattr(args, name)), self.config)
         return make(**values)
+
+
+def settings_recipe(name: str, config: type, attention: type) -> Recipe:
+    """The recipe of a method whose settings (the dataclass ``config``) are constructor arguments of its
+    ``attention`` class and nothing more: every layer gets the same settings (and the model's ``max_len`` where
+    the constructor takes one). A field the constructor does not take is refused when the recipe is made; a bad
+    value by the dataclass's ``__post_init__`` (a ValueError: one line, exit 2, before anything runs)."""
+    parameters = inspect.signature(attention).parameters
+    unknown = [f.name for f in dataclasses.fields(config) if f.name not in parameters]
+    if unknown:
+        raise TypeError(f"{name}'s settings {config.__name__} has fields its attention {attention.__name__} does "
+                        f"not take: {unknown}")
+
+    def plan(cfg, args, run_config: dict, task) -> Plan:
+        settings = dataclasses.asdict(cfg)
+
+        def make_attention(model_cfg):
+            extra = {"max_len": model_cfg.max_len} if "max_len" in parameters and "max_len" not in settings else {}
+            return lambda layer: attention(model_cfg.dim, model_cfg.heads, model_cfg.head_dim,
+                                           model_cfg.attn_dropout, **settings, **extra)
+
+        return Plan(make_attention)
+
+    return Recipe(description=f"Train and evaluate {name} on one task.", config=config, plan=plan,
+                  title=f"{name} options")
 
 
 def plain_type(declared):
