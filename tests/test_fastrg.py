@@ -469,6 +469,9 @@ def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp
     assert "cpu clock" in out and " 64 |" in out and "after 2 warm-up" in out
     record = json.loads((tmp_path / "fastrg_bench.json").read_text())
     assert [row["n"] for row in record["rows"]] == [64] and record["settings"]["clock"] == "cpu"
+    row = record["rows"][0]
+    assert float(row["fixed_ms"]) > 0 and "fixed ms" in out  # the one-edge call, timed beside the cells
+    assert fastrg_bench.above_fixed(10.0, 4.0, 1000) == "6000" and fastrg_bench.above_fixed(10.0, 9.5, 1000) == "–"
     for bad in (["--threads", "2", "--clock", "cpu"], ["--default-allocator"], ["--warmup-iters", "0"]):
         with pytest.raises(SystemExit) as exc:
             fastrg_bench.main(bad)
