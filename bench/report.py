@@ -325,8 +325,18 @@ def setting_label(r: dict) -> str:
 
 
 def table3(recs: List[dict]) -> str:
-    """SBM Table 3 from a claim's records: per-example inference FLOPs and memory relative to full attention
-    (fused SDPA, and the explicit path), beside the paper's figures, with accuracy, density and step time."""
+    """SBM Table 3 from a claim's records, one table per task (the paper's columns): per-example inference FLOPs
+    and memory relative to full attention (fused SDPA, and the explicit path), beside the paper's figures, with
+    accuracy, density and step time."""
+    by_task: Dict[str, List[dict]] = defaultdict(list)
+    for r in recs:
+        by_task[r["task"]].append(r)
+    order = [t for t in claim_list.PAPER_TABLE3 if t in by_task] + sorted(set(by_task) - set(claim_list.PAPER_TABLE3))
+    return "\n\n".join(f"{task} ({by_task[task][0]['config']['seq_len']} tokens):\n\n"
+                        + table3_task(by_task[task], claim_list.PAPER_TABLE3.get(task, {})) for task in order)
+
+
+def table3_task(recs: List[dict], paper_column: Dict[str, tuple]) -> str:
     groups: Dict[str, List[dict]] = defaultdict(list)
     for r in recs:
         groups[setting_label(r)].append(r)
@@ -348,7 +358,7 @@ def table3(recs: List[dict]) -> str:
     for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else len(order), g)):
         rs = sorted(groups[label], key=lambda r: r["seed"])
         trained = rs[0]["steps"] > 0
-        paper = claim_list.PAPER_TABLE3.get(label)
+        paper = paper_column.get(label)
         per_layer = [statistics.mean(r["density_per_layer"][i] for r in rs)
                      for i in range(len(rs[0]["density_per_layer"]))]
         rows.append([label, ", ".join(str(r["seed"]) for r in rs),
