@@ -153,7 +153,8 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=4, help="independent heads per draw")
     parser.add_argument("--draws", type=int, default=4, help="draws of (Q, K, V) and of each method's randomness")
     parser.add_argument("--seed", type=int, default=0, help="seed of the one generator every draw uses")
-    parser.add_argument("--out", default="runs/approx_error", help="folder for the table (approx_error.md)")
+    parser.add_argument("--out", metavar="DIR", default="runs/approx_error",
+                        help="folder for the table (approx_error.md)")
     args = parser.parse_args(argv)
     if min(args.seq_len, args.head_dim, args.heads, args.draws) < 1:
         parser.error("--seq-len, --head-dim, --heads and --draws must be positive")

@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=",".join(GRID_TASKS), help="comma-separated tasks")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the budget's: 0, or 0,1,2 for full)")
-    p.add_argument("--out", default=None, help="run folder (default runs/grid-BUDGET)")
+    p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells side by side")
     p.add_argument("--plan-only", action="store_true", help="print and write the plan, run nothing")
     return p

@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-iters", type=int, default=2, help="untimed repetitions first")
     p.add_argument("--repeats", type=int, default=21, help="timed repetitions (interleaved)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--out", default="runs/peers", help="folder for the table (peers.md)")
+    p.add_argument("--out", metavar="DIR", default="runs/peers", help="folder for the table (peers.md)")
     args = p.parse_args(argv)
     lengths = args.lengths
     args.methods = [v for v in args.methods.split(",") if v]

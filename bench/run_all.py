@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--full", dest="budget", action="store_const", const="full",
                        help="paper presets, three seeds (a GPU job); one cell at a time")
     p.set_defaults(budget="quick")
-    p.add_argument("--out", default=None, help="run folder (default runs/grid-BUDGET)")
+    p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=None, help="comma-separated (default: every grid task)")
     p.add_argument("--seeds", default=None, help="comma-separated (default: the budget's)")

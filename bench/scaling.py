@@ -133,7 +133,7 @@ def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, rep
                    help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
                         "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's")
     p.add_argument("--timeout", type=int, default=timeout, help="seconds per cell")
-    p.add_argument("--out", default=out, help="folder for the JSON of the measurements")
+    p.add_argument("--out", metavar="DIR", default=out, help="folder for the JSON of the measurements")
     p.add_argument("--cell", help=argparse.SUPPRESS)
 
 

@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the preset's)")
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, from " + ",".join(SETTINGS))
     p.add_argument("--ensemble-samples", type=int, default=16, help="Fig. 7 curve up to this many sub-models")
-    p.add_argument("--out", default="runs/ssa_table", help="folder: one sub-folder per setting, table.md")
+    p.add_argument("--out", metavar="DIR", default="runs/ssa_table",
+                   help="folder: one sub-folder per setting, table.md")
     args, extra = p.parse_known_args(argv)
     names = args.settings.split(",")
     if not set(names) <= set(SETTINGS) or "S0" not in names:
