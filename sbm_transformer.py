@@ -80,6 +80,7 @@ Commands (`python -m bench.train --method sbm ...` runs the same code; `--help` 
 Shape legend: B batch, H heads, N queries, M keys (M = N here), D head dim, K clusters, E edges,
 R = B·H graphs (graph r = b·H + h); "global" query / key indices are r·N + i / r·M + j.
 """
+import contextlib
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
@@ -573,6 +574,22 @@ def density_profile(model: nn.Module, evaluate, split: str, limit: Optional[int]
     per_layer = [torch.cat(seen[i]).float() for i in range(len(seen))]  # (examples, H) per layer
     return {"split": split, "mean": [d.mean(0).tolist() for d in per_layer],
             "std": [d.std(0).tolist() if len(d) > 1 else [0.0] * d.shape[1] for d in per_layer]}
+
+
+@contextlib.contextmanager
+def exploring_in_eval(model: nn.Module):
+    """δ-exploration on in evaluation for every SBM layer (the official code's choice, `explore_in_eval`), restored
+    on exit: how much of a trained model's accuracy comes from δ's random edges, which evaluation otherwise drops
+    (§4.2 adds them to help training)."""
+    layers = [m for m in model.modules() if isinstance(m, SBMAttention)]
+    saved = [m.explore_in_eval for m in layers]
+    for m in layers:
+        m.explore_in_eval = True
+    try:
+        yield model
+    finally:
+        for m, explore in zip(layers, saved):
+            m.explore_in_eval = explore
 
 
 # -------------------------------------------------------------------------------------------------- main

@@ -276,14 +276,16 @@ def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
                 "cell": {"command": list(command)}, "flops_per_example": {"model": flops, "attention": flops},
                 "inference_memory_per_example_bytes": memory, "median_step_ms": 10.0}
 
-    recs = [record("listops", "full"), record("listops", "sbm", ["--density-weight", "0.1"], flops=0.5, memory=50),
+    explored = record("listops", "sbm", ["--density-weight", "0.1"], flops=0.5, memory=50)
+    explored["sbm"] = {"test_with_exploration": {"metric": 0.31, "density": 0.012}}
+    recs = [record("listops", "full"), explored,
             record("image", "full", flops=4.0), record("image", "sbm", ["--density-weight", "0.1"], flops=1.0),
             record("image", "linear", flops=2.0, steps=0)]
     text = report.table3(recs)
     listops, image = text.split("image (1024 tokens):")
     assert listops.startswith("listops (2048 tokens):")
     sbm_listops = next(line for line in listops.splitlines() if line.startswith("| sbm λ=0.1"))
-    assert "| 0.500 " in sbm_listops and "0.07 / 0.19" in sbm_listops
+    assert "| 0.500 " in sbm_listops and "0.07 / 0.19" in sbm_listops and "| 31.00 (1.2%) " in sbm_listops
     sbm_image = next(line for line in image.splitlines() if line.startswith("| sbm λ=0.1"))
     assert "| 0.250 " in sbm_image and "0.27 / 0.39" in sbm_image  # 1.0 / 4.0: image's full, not ListOps'
     linear_image = next(line for line in image.splitlines() if line.startswith("| linear"))

@@ -367,6 +367,20 @@ def test_command_line_trains_and_records_density_per_layer_and_head(tmp_path, ex
     profile = record["sbm"]["density"]
     assert len(profile["mean"]) == 1 and len(profile["mean"][0]) == 1 and 0 < profile["mean"][0][0] <= 1
     assert 0 < record["flops_per_example"]["attention"]
+    explored = record["sbm"].get("test_with_exploration")  # a second test pass with δ kept, where eval drops it
+    if "--official" in extra:
+        assert explored is None
+    else:
+        assert 0 <= explored["metric"] <= 1 and 0 < explored["density"] <= 1
+
+
+def test_exploring_in_eval_keeps_delta_in_evaluation_and_restores_the_setting():
+    model = torch.nn.Sequential(*[sbm.SBMAttention(DIM, H, D, clusters=4, delta=0.05) for _ in range(2)]).eval()
+    model[1].explore_in_eval = True
+    assert [m.exploration() for m in model] == [0.0, 0.05]
+    with sbm.exploring_in_eval(model):
+        assert [m.exploration() for m in model] == [0.05, 0.05]
+    assert [m.explore_in_eval for m in model] == [False, True]
 
 
 @pytest.mark.parametrize("bad", [["--attn", "clusters=2"], ["--clusters", "0"], ["--path", "csr"]])

@@ -1,8 +1,9 @@
 """SBM-Transformer's recipe (sbm_transformer.py): its settings as options, the attention factory (the
-regulariser split over layers), a check of the settings before anything runs, and the per-layer, per-head density
-profile of the test split in the record (App. C, Fig. 5)."""
+regulariser split over layers), a check of the settings before anything runs, and in the record the per-layer,
+per-head density profile of the test split (App. C, Fig. 5) and, when δ > 0 is dropped in evaluation, the test
+metric and density with δ kept (what the model owes to δ's random edges)."""
 from bench.recipes import Hooks, Plan, Recipe
-from sbm_transformer import SBMConfig, density_profile, make_attention_factory
+from sbm_transformer import SBMConfig, density_profile, exploring_in_eval, make_attention_factory
 
 
 def plan(cfg: SBMConfig, args, config: dict, task) -> Plan:
@@ -13,8 +14,13 @@ def plan(cfg: SBMConfig, args, config: dict, task) -> Plan:
                                       model_cfg.attn_dropout, model_cfg.depth)
 
     def after_training(model, evaluate) -> dict:
-        return {"sbm": {**vars(cfg), "density": density_profile(model, evaluate, "test",
-                                                                  config["final_eval_batches"])}}
+        limit = config["final_eval_batches"]
+        record = {**vars(cfg), "density": density_profile(model, evaluate, "test", limit)}
+        if cfg.delta > 0 and not cfg.explore_in_eval:  # the test split again, δ's random edges kept
+            with exploring_in_eval(model):
+                explored = evaluate("test", limit)
+            record["test_with_exploration"] = {"metric": explored["metric"], "density": explored["density"]}
+        return {"sbm": record}
 
     return Plan(make_attention, Hooks(after_training=after_training))
 
