@@ -414,6 +414,7 @@ def claim_section(claim, results: Path, plot_dir: Optional[Path], link_prefix: s
         for path in sorted(folder.glob("*.md")):
             out.append(path.read_text().strip())
         out += [scaling.render(json.loads(path.read_text())) for path in sorted(folder.glob("scaling*.json"))]
+        out += [f"- {note}" for note in claim.notes]
         if plot_dir is not None and claim.name == "ssa-table" and plots.available():
             out += ssa_plot(folder, plot_dir, link_prefix)
         if plot_dir is not None and claim.name == "scaling" and plots.available():
