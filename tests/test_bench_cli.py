@@ -263,30 +263,3 @@ def test_sbm_scaling_help_runs_nothing_and_refuses_old_flag_names():
     for old in (["--warmup", "1"], ["--batch", "1"], ["--repeats", "0"]):
         failed = run("bench.sbm_scaling", *old, check=False)
         assert failed.returncode == 2 and "error:" in failed.stderr
-
-
-def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
-    """bench.report.table3: ratios against the same task's full attention, beside the paper's figures for that
-    task's column (ListOps 2K, Image 1K)."""
-    from bench import report
-
-    def record(task, method, command=(), flops=1.0, memory=100.0, steps=600):
-        return {"task": task, "method": method, "seed": 0, "steps": steps, "test": 0.2, "density": 0.5,
-                "density_per_layer": [0.5, 0.5], "config": {"seq_len": {"listops": 2048, "image": 1024}[task]},
-                "cell": {"command": list(command)}, "flops_per_example": {"model": flops, "attention": flops},
-                "inference_memory_per_example_bytes": memory, "median_step_ms": 10.0}
-
-    explored = record("listops", "sbm", ["--density-weight", "0.1"], flops=0.5, memory=50)
-    explored["sbm"] = {"test_with_exploration": {"metric": 0.31, "density": 0.012}}
-    recs = [record("listops", "full"), explored,
-            record("image", "full", flops=4.0), record("image", "sbm", ["--density-weight", "0.1"], flops=1.0),
-            record("image", "linear", flops=2.0, steps=0)]
-    text = report.table3(recs)
-    listops, image = text.split("image (1024 tokens):")
-    assert listops.startswith("listops (2048 tokens):")
-    sbm_listops = next(line for line in listops.splitlines() if line.startswith("| sbm λ=0.1"))
-    assert "| 0.500 " in sbm_listops and "0.07 / 0.19" in sbm_listops and "| 31.00 (1.2%) " in sbm_listops
-    sbm_image = next(line for line in image.splitlines() if line.startswith("| sbm λ=0.1"))
-    assert "| 0.250 " in sbm_image and "0.27 / 0.39" in sbm_image  # 1.0 / 4.0: image's full, not ListOps'
-    linear_image = next(line for line in image.splitlines() if line.startswith("| linear"))
-    assert "untrained" in linear_image and "0.04 / 0.42" in linear_image

@@ -154,15 +154,43 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
                       inference_memory_per_example_bytes=memory * 2 ** 20, median_step_ms=step_ms,
                       density_per_layer=[0.5, 0.25], steps=0 if step_ms is None else 600)
         (folder / "metrics.json").write_text(json.dumps(record))
-    table = report.table3(report.load(tmp_path / claim.name)[0])
+    title, table = report.table3(report.load(tmp_path / claim.name)[0]).split("\n\n", 1)
+    assert title.startswith("listops (")  # one table per task; only ListOps records here
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
     assert list(rows) == ["full", "full (explicit path)", "sbm λ=0.1", "performer"]
-    seeds, acc, density, flops, attention, vs_explicit, vs_sdpa, mib, step, paper = rows["sbm λ=0.1"]
-    assert (seeds, acc, density) == ("0, 1", "31.00 ± 1.41", "50.0% (50.0 / 25.0)")
+    seeds, acc, density, explored, flops, attention, vs_explicit, vs_sdpa, mib, step, paper = rows["sbm λ=0.1"]
+    assert (seeds, acc, density, explored) == ("0, 1", "31.00 ± 1.41", "50.0% (50.0 / 25.0)", "–")
     assert (flops, attention) == (f"{85 / 1005:.3f}", "0.080")  # model FLOPs averaged over the seeds first
     assert (vs_explicit, vs_sdpa, mib, step, paper) == ("0.150", "1.500", "30.0", "2.500", "0.07 / 0.19")
-    assert rows["performer"][1] == "untrained" and rows["performer"][8] == "–"
-    assert rows["performer"][-1] == "0.18 / 0.76" and rows["full (explicit path)"][6] == "10.000"
+    assert rows["performer"][1] == "untrained" and rows["performer"][9] == "–"
+    assert rows["performer"][-1] == "0.18 / 0.76" and rows["full (explicit path)"][7] == "10.000"
+
+
+def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
+    """bench.report.table3: ratios against the same task's full attention, beside the paper's figures for that
+    task's column (ListOps 2K, Image 1K)."""
+    from bench import report
+
+    def record(task, method, command=(), flops=1.0, memory=100.0, steps=600):
+        return {"task": task, "method": method, "seed": 0, "steps": steps, "test": 0.2, "density": 0.5,
+                "density_per_layer": [0.5, 0.5], "config": {"seq_len": {"listops": 2048, "image": 1024}[task]},
+                "cell": {"command": list(command)}, "flops_per_example": {"model": flops, "attention": flops},
+                "inference_memory_per_example_bytes": memory, "median_step_ms": 10.0}
+
+    explored = record("listops", "sbm", ["--density-weight", "0.1"], flops=0.5, memory=50)
+    explored["sbm"] = {"test_with_exploration": {"metric": 0.31, "density": 0.012}}
+    recs = [record("listops", "full"), explored,
+            record("image", "full", flops=4.0), record("image", "sbm", ["--density-weight", "0.1"], flops=1.0),
+            record("image", "linear", flops=2.0, steps=0)]
+    text = report.table3(recs)
+    listops, image = text.split("image (1024 tokens):")
+    assert listops.startswith("listops (2048 tokens):")
+    sbm_listops = next(line for line in listops.splitlines() if line.startswith("| sbm λ=0.1"))
+    assert "| 0.500 " in sbm_listops and "0.07 / 0.19" in sbm_listops and "| 31.00 (1.2%) " in sbm_listops
+    sbm_image = next(line for line in image.splitlines() if line.startswith("| sbm λ=0.1"))
+    assert "| 0.250 " in sbm_image and "0.27 / 0.39" in sbm_image  # 1.0 / 4.0: image's full, not ListOps'
+    linear_image = next(line for line in image.splitlines() if line.startswith("| linear"))
+    assert "untrained" in linear_image and "0.04 / 0.42" in linear_image
 
 
 def test_the_fig4_check_names_methods_on_each_side_of_99_percent():
