@@ -68,7 +68,7 @@ from bench import methods as registry
 from bench.cli import HelpFormatter, device_option
 from bench.data import write_atomic
 from bench.model import Model, ModelConfig
-from bench.recipes import Hooks, Plan, Recipe
+from bench.recipes import Hooks, Plan, Recipe, same_in_every_layer
 from bench.tasks import IGNORE, TASKS, DataError, Preset, default_data_dir, get_task
 
 PRESET_FIELDS = [f.name for f in dataclasses.fields(Preset)]
@@ -412,12 +412,7 @@ def parameter_fingerprint(model: nn.Module) -> str:
 
 def make_baseline_factory(method: str, model_cfg: ModelConfig, budget: dict) -> Callable[[int], nn.Module]:
     """The registry's class for ``method`` with the interface's arguments and the (typed) budget options."""
-    _, cls = load_method(method)
-    params = inspect.signature(cls).parameters
-    kwargs = dict(budget)
-    if "max_len" in params and "max_len" not in kwargs:
-        kwargs["max_len"] = model_cfg.max_len
-    return lambda layer: cls(model_cfg.dim, model_cfg.heads, model_cfg.head_dim, model_cfg.attn_dropout, **kwargs)
+    return same_in_every_layer(load_method(method)[1], model_cfg, budget)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation

@@ -125,6 +125,15 @@ class Recipe:
         return make(**values)
 
 
+def same_in_every_layer(attention: type, model_cfg, options: dict) -> Callable:
+    """layer_index -> ``attention`` built from the interface's arguments and ``options`` (its budget or settings),
+    the same in every layer; the model's ``max_len`` is added where the constructor takes one."""
+    extra = ({"max_len": model_cfg.max_len}
+             if "max_len" in inspect.signature(attention).parameters and "max_len" not in options else {})
+    return lambda layer: attention(model_cfg.dim, model_cfg.heads, model_cfg.head_dim, model_cfg.attn_dropout,
+                                   **options, **extra)
+
+
 def settings_recipe(name: str, config: type, attention: type) -> Recipe:
     """The recipe of a method whose settings (the dataclass ``config``) are constructor arguments of its
     ``attention`` class and nothing more: every layer gets the same settings (and the model's ``max_len`` where
@@ -138,13 +147,7 @@ def settings_recipe(name: str, config: type, attention: type) -> Recipe:
 
     def plan(cfg, args, run_config: dict, task) -> Plan:
         settings = dataclasses.asdict(cfg)
-
-        def make_attention(model_cfg):
-            extra = {"max_len": model_cfg.max_len} if "max_len" in parameters and "max_len" not in settings else {}
-            return lambda layer: attention(model_cfg.dim, model_cfg.heads, model_cfg.head_dim,
-                                           model_cfg.attn_dropout, **settings, **extra)
-
-        return Plan(make_attention)
+        return Plan(lambda model_cfg: same_in_every_layer(attention, model_cfg, settings))
 
     return Recipe(description=f"Train and evaluate {name} on one task.", config=config, plan=plan,
                   title=f"{name} options")
