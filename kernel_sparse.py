@@ -79,10 +79,12 @@ Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model w
 groups (1: shared by the heads, or H), L max length, R rows (queries) taken, S selected (row, head, kernel)
 triples or sequences, E edges; "global" query / key indices are (b·H + h)·N + i / (b·H + h)·M + s.
 """
+import contextlib
 import math
 import sys
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -92,7 +94,7 @@ from alibi import alibi_bias, alibi_slopes
 
 FAMILIES = ("standard", "handcrafted", "learned")
 LOSSES = ("max", "per-kernel")
-MODES = ("dense", "masked", "sparse")
+PATHS = ("fast", "reference")
 SELECTS = ("threshold", "topk")
 # §4.2.1: (window length, dilation) of the forward kernels (offsets d, 2d, …, w·d) and, mirrored, the backward
 # ones; with the identity, 17 kernels. Nested windows reach 32 tokens, the dilated ones 64 and 256.
@@ -399,26 +401,27 @@ class KernelPredictor(nn.Module):
 class KernelSparseAttention(nn.Module):
     """Multi-head attention with kernel-predicted masks (INTERFACE.md). Budget: the predictor (`kernels`:
     standard or learned at construction; the pipeline installs handcrafted ones), `select` (threshold τ or
-    top-K). `mode`: "dense" = exact softmax attention (the teacher; SDPA), "masked" = the reference path on the
-    predicted mask, "sparse" = the same computed on the mask's entries only (the default)."""
+    top-K). `sparse=False`: exact softmax attention (the teacher; SDPA); `sparse=True`: attention inside the
+    predicted mask, computed on the mask's entries only (`path="fast"`, the default) or as the reference path, a
+    masked dense softmax (`path="reference"`)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
                  kernels: str = "standard", learned_kernels: int = KernelConfig.learned_kernels,
                  window: int = KernelConfig.window, hidden: int = KernelConfig.hidden,
                  hidden_layers: int = KernelConfig.hidden_layers, select: str = KernelConfig.select,
-                 threshold: float = KernelConfig.threshold, top_k: int = KernelConfig.top_k, mode: str = "sparse",
-                 alibi: bool = False):
+                 threshold: float = KernelConfig.threshold, top_k: int = KernelConfig.top_k, sparse: bool = True,
+                 path: str = "fast", alibi: bool = False):
         super().__init__()
         if min(dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k) < 1:
             raise ValueError("dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k must be "
                              "positive")
-        if kernels not in ("standard", "learned") or select not in SELECTS or mode not in MODES:
-            raise ValueError(f"kernels must be standard|learned, select one of {SELECTS}, mode one of {MODES}; got "
-                             f"{kernels!r}, {select!r}, {mode!r}")
+        if kernels not in ("standard", "learned") or select not in SELECTS or path not in PATHS:
+            raise ValueError(f"kernels must be standard|learned, select one of {SELECTS}, path one of {PATHS}; got "
+                             f"{kernels!r}, {select!r}, {path!r}")
         if window % 2 == 0 or not 0.0 <= dropout < 1.0:
             raise ValueError(f"need an odd window and 0 <= dropout < 1, got {window}, {dropout}")
         self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
-        self.select, self.threshold, self.top_k, self.mode = select, threshold, top_k, mode
+        self.select, self.threshold, self.top_k, self.sparse, self.path = select, threshold, top_k, sparse, path
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         bank = (standard_kernels(max_len) if kernels == "standard"
@@ -429,7 +432,8 @@ class KernelSparseAttention(nn.Module):
 
     def extra_repr(self) -> str:
         rule = f"threshold={self.threshold}" if self.select == "threshold" else f"top_k={self.top_k}"
-        return (f"heads={self.heads}, head_dim={self.head_dim}, mode={self.mode}, select={self.select}, {rule}, "
+        return (f"heads={self.heads}, head_dim={self.head_dim}, sparse={self.sparse}, path={self.path}, "
+                f"select={self.select}, {rule}, "
                 f"alibi={self.slopes is not None}")
 
     def bias(self, n: int, dtype: torch.dtype) -> Optional[Tensor]:
@@ -472,17 +476,17 @@ class KernelSparseAttention(nn.Module):
         if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
             raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
                              f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
-        if self.mode != "dense" and n > self.predictor.bank.max_len:
+        if self.sparse and n > self.predictor.bank.max_len:
             raise ValueError(f"sequence length {n} exceeds the kernels' max_len {self.predictor.bank.max_len}")
         valid = torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
         p_drop = self.dropout if self.training else 0.0
         q, k, v = self.project(x)
         with torch.autocast(x.device.type, enabled=False):
-            if self.mode == "dense":
+            if not self.sparse:
                 y, counts = self.dense(q, k, v, valid, causal, p_drop, generator)
             else:
                 sel = self.selected(x, valid, causal)
-                if self.mode == "masked":
+                if self.path == "reference":
                     mask = self.predictor.bank.mask(sel, valid, causal)  # (B, H, N, M)
                     y = masked_attention(q, k, v, mask, p_drop, generator, self.bias(n, q.dtype))
                     counts = mask.sum((2, 3))
@@ -721,29 +725,242 @@ def fit_predictor(predictor: KernelPredictor, data: LayerData, causal: bool, los
 
 
 # ------------------------------------------------------------------------------- §5 sparsified inference
-def install(model: nn.Module, predictors: Optional[List[KernelPredictor]] = None, mode: str = "sparse",
+def install(model: nn.Module, predictors: Optional[List[KernelPredictor]] = None, sparse: bool = True,
             layers: Optional[int] = None, select: Optional[str] = None, threshold: Optional[float] = None,
             top_k: Optional[int] = None) -> None:
-    """Puts `predictors` (one per layer) into the model's attentions and sets the mode of the last `layers`
-    layers (all by default; the layers before them run dense: Fig. 6) and the selection rule."""
+    """Puts `predictors` (one per layer) into the model's attentions, makes the last `layers` layers sparse or
+    dense (all by default; the layers before them run dense: Fig. 6) and sets the selection rule."""
     depth = len(model.blocks)
     first = depth - (depth if layers is None else layers)
     for index, block in enumerate(model.blocks):
         attn = block.attn
         if predictors is not None:
             attn.predictor = predictors[index]
-        attn.mode = mode if index >= first else "dense"
+        attn.sparse = sparse and index >= first
         attn.select = select or attn.select
         attn.threshold = attn.threshold if threshold is None else threshold
         attn.top_k = top_k or attn.top_k
 
 
+@contextlib.contextmanager
+def reference_path(model: nn.Module):
+    """Fine-tuning (deviation 7) runs the sparse layers on the masked reference path; restored on exit."""
+    paths = [block.attn.path for block in model.blocks]
+    for block in model.blocks:
+        block.attn.path = "reference"
+    try:
+        yield model
+    finally:
+        for block, path in zip(model.blocks, paths):
+            block.attn.path = path
+
+
+def backbone_parameters(model: nn.Module) -> List[nn.Parameter]:
+    """What fine-tuning trains: everything but the predictors (selection is not differentiable, deviation 7)."""
+    return [p for name, p in model.named_parameters() if ".predictor." not in name]
+
+
+def attention_parts(model: nn.Module) -> dict:
+    """label → module of each layer's attention and its parts, for a FLOP count by part (Table 3)."""
+    parts = {}
+    for index, block in enumerate(model.blocks):
+        parts.update({f"attn{index}": block.attn, f"qkv{index}": block.attn.qkv, f"out{index}": block.attn.out,
+                      f"predictor{index}": block.attn.predictor})
+    return parts
+
+
+def attention_flops(counts: dict, examples: int) -> dict:
+    """Forward FLOPs per example of the whole model, its attention modules and their parts (projections,
+    predictor, and the core: scores, softmax and weighted sum on the entries computed, and building the mask),
+    from a count by the labels of `attention_parts` (plus "total")."""
+    def total(prefix):
+        return sum(value for label, value in counts.items() if label.startswith(prefix)) / examples
+
+    projections = total("qkv") + total("out")
+    return {"model": counts["total"] / examples, "attention": total("attn"), "projections": projections,
+            "predictor": total("predictor"), "core": total("attn") - projections - total("predictor")}
+
+
+def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int) -> dict:
+    """A validation result of the model as installed: perplexity (per scored token), density, keys per query and
+    FLOPs relative to the dense teacher's."""
+    return {"valid_ppl": math.exp(result["loss"]), "density": result["density"], "keys_per_query": result["density"] * n,
+            "density_per_layer": result["density_per_layer"],
+            **{f"{part}_flops_x_dense": flops[part] / dense_flops[part] for part in ("core", "attention", "model")},
+            "flops": flops}
+
+
+@torch.no_grad()
+def mask_quality(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Dict[str, float]:
+    """The installed predictors' masks against the teacher's targets, on the teacher's own layer inputs (no
+    error propagation): recall and precision of the target ones, and the attention mass inside the mask."""
+    hit = ones = chosen = mass = rows = 0.0
+    sparse = [block.attn.sparse for block in model.blocks]
+    install(model, sparse=False)
+    captured = layer_inputs(model, inputs)
+    for block, layer, was_sparse in zip(model.blocks, captured, sparse):
+        block.attn.sparse = was_sparse
+        for x, valid, causal in layer:
+            probs = block.attn.attention_probs(x, valid, causal)
+            target = binary_targets(probs, valid_pairs(valid, causal), cfg)
+            mask = block.attn.predictor.bank.mask(block.attn.selected(x, valid, causal), valid, causal)
+            hit, ones, chosen = hit + (mask & target).sum(), ones + target.sum(), chosen + mask.sum()
+            mass, rows = mass + (probs * mask).sum(), rows + valid.sum() * probs.shape[1]
+    return {"target_recall": float(hit / max(ones, 1)), "target_precision": float(hit / max(chosen, 1)),
+            "mass_recall": float(mass / max(rows, 1))}
+
+
+def fit_predictors(model: nn.Module, data: List[LayerData], variant: str, cfg: KernelConfig,
+                   generator: torch.Generator) -> Tuple[List[KernelPredictor], dict]:
+    """§4.2-§4.3.1 for one FAMILY/LOSS variant: a kernel bank per layer (standard, learned, or handcrafted from
+    the layer's targets), a predictor per layer fitted to them; returns the predictors and the fit's record."""
+    family, loss = variant.split("/")
+    causal, device = model.cfg.head == "lm", data[0].x.device
+    max_len = model.blocks[0].attn.predictor.bank.max_len
+    layers = []
+    for d in data:
+        if family == "standard":
+            bank = standard_kernels(max_len)
+        elif family == "learned":
+            bank = init_learned_kernels(max_len, cfg.learned_kernels, generator)
+        else:
+            bank = handcrafted_kernels(d, causal, max_len, cfg.handcrafted_k, generator=generator)
+        torch.manual_seed(int(torch.randint(2 ** 31, (1,), generator=generator)))
+        layers.append(KernelPredictor(model.cfg.dim, model.cfg.heads, bank, cfg.window, cfg.hidden,
+                                      cfg.hidden_layers).to(device))
+    fitted = time.time()
+    losses = [fit_predictor(p, d, causal, loss, cfg, generator) for p, d in zip(layers, data)]
+    return layers, {"train_loss": sum(losses) / len(losses), "train_loss_per_layer": losses,
+                    "kernels_per_layer": layers[0].bank.num_kernels, "fit_seconds": time.time() - fitted}
+
+
+def finetuned(result: dict, test_ppl: float, point: dict, rule: dict, losses: List[float], teacher: dict,
+              control: Optional[dict], cfg: KernelConfig) -> dict:
+    """The fine-tuned sparse model's record (§6.2): its validation result and test perplexity beside the teacher's
+    and the dense control's, and whether it met the target (core FLOPs within the budget, perplexity ≤ 1.2 ×
+    the teacher's)."""
+    final = {**result, "test_ppl": test_ppl, "setting": {"variant": cfg.sweep, **rule},
+             "before_valid_ppl": point["valid_ppl"], "steps": cfg.finetune_steps,
+             "train_loss_last": sum(losses[-50:]) / max(1, len(losses[-50:]))}
+    final["ppl_x_teacher"] = final["test_ppl"] / teacher["test_ppl"]
+    final["valid_ppl_x_teacher"] = final["valid_ppl"] / teacher["valid_ppl"]
+    final["target_met"] = final["core_flops_x_dense"] <= cfg.flops_budget and final["ppl_x_teacher"] <= 1.2
+    if control is not None:
+        final["dense_control"] = {"valid_ppl": control["valid"], "test_ppl": control["test"]}
+        final["ppl_x_dense_control"] = final["test_ppl"] / control["test"]
+    return final
+
+
 # -------------------------------------------------------------------------------------------------- main
-def main(argv=None) -> int:
-    """`python kernel_sparse.py --task T [options]`: the teacher trains through the harness, then the pipeline
-    (options: KernelConfig's fields; procedures: bench/recipes/kernel.py and bench/kernel_pipeline.py)."""
-    from bench import train  # the harness is needed only to run, never to import this file
-    return train.main(argv, method="kernel", prog="python kernel_sparse.py")
+def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
+    """The paper's pipeline on the shared loop (bench/): (1) a dense masked-LM teacher; (2) §4.1's analysis of its
+    attention; (3) the kernel families and a predictor per layer fitted with Eq. 1; (4) sparsified inference
+    (§5.2, Table 1, Table 3) against τ, K and depth (Fig. 5, Fig. 6); (5) end-to-end fine-tuning with the
+    predicted masks (§6.2) beside a dense control. The record's valid/test/density/FLOPs are the final sparse
+    model's, the teacher's under kernel.teacher. It needs the repository's bench/; the attention above does not."""
+    try:
+        from bench import cli, loop, measure
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench":
+            raise
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs "
+                 f"only torch and alibi.py)")
+    from bench.kernel_report import render
+    from bench.tasks import get_task
+    cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
+                            "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig)
+    teacher_settings = ("window", "hidden", "hidden_layers", "alibi")  # shape the teacher's modules: must match
+    with cli.one_line_errors():
+        run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda layer: KernelSparseAttention(
+            m.dim, m.heads, m.head_dim, m.attn_dropout, max_len=m.max_len, window=kernel.window, hidden=kernel.hidden,
+            hidden_layers=kernel.hidden_layers, sparse=False, alibi=kernel.alibi),
+            later={name: (lambda c: c["steps"]) for name in asdict(kernel) if name not in teacher_settings})
+        loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
+        record = loop.final_record(run)
+        if record is not None:
+            start, model, task, limit, final = time.time(), run.model, run.task, cfg.eval_batches, cfg.final_eval_batches
+            generator = torch.Generator().manual_seed(cfg.seed)
+            model.eval()
+            install(model, sparse=False)
+            inputs = loop.model_inputs(next(task.eval_batches("valid", cfg.batch_size, 1)), run.device)
+
+            def flops() -> dict:
+                counts = measure.count_flops(lambda: model(**inputs), attention_parts(model), root=model)
+                return attention_flops(counts, len(inputs["tokens"]))
+
+            def measured(limit: int) -> dict:
+                return sparse_result(run.evaluate("valid", limit), flops(), dense_flops, inputs["tokens"].shape[1])
+
+            dense_flops = flops()
+            ppl = {split: math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
+            report = {"config": asdict(kernel),
+                      "teacher": {"valid_ppl": ppl["valid"], "test_ppl": ppl["test"], "flops": dense_flops}}
+            print(f"teacher: valid ppl {ppl['valid']:.3f} | test ppl {ppl['test']:.3f}", flush=True)
+            # (2) §4.1: the teacher's attention maps and binary targets on training batches
+            batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i))
+                       for i in range(-(-kernel.analysis_sequences // cfg.batch_size))]  # their own seeds
+            captured = layer_inputs(model, [loop.model_inputs(b, run.device) for b in batches])
+            data, maps = zip(*(analyse_layer(block.attn, layer, kernel) for block, layer in zip(model.blocks, captured)))
+            del captured
+            torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
+            report["analysis"] = [layer_summary(d, m) for d, m in zip(data, maps)]
+            # (3) the kernel families and their predictors; (4) §5.2 sparsified validation of each
+            quality = [loop.model_inputs(b, run.device) for b in task.eval_batches("valid", cfg.batch_size, 2)]
+            predictors, report["variants"] = {}, {}
+            for variant in kernel.variants():
+                predictors[variant], fit = fit_predictors(model, list(data), variant, kernel, generator)
+                install(model, predictors[variant], select=kernel.select, threshold=kernel.threshold, top_k=kernel.top_k)
+                result = {**fit, **measured(limit), **mask_quality(model, quality, kernel)}
+                report["variants"][variant] = result
+                print(f"{variant}: predictor loss {result['train_loss']:.4f} | valid ppl {result['valid_ppl']:.3f} | "
+                      f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f}",
+                      flush=True)
+            # Fig. 5: against the threshold τ and the top-K; Fig. 6: the last ℓ layers sparse, ℓ = 0 … depth
+            sweep, report["fig5"], report["fig6"] = predictors[kernel.sweep], [], []
+            for rule, value in [("threshold", t) for t in kernel.thresholds] + [("topk", k) for k in kernel.top_ks]:
+                install(model, sweep, select=rule, threshold=value if rule == "threshold" else None,
+                        top_k=value if rule == "topk" else None)
+                report["fig5"].append({"select": rule, "value": value, **measured(limit)})
+            for layers in range(len(model.blocks) + 1):
+                install(model, sweep, layers=layers, select=kernel.select, threshold=kernel.threshold, top_k=kernel.top_k)
+                result = run.evaluate("valid", limit)
+                report["fig6"].append({"layers": layers, "valid_ppl": math.exp(result["loss"]), "density": result["density"]})
+            # (5) §6.2: fine-tune at the Fig. 5 point of best perplexity within the FLOP budget (else the cheapest),
+            # beside a dense control: the teacher fine-tuned alike, so that more training is not credited to the masks
+            within = [p for p in report["fig5"] if p["core_flops_x_dense"] <= kernel.flops_budget]
+            point = (min(within, key=lambda p: p["valid_ppl"]) if within else
+                     min(report["fig5"], key=lambda p: p["core_flops_x_dense"]))
+            rule = {"select": point["select"], "threshold": point["value"] if point["select"] == "threshold" else None,
+                    "top_k": point["value"] if point["select"] == "topk" else None}
+
+            def fine_tune() -> List[float]:
+                with reference_path(model):
+                    return loop.fine_tune(model, task, backbone_parameters(model), kernel.finetune_steps,
+                                          kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
+
+            control = None
+            if kernel.finetune_steps > 0:
+                teacher = {name: t.detach().clone() for name, t in model.state_dict().items() if ".predictor." not in name}
+                install(model, sparse=False)
+                fine_tune()
+                control = {split: math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
+                model.load_state_dict(teacher, strict=False)
+                print(f"dense control fine-tuned {kernel.finetune_steps} steps: valid ppl {control['valid']:.3f} | "
+                      f"test ppl {control['test']:.3f}", flush=True)
+            install(model, sweep, **rule)
+            losses = fine_tune() if kernel.finetune_steps > 0 else []
+            report["finetune"] = finetuned(measured(final), math.exp(run.evaluate("test", final)["loss"]), point, rule,
+                                           losses, report["teacher"], control, kernel)
+            torch.save({"model": model.state_dict(), "setting": report["finetune"]["setting"]}, cfg.folder / "finetuned.pt")
+            report["seconds"] = time.time() - start
+            (cfg.folder / "kernel_report.md").write_text(render(report))
+            f = report["finetune"]
+            record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
+                          valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]), density=f["density"],
+                          density_per_layer=f["density_per_layer"],
+                          flops_per_example={"model": f["flops"]["model"], "attention": f["flops"]["attention"]})
+        loop.finish(run, record)
+    return 0
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ describes the official code). Per layer and head, with queries Q, keys K, values
     loss += λ · mean density                                     (§5.2 "Mask Density Regularization")
 
 Two execution paths, the same law of M and the same outputs and gradients on a given edge set (tests):
-- dense (`path="dense"`, the official code's path): P = Q̂ŜK̂ᵀ, a Bernoulli mask, a masked softmax; O(n²k).
-- sparse (`path="sparse"`, default): fastRG (fastrg.py; Algorithm 1) proposes edges already grouped by query
+- dense (`path="reference"`, the official code's path): P = Q̂ŜK̂ᵀ, a Bernoulli mask, a masked softmax; O(n²k).
+- sparse (`path="fast"`, default): fastRG (fastrg.py; Algorithm 1) proposes edges already grouped by query
   (CSR), thinning makes them exact (below) and keeps that order, scores are computed on the edges only, a
   softmax per query by segment reductions, and aggregation by sparse (CSR) products. Two autograd functions
   keep O(E) scalars (α_e, s_e) and the graph; their backward uses the key-major copy of the graph (CSC, one
@@ -91,7 +91,7 @@ from torch import Tensor, nn
 
 import fastrg
 
-PATHS = ("sparse", "dense")
+PATHS = ("fast", "reference")
 STE_FORMS = ("paper", "official")
 PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
@@ -107,8 +107,8 @@ class SBMConfig:
         "metavar": "LAMBDA", "help": "λ of the density regulariser (§5.2; Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1; "
                                      "Table 1 is λ = 0)"})
     self_loops: bool = field(default=False, metadata={"help": "the (+I) variant: M_ii = 1 (Table 8)"})
-    path: str = field(default="sparse", metadata={"choices": PATHS,
-                                                  "help": "sparse (fastRG) or dense (the reference path)"})
+    path: str = field(default="fast", metadata={"choices": PATHS,
+                                                "help": "fast (sparse, fastRG) or reference (dense masks; the same law)"})
     ste: str = field(default="paper", metadata={"choices": STE_FORMS,
                                                 "help": "the straight-through estimator: paper (Eq. 9) or official "
                                                         "(hardtanh)"})
@@ -119,7 +119,7 @@ class SBMConfig:
     def official(cls, **overrides) -> "SBMConfig":
         """The official code's behaviour (sbm_reference.md §4): dense Bernoulli path, hardtanh STE, δ also at
         evaluation, one MLP for all heads."""
-        return cls(**{"path": "dense", "ste": "official", "explore_in_eval": True, "shared_mlp": True,
+        return cls(**{"path": "reference", "ste": "official", "explore_in_eval": True, "shared_mlp": True,
                       **overrides})
 
 
@@ -422,7 +422,7 @@ class SBMAttention(nn.Module):
         with _part("block matrix"):
             s = self.block_matrix()  # (H, K, K) Ŝ
             w = z @ s.transpose(1, 2)  # (B, H, M, K): p_ij = x_i · w_j = Q̂_iŜK̂_jᵀ
-        if self.path == "dense":
+        if self.path == "reference":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
@@ -593,11 +593,36 @@ def exploring_in_eval(model: nn.Module):
 
 
 # -------------------------------------------------------------------------------------------------- main
-def main(argv=None) -> int:
-    """`python sbm_transformer.py --task T [options]`: trains through the harness (options: SBMConfig's fields;
-    procedures: bench/recipes/sbm.py)."""
-    from bench import train  # the harness is needed only to run, never to import this file
-    return train.main(argv, method="sbm", prog="python sbm_transformer.py")
+def main(argv=None, prog: str = "python sbm_transformer.py") -> int:
+    """SBM-Transformer trained on the shared loop (bench/): every step samples each head's graph and adds the
+    regulariser λ·density (§5.2) to the loss; the record adds the test split's density per layer and head (App.
+    C, Fig. 5) and, where δ is dropped in evaluation, the test metric with δ's random edges kept. It needs the
+    repository's bench/; SBMAttention above does not."""
+    try:
+        from bench import cli, loop
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench":
+            raise
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SBMAttention needs only torch "
+                 f"and fastrg.py)")
+    from bench.tasks import get_task
+    cfg, sbm = cli.parse(argv, "sbm", prog, "Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one "
+                         "task.", SBMConfig, profiles={"official": (SBMConfig.official, "the official code's "
+                         "choices: the reference path, hardtanh STE, δ in evaluation, one MLP for all heads")})
+    with cli.one_line_errors():
+        run = loop.setup(cfg, get_task(cfg.task), lambda m: make_attention_factory(sbm, m.dim, m.heads, m.head_dim,
+                                                                                   m.attn_dropout, m.depth))
+        loop.train(run)
+        record = loop.final_record(run)
+        if record is not None:
+            limit = cfg.final_eval_batches
+            record["sbm"] = {**vars(sbm), "density": density_profile(run.model, run.evaluate, "test", limit)}
+            if sbm.delta > 0 and not sbm.explore_in_eval:  # the test split again, δ's random edges kept
+                with exploring_in_eval(run.model):
+                    explored = run.evaluate("test", limit)
+                record["sbm"]["test_with_exploration"] = {"metric": explored["metric"], "density": explored["density"]}
+        loop.finish(run, record)
+    return 0
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ from torch import Tensor, nn
 
 from alibi import alibi_bias, alibi_slopes
 
-MODES = ("sample", "dense", "ensemble")
+PATHS = ("fast", "reference")
+SAMPLING = ("training", "never", "always")  # when a layer draws sub-models: SSA in training, dense, self-ensembling
 
 
 def _grid(text: str) -> Tuple[int, int]:
@@ -103,12 +104,10 @@ class SSAConfig:
         "type": _grid, "metavar": "RxC",
         "help": "2-D variant: tokens form an R×C grid row by row; windows are bands of rows"})
     alibi: bool = field(default=True, metadata={
-        "flag": "--no-alibi", "negate": True,
-        "help": "no ALiBi bias (then only masks are re-indexed); with ALiBi a language model has no positional "
-                "embeddings unless --pos-emb true (App. B.1)"})
-    fused: bool = field(default=True, metadata={
-        "flag": "--reference-core", "negate": True,
-        "help": "materialised-scores attention core instead of SDPA (same results)"})
+        "help": "the ALiBi bias (without it only masks are re-indexed); with ALiBi a language model has no "
+                "positional embeddings unless --pos-emb true (App. B.1)"})
+    path: str = field(default="fast", metadata={
+        "choices": PATHS, "help": "the attention core: fast (SDPA) or reference (materialised scores; same results)"})
     finetune_fraction: float = field(default=0.0, metadata={
         "metavar": "F", "help": "+FT: dense attention for the last fraction F of the steps (paper: 0.1)"})
     ensemble_samples: int = field(default=0, metadata={
@@ -194,14 +193,14 @@ class SSAttention(nn.Module):
     """Multi-head attention with SSA (INTERFACE.md). Budget: `windows` (w), `sigma` (σ / length),
     `unbiased` (keep fraction p, replaces local bias), `grid` (R, C), `alibi`.
 
-    `mode`: "sample" = SSA while training, dense in eval (§3.4, the default); "dense" = always dense (+FT,
-    layers outside the last ℓ); "ensemble" = SSA in eval too (§3.5). `sampled_layer` records whether the
+    `sampling`: "training" = SSA while training, dense in eval (§3.4, the default); "never" = always dense (+FT,
+    layers outside the last ℓ); "always" = SSA in eval too (§3.5). `sampled_layer` records whether the
     layer was built to sample; self_ensemble() samples those layers only."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
                  windows: int = SSAConfig.windows, sigma: float = 0.1, unbiased: Optional[float] = None,
-                 grid: Optional[Tuple[int, int]] = None, alibi: bool = SSAConfig.alibi, fused: bool = SSAConfig.fused,
-                 mode: str = "sample"):
+                 grid: Optional[Tuple[int, int]] = None, alibi: bool = SSAConfig.alibi, path: str = SSAConfig.path,
+                 sampling: str = "training"):
         super().__init__()
         if min(dim, heads, head_dim, windows) < 1:
             raise ValueError(f"dim, heads, head_dim, windows must be positive, got {dim, heads, head_dim, windows}")
@@ -209,12 +208,12 @@ class SSAttention(nn.Module):
             raise ValueError(f"need sigma >= 0 and unbiased in (0, 1], got {sigma}, {unbiased}")
         if grid is not None and (len(grid) != 2 or grid[0] % windows != 0):
             raise ValueError(f"grid (rows, cols) needs rows divisible by windows={windows}, got {grid}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if path not in PATHS or sampling not in SAMPLING:
+            raise ValueError(f"path must be one of {PATHS} and sampling one of {SAMPLING}, got {path!r}, {sampling!r}")
         self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
         self.windows, self.sigma, self.unbiased, self.grid = windows, sigma, unbiased, grid
-        self.alibi, self.fused, self.mode = alibi, fused, mode
-        self.sampled_layer = mode != "dense"
+        self.alibi, self.path, self.sampling = alibi, path, sampling
+        self.sampled_layer = sampling != "never"
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
@@ -222,11 +221,11 @@ class SSAttention(nn.Module):
     def extra_repr(self) -> str:
         scheme = f"unbiased={self.unbiased}" if self.unbiased is not None else f"windows={self.windows}, " \
                  f"sigma={self.sigma:.4g}, grid={self.grid}"
-        return f"heads={self.heads}, head_dim={self.head_dim}, {scheme}, alibi={self.alibi}, mode={self.mode}"
+        return f"heads={self.heads}, head_dim={self.head_dim}, {scheme}, alibi={self.alibi}, path={self.path}, sampling={self.sampling}"
 
-    def sampling(self) -> bool:
+    def subsampling(self) -> bool:
         """Whether this forward subsamples (SSA) rather than attending densely."""
-        return self.mode == "ensemble" or (self.mode == "sample" and self.training)
+        return self.sampling == "always" or (self.sampling == "training" and self.training)
 
     def num_windows(self, causal: bool) -> int:
         """W, the number of target windows of one SSA draw."""
@@ -263,7 +262,7 @@ class SSAttention(nn.Module):
         if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
             raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, True at padding; got "
                              f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
-        sample = self.sampling()
+        sample = self.subsampling()
         windows = self.num_windows(causal) if sample else 1
         padded = -(-n // windows) * windows  # deviation 4: pad to a multiple of W; the pad is key padding
         valid = torch.ones(1, n, dtype=torch.bool, device=x.device) if key_padding_mask is None \
@@ -294,8 +293,8 @@ class SSAttention(nn.Module):
             kw, vw = k[:, :, None], v[:, :, None]  # (B, H, 1, M, D)
         bias = self.block_bias(query_pos, source_pos) if self.alibi else None  # (H, W, Nw, K)
         p_drop = self.dropout if self.training else 0.0
-        if self.fused and p_drop == 0.0:  # SDPA's dropout would not use `generator`: reference path then
-            y = self.fused_core(qw, kw, vw, allowed, bias)
+        if self.path == "fast" and p_drop == 0.0:  # SDPA's dropout would not use `generator`: reference path then
+            y = self.fast_core(qw, kw, vw, allowed, bias)
         else:
             y = self.reference_core(qw, kw, vw, allowed, bias, p_drop, generator)
         if empty is not None:
@@ -334,7 +333,7 @@ class SSAttention(nn.Module):
         return probs.to(v.dtype) @ v  # (B, H, W, Nw, D)
 
     @staticmethod
-    def fused_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
+    def fast_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
         """The same through SDPA, the windows folded into the head axis (CPU SDPA's fast kernels are 4-D)."""
         b, h, w, nw, d = q.shape
         mask = None if bias is None else bias.to(q.dtype)[None]  # (1, H, W, Nw, K)
@@ -362,7 +361,7 @@ def layer_sigma(cfg: SSAConfig, layer_index: int, num_layers: int) -> float:
 def make_attention_factory(cfg: SSAConfig, dim: int, heads: int, head_dim: int, dropout: float,
                            num_layers: int) -> Callable[[int], SSAttention]:
     """The backbone's `make_attention(layer_index)`: SSA on the last ℓ layers (S<ℓ>), the same module in
-    "dense" mode below them, so S0 is the dense model with the same bias."""
+    "never" sampling below them, so S0 is the dense model with the same bias."""
     layers = cfg.sampled_layers(num_layers)
 
     def make_attention(layer_index: int) -> SSAttention:
@@ -370,8 +369,8 @@ def make_attention_factory(cfg: SSAConfig, dim: int, heads: int, head_dim: int, 
         sampled = layer_index >= num_layers - layers
         return SSAttention(dim, heads, head_dim, dropout, windows=cfg.windows,
                             sigma=layer_sigma(cfg, layer_index, num_layers), unbiased=cfg.unbiased,
-                            grid=cfg.grid, alibi=cfg.alibi, fused=cfg.fused,
-                            mode="sample" if sampled else "dense")
+                            grid=cfg.grid, alibi=cfg.alibi, path=cfg.path,
+                            sampling="training" if sampled else "never")
     return make_attention
 
 
@@ -386,37 +385,21 @@ def fine_tune_start(total_steps: int, fraction: float) -> int:
     return total_steps - round(fraction * total_steps)
 
 
-def fine_tune_callback(fraction: float = 0.1) -> Callable[[nn.Module, int, int], bool]:
-    """+FT (§3.4, §4.1): dense attention for the last `fraction` of training. The callback switches every
-    SSA module to "dense" once step ≥ (1 − fraction)·total_steps (0-based steps) and says whether the model
-    is in the dense tail. State follows the step, so a resumed run lands in the right phase."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"fine-tune fraction must be in [0, 1], got {fraction}")
-
-    def on_step(model: nn.Module, step: int, total_steps: int) -> bool:
-        tail = fraction > 0 and step >= fine_tune_start(total_steps, fraction)
-        if tail:
-            for module in ssa_modules(model):
-                module.mode = "dense"
-        return tail
-    return on_step
-
-
 @torch.no_grad()
 @contextlib.contextmanager
 def sampling_in_eval(model: nn.Module):
     """Eval mode with the layers built as SSA layers sampling (also after +FT, as Table 4 ensembles +FT
     models); the others stay dense. Dropout is off (unspecified in the paper). Modes restored on exit."""
     modules = [m for m in ssa_modules(model) if m.sampled_layer]
-    saved_modes, was_training = [m.mode for m in modules], model.training
+    saved, was_training = [m.sampling for m in modules], model.training
     model.eval()
     for m in modules:
-        m.mode = "ensemble"
+        m.sampling = "always"
     try:
         yield model
     finally:
-        for m, mode in zip(modules, saved_modes):
-            m.mode = mode
+        for m, sampling in zip(modules, saved):
+            m.sampling = sampling
         model.train(was_training)
 
 
@@ -451,11 +434,59 @@ def self_ensemble(model: nn.Module, tokens: Tensor, key_padding_mask: Optional[T
 
 
 # ------------------------------------------------------------------------------------------------- main
-def main(argv=None) -> int:
-    """`python ssa.py --task T [options]`: trains through the shared harness (options: SSAConfig's fields;
-    procedures: bench/recipes/ssa.py)."""
-    from bench import train  # the harness is needed only to run, never to import this file
-    return train.main(argv, method="ssa", prog="python ssa.py")
+def main(argv=None, prog: str = "python ssa.py") -> int:
+    """The paper's procedure on the shared training loop (bench/): train on sampled sub-models (§3.3), dense
+    attention for the last fraction of the steps (+FT, §3.4), then dense (§3.4) and self-ensembled (§3.5)
+    evaluation. It needs the repository's bench/; SSAttention above does not."""
+    try:
+        from bench import cli, loop, measure
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench":
+            raise
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SSAttention needs only torch)")
+    from bench.tasks import get_task
+    cfg, ssa = cli.parse(argv, "ssa", prog, "Train and evaluate SSA (Hussain et al., KDD 2023) on one task.",
+                         SSAConfig)
+    with cli.one_line_errors():
+        task = get_task(cfg.task)
+        if ssa.alibi and task.head == "lm":  # App. B.1: the ALiBi decoder has no positional embeddings
+            cfg = cfg.with_defaults(pos_emb=False)
+        tail = fine_tune_start(cfg.steps, ssa.finetune_fraction)
+        run = loop.setup(cfg, task, lambda m: make_attention_factory(ssa, m.dim, m.heads, m.head_dim, m.attn_dropout,
+                                                                    m.depth),
+                         later={"finetune_fraction": lambda c: fine_tune_start(c["steps"], c["finetune_fraction"]),
+                                "ensemble_samples": lambda c: c["steps"]})  # what --resume may still change
+        loop.train(run, until=tail)  # each step trains one sampled sub-model
+        if tail < cfg.steps:  # +FT: the last steps train the dense model
+            for module in ssa_modules(run.model):
+                module.sampling = "never"
+            loop.train(run)
+        record = loop.final_record(run)  # evaluated dense: attention-based renormalisation (§3.4)
+        if record is not None:
+            depth, first = cfg.depth, cfg.depth - ssa.sampled_layers(cfg.depth)
+            flops = {}  # Table 1's training compute: one sub-model as a training step draws it
+
+            def sampled(model, inputs):
+                with sampling_in_eval(model):
+                    return measure.counted_forward(model, inputs, flops)
+
+            result = run.evaluate("valid", 1, forward=sampled)
+            record["ssa"] = {"setting": ssa.name(depth) + ("+FT" if ssa.finetune_fraction > 0 else ""),
+                             "finetune_fraction": ssa.finetune_fraction,
+                             "sigma_per_layer": [layer_sigma(ssa, i, depth) if i >= first else None
+                                                 for i in range(depth)],
+                             "sampled_flops_per_example": flops, "sampled_density": result["density"]}
+            if ssa.ensemble_samples:  # §3.5, Fig. 7: the metric against the number of sub-models averaged
+                def ensemble(n):
+                    return run.evaluate("valid", cfg.final_eval_batches,
+                                        forward=lambda model, inputs: ensemble_forward(model, inputs, n))["metric"]
+                curve = {n: ensemble(n) for n in ensemble_sizes(ssa.ensemble_samples)}
+                test = run.evaluate("test", cfg.final_eval_batches,
+                                    forward=lambda model, inputs: ensemble_forward(model, inputs, ssa.ensemble_samples))
+                record["ssa"].update(ensemble_curve=curve, ensemble_valid=curve[ssa.ensemble_samples],
+                                     ensemble_test=test["metric"], ensemble_samples=ssa.ensemble_samples)
+        loop.finish(run, record)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,18 +1,34 @@
-"""What every command line of the harness shares: the help formatter, the option types and the output folder.
-Standard library only, so that ``--help`` imports nothing heavy. The vocabulary (the same name for the same
-thing in every entry point): --seq-len / --lengths, --batch-size, --heads, --head-dim, --methods / --method,
---tasks / --task, --seeds / --seed, --warmup (learning-rate warm-up steps only), --warmup-iters (untimed timing
-iterations), --repeats, --threads, --device, --attn, --out DIR (always a folder), --data-dir.
+"""The command lines: one vocabulary for every entry point, a method's settings dataclass as its flags, and bad
+input as one line.
+
+The same name means the same thing everywhere: --seq-len / --lengths, --batch-size, --heads, --head-dim,
+--methods / --method, --tasks / --task, --seeds / --seed, --warmup (learning-rate warm-up steps only),
+--warmup-iters (untimed timing iterations), --repeats, --threads, --device, --attn, --path (reference or fast),
+--alibi / --no-alibi, --out DIR (always a folder), --data-dir.
+
+``parse(argv, method, prog, description, settings)`` is a training entry point's command line: the task and
+preset, the run's options, the preset's overrides, and the fields of the method's settings dataclass (each a
+flag: ``--field-name``; its metadata may give ``flag``, ``help``, ``metavar``, ``type``, ``nargs``,
+``choices``; a bool that defaults to true is ``--name/--no-name``). It returns the ``RunConfig`` and the
+settings. ``one_line_errors()`` turns a DataError into exit 1 and a SetupError into exit 2, one line each.
+The module imports only the standard library at the top, so that ``--help`` of the light tools stays fast.
 """
 import argparse
+import contextlib
+import dataclasses
+import math
+import sys
+import typing
 from pathlib import Path
-from typing import List
+from typing import Callable, Dict, List, Optional, Tuple
+
+LOG_EVERY = 50
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """An option's default shown where it has one — never "(default: None)", "(default: False)" or
     "(default: [])": the help text says what an absent option means — and descriptions and epilogs (the preset
-    tables of bench.train) as written."""
+    tables) as written."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -26,6 +42,44 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
     """An ArgumentParser whose usage line is how a user calls the tool (``python -m bench.X``)."""
     return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ option types
+def checked_number(cast, accept, requirement: str):
+    """An argparse type: ``cast(text)``, finite and accepted by ``accept``, else 'must be REQUIREMENT'."""
+    def parse_number(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+    return parse_number
+
+
+positive_int = checked_number(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = checked_number(int, lambda v: v >= 0, "a non-negative integer")
+positive_float = checked_number(float, lambda v: v > 0, "a positive number")
+non_negative_float = checked_number(float, lambda v: v >= 0, "a non-negative number")
+unit_fraction = checked_number(float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
+dropout_rate = checked_number(float, lambda v: 0 <= v < 1, "a rate in [0, 1)")
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "yes", "1"):
+        return True
+    if lowered in ("false", "no", "0"):
+        return False
+    raise ValueError(text)
+
+
+def boolean(text: str) -> bool:
+    try:
+        return parse_bool(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text}") from None
 
 
 def device_option(text: str) -> str:
@@ -61,3 +115,204 @@ def out_file(out: str, name: str) -> Path:
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     return folder / name
+
+
+def clock(seconds: float) -> str:
+    """m:ss, for progress lines and estimates."""
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+# ------------------------------------------------------------------------------------------------ training runs
+PRESET_TABLES = (("model", ("seq_len", "dim", "depth", "heads", "head_dim", "mlp_dim", "dropout", "attn_dropout",
+                            "pos_emb")),
+                 ("training", ("steps", "batch_size", "lr", "weight_decay", "warmup", "eval_every", "eval_batches",
+                               "final_eval_batches", "eval_context")))
+
+
+def shown(value, joiner: str = ",") -> str:
+    """A default as a user types it: lists joined, booleans lower-case, floats short."""
+    if isinstance(value, (tuple, list)):
+        return joiner.join(shown(v) for v in value) if value else "none"
+    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def preset_tables() -> str:
+    """Every task's presets, the values a preset override takes when not given (the --help epilog)."""
+    from bench.tasks import TASKS, get_task
+    presets = [(name, preset, values) for name in sorted(TASKS)
+               for preset, values in get_task(name).presets.items()]
+    text = []
+    for title, names in PRESET_TABLES:
+        header = ["task", "preset", *(n.replace("_", "-") for n in names)]
+        rows = [[task, preset, *(shown(getattr(values, n)) for n in names)] for task, preset, values in presets]
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+                 for row in [header, *rows]]
+        text.append(f"{title} presets (what each override, --{names[0].replace('_', '-')} ..., is when not given):\n"
+                    + "\n".join("  " + line.rstrip() for line in lines))
+    return "\n\n".join(text)
+
+
+def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options of every training entry point: task, preset, run folder, data, schedule, preset overrides."""
+    from bench.config import LR_DECAYS
+    from bench.tasks import TASKS
+    p = parser(prog, description, epilog=preset_tables(), allow_abbrev=False)
+    p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
+    p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--device", default="auto", type=device_option, help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its checkpoint (trained with the same settings)")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in --out (without it, a folder holding a run is refused)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
+    p.add_argument("--data-file", default=None, metavar="PATH",
+                   help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or the unzipped file; text/image: an "
+                        "archive or folder; retrieval: the folder of LRA's AAN TSV files (default: the task's own)")
+    p.add_argument("--no-download", action="store_true", help="never download; fail with instructions instead")
+    p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient-norm clipping (0 = off)")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
+                   help="shape of the decay after warm-up, from the peak to the floor at the last step")
+    p.add_argument("--lr-floor", type=unit_fraction, default=0.1, metavar="FRACTION",
+                   help="learning rate at the last step, as a fraction of the peak")
+    p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, help="steps between progress lines")
+    p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
+    p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
+                   help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from which a run "
+                        "that differs only later can --resume (repeatable)")
+    group = p.add_argument_group("preset overrides (default: the task preset's value, in the tables below)")
+    group.add_argument("--seq-len", type=positive_int, help="sequence length")
+    group.add_argument("--dim", type=positive_int, help="model width")
+    group.add_argument("--depth", type=positive_int, help="number of layers")
+    group.add_argument("--heads", type=positive_int, help="attention heads")
+    group.add_argument("--head-dim", type=positive_int, help="dimension per head")
+    group.add_argument("--mlp-dim", type=positive_int, help="MLP hidden width")
+    group.add_argument("--dropout", type=dropout_rate, help="dropout rate")
+    group.add_argument("--attn-dropout", type=dropout_rate, help="attention dropout rate")
+    group.add_argument("--pos-emb", type=boolean, metavar="BOOL", help="learned positional embeddings")
+    group.add_argument("--steps", type=non_negative_int, help="training steps (0: evaluate the untrained model)")
+    group.add_argument("--batch-size", type=positive_int, help="batch size per process")
+    group.add_argument("--lr", type=positive_float, help="peak learning rate")
+    group.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay")
+    group.add_argument("--warmup", type=non_negative_int, help="linear warm-up steps")
+    group.add_argument("--eval-every", type=positive_int, help="steps between evaluations and checkpoints")
+    group.add_argument("--eval-batches", type=positive_int, help="batches per periodic evaluation")
+    group.add_argument("--final-eval-batches", type=positive_int, help="batches per final evaluation")
+    group.add_argument("--eval-context", type=non_negative_int, help="LM: context bytes between eval windows")
+    return p
+
+
+def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optional[dict] = None):
+    """The RunConfig of parsed arguments: the task's preset with the overrides given, and the run's options."""
+    from bench.config import PRESET_FIELDS, RunConfig
+    from bench.tasks import get_task
+    overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
+    return RunConfig.of(get_task(args.task).presets[args.preset], overrides, method=method, task=args.task,
+                        preset=args.preset, seed=args.seed, device=args.device, out=args.out, resume=args.resume,
+                        overwrite=args.overwrite, data_dir=args.data_dir, data_file=args.data_file,
+                        no_download=args.no_download, grad_clip=args.grad_clip, lr_decay=args.lr_decay,
+                        lr_floor=args.lr_floor, log_every=args.log_every, no_amp=args.no_amp,
+                        snapshot_at=tuple(args.snapshot_at), attn=attn or {}, settings=settings)
+
+
+def parse(argv: Optional[List[str]], method: str, prog: str, description: str, settings: type,
+          profiles: Optional[Dict[str, Tuple[Callable, str]]] = None):
+    """A method file's command line → (RunConfig, the method's settings). ``profiles``: flags naming another
+    constructor of the settings (SBM's --official); a field such a profile changes takes the profile's value
+    unless given. A bad setting (the dataclass's ValueError) is argparse's one-line error, exit 2."""
+    p = run_parser(prog, description)
+    add_settings(p, settings, f"{method} options", profiles or {})
+    args = p.parse_args(argv)
+    try:
+        chosen = settings_of(args, settings, profiles or {})
+        return run_config(args, method, chosen), chosen
+    except ValueError as exc:
+        p.error(str(exc))
+
+
+# ------------------------------------------------------------------------------------------------ settings
+NOT_GIVEN = None  # the argparse default of a field a profile may set: given or not is told apart
+
+
+def settings_flags(settings: type, profiles: Dict[str, tuple]):
+    """(field, flag, dest, add_argument's kwargs) for each field of the settings dataclass."""
+    hints = typing.get_type_hints(settings)
+    profiled = profiled_fields(settings, profiles)
+    for f in dataclasses.fields(settings):
+        meta, default = f.metadata, f.default
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        dest = flag.lstrip("-").replace("-", "_")
+        words = [f"{shown(value, ' ' if 'nargs' in meta else ',')} with --{name}"
+                 for name, value in profiled.get(f.name, {}).items()]
+        default_text = f" (default: {'; '.join([shown(default, ' ' if 'nargs' in meta else ','), *words])})"
+        kwargs = {"dest": dest}
+        if hints[f.name] is bool and default is True:
+            kwargs.update(action=argparse.BooleanOptionalAction, default=True, help=meta.get("help", "") + default_text)
+        elif hints[f.name] is bool:
+            kwargs.update(action="store_true", help=meta.get("help", "") + default_text)
+        else:
+            kwargs.update(type=meta.get("type", plain_type(hints[f.name])),
+                          default=NOT_GIVEN if f.name in profiled else default,
+                          help=meta.get("help", "") + ("" if default is None else default_text))
+            kwargs.update({k: meta[k] for k in ("metavar", "nargs", "choices") if k in meta})
+        yield f, flag, dest, kwargs
+
+
+def profiled_fields(settings: type, profiles: Dict[str, tuple]) -> Dict[str, Dict[str, object]]:
+    """field → {profile flag: its value there} for each field a profile changes."""
+    plain = dataclasses.asdict(settings())
+    changed = {}
+    for name, (make, _) in profiles.items():
+        for key, value in dataclasses.asdict(make()).items():
+            if value != plain[key]:
+                changed.setdefault(key, {})[name] = value
+    return changed
+
+
+def add_settings(p: argparse.ArgumentParser, settings: type, title: str, profiles: Dict[str, tuple]) -> None:
+    group = p.add_argument_group(title)
+    for _, flag, _, kwargs in settings_flags(settings, profiles):
+        group.add_argument(flag, **kwargs)
+    for name, (_, help_text) in profiles.items():
+        group.add_argument(f"--{name}", action="store_true", help=help_text)
+
+
+def settings_of(args: argparse.Namespace, settings: type, profiles: Dict[str, tuple]):
+    """The settings from parsed arguments (ValueError from the dataclass for a bad value)."""
+    profiled = profiled_fields(settings, profiles)
+    values = {}
+    for f, _, dest, _ in settings_flags(settings, profiles):
+        value = getattr(args, dest)
+        if f.name in profiled and (value is NOT_GIVEN or value is False):
+            continue  # the profile's value (or the default) stands
+        values[f.name] = value
+    make = next((make for name, (make, _) in profiles.items() if getattr(args, name)), settings)
+    return make(**values)
+
+
+def plain_type(declared):
+    """int for int and Optional[int], and so on: what argparse converts the text with."""
+    args = [a for a in typing.get_args(declared) if a is not type(None)]
+    return args[0] if typing.get_origin(declared) is typing.Union and len(args) == 1 else declared
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """A DataError (missing or corrupt data) ends the process with exit 1, a SetupError (a setting that cannot
+    work) with exit 2, each as one line on stderr."""
+    from bench.config import SetupError
+    from bench.tasks import DataError
+    try:
+        yield
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

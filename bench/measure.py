@@ -179,6 +179,14 @@ def model_flops_per_example(model: nn.Module, forward: Callable[[], object], exa
     return {"model": counts["total"] // examples, "attention": attn_total // examples}
 
 
+def counted_forward(model: nn.Module, inputs: dict, flops: dict):
+    """``model(**inputs)``, its FLOPs per example (model_flops_per_example) written into ``flops``."""
+    out = {}
+    flops.update(model_flops_per_example(model, lambda: out.setdefault("result", model(**inputs)),
+                                         len(inputs["tokens"])))
+    return out["result"]
+
+
 def rss_bytes() -> int:
     """Current resident set size of this process (Linux /proc; 0 where unavailable)."""
     try:

@@ -1,20 +1,12 @@
 """The one registry of attention methods: every entry point (train, grid, run_all, report, scaling, the tests)
-reads it, so adding a method is its file plus one entry here (or, outside this repository, a module named in
-$SPARSE_ATTN_PLUGINS that calls ``register``: every process of a run, cells included, imports it).
+reads it, so adding a method is its file plus one entry here.
 
-    Method("name", "module:Class", script="file.py" or None, recipe="bench.recipes.x" or None,
-           options="module:Settings" or None, causal=..., tasks=..., cost=..., scaling=...)
+    Method("name", "module:Class", script="file.py" or None, causal=..., tasks=..., cost=..., scaling=...)
 
 - ``attention``: the class implementing INTERFACE.md, as ``module:Class``.
-- ``script``: the method file a user runs (``python ssa.py``; the grid runs it so too); its ``main()`` hands it to
-  ``bench.train``, as ``python -m bench.train --method NAME`` does.
-- ``recipe``: the module of bench/recipes/ holding the method's own options (its settings dataclass) and
-  procedures (SBM's regulariser, SSA's fine-tuning tail, the kernel pipeline). ``None``: the class is trained by
-  ``bench.train`` with ``--attn key=value`` options, or with ``options``' flags.
-- ``options``: for a method with settings of its own but no procedures, its settings dataclass as
-  ``module:Class`` (usually in the method file): each field becomes a flag (bench/recipes/__init__.py says how) and
-  is passed to the attention's constructor by name. No recipe module is needed then: the file and this entry are
-  the whole of adding such a method.
+- ``script``: the method file a user runs (``python ssa.py``), whose ``main()`` is the method's training
+  procedure; ``python -m bench.train --method NAME`` hands it the command line. ``None``: a baseline, trained by
+  ``python -m bench.train`` with its constructor's budget as ``--attn key=value`` options.
 - ``causal``: whether the method has a causal form. A method without one (Linformer's and Nyströmformer's
   projections mix every position) is "n/a" on the causal language-modelling tasks, decided before any process
   starts.
@@ -25,12 +17,20 @@ $SPARSE_ATTN_PLUGINS that calls ``register``: every process of a run, cells incl
   outweigh full attention's quadratic term, which only long sequences change). The grid estimates its time from
   it and dispatches the longest cells first, so side-by-side jobs end together.
 - ``scaling``: measured in the attention scaling table (``bench.scaling``).
+
+Standard library only at the top: the grid's ``--help`` imports it.
 """
 import importlib
 import importlib.util
-import os
+import inspect
+import math
+import typing
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Optional
+from typing import Callable, Dict, FrozenSet, Optional
+
+from bench.cli import parse_bool
+
+CORE_ARGUMENTS = ("dim", "heads", "head_dim", "dropout")  # the interface's; any other constructor argument is a budget
 
 
 @dataclass(frozen=True)
@@ -38,29 +38,17 @@ class Method:
     name: str
     attention: str
     script: Optional[str] = None
-    recipe: Optional[str] = None
-    options: Optional[str] = None
     causal: bool = True
     tasks: Optional[FrozenSet[str]] = None
     cost: float = 1.0
     scaling: bool = True
 
-    def load(self):
-        """(module, attention class)."""
-        module_name, class_name = self.attention.split(":")
-        module = importlib.import_module(module_name)
-        return module, getattr(module, class_name)
+    def module(self):
+        return importlib.import_module(self.attention.split(":")[0])
 
-    def load_recipe(self):
-        """The method's bench.recipes.Recipe (its recipe module's, or one made from ``options``), or None."""
-        if self.recipe:
-            return importlib.import_module(self.recipe).RECIPE
-        if self.options:
-            from bench.recipes import settings_recipe
-            module_name, class_name = self.options.split(":")
-            return settings_recipe(self.name, getattr(importlib.import_module(module_name), class_name),
-                                   self.load()[1])
-        return None
+    def load(self) -> type:
+        """The attention class."""
+        return getattr(self.module(), self.attention.split(":")[1])
 
     def available(self) -> bool:
         return importlib.util.find_spec(self.attention.split(":")[0]) is not None
@@ -73,21 +61,12 @@ REGISTRY = [
     Method("performer", "baselines.performer:PerformerAttention", cost=2.7),
     Method("nystromformer", "baselines.nystromformer:NystromAttention", causal=False, cost=5.0),
     Method("reformer", "baselines.reformer:ReformerAttention", cost=7.5),
-    Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", recipe="bench.recipes.sbm",
-           cost=9.0),
-    Method("ssa", "ssa:SSAttention", script="ssa.py", recipe="bench.recipes.ssa"),
+    Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", cost=9.0),
+    Method("ssa", "ssa:SSAttention", script="ssa.py"),
     Method("kernel", "kernel_sparse:KernelSparseAttention", script="kernel_sparse.py",
-           recipe="bench.recipes.kernel", tasks=frozenset({"wikitext2"}), scaling=False),
+           tasks=frozenset({"wikitext2"}), scaling=False),
 ]
 METHODS: Dict[str, Method] = {m.name: m for m in REGISTRY}
-
-
-def register(method: Method) -> None:
-    """Adds a method (a plug-in, or a test's toy attention) to the registry every entry point reads."""
-    if method.name in METHODS:
-        raise ValueError(f"a method named {method.name!r} is registered already")
-    REGISTRY.append(method)
-    METHODS[method.name] = method
 
 
 def available() -> Dict[str, Method]:
@@ -119,5 +98,64 @@ def refusal(method: str, causal_task: bool) -> Optional[str]:
     return None
 
 
-for _plugin in filter(None, os.environ.get("SPARSE_ATTN_PLUGINS", "").split(",")):
-    importlib.import_module(_plugin)  # each plugin module calls register(Method(...)) when imported
+# ------------------------------------------------------------------------------------------------ budgets
+def same_in_every_layer(attention: type, model_cfg, options: dict) -> Callable:
+    """layer_index -> ``attention`` built from the interface's arguments and ``options`` (its budget), the same
+    in every layer; the model's ``max_len`` is added where the constructor takes one."""
+    extra = ({"max_len": model_cfg.max_len}
+             if "max_len" in inspect.signature(attention).parameters and "max_len" not in options else {})
+    return lambda layer: attention(model_cfg.dim, model_cfg.heads, model_cfg.head_dim, model_cfg.attn_dropout,
+                                   **options, **extra)
+
+
+def attention_options(method: str, texts: Dict[str, str]) -> dict:
+    """--attn KEY=VALUE texts as the values the attention's constructor declares: KEY must be one of its budget
+    arguments, VALUE is parsed to that argument's annotation (else its default's type). ValueError naming the
+    option, the value and the type expected, or the options there are."""
+    cls = get(method).load()
+    params = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in CORE_ARGUMENTS}
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError):
+        hints = {}
+    options = {}
+    for key, text in texts.items():
+        if key not in params:
+            raise ValueError(f"{method} takes no option {key!r}; its options: {list(params)}")
+        default = params[key].default
+        declared = hints.get(key, type(default) if default not in (inspect.Parameter.empty, None) else str)
+        try:
+            options[key] = parse_as(text, declared)
+        except ValueError:
+            raise ValueError(f"--attn {key}={text}: {method}'s {key} takes {type_words(declared)}") from None
+    return options
+
+
+def optional_of(declared):
+    """X for Optional[X], else None."""
+    args = typing.get_args(declared)
+    if type(None) in args and len(args) == 2:
+        return next(a for a in args if a is not type(None))
+    return None
+
+
+def parse_as(text: str, declared):
+    """``text`` as a value of the type ``declared`` (bool, int, float, str, Optional of one); ValueError if not."""
+    if optional_of(declared) is not None:
+        return None if text.lower() == "none" else parse_as(text, optional_of(declared))
+    if declared is bool:
+        return parse_bool(text)
+    if declared is int:
+        return int(text)
+    if declared is float and math.isfinite(float(text)):
+        return float(text)
+    if declared is str:
+        return text
+    raise ValueError(text)
+
+
+def type_words(declared) -> str:
+    if optional_of(declared) is not None:
+        return f"{type_words(optional_of(declared))} or none"
+    words = {bool: "true or false", int: "an integer", float: "a finite number", str: "text"}
+    return words.get(declared, f"{declared} values, which --attn cannot give")

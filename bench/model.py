@@ -46,10 +46,10 @@ class ModelConfig(Backbone):
     max_len: int
 
     @classmethod
-    def of(cls, sizes: dict, **task) -> "ModelConfig":
-        """The backbone fields of ``sizes`` (a preset's or a run's config) with the task's ``vocab_size``,
+    def of(cls, sizes, **task) -> "ModelConfig":
+        """The backbone fields of ``sizes`` (a preset or a run's config) with the task's ``vocab_size``,
         ``num_classes``, ``head`` and ``max_len``."""
-        return cls(**{f.name: sizes[f.name] for f in fields(Backbone)}, **task)
+        return cls(**{f.name: getattr(sizes, f.name) for f in fields(Backbone)}, **task)
 
     def __post_init__(self):
         if self.head not in HEADS:

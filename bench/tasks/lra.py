@@ -31,7 +31,7 @@ The harness's schedule (linear warm-up, cosine decay to 10%) replaces that code'
   image-folder tree ``{train,test}/<class>/*.jpg|png`` such as the local ``cifar10/cifar10_jpeg.tar.gz``
   (lossy JPEG; decoding needs Pillow: ``pip install -r requirements-extra.txt``).
 - ``pathfinder`` — LRA Pathfinder-style images (Linsley et al. 2018) from our own generator (see
-  bench/pathfinder.py), 2 classes: are the two markers joined by one path? Pixels 0-255 as tokens, no
+  bench/tasks/pathfinder.py), 2 classes: are the two markers joined by one path? Pixels 0-255 as tokens, no
   padding. LRA's 32x32 settings at seq_len 1024 (paper); the CPU preset draws 16x16 images (seq_len 256)
   with the lengths scaled down (``PathfinderParams.for_side``). Sizes: LRA's 80/10/10 of 200,000 images at
   32x32 and above, 12,000 / 2,000 / 2,000 below; generated from ``--seed`` (like ``listops``) and cached.
@@ -44,8 +44,8 @@ The harness's schedule (linear warm-up, cosine decay to 10%) replaces that code'
 
 Data and caches. Files are looked up under ``--data-dir`` (``$SPARSE_ATTN_DATA``, else ``./data``), or at
 ``--data-file`` (an archive or folder for text / image, the TSV folder for retrieval). Archives are read
-safely, downloads checked, and decoded data cached by bench/data.py (see there); the Pathfinder images come
-from bench/pathfinder.py and are cached the same way.
+safely, downloads checked, and decoded data cached by bench/tasks/data_files.py (see there); the Pathfinder images come
+from bench/tasks/pathfinder.py and are cached the same way.
 
 Shape legend: B batch, N tokens (seq_len), S image side, P pixels (S*S).
 """
@@ -60,9 +60,10 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from bench.data import DataError, cached, fetch, iter_archive, offline, safe_extract, source_key
-from bench.datasets import Preset, Task
-from bench.pathfinder import PathfinderParams, generate_pathfinder
+from bench.config import Preset
+from bench.tasks.base import Task
+from bench.tasks.data_files import DataError, cached, fetch, iter_archive, offline, safe_extract, source_key
+from bench.tasks.pathfinder import PathfinderParams, generate_pathfinder
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
 

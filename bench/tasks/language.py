@@ -1,228 +1,36 @@
-"""The task interface (``Preset``, ``Task``) and the tasks outside LRA (bench/lra.py); bench/tasks.py is the
-registry of all of them. Every task gives batches as dicts of tensors:
+"""Byte-level language modelling: enwik8, any local text, and WikiText-2 as a masked LM.
 
-    tokens (B, N) long · targets ((B,) or (B, N) long, -100 where not scored) · key_padding_mask (B, N) bool
-    (True at padding) or None · for the ``pair`` head also tokens2 / key_padding_mask2.
-
-A task has ``train_batch(batch_size, generator)`` (a fresh, reproducible draw for every step) and
-``eval_batches(split, batch_size, limit)`` (a fixed, deterministic pass over the validation or test split).
-
-- ``duplicates`` — SBM paper §5.1: N integers uniform in {1..N}; a token's label is 1 when its value occurs
-  elsewhere in the sequence. New training sequences every step (the paper samples a batch per epoch);
-  validation and test sets generated from the seed.
-- ``listops`` — LRA ListOps (Tay et al. 2021; Nangia & Bowman 2018) with LRA's generator rules (values 0-9,
-  MAX/MIN/MED/SM, operator with probability 0.25 below the maximum depth, 2..max_args arguments, accepted
-  when min_len < length < max_len, deduplicated): see shared/data/README.md §3. Tokens as in the PyTorch
-  ports: the brackets' "(" ")" dropped, "]" a token of its own. Ten classes.
 - ``enwik8`` — byte-level LM on the first 10⁸ bytes of Wikipedia (Mahoney), standard 90M/5M/5M split; read
   from ``--data-file`` (enwik8.zip or the unzipped file) or the data folder (the file or the zip), else
   the zip is downloaded from the canonical URL; checked against the sha256 of the unzipped bytes; bits per
   byte.
 - ``bytes`` — the same LM on local text: a folder with train/valid/test.txt, or any file split 90/5/5.
-  The default is the WikiText-2 copy under the data folder; with only its valid.txt and test.txt present
-  (as in shared/data), valid.txt is split 95/5 into train/valid and test.txt is the test split.
+  The default is the WikiText-2 copy under the data folder; with only its valid.txt and test.txt present,
+  valid.txt is split 95/5 into train/valid and test.txt is the test split.
 - ``wikitext2`` — the same bytes as a masked LM (15% scored, RoBERTa's 80/10/10), the dense teacher's task in
   kernel_sparse.py; perplexity per masked byte.
 
 LM evaluation slides a window of N bytes with stride N − context (``eval_context``, the SSA paper scores
 enwik8 with 3072 bytes of context in 4096-byte windows): the first window scores all its positions, later
 ones only their last ``stride`` positions, so every byte is scored once with at least ``context`` bytes
-before it (fewer only at the start).
-
-Data live in ``--data-dir`` (default ``$SPARSE_ATTN_DATA`` or ``./data``) and are read through bench/data.py:
-a missing or corrupt file raises ``DataError`` with what was looked for, where, and how to get it.
+before it (fewer only at the start). Data are read through bench/tasks/data_files.py: a missing or corrupt
+file raises ``DataError`` with what was looked for, where, and how to get it.
 """
 import hashlib
-import random
 import zipfile
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from bench.data import DataError, fetch, offline
-from bench.model import Backbone
+from bench.config import Preset
+from bench.tasks.base import IGNORE, Task
+from bench.tasks.data_files import DataError, fetch, offline
 
-IGNORE = -100
 MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 0-255)
-
-
-# ----------------------------------------------------------------------------------------------- presets
-@dataclass(kw_only=True)
-class Preset(Backbone):
-    """Model (bench.model.Backbone's fields) and training recipe of a task at one scale. Any field can be
-    overridden from the CLI."""
-    seq_len: int
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    warmup: int = 100
-    eval_every: int = 200
-    eval_batches: int = 8  # batches per periodic evaluation; the final evaluation uses final_eval_batches
-    final_eval_batches: int = 32
-    eval_context: int = 0  # LM tasks: bytes of context kept between evaluation windows
-
-
-# ------------------------------------------------------------------------------------------------ tasks
-@dataclass
-class Task:
-    name: str
-    head: str  # bench.model.HEADS
-    vocab_size: int
-    num_classes: int
-    metric: str  # "accuracy" or "bpb"
-    presets: Dict[str, Preset] = field(default_factory=dict)
-    reads_files = False  # True: setup() reads data files and raises DataError when they are missing
-
-    def setup(self, seq_len: int, seed: int, data_dir: Path, eval_context: int = 0) -> None:
-        raise NotImplementedError
-
-    def train_batch(self, batch_size: int, generator: torch.Generator) -> Dict[str, Tensor]:
-        raise NotImplementedError
-
-    def eval_batches(self, split: str, batch_size: int, limit: Optional[int]) -> Iterator[Dict[str, Tensor]]:
-        raise NotImplementedError
-
-
-class ExampleSetTask(Task):
-    """A task whose splits are fixed example tensors (tokens, targets, padding) held in memory."""
-    splits: Dict[str, Dict[str, Tensor]]
-
-    def train_batch(self, batch_size, generator):
-        train = self.splits["train"]
-        idx = torch.randint(len(train["tokens"]), (batch_size,), generator=generator)
-        return {key: value[idx] for key, value in train.items()}
-
-    def eval_batches(self, split, batch_size, limit):
-        data = self.splits[split]
-        total = len(data["tokens"])
-        stop = total if limit is None else min(total, limit * batch_size)
-        for start in range(0, stop, batch_size):
-            yield {key: value[start:start + batch_size] for key, value in data.items()}
-
-
-class Duplicates(ExampleSetTask):
-    """SBM paper §5.1 (Fig. 4). Tokens 1..N (0 is unused), per-token binary labels."""
-    EVAL_EXAMPLES = 1024
-
-    def __init__(self):
-        # The paper (§5.1, Table 7): one layer, one head, 32 dims, FFN 32, a fresh batch of 256 sequences for
-        # each of 2000 steps, lr 1e-3. That is affordable on 2 CPU cores (about 4 minutes), so both presets
-        # use it; with 8× fewer sequences (batch 32) full attention stalled near 82% token accuracy.
-        paper = Preset(seq_len=256, dim=32, depth=1, heads=1, head_dim=32, mlp_dim=32, dropout=0.0, steps=2000,
-                       batch_size=256, lr=1e-3, weight_decay=0.0, warmup=100, eval_every=250, eval_batches=4,
-                       final_eval_batches=32)
-        cpu = paper
-        super().__init__("duplicates", "token", vocab_size=257, num_classes=2, metric="accuracy",
-                         presets={"cpu": cpu, "paper": paper})
-
-    def setup(self, seq_len, seed, data_dir, eval_context=0):
-        self.seq_len = seq_len
-        self.vocab_size = seq_len + 1
-        self.splits = {}
-        for offset, split in enumerate(("valid", "test")):
-            g = torch.Generator().manual_seed(seed * 1000 + 7 + offset)
-            self.splits[split] = self.generate(self.EVAL_EXAMPLES, g)
-
-    def generate(self, count: int, generator: torch.Generator) -> Dict[str, Tensor]:
-        tokens = torch.randint(1, self.seq_len + 1, (count, self.seq_len), generator=generator)  # (B, N)
-        counts = torch.zeros(count, self.seq_len + 1, dtype=torch.long).scatter_add_(1, tokens,
-                                                                                     torch.ones_like(tokens))
-        targets = (counts.gather(1, tokens) > 1).long()  # (B, N): 1 where the value occurs twice or more
-        return {"tokens": tokens, "targets": targets}
-
-    def train_batch(self, batch_size, generator):
-        return self.generate(batch_size, generator)
-
-
-LISTOPS_OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
-LISTOPS_VOCAB = ["<pad>"] + [str(d) for d in range(10)] + list(LISTOPS_OPERATORS) + ["]"]
-
-
-def listops_tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
-    """LRA's generate_tree: a leaf digit with probability 0.75 below max_depth (always at max_depth),
-    otherwise an operator with 2..max_args subtrees."""
-    if depth < max_depth and rng.random() <= 0.25:
-        op = rng.choice(LISTOPS_OPERATORS)
-        return (op, [listops_tree(rng, depth + 1, max_depth, max_args) for _ in range(rng.randint(2, max_args))])
-    return rng.randint(0, 9)
-
-
-def listops_value(tree) -> int:
-    if isinstance(tree, int):
-        return tree
-    op, args = tree
-    values = sorted(listops_value(a) for a in args)
-    if op == "[MAX":
-        return values[-1]
-    if op == "[MIN":
-        return values[0]
-    if op == "[SM":
-        return sum(values) % 10
-    mid = len(values) // 2  # [MED: int() of the median, as LRA (numpy median, then int)
-    return values[mid] if len(values) % 2 else int((values[mid - 1] + values[mid]) / 2)
-
-
-def listops_tokens(tree) -> List[str]:
-    if isinstance(tree, int):
-        return [str(tree)]
-    op, args = tree
-    return [op] + [t for a in args for t in listops_tokens(a)] + ["]"]
-
-
-class ListOps(ExampleSetTask):
-    def __init__(self):
-        # CPU preset: LRA's rules at lengths 50-200 (max depth 5, LRA's 10 arguments); paper preset: 500-2000.
-        cpu = Preset(seq_len=200, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1, steps=1500,
-                     batch_size=32, lr=1e-3, weight_decay=0.01, warmup=150, eval_every=250, eval_batches=8,
-                     final_eval_batches=63)
-        # Paper preset: SBM paper Table 7 (LISTOPS column: 2 layers, 2 heads, width 64, FFN 128, head dim 32,
-        # length 2048, dropout and attention dropout 0.1, batch 128, lr 5e-4, 5000 steps); warm-up as LRA's.
-        paper = Preset(seq_len=2048, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1,
-                       attn_dropout=0.1, steps=5000, batch_size=128, lr=5e-4, weight_decay=0.0, warmup=1000,
-                       eval_every=500, eval_batches=16, final_eval_batches=16)
-        super().__init__("listops", "cls", vocab_size=len(LISTOPS_VOCAB), num_classes=10, metric="accuracy",
-                         presets={"cpu": cpu, "paper": paper})
-        self.sizes = {"train": 20000, "valid": 2000, "test": 2000}
-
-    def generator_params(self, seq_len: int):
-        """(max_depth, max_args, min_len, max_len): LRA's at length ≥ 2000, scaled-down rules below."""
-        if seq_len >= 2000:
-            return 10, 10, 500, 2000
-        return 5, 10, seq_len // 4, seq_len
-
-    def setup(self, seq_len, seed, data_dir, eval_context=0):
-        max_depth, max_args, min_len, max_len = self.generator_params(seq_len)
-        rng = random.Random(seed)
-        seen, examples = set(), []
-        total = sum(self.sizes.values())
-        while len(examples) < total:
-            tree = listops_tree(rng, 1, max_depth, max_args)
-            tokens = listops_tokens(tree)
-            if not min_len < len(tokens) < max_len:
-                continue
-            key = " ".join(tokens)
-            if key in seen:
-                continue
-            seen.add(key)
-            examples.append((tokens, listops_value(tree)))
-        index = {tok: i for i, tok in enumerate(LISTOPS_VOCAB)}
-        ids = np.zeros((total, seq_len), dtype=np.int64)
-        for row, (tokens, _) in enumerate(examples):
-            ids[row, :len(tokens)] = [index[t] for t in tokens]
-        tokens = torch.from_numpy(ids)
-        targets = torch.tensor([label for _, label in examples])
-        self.splits, start = {}, 0
-        for split, size in self.sizes.items():
-            part = slice(start, start + size)
-            self.splits[split] = {"tokens": tokens[part], "targets": targets[part],
-                                  "key_padding_mask": tokens[part] == 0}
-            start += size
 
 
 class ByteLM(Task):

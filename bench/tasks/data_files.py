@@ -1,5 +1,5 @@
-"""Data I/O of the harness: files written atomically, archives read or extracted safely, the one downloader,
-and the caches of decoded data. The tasks (bench/datasets.py, bench/lra.py) read their data through it.
+"""The tasks' data files: archives read or extracted safely, the one downloader, and the caches of decoded
+data. Every task that reads files (bench/tasks/language.py, bench/tasks/lra.py) reads them through it.
 
 Files are looked up under ``--data-dir`` (``$SPARSE_ATTN_DATA``, else ``./data``). A missing or corrupt file
 raises ``DataError`` with what was looked for, where, and how to get it; the entry points print it and exit 1.
@@ -30,7 +30,9 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, BinaryIO, Callable, Collection, Dict, Iterator, List, Optional, Tuple
+from typing import IO, TYPE_CHECKING, Callable, Collection, Dict, Iterator, List, Optional, Tuple
+
+from bench.files import plain_mode, write_atomic_with
 
 if TYPE_CHECKING:  # numpy is imported where a cache is read or written: the command lines' --help stays light
     import numpy as np
@@ -76,39 +78,6 @@ def created_folders(folder: Path):
                 created.rmdir()
             except OSError:
                 break
-        raise
-
-
-def plain_mode(mode: int) -> int:
-    """``mode`` less the process's umask: what open() (0o666) or mkdir() (0o777) would give."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return mode & ~umask
-
-
-def temporary_file(path: Path) -> Tuple[int, str]:
-    """A temporary file beside ``path`` with the permissions a plain open() would give (mkstemp's are 0600)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.chmod(tmp, plain_mode(0o666))
-    return fd, tmp
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    write_atomic_with(path, lambda f: f.write(data))
-
-
-def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(file)`` into a temporary file, synced and renamed over ``path``: a reader (or a run killed at any
-    instant) sees the old file or the whole new one, never a part."""
-    fd, tmp = temporary_file(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
         raise
 
 
