@@ -6,9 +6,9 @@ Vaswani et al., "Attention Is All You Need" (NeurIPS 2017), Eq. 1:
 
 with multi-head projections (§3.2.2). Two execution paths with the same semantics:
 
-- reference (``fused=False``): materialises the (B, H, N, M) scores, fills inadmissible pairs with
+- reference (``path="reference"``): materialises the (B, H, N, M) scores, fills inadmissible pairs with
   ``finfo.min``, takes the softmax in float32 and multiplies by V. Readable; O(N·M) memory.
-- fused (``fused=True``, the default): ``torch.nn.functional.scaled_dot_product_attention`` (SDPA),
+- fast (``path="fast"``, the default): ``torch.nn.functional.scaled_dot_product_attention`` (SDPA),
   which picks a flash / memory-efficient kernel where one applies. SDPA's attention dropout cannot take a
   ``generator``, so a training forward with dropout and a generator runs the reference path. tests/test_full.py shows the two agree
   in outputs and gradients, with padding and causal masks.
@@ -39,6 +39,8 @@ from torch import Tensor, nn
 from alibi import alibi_bias, alibi_slopes
 from baselines.common import attention_density, check_padding_mask, generator_dropout
 
+PATHS = ("fast", "reference")
+
 
 def admissible_mask(key_padding_mask: Optional[Tensor], causal: bool, n: int, device) -> Optional[Tensor]:
     """(B|1, 1, N, N) bool, True where query i may attend to key j; None when every pair is admissible."""
@@ -54,24 +56,26 @@ def admissible_mask(key_padding_mask: Optional[Tensor], causal: bool, n: int, de
 class FullAttention(nn.Module):
     """Multi-head softmax attention, the repository's one attention interface (INTERFACE.md).
 
-    Budget: none (every admissible pair). Options: ``fused`` selects SDPA (True) or the reference path
+    Budget: none (every admissible pair). Options: ``path`` selects SDPA ("fast") or the reference path
     (False); ``alibi`` adds ALiBi biases.
     """
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, fused: bool = True,
+    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, path: str = "fast",
                  alibi: bool = False):
         super().__init__()
         if min(dim, heads, head_dim) < 1:
             raise ValueError(f"dim, heads and head_dim must be positive, got {dim}, {heads}, {head_dim}")
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
-        self.fused, self.alibi = fused, alibi
+        self.path, self.alibi = path, alibi
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         if alibi:
             self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, head_dim={self.head_dim}, fused={self.fused}, alibi={self.alibi}"
+        return f"heads={self.heads}, head_dim={self.head_dim}, path={self.path}, alibi={self.alibi}"
 
     def alibi_bias(self, n: int, device) -> Tensor:
         """(1, H, N, N) float32 bias −m_h·|i − j|."""
@@ -85,18 +89,18 @@ class FullAttention(nn.Module):
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
         p_drop = self.dropout if self.training else 0.0
         # SDPA's dropout cannot take a generator: a reproducible draw needs the reference path.
-        fused = self.fused and not (p_drop > 0 and generator is not None)
+        fast = self.path == "fast" and not (p_drop > 0 and generator is not None)
         # SDPA's own causal kernel is faster than an explicit (N, N) mask when nothing else is masked; only the
-        # fused path may leave causality to it, the reference path needs it in `allowed`.
-        sdpa_causal = fused and causal and key_padding_mask is None and not self.alibi
+        # fast path may leave causality to it, the reference path needs it in `allowed`.
+        sdpa_causal = fast and causal and key_padding_mask is None and not self.alibi
         allowed = admissible_mask(key_padding_mask, causal and not sdpa_causal, n, x.device)  # (B|1,1,N|1,M)
         empty = None
         if allowed is not None:
             empty = ~allowed.any(-1, keepdim=True)  # (B|1, 1, N|1, 1): rows with no admissible key
             allowed = allowed | empty  # a dummy key keeps softmax finite; the row is zeroed below
         bias = self.alibi_bias(n, x.device) if self.alibi else None  # (1, H, N, M)
-        if fused:
-            y = self.fused_core(q, k, v, allowed, bias, p_drop, sdpa_causal)
+        if fast:
+            y = self.fast_core(q, k, v, allowed, bias, p_drop, sdpa_causal)
         else:
             y = self.reference_core(q, k, v, allowed, bias, p_drop, generator)
         if empty is not None:
@@ -121,7 +125,7 @@ class FullAttention(nn.Module):
         return probs.to(v.dtype) @ v  # (B, H, N, D)
 
     @staticmethod
-    def fused_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
+    def fast_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
                    p_drop: float, is_causal: bool) -> Tensor:
         """The same computation through SDPA. A boolean mask becomes an additive one when ALiBi is on."""
         if bias is None:

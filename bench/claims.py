@@ -17,11 +17,22 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 from bench import grid
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One training setting of a claim: method, task, preset and options ({option: value}); ``tag`` tells two
+    settings of one method apart in the cells' folder names (e.g. SBM at two λ)."""
+    method: str
+    task: str
+    preset: str = "cpu"
+    options: Dict[str, object] = field(default_factory=dict)
+    tag: str = ""
 
 
 @dataclass(frozen=True)
@@ -30,53 +41,32 @@ class Claim:
     title: str
     kind: str  # "runs", "output" or "scaling"
     paper: str  # what the paper reports, in its own words and numbers, for the reader to compare
-    runs: Tuple[Tuple[str, ...], ...] = ()  # per setting: the command without --seed and --out
+    runs: Tuple[Setting, ...] = ()
     seeds: Tuple[int, ...] = (0,)
-    once: Tuple[Tuple[str, ...], ...] = ()  # settings run at the first seed only (costs of untrained models)
+    once: Tuple[Setting, ...] = ()  # settings run at the first seed only (costs of untrained models)
     commands: Tuple[str, ...] = ()  # kind output/scaling: the commands that wrote the folder's files
     notes: List[str] = field(default_factory=list)
 
     def cells(self) -> List[dict]:
-        cells = []
-        for command, seeds in [(c, self.seeds) for c in self.runs] + [(c, self.seeds[:1]) for c in self.once]:
-            method = command[command.index("--method") + 1] if "--method" in command else \
-                {"sbm_transformer.py": "sbm", "ssa.py": "ssa", "kernel_sparse.py": "kernel"}[command[0]]
-            task = command[command.index("--task") + 1]
-            preset = command[command.index("--preset") + 1] if "--preset" in command else "cpu"
-            tag = setting_tag(command)
-            for seed in seeds:
-                name = grid.cell_name(method + tag, task, preset, seed)
-                cells.append({"name": name, "method": method, "task": task, "seed": seed,
-                              "command": [*command, "--seed", str(seed)], "estimate_s": 3600.0})
-        return cells
-
-
-def setting_tag(command) -> str:
-    """Distinguishes two settings of one method in a claim (e.g. SBM at two λ) in the cell's folder name."""
-    tag = ""
-    if "--density-weight" in command:
-        tag += "-lambda" + command[command.index("--density-weight") + 1]
-    for i, word in enumerate(command[:-1]):
-        if word == "--attn":
-            tag += "-" + command[i + 1].replace("=", "-").lower()
-    if "--steps" in command and command[command.index("--steps") + 1] == "0":
-        tag += "-untrained"
-    return tag
+        return [grid.make_cell(s.method, s.task, seed, s.preset, s.options, s.tag)
+                for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]
+                for seed in seeds]
 
 
 # SBM Table 3 at LRA length on CPU: the paper preset's model and lengths (Table 7's columns: ListOps 2K, Image 1K),
 # with a batch of 8 for 600 steps (the paper: 128 for 5000 on ListOps, 1024 for 35000 on Image) and a warm-up scaled
 # to the run (LRA's 1000 steps would outlast it). Image's test set is larger: 125 batches, 1000 of its 10000 images.
-TABLE3_TASKS = {"listops": "63", "image": "125"}  # task → test batches of 8 in the final evaluation
+TABLE3_TASKS = {"listops": 63, "image": 125}  # task → test batches of 8 in the final evaluation
 
 
-def table3_run(task: str) -> Tuple[str, ...]:
-    return ("--task", task, "--preset", "paper", "--batch-size", "8", "--steps", "600", "--lr", "1e-3",
-            "--warmup", "60", "--eval-every", "200", "--eval-batches", "8", "--final-eval-batches", TABLE3_TASKS[task])
+def table3_run(method: str, task: str, tag: str = "", **options) -> Setting:
+    return Setting(method, task, "paper", dict(batch_size=8, steps=600, lr="1e-3", warmup=60, eval_every=200,
+                                               eval_batches=8, final_eval_batches=TABLE3_TASKS[task], **options), tag)
 
 
-def table3_cost(task: str) -> Tuple[str, ...]:
-    return ("--task", task, "--preset", "paper", "--batch-size", "8", "--steps", "0", "--final-eval-batches", "1")
+def table3_cost(method: str, task: str, tag: str = "", **options) -> Setting:
+    return Setting(method, task, "paper", dict(**options, batch_size=8, steps=0, final_eval_batches=1),
+                   tag + "-untrained")
 
 
 # Table 3: (FLOPs, peak memory) relative to full attention, per task column, by the setting's label.
@@ -86,20 +76,15 @@ PAPER_TABLE3 = {
     "image": {"full": (1.00, 1.00), "linear": (0.04, 0.42), "reformer": (0.10, 0.72), "performer": (0.36, 0.96),
               "linformer": (0.66, 0.34), "nystromformer": (2.37, 0.70), "sbm λ=0.1": (0.27, 0.39)},
 }
-FIG4 = ("--task", "duplicates", "--preset", "paper", "--eval-every", "250")
+FIG4 = dict(eval_every=250)
 CLAIMS = [
     Claim("sbm-fig4", "SBM-Transformer Fig. 4: duplicates, every method, the paper's recipe", "runs",
           paper="Fig. 4 (§5.1): full attention quickly converges to 100% accuracy; SBM-Transformer converges "
                 "more slowly, its mask density rising towards 1; low-rank and kernelized attention (Linformer, "
                 "Performer, ...) fail to reach the same accuracy.",
-          runs=(("sbm_transformer.py", *FIG4, "--path", "dense"),
-                ("-m", "bench.train", "--method", "full", *FIG4),
-                ("-m", "bench.train", "--method", "performer", *FIG4),
-                ("-m", "bench.train", "--method", "linformer", *FIG4),
-                ("-m", "bench.train", "--method", "linear", *FIG4),
-                ("-m", "bench.train", "--method", "nystromformer", *FIG4),
-                ("-m", "bench.train", "--method", "ssa", *FIG4),
-                ("-m", "bench.train", "--method", "reformer", *FIG4)),
+          runs=(Setting("sbm", "duplicates", "paper", dict(FIG4, path="reference")),
+                *(Setting(m, "duplicates", "paper", FIG4)
+                  for m in ("full", "performer", "linformer", "linear", "nystromformer", "ssa", "reformer"))),
           seeds=(1,),
           notes=["Seed 1 of the three the project ran: on seed 0 SBM stalls near 84% and on seed 2 full attention "
                  "stalls at 76% (results/notes/earlier_runs.md), the task's own bad basin at 1 layer × 1 head × 32 "
@@ -108,9 +93,8 @@ CLAIMS = [
           "runs",
           paper="Tables 1-2 at length 2K: full attention 37.22%; SBM 37.45% at 20.09% density (λ = 0) and "
                 "38.20% at 2.95% (λ = 1e-2). Ours: the CPU preset, lengths 50-200, 1500 steps.",
-          runs=(("-m", "bench.train", "--method", "full", "--task", "listops"),
-                ("sbm_transformer.py", "--task", "listops"),
-                ("sbm_transformer.py", "--task", "listops", "--density-weight", "0.01")),
+          runs=(Setting("full", "listops"), Setting("sbm", "listops"),
+                Setting("sbm", "listops", options={"density_weight": "0.01"}, tag="-lambda0.01")),
           seeds=(0, 1, 2)),
     Claim("sbm-table3", "SBM-Transformer Table 3: inference FLOPs and memory at LRA length (ListOps 2K, Image 1K)",
           "runs",
@@ -123,17 +107,15 @@ CLAIMS = [
                 "paper's LRA model and lengths (ListOps 500-2000 tokens padded to 2048; Image 1024 pixels), a "
                 "CPU-sized batch and number of steps.",
           runs=tuple(run for task in TABLE3_TASKS for run in (
-              ("-m", "bench.train", "--method", "full", *table3_run(task)),
-              ("sbm_transformer.py", *table3_run(task), "--density-weight", "0.1"),
-              ("sbm_transformer.py", *table3_run(task), "--density-weight", "0.01"))),
+              table3_run("full", task), table3_run("sbm", task, "-lambda0.1", density_weight="0.1"),
+              table3_run("sbm", task, "-lambda0.01", density_weight="0.01"))),
           seeds=(0, 1),
           once=tuple(run for task in TABLE3_TASKS for run in (
-              ("-m", "bench.train", "--method", "full", "--attn", "fused=False", *table3_cost(task)),
-              *(("-m", "bench.train", "--method", m, *table3_cost(task))
-                for m in ("linear", "reformer", "performer", "linformer", "nystromformer")))),
+              table3_cost("full", task, "-path-reference", attn=["path=reference"]),
+              *(table3_cost(m, task) for m in ("linear", "reformer", "performer", "linformer", "nystromformer")))),
           notes=["FLOPs: forward per example, bench/measure.py's convention (SDPA and the explicit path count the "
                  "same). Memory: peak above the weights and inputs of one inference call on 4 test examples, "
-                 "per example; on CPU the resident set's high-water mark. The `fused=False` row is full "
+                 "per example; on CPU the resident set's high-water mark. The `path=reference` row is full "
                  "attention's explicit path (materialised scores, the paper's \"full attention\"); the untrained "
                  "rows are fixed-cost methods, whose cost does not depend on their weights.",
                  "With δ in eval: the SBM recipe's second pass over the same test examples, keeping δ's random "

@@ -1,4 +1,5 @@
-"""Files written atomically, and JSON read and written: what run folders, grids and data caches share.
+"""Files written atomically, JSON read and written, and where the data live: what run folders, grids and the
+tasks' data files share.
 
 A file is written into a temporary file beside it, synced and renamed over it, so a reader (or a run killed
 at any instant) sees the old file or the whole new one, never a part. Standard library only: the command
@@ -9,6 +10,15 @@ import os
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional, Tuple
+
+
+class DataError(RuntimeError):
+    """A dataset is missing, corrupt or cannot be fetched; the message says what to do (exit 1)."""
+
+
+def default_data_dir() -> Path:
+    """$SPARSE_ATTN_DATA, else ./data."""
+    return Path(os.environ.get("SPARSE_ATTN_DATA", "data"))
 
 
 def plain_mode(mode: int) -> int:

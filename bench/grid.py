@@ -27,7 +27,6 @@ compared with their estimates.
 import argparse
 import ctypes
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -40,30 +39,28 @@ from typing import Dict, List, Optional
 
 from bench import cli
 from bench import methods as registry
-from bench.data import DataError, default_data_dir  # light; bench.tasks (torch) is imported where a task is built
+from bench.files import DataError, default_data_dir, read_json, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "retrieval", "wikitext2"]
-EVAL = ["--eval-batches", "2", "--final-eval-batches", "8"]
-KERNEL_QUICK = ["--analysis-sequences", "32", "--predictor-steps", "100", "--finetune-steps", "100",
-                "--thresholds", "0.3,0.5,0.7", "--top-ks", "1,3,5"]
+EVAL = dict(eval_batches=2, final_eval_batches=8)
+KERNEL_QUICK = dict(analysis_sequences=32, predictor_steps=100, finetune_steps=100, thresholds="0.3,0.5,0.7",
+                    top_ks="1,3,5")
 # Per task: overrides of the CPU preset, and the CPU seconds of full attention's cell (process start and data
 # included; one measured run on a 2-core machine) from which the grid estimates its time.
 QUICK: Dict[str, tuple] = {
     # SBM paper §5.1 at 64 tokens: full attention passes 99% token accuracy in 600 steps of batch 128 (lr 2e-3;
     # 400 steps stay at 77%). Large batches and few steps: at these lengths every method but full attention
     # pays a fixed cost per step (Reformer and SBM 8-11× full attention's step), not per example.
-    "duplicates": (["--seq-len", "64", "--steps", "600", "--batch-size", "128", "--lr", "2e-3", "--warmup", "50",
-                    "--eval-every", "300", *EVAL], 10),
+    "duplicates": (dict(seq_len=64, steps=600, batch_size=128, lr="2e-3", warmup=50, eval_every=300, **EVAL), 10),
     # ListOps with LRA's rules at lengths 25-100: full attention reaches ~29% in 150 steps (majority class 16%).
-    "listops": (["--seq-len", "100", "--steps", "300", "--eval-every", "150", "--eval-batches", "2",
-                 "--final-eval-batches", "16"], 14),
-    "bytes": (["--steps", "100", "--eval-every", "50", *EVAL], 19),
+    "listops": (dict(seq_len=100, steps=300, eval_every=150, eval_batches=2, final_eval_batches=16), 14),
+    "bytes": (dict(steps=100, eval_every=50, **EVAL), 19),
     # LRA Image at 8x8 (4x4 blocks averaged), no dropout: full attention reaches 27-29% (chance 10%) in 400-600
     # steps of batch 128 at lr 3e-3; 600 steps of batch 64 at lr 2e-3 stay at 22%.
-    "image": (["--seq-len", "64", "--steps", "500", "--batch-size", "128", "--lr", "3e-3", "--dropout", "0",
-               "--warmup", "50", "--eval-every", "250", "--eval-batches", "2", "--final-eval-batches", "16"], 36),
-    "wikitext2": (["--steps", "300", "--eval-every", "150", *EVAL, *KERNEL_QUICK], 260),
+    "image": (dict(seq_len=64, steps=500, batch_size=128, lr="3e-3", dropout=0, warmup=50, eval_every=250,
+                   eval_batches=2, final_eval_batches=16), 36),
+    "wikitext2": (dict(steps=300, eval_every=150, **EVAL, **KERNEL_QUICK), 260),
 }
 # What full attention must reach for a task to be shown in the quick preview (the report checks each run):
 # (kind, amount, in words), kind "min" an absolute metric, "above_base"/"below_base" relative to the base rate.
@@ -87,11 +84,10 @@ QUICK_LEFT_OUT = {
 # ListOps draws its 24,000 trees at setup: at 100 tokens that is fastest (shorter lengths reject more trees).
 SMOKE_SHAPES = {"duplicates": 16, "listops": 100, "bytes": 32, "text": 32, "image": 16, "pathfinder": 256,
                 "retrieval": 32, "wikitext2": 32}
-SMOKE = ["--steps", "2", "--batch-size", "2", "--eval-every", "2", "--eval-batches", "1", "--final-eval-batches",
-         "1", "--warmup", "1", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1"]
-KERNEL_SMOKE = ["--analysis-sequences", "2", "--predictor-steps", "1", "--predictor-batch", "2",
-                "--predictor-rows", "2", "--finetune-steps", "1", "--thresholds", "0.5", "--top-ks", "1",
-                "--handcrafted-k", "2", "--learned-kernels", "2", "--hidden", "4"]
+SMOKE = dict(steps=2, batch_size=2, eval_every=2, eval_batches=1, final_eval_batches=1, warmup=1, dim=16, heads=2,
+             head_dim=8, mlp_dim=16, depth=1)
+KERNEL_SMOKE = dict(analysis_sequences=2, predictor_steps=1, predictor_batch=2, predictor_rows=2, finetune_steps=1,
+                    thresholds="0.5", top_ks="1", handcrafted_k=2, learned_kernels=2, hidden=4)
 PROCESS_SECONDS = 6  # starting python, importing torch and setting up a task, per cell
 
 
@@ -101,13 +97,13 @@ class Budget:
     seeds: tuple
     left_out: Dict[str, str] = field(default_factory=dict)
 
-    def task_args(self, name: str, task: str, method: str) -> List[str]:
+    def settings(self, name: str, task: str, method: str) -> dict:
+        """The cell's options beside its task, preset and seed: {option: value}."""
         if name == "quick":
-            return list(QUICK[task][0])
+            return dict(QUICK[task][0])
         if name == "smoke":
-            extra = KERNEL_SMOKE if method == "kernel" else []
-            return ["--seq-len", str(SMOKE_SHAPES[task]), *SMOKE, *extra]
-        return []
+            return dict(seq_len=SMOKE_SHAPES[task], **SMOKE, **(KERNEL_SMOKE if method == "kernel" else {}))
+        return {}
 
     def estimate(self, name: str, task: str, method: str) -> float:
         """Seconds one cell is expected to take on one thread (full: unknown, so a nominal hour)."""
@@ -122,25 +118,32 @@ BUDGETS = {"quick": Budget("cpu", (0,), QUICK_LEFT_OUT), "smoke": Budget("cpu", 
            "full": Budget("paper", (0, 1, 2))}
 
 
-def cell_name(method: str, task: str, preset: str, seed: int) -> str:
-    return f"{method}-{task}-{preset}-s{seed}"
+def flags(settings: Dict[str, object]) -> List[str]:
+    """{option: value} as command-line words: seq_len=64 → --seq-len 64; True → the flag alone; a list → the
+    flag once per item (--attn)."""
+    words = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        for item in (value if isinstance(value, (list, tuple)) else [value]):
+            words += [flag] if item is True else [flag, str(item)]
+    return words
 
 
-def read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: Optional[dict] = None,
+              tag: str = "", estimate_s: float = 3600.0) -> dict:
+    """One training run of a grid or a claim, as data: what runs, its options beside task, preset and seed
+    ({option: value}), its folder's name (``tag`` tells two settings of one method apart) and its command, run
+    from the repository root (the method's own file, or bench.train for a baseline)."""
+    settings = dict(settings or {})
+    spec = registry.get(method)
+    entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]
+    return {"name": f"{method}{tag}-{task}-{preset}-s{seed}", "method": method, "task": task, "seed": seed,
+            "preset": preset, "settings": settings, "estimate_s": estimate_s,
+            "command": [*entry, "--task", task, "--preset", preset, "--seed", str(seed), *flags(settings)]}
 
 
 def is_complete(folder: Path) -> bool:
     return (read_json(folder / "metrics.json") or {}).get("status") == "complete"
-
-
-def write_json(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------------------ planning
@@ -157,11 +160,12 @@ def data_problem(task: str, seq_len: int, data_dir: Path) -> Optional[str]:
     return None
 
 
-def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int], extra: List[str],
-         data_dir: Path) -> dict:
-    """Every cell with its command, or why it does not run (n/a, no data, left out of this budget)."""
+def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int], common: Dict[str, object]) -> dict:
+    """Every cell with its command, or why it does not run (n/a, no data, left out of this budget). ``common``:
+    options every cell gets (device, data folder)."""
     from bench.tasks import get_task
     budget = BUDGETS[budget_name]
+    data_dir = Path(common["data_dir"]) if common.get("data_dir") else default_data_dir()
     cells, not_run, missing, left_out = [], [], {}, {}
     for task in tasks:
         if task in budget.left_out:
@@ -176,22 +180,17 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
         runnable = [m for m in runnable if not registry.refusal(m, causal)]
         if not runnable:
             continue
-        args = budget.task_args(budget_name, task, runnable[0])
-        seq_len = int(args[args.index("--seq-len") + 1]) if "--seq-len" in args else \
-            get_task(task).presets[budget.preset].seq_len
+        seq_len = budget.settings(budget_name, task, runnable[0]).get("seq_len",
+                                                                       get_task(task).presets[budget.preset].seq_len)
         problem = data_problem(task, seq_len, data_dir)
         if problem:
             missing[task] = problem
             continue
         for method in runnable:
             for seed in seeds:
-                spec = registry.get(method)
-                entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]
-                command = [*entry, "--task", task, "--preset", budget.preset, "--seed", str(seed),
-                           *budget.task_args(budget_name, task, method), *extra]
-                cells.append({"name": cell_name(method, task, budget.preset, seed), "method": method, "task": task,
-                              "seed": seed, "command": command,
-                              "estimate_s": budget.estimate(budget_name, task, method)})
+                cells.append(make_cell(method, task, seed, budget.preset,
+                                       {**budget.settings(budget_name, task, method), **common},
+                                       estimate_s=budget.estimate(budget_name, task, method)))
     return {"budget": budget_name, "preset": budget.preset, "methods": methods, "tasks": tasks, "seeds": seeds,
             "cells": cells, "not_run": not_run, "missing_data": missing, "left_out": left_out}
 
@@ -282,11 +281,6 @@ def finish_cell(folder: Path, cell: dict, code: int, seconds: float, cpu_seconds
     return False
 
 
-def clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}"
-
-
 def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
     """Runs the planned cells, longest first; returns how many failed."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
@@ -328,7 +322,7 @@ def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
                 eta = remaining * speed / jobs
                 status = "done" if ok else "FAILED: " + read_json(folder / "failed.json")["reason"]
                 print(f"[{finished}/{len(cells)}] {cell['name']}: {status} ({seconds:.0f} s) | elapsed "
-                      f"{clock(time.time() - start)} | ETA {clock(eta)}", flush=True)
+                      f"{cli.clock(time.time() - start)} | ETA {cli.clock(eta)}", flush=True)
             time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
@@ -342,7 +336,7 @@ def describe(grid: dict, jobs: int) -> str:
     tasks = list(dict.fromkeys(c["task"] for c in grid["cells"]))
     lines = [f"grid: {len(grid['cells'])} cells on {len(tasks)} tasks ({', '.join(tasks)}), {len(grid['seeds'])} "
              f"seed(s), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s) side by side; estimated "
-             f"{clock(total / jobs)} on a 2-core CPU"]
+             f"{cli.clock(total / jobs)} on a 2-core CPU"]
     for item in grid["not_run"]:
         lines.append(f"  n/a: {item['method']} on {item['task']} ({item['reason']})")
     for task, message in grid["missing_data"].items():
@@ -361,20 +355,23 @@ def parse_list(text: str, known: List[str], what: str) -> List[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("python -m bench.grid", __doc__.splitlines()[0],
-                   epilog="Options not listed here go to every cell (e.g. --data-dir, --device).")
+    p = cli.parser("python -m bench.grid", __doc__.splitlines()[0])
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help="cells' training budget")
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=",".join(GRID_TASKS), help="comma-separated tasks")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the budget's: 0, or 0,1,2 for full)")
     p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cells side by side")
+    p.add_argument("--jobs", type=cli.positive_int, default=os.cpu_count() or 1, help="cells side by side")
+    p.add_argument("--device", default="auto", type=cli.device_option, help="every cell's device: auto (CUDA when "
+                   "present), cpu, cuda or cuda:N")
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
     p.add_argument("--plan-only", action="store_true", help="print and write the plan, run nothing")
     return p
 
 
-def data_dir_of(extra: List[str]) -> Path:
-    return Path(extra[extra.index("--data-dir") + 1]) if "--data-dir" in extra[:-1] else default_data_dir()
+def common_settings(args) -> Dict[str, object]:
+    """The options every cell gets: its device and, when given, the data folder."""
+    return {"device": args.device, **({"data_dir": args.data_dir} if args.data_dir else {})}
 
 
 def selection(args) -> tuple:
@@ -392,17 +389,15 @@ def selection(args) -> tuple:
 
 def main(argv=None) -> int:
     p = build_parser()
-    args, extra = p.parse_known_args(argv)
+    args = p.parse_args(argv)
     try:
-        if args.jobs < 1:
-            raise ValueError("--jobs must be at least 1")
         methods, tasks, seeds = selection(args)
     except ValueError as exc:
         p.error(str(exc))
     out = Path(args.out or f"runs/grid-{args.budget}")
     out.mkdir(parents=True, exist_ok=True)
     with GridLock(out):
-        grid = plan(args.budget, methods, tasks, seeds, extra, data_dir_of(extra))
+        grid = plan(args.budget, methods, tasks, seeds, common_settings(args))
         write_json(out / "grid.json", grid)
         print(describe(grid, args.jobs), flush=True)
         print(f"output: {out}", flush=True)

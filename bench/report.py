@@ -29,6 +29,7 @@ from tabulate import tabulate
 from bench import claims as claim_list
 from bench import cli
 from bench import grid, plots, scaling
+from bench.files import read_json
 from bench import methods as registry
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -40,13 +41,13 @@ def load(folder: Path):
     """(complete records, failures) of a run folder's cells; each record carries its cell's command."""
     records, failures = [], []
     for cell in sorted((folder / "runs").glob("*")):
-        record = grid.read_json(cell / "metrics.json")
+        record = read_json(cell / "metrics.json")
         if record and record.get("status") == "complete":
-            record["cell"] = grid.read_json(cell / "cell.json") or {}
+            record["cell"] = read_json(cell / "cell.json") or {}
             record["folder"] = cell
             records.append(record)
         elif (cell / "failed.json").exists():
-            failures.append(grid.read_json(cell / "failed.json"))
+            failures.append(read_json(cell / "failed.json"))
     return records, failures
 
 
@@ -73,7 +74,7 @@ def train_flops(r: dict) -> dict:
     return r.get("train_flops_per_example") or r["flops_per_example"]
 
 
-def clock(seconds: Optional[float]) -> str:
+def duration(seconds: Optional[float]) -> str:
     return "–" if seconds is None else (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min")
 
 
@@ -193,8 +194,8 @@ def cost_table(recs: List[dict]) -> str:
 
 def run_section(folder: Path, plot_dir: Optional[Path], link_prefix: str = "") -> str:
     """A run folder (./run_all.sh's output) as Markdown: preview table, cost, scaling, plots."""
-    plan = grid.read_json(folder / "grid.json") or {}
-    run = grid.read_json(folder / "run.json") or {}
+    plan = read_json(folder / "grid.json") or {}
+    run = read_json(folder / "run.json") or {}
     recs, failures = load(folder)
     out = []
     if not recs and not failures:
@@ -203,7 +204,7 @@ def run_section(folder: Path, plot_dir: Optional[Path], link_prefix: str = "") -
     seeds = sorted({r["seed"] for r in recs})
     head = (f"**Budget `{plan.get('budget', '?')}`** (preset `{plan.get('preset', '?')}`), {', '.join(devices)}, "
             f"seeds {seeds}; `{' '.join(run.get('command', ['./run_all.sh']))}` (commit {run.get('commit', '?')}) "
-            f"took {clock(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
+            f"took {duration(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
             f"Per task: {budget_line(recs)}.")
     if plan.get("budget") == "quick":
         head = ("**Quick preview**: a smoke-level comparison on a CPU budget; the papers' claims are measured by the "
@@ -225,7 +226,7 @@ def run_section(folder: Path, plot_dir: Optional[Path], link_prefix: str = "") -
         out.append("\n".join(f"- {line}" for line in notes))
     out.append(f"Cost relative to {REFERENCE} attention on the same task (forward FLOPs per example of a training "
                f"step; peak memory of training; median training step):\n\n{cost_table(recs)}")
-    scaling_result = grid.read_json(folder / "scaling.json")
+    scaling_result = read_json(folder / "scaling.json")
     if scaling_result:
         out.append(scaling.render(scaling_result))
     if plot_dir is not None:
@@ -278,8 +279,8 @@ def runs_table(claim, recs: List[dict]) -> str:
                      rs[0]["metric"]), " / ".join(fmt([r["test"]], r["metric"]) for r in rs),
                      f"{100 * statistics.mean(r['density'] for r in rs):.1f}%",
                      " / ".join("–" if r["median_step_ms"] is None else f"{r['median_step_ms']:.0f}" for r in rs),
-                     " / ".join(clock(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
-                     " / ".join(clock(r["cell"].get("cpu_s")) for r in rs)])
+                     " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
+                     " / ".join(duration(r["cell"].get("cpu_s")) for r in rs)])
     metric = recs[0]["metric"] if recs else "accuracy"
     unit = "test acc %" if metric == "accuracy" else "test bpb"
     headers = ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
@@ -317,9 +318,9 @@ def setting_label(r: dict) -> str:
     """A Table 3 row's name: the method, SBM's λ, full attention's explicit path."""
     command = r["cell"].get("command", [])
     label = r["method"]
-    if "--density-weight" in command:
-        label += f" λ={float(command[command.index('--density-weight') + 1]):g}"
-    if "fused=False" in command:
+    if r["config"].get("density_weight"):
+        label += f" λ={r['config']['density_weight']:g}"
+    if "path=reference" in command:
         label += " (explicit path)"
     return label
 

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from bench import cli
 from bench import methods as registry  # light: the grid, report and torch are imported once options parse
+from bench.files import read_json, write_json
 
 SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,8192"}
-SCALING_REPEATS = {"quick": ["--warmup-iters", "2", "--repeats", "5"],
-                   "smoke": ["--warmup-iters", "0", "--repeats", "1"], "full": ["--warmup-iters", "2", "--repeats", "5"]}
+SCALING_REPEATS = {"quick": dict(warmup_iters=2, repeats=5), "smoke": dict(warmup_iters=0, repeats=1),
+                   "full": dict(warmup_iters=2, repeats=5)}
 SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-core CPU, for the estimate
 
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=None, help="comma-separated (default: every grid task)")
     p.add_argument("--seeds", default=None, help="comma-separated (default: the budget's)")
-    p.add_argument("--jobs", type=int, default=None, help="cells side by side (default: cores; 1 for --full)")
+    p.add_argument("--jobs", type=cli.positive_int, default=None, help="cells side by side (default: cores; 1 for --full)")
     p.add_argument("--lengths", default=None, help="scaling table lengths (default: the budget's: quick "
                    f"{SCALING['quick']}, smoke {SCALING['smoke']}, full {SCALING['full']})")
     p.add_argument("--no-scaling", action="store_true", help="skip the attention scaling table")
@@ -65,14 +66,13 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> N
     from bench import grid, scaling
     path = out / "scaling.json"
     wanted = scaling_methods(methods)
-    timing = SCALING_REPEATS[budget]
-    settings = {"methods": wanted, "lengths": lengths, "warmup_iters": int(timing[1]), "repeats": int(timing[3])}
-    previous = (grid.read_json(path) or {}).get("args", {})
+    settings = {"methods": wanted, "lengths": lengths, **SCALING_REPEATS[budget]}
+    previous = (read_json(path) or {}).get("args", {})
     if all(previous.get(key) == value for key, value in settings.items()):
         print(f"scaling: {path} was measured with these settings; kept", flush=True)
         return
     print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
-    scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device, *SCALING_REPEATS[budget],
+    scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device, *grid.flags(SCALING_REPEATS[budget]),
                   "--out", str(out)])
 
 
@@ -95,16 +95,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from bench import grid, report
     jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
-    grid_args = ["--budget", args.budget, "--jobs", str(jobs)]
-    for flag in ("methods", "tasks", "seeds"):
-        if getattr(args, flag):
-            grid_args += [f"--{flag}", getattr(args, flag)]
-    cell_args = ["--device", args.device] + (["--data-dir", args.data_dir] if args.data_dir else [])
+    args.tasks = args.tasks or ",".join(grid.GRID_TASKS)
     try:
-        settings, extra = grid.build_parser().parse_known_args(grid_args)
-        methods, tasks, seeds = grid.selection(settings)
-        if jobs < 1:
-            raise ValueError("--jobs must be at least 1")
+        methods, tasks, seeds = grid.selection(args)
         lengths = args.lengths or SCALING[args.budget]
         if any(int(n) < 1 for n in lengths.split(",")):
             raise ValueError(f"--lengths must be positive integers, got {lengths}")
@@ -114,26 +107,26 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with grid.GridLock(out):
-        plan = grid.plan(args.budget, methods, tasks, seeds, cell_args, grid.data_dir_of(cell_args))
-        grid.write_json(out / "grid.json", plan)
+        plan = grid.plan(args.budget, methods, tasks, seeds, grid.common_settings(args))
+        write_json(out / "grid.json", plan)
         estimate = sum(c["estimate_s"] for c in plan["cells"]) / jobs + \
             (0 if args.no_scaling else SCALING_SECONDS[args.budget])
         print(f"./run_all.sh: budget {args.budget}, output folder {out}", flush=True)
         print(grid.describe(plan, jobs), flush=True)
         print(f"then: {'no scaling table' if args.no_scaling else 'attention scaling at n = ' + lengths}, the "
-              f"report and plots; estimated total {grid.clock(estimate)}", flush=True)
+              f"report and plots; estimated total {cli.clock(estimate)}", flush=True)
         failures = grid.run_cells(out, plan["cells"], jobs)
         if not args.no_scaling:
             run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda") else
                         args.device)
         wall = time.time() - start
-        previous = grid.read_json(out / "run.json") or {}
-        grid.write_json(out / "run.json", {"command": ["./run_all.sh", *(argv if argv is not None else sys.argv[1:])],
+        previous = read_json(out / "run.json") or {}
+        write_json(out / "run.json", {"command": ["./run_all.sh", *(argv if argv is not None else sys.argv[1:])],
                                            "wall_time_s": wall, "earlier_wall_time_s": previous.get("wall_time_s"),
                                            "budget": args.budget, "jobs": jobs, "commit": source_commit()})
         text = report.write_run_report(out)
     print(text)
-    print(f"\n./run_all.sh finished in {grid.clock(wall)} ({failures} failed cells): report {out / 'REPORT.md'}",
+    print(f"\n./run_all.sh finished in {cli.clock(wall)} ({failures} failed cells): report {out / 'REPORT.md'}",
           flush=True)
     return 1 if failures else 0
 

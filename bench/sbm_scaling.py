@@ -37,6 +37,7 @@ import torch
 from tabulate import tabulate
 
 from bench import cli, measure, scaling
+from bench.config import resolve_device
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
 
@@ -144,7 +145,7 @@ def measure_cell(cell: dict) -> dict:
             return edges.E / (b * h * n * n)
     else:
         x = torch.randn(b, n, h * d, device=device, requires_grad=True)
-        module = shifted_module(h * d, h, d, x, cell["density"], "dense" if cell["kind"] == "sbm-dense" else "sparse")
+        module = shifted_module(h * d, h, d, x, cell["density"], "reference" if cell["kind"] == "sbm-dense" else "fast")
         grad = torch.randn(b, n, h * d, device=device)
 
         def run(backward: bool):
@@ -277,7 +278,7 @@ def main(argv=None) -> int:
             raise ValueError("--device cuda: CUDA is not available")
     except ValueError as exc:
         p.error(str(exc))
-    device = scaling.resolve_device(args.device)
+    device = str(resolve_device(args.device))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     started = time.time()
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,

@@ -32,7 +32,7 @@ from tabulate import tabulate
 from bench import cli
 
 ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}, "default": {}}
-ALIASES = {"full-ref": ("full", {"fused": "False"})}  # a method name of its own: a second setting of full
+ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its own: a second setting of full
 
 
 def resolve_method(method: str, options: Dict[str, str]):
@@ -58,11 +58,11 @@ def measure_cell(cell: dict) -> dict:
     import torch
 
     from bench import measure
-    from bench.train import attention_options, load_method
+    from bench.methods import attention_options, get
     torch.manual_seed(0)
     device = torch.device(cell["device"])
     name, texts = resolve_method(cell["method"], cell.get("options", {}))
-    _, cls = load_method(name)
+    cls = get(name).load()
     options = attention_options(name, texts)
     if "max_len" in inspect.signature(cls).parameters:
         options.setdefault("max_len", cell["n"])
@@ -137,13 +137,6 @@ def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, rep
     p.add_argument("--cell", help=argparse.SUPPRESS)
 
 
-def resolve_device(name: str) -> str:
-    import torch
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def describe(device: str, allocator: str) -> tuple:
     """(where the cells ran, the allocator setting) in words, for the table's conditions."""
     import torch
@@ -199,18 +192,22 @@ def main(argv=None) -> int:
     try:
         methods = [m for m in args.methods.split(",") if m]
         options = attn_options(args.attn, methods)
-        from bench.train import attention_options, available_methods
+        from bench.methods import attention_options, available
         for method in methods:
             name, texts = resolve_method(method, options[method])
-            if name not in available_methods():
-                raise ValueError(f"unknown method {method!r}; available: {sorted(available_methods())}")
+            if name not in available():
+                raise ValueError(f"unknown method {method!r}; available: {sorted(available())}")
             attention_options(name, texts)  # an unknown key or a value of the wrong type fails here, not in a cell
         if min(args.batch_size, args.heads, args.head_dim, args.repeats) < 1 or args.warmup_iters < 0:
             raise ValueError("--batch-size, --heads, --head-dim and --repeats must be positive, --warmup-iters >= 0")
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
     import torch
-    device = resolve_device(args.device)
+    from bench.config import resolve_device
+    try:
+        device = str(resolve_device(args.device))
+    except ValueError as exc:
+        p.error(str(exc))
     rows = []
     for n in args.lengths:
         for method in methods:

@@ -32,5 +32,5 @@ def test_sbm_core_fwd_bwd(benchmark, n, density):
 def test_sbm_module_fwd_bwd(attention_fwd_bwd, n, density):
     torch.manual_seed(0)
     x = torch.randn(1, n, HEADS * HEAD_DIM, requires_grad=True)
-    module = shifted_module(HEADS * HEAD_DIM, HEADS, HEAD_DIM, x, density, "sparse")
+    module = shifted_module(HEADS * HEAD_DIM, HEADS, HEAD_DIM, x, density, "fast")
     attention_fwd_bwd(module, x, f"SBM module fwd+bwd, n={n}")

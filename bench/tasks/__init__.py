@@ -11,7 +11,7 @@ here.
 from typing import Callable, Dict
 
 from bench.tasks.base import IGNORE, Task
-from bench.tasks.data_files import DataError, default_data_dir
+from bench.files import DataError, default_data_dir
 from bench.tasks.language import Enwik8, LocalBytes, MaskedBytes
 from bench.tasks.lra import Image, Pathfinder, Retrieval, Text
 from bench.tasks.synthetic import Duplicates, ListOps

@@ -32,21 +32,13 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Callable, Collection, Dict, Iterator, List, Optional, Tuple
 
-from bench.files import plain_mode, write_atomic_with
+from bench.files import DataError, plain_mode, write_atomic_with
 
 if TYPE_CHECKING:  # numpy is imported where a cache is read or written: the command lines' --help stays light
     import numpy as np
 
 MAX_MEMBER_BYTES = 64 << 20  # an archive member read into memory (the largest real one: a 31 MB CIFAR-10 batch)
 MAX_EXTRACTED_BYTES = 16 << 30  # an archive member extracted to disk (LRA's AAN TSVs)
-
-
-class DataError(RuntimeError):
-    """A dataset is missing, corrupt or cannot be fetched; the message says what to do."""
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("SPARSE_ATTN_DATA", "data"))
 
 
 # ------------------------------------------------------------------------------------------ files
