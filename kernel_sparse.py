@@ -84,7 +84,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -834,20 +834,77 @@ def fit_predictors(model: nn.Module, data: List[LayerData], variant: str, cfg: K
                     "kernels_per_layer": layers[0].bank.num_kernels, "fit_seconds": time.time() - fitted}
 
 
-def finetuned(result: dict, test_ppl: float, point: dict, rule: dict, losses: List[float], teacher: dict,
-              control: Optional[dict], cfg: KernelConfig) -> dict:
-    """The fine-tuned sparse model's record (§6.2): its validation result and test perplexity beside the teacher's
-    and the dense control's, and whether it met the target (core FLOPs within the budget, perplexity ≤ 1.2 ×
-    the teacher's)."""
-    final = {**result, "test_ppl": test_ppl, "setting": {"variant": cfg.sweep, **rule},
+def analysis(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Tuple[List[LayerData], list, list]:
+    """§4.1 on the teacher's training batches (`inputs`: the model's keyword arguments of each): per layer the
+    data its predictor learns from, the accumulated maps (Fig. 1) and what the record keeps of them."""
+    captured = layer_inputs(model, inputs)
+    data, maps = zip(*(analyse_layer(block.attn, layer, cfg) for block, layer in zip(model.blocks, captured)))
+    return list(data), list(maps), [layer_summary(d, m) for d, m in zip(data, maps)]
+
+
+def fit_variants(model: nn.Module, data: List[LayerData], cfg: KernelConfig, generator: torch.Generator,
+                 measured: Callable[[], dict], quality: List[dict]) -> Tuple[dict, dict]:
+    """§4.2-§5.2 for every FAMILY/LOSS variant: fit its predictors, install them with the selection rule and
+    validate (``measured()``: the harness's validation result and FLOPs of the model as installed), beside the
+    masks' recall of the teacher's targets on the batches ``quality``. Returns predictors and records."""
+    predictors, records = {}, {}
+    for variant in cfg.variants():
+        predictors[variant], fit = fit_predictors(model, data, variant, cfg, generator)
+        install(model, predictors[variant], select=cfg.select, threshold=cfg.threshold, top_k=cfg.top_k)
+        records[variant] = result = {**fit, **measured(), **mask_quality(model, quality, cfg)}
+        print(f"{variant}: predictor loss {result['train_loss']:.4f} | valid ppl {result['valid_ppl']:.3f} | "
+              f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f}", flush=True)
+    return predictors, records
+
+
+def sweeps(model: nn.Module, predictors: List[KernelPredictor], cfg: KernelConfig, measured: Callable[[], dict],
+           evaluate: Callable[[], dict]) -> Tuple[List[dict], List[dict]]:
+    """Fig. 5: the sweep variant against the threshold τ and the top-K; Fig. 6: its last ℓ layers sparse, the
+    others dense, ℓ = 0 (the teacher) … depth (error propagation, §5.3)."""
+    fig5, fig6 = [], []
+    for rule, value in [("threshold", t) for t in cfg.thresholds] + [("topk", k) for k in cfg.top_ks]:
+        install(model, predictors, select=rule, threshold=value if rule == "threshold" else None,
+                top_k=value if rule == "topk" else None)
+        fig5.append({"select": rule, "value": value, **measured()})
+    for layers in range(len(model.blocks) + 1):
+        install(model, predictors, layers=layers, select=cfg.select, threshold=cfg.threshold, top_k=cfg.top_k)
+        result = evaluate()
+        fig6.append({"layers": layers, "valid_ppl": math.exp(result["loss"]), "density": result["density"]})
+    return fig5, fig6
+
+
+def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: List[dict], teacher: dict,
+                   cfg: KernelConfig, fine_tune: Callable[[], List[float]], measured: Callable[[], dict],
+                   test_ppl: Callable[[], float]) -> dict:
+    """§6.2: fine-tune the backbone end to end (``fine_tune()``: the harness's steps on the reference path,
+    deviation 7) at the Fig. 5 point of best perplexity within the FLOP budget (else the cheapest), beside a dense
+    control — the teacher fine-tuned alike, so that more training is not credited to the masks. The record: the
+    final validation and test result against the teacher's and the control's, and whether the target (core
+    FLOPs within the budget, perplexity ≤ 1.2 × the teacher's) was met."""
+    within = [p for p in fig5 if p["core_flops_x_dense"] <= cfg.flops_budget]
+    point = min(within, key=lambda p: p["valid_ppl"]) if within else min(fig5, key=lambda p: p["core_flops_x_dense"])
+    rule = {"select": point["select"], "threshold": point["value"] if point["select"] == "threshold" else None,
+            "top_k": point["value"] if point["select"] == "topk" else None}
+    control = None
+    if cfg.finetune_steps > 0:
+        before = {name: t.detach().clone() for name, t in model.state_dict().items() if ".predictor." not in name}
+        install(model, sparse=False)
+        fine_tune()
+        control = {"valid_ppl": measured()["valid_ppl"], "test_ppl": test_ppl()}
+        model.load_state_dict(before, strict=False)
+        print(f"dense control fine-tuned {cfg.finetune_steps} steps: valid ppl {control['valid_ppl']:.3f} | "
+              f"test ppl {control['test_ppl']:.3f}", flush=True)
+    install(model, predictors, **rule)
+    losses = fine_tune() if cfg.finetune_steps > 0 else []
+    final = {**measured(), "test_ppl": test_ppl(), "setting": {"variant": cfg.sweep, **rule},
              "before_valid_ppl": point["valid_ppl"], "steps": cfg.finetune_steps,
              "train_loss_last": sum(losses[-50:]) / max(1, len(losses[-50:]))}
     final["ppl_x_teacher"] = final["test_ppl"] / teacher["test_ppl"]
     final["valid_ppl_x_teacher"] = final["valid_ppl"] / teacher["valid_ppl"]
     final["target_met"] = final["core_flops_x_dense"] <= cfg.flops_budget and final["ppl_x_teacher"] <= 1.2
     if control is not None:
-        final["dense_control"] = {"valid_ppl": control["valid"], "test_ppl": control["test"]}
-        final["ppl_x_dense_control"] = final["test_ppl"] / control["test"]
+        final["dense_control"] = control
+        final["ppl_x_dense_control"] = final["test_ppl"] / control["test_ppl"]
     return final
 
 
@@ -855,9 +912,9 @@ def finetuned(result: dict, test_ppl: float, point: dict, rule: dict, losses: Li
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     """The paper's pipeline on the shared loop (bench/): (1) a dense masked-LM teacher; (2) §4.1's analysis of its
     attention; (3) the kernel families and a predictor per layer fitted with Eq. 1; (4) sparsified inference
-    (§5.2, Table 1, Table 3) against τ, K and depth (Fig. 5, Fig. 6); (5) end-to-end fine-tuning with the
-    predicted masks (§6.2) beside a dense control. The record's valid/test/density/FLOPs are the final sparse
-    model's, the teacher's under kernel.teacher. It needs the repository's bench/; the attention above does not."""
+    (§5.2, Tables 1 and 3) against τ, K and depth (Fig. 5-6); (5) end-to-end fine-tuning with the predicted masks
+    (§6.2) beside a dense control. The record's valid/test/density/FLOPs are the final sparse model's, the
+    teacher's under kernel.teacher. It needs the repository's bench/; the attention above does not."""
     try:
         from bench import cli, loop, measure
     except ModuleNotFoundError as exc:
@@ -878,8 +935,7 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
         loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
         record = loop.final_record(run)
         if record is not None:
-            start, model, task, limit, final = time.time(), run.model, run.task, cfg.eval_batches, cfg.final_eval_batches
-            generator = torch.Generator().manual_seed(cfg.seed)
+            start, model, task, final = time.time(), run.model, run.task, cfg.final_eval_batches
             model.eval()
             install(model, sparse=False)
             inputs = loop.model_inputs(next(task.eval_batches("valid", cfg.batch_size, 1)), run.device)
@@ -888,73 +944,34 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
                 counts = measure.count_flops(lambda: model(**inputs), attention_parts(model), root=model)
                 return attention_flops(counts, len(inputs["tokens"]))
 
-            def measured(limit: int) -> dict:
-                return sparse_result(run.evaluate("valid", limit), flops(), dense_flops, inputs["tokens"].shape[1])
-
-            dense_flops = flops()
-            ppl = {split: math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
-            report = {"config": asdict(kernel),
-                      "teacher": {"valid_ppl": ppl["valid"], "test_ppl": ppl["test"], "flops": dense_flops}}
-            print(f"teacher: valid ppl {ppl['valid']:.3f} | test ppl {ppl['test']:.3f}", flush=True)
-            # (2) §4.1: the teacher's attention maps and binary targets on training batches
-            batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i))
-                       for i in range(-(-kernel.analysis_sequences // cfg.batch_size))]  # their own seeds
-            captured = layer_inputs(model, [loop.model_inputs(b, run.device) for b in batches])
-            data, maps = zip(*(analyse_layer(block.attn, layer, kernel) for block, layer in zip(model.blocks, captured)))
-            del captured
-            torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
-            report["analysis"] = [layer_summary(d, m) for d, m in zip(data, maps)]
-            # (3) the kernel families and their predictors; (4) §5.2 sparsified validation of each
-            quality = [loop.model_inputs(b, run.device) for b in task.eval_batches("valid", cfg.batch_size, 2)]
-            predictors, report["variants"] = {}, {}
-            for variant in kernel.variants():
-                predictors[variant], fit = fit_predictors(model, list(data), variant, kernel, generator)
-                install(model, predictors[variant], select=kernel.select, threshold=kernel.threshold, top_k=kernel.top_k)
-                result = {**fit, **measured(limit), **mask_quality(model, quality, kernel)}
-                report["variants"][variant] = result
-                print(f"{variant}: predictor loss {result['train_loss']:.4f} | valid ppl {result['valid_ppl']:.3f} | "
-                      f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f}",
-                      flush=True)
-            # Fig. 5: against the threshold τ and the top-K; Fig. 6: the last ℓ layers sparse, ℓ = 0 … depth
-            sweep, report["fig5"], report["fig6"] = predictors[kernel.sweep], [], []
-            for rule, value in [("threshold", t) for t in kernel.thresholds] + [("topk", k) for k in kernel.top_ks]:
-                install(model, sweep, select=rule, threshold=value if rule == "threshold" else None,
-                        top_k=value if rule == "topk" else None)
-                report["fig5"].append({"select": rule, "value": value, **measured(limit)})
-            for layers in range(len(model.blocks) + 1):
-                install(model, sweep, layers=layers, select=kernel.select, threshold=kernel.threshold, top_k=kernel.top_k)
-                result = run.evaluate("valid", limit)
-                report["fig6"].append({"layers": layers, "valid_ppl": math.exp(result["loss"]), "density": result["density"]})
-            # (5) §6.2: fine-tune at the Fig. 5 point of best perplexity within the FLOP budget (else the cheapest),
-            # beside a dense control: the teacher fine-tuned alike, so that more training is not credited to the masks
-            within = [p for p in report["fig5"] if p["core_flops_x_dense"] <= kernel.flops_budget]
-            point = (min(within, key=lambda p: p["valid_ppl"]) if within else
-                     min(report["fig5"], key=lambda p: p["core_flops_x_dense"]))
-            rule = {"select": point["select"], "threshold": point["value"] if point["select"] == "threshold" else None,
-                    "top_k": point["value"] if point["select"] == "topk" else None}
+            def measured(limit: int = cfg.eval_batches) -> dict:
+                return sparse_result(run.evaluate("valid", limit), flops(), dense, inputs["tokens"].shape[1])
 
             def fine_tune() -> List[float]:
                 with reference_path(model):
                     return loop.fine_tune(model, task, backbone_parameters(model), kernel.finetune_steps,
                                           kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
 
-            control = None
-            if kernel.finetune_steps > 0:
-                teacher = {name: t.detach().clone() for name, t in model.state_dict().items() if ".predictor." not in name}
-                install(model, sparse=False)
-                fine_tune()
-                control = {split: math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
-                model.load_state_dict(teacher, strict=False)
-                print(f"dense control fine-tuned {kernel.finetune_steps} steps: valid ppl {control['valid']:.3f} | "
-                      f"test ppl {control['test']:.3f}", flush=True)
-            install(model, sweep, **rule)
-            losses = fine_tune() if kernel.finetune_steps > 0 else []
-            report["finetune"] = finetuned(measured(final), math.exp(run.evaluate("test", final)["loss"]), point, rule,
-                                           losses, report["teacher"], control, kernel)
-            torch.save({"model": model.state_dict(), "setting": report["finetune"]["setting"]}, cfg.folder / "finetuned.pt")
+            dense = flops()
+            teacher = {f"{split}_ppl": math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
+            report = {"config": asdict(kernel), "teacher": {**teacher, "flops": dense}}
+            print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
+            batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i))
+                       for i in range(-(-kernel.analysis_sequences // cfg.batch_size))]  # their own seeds
+            data, maps, report["analysis"] = analysis(model, [loop.model_inputs(b, run.device) for b in batches],
+                                                      kernel)  # (2)
+            torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
+            quality = [loop.model_inputs(b, run.device) for b in task.eval_batches("valid", cfg.batch_size, 2)]
+            predictors, report["variants"] = fit_variants(model, data, kernel, torch.Generator().manual_seed(cfg.seed),
+                                                          measured, quality)  # (3), (4)
+            report["fig5"], report["fig6"] = sweeps(model, predictors[kernel.sweep], kernel, measured,
+                                                    lambda: run.evaluate("valid", cfg.eval_batches))  # (4)
+            report["finetune"] = f = fine_tune_best(model, predictors[kernel.sweep], report["fig5"], teacher, kernel,
+                                                    fine_tune, lambda: measured(final),
+                                                    lambda: math.exp(run.evaluate("test", final)["loss"]))  # (5)
+            torch.save({"model": model.state_dict(), "setting": f["setting"]}, cfg.folder / "finetuned.pt")
             report["seconds"] = time.time() - start
             (cfg.folder / "kernel_report.md").write_text(render(report))
-            f = report["finetune"]
             record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
                           valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]), density=f["density"],
                           density_per_layer=f["density_per_layer"],

@@ -365,13 +365,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", type=cli.device_option, help="every cell's device: auto (CUDA when "
                    "present), cpu, cuda or cuda:N")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
+    p.add_argument("--set", action="append", default=[], type=cell_option, metavar="NAME=VALUE", dest="options",
+                   help="a training option every cell gets, e.g. --set steps=2 (repeatable; the cells' own flags: "
+                        "python -m bench.train --help)")
     p.add_argument("--plan-only", action="store_true", help="print and write the plan, run nothing")
     return p
 
 
+def cell_option(text: str) -> tuple:
+    """NAME=VALUE of --set: (name with underscores, value text)."""
+    name, sep, value = text.partition("=")
+    if not (sep and name):
+        raise argparse.ArgumentTypeError(f"takes NAME=VALUE (e.g. steps=2), got {text!r}")
+    return name.lstrip("-").replace("-", "_"), value
+
+
 def common_settings(args) -> Dict[str, object]:
-    """The options every cell gets: its device and, when given, the data folder."""
-    return {"device": args.device, **({"data_dir": args.data_dir} if args.data_dir else {})}
+    """The options every cell gets: its device, the data folder when given, and those of --set."""
+    return {"device": args.device, **({"data_dir": args.data_dir} if args.data_dir else {}),
+            **dict(getattr(args, "options", []))}
 
 
 def selection(args) -> tuple:

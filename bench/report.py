@@ -319,7 +319,7 @@ def setting_label(r: dict) -> str:
     command = r["cell"].get("command", [])
     label = r["method"]
     if r["config"].get("density_weight"):
-        label += f" λ={r['config']['density_weight']:g}"
+        label += f" λ={float(r['config']['density_weight']):g}"
     if "path=reference" in command:
         label += " (explicit path)"
     return label

@@ -1,18 +1,18 @@
-"""Forward+backward of every registered attention (bench.train.available_methods), each with its default
+"""Forward+backward of every registered attention (bench.methods.available), each with its default
 budget, in training mode, non-causal, batch 1, 2 heads, head dim 32: bench.scaling's cell, one group per n."""
 import inspect
 
 import pytest
 import torch
 
-from bench.train import available_methods, load_method
+from bench.methods import available, get
 
 HEADS, HEAD_DIM = 2, 32
 
 
-@pytest.mark.parametrize("method", sorted(available_methods()))
+@pytest.mark.parametrize("method", sorted(available()))
 def test_attention_fwd_bwd(attention_fwd_bwd, method, n):
-    _, cls = load_method(method)
+    cls = get(method).load()
     options = {"max_len": n} if "max_len" in inspect.signature(cls).parameters else {}
     torch.manual_seed(0)
     module = cls(HEADS * HEAD_DIM, HEADS, HEAD_DIM, 0.0, **options)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from bench.model import Model, ModelConfig
-from bench.train import make_baseline_factory, task_loss
+from bench.loop import task_loss
+from bench.methods import get, same_in_every_layer
 
 CAUSAL_METHODS = ["full", "linear", "performer", "reformer", "sbm", "ssa"]
 
@@ -16,7 +17,7 @@ def test_backbone_training_step(benchmark, method, small):
     cfg = ModelConfig(vocab_size=256, num_classes=256, head="lm", max_len=seq_len, dim=128, depth=2, heads=4,
                       head_dim=32, mlp_dim=512, dropout=0.0)
     torch.manual_seed(0)
-    model = Model(cfg, make_baseline_factory(method, cfg, {})).train()
+    model = Model(cfg, same_in_every_layer(get(method).load(), cfg, {})).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     windows = torch.randint(256, (batch, seq_len + 1), generator=g)

@@ -1,21 +1,28 @@
 """The import graph of the repository, read with ``ast`` (nothing is imported): method files are leaves and
-nothing imports in a circle.
+nothing imports in a circle; and, run, no module is executed twice.
 
-- Edges are every import of a module of this repository: at module level, inside functions, and
-  ``importlib.import_module("literal")``. ``from package import name`` is an edge to ``package.name`` when that
-  is a module.
+- Edges are every import of a module of this repository: at module level, inside functions,
+  ``importlib.import_module("literal")``, and a string naming a module's attribute, ``"module:Name"`` (how the
+  registry names its classes, loaded by importlib when a method is run). ``from package import name`` is an
+  edge to ``package.name`` when that is a module.
 - No cycle among them, whether the imports run at import time or only when a function is called.
 - Method files (the root files the registry names; fastrg.py and alibi.py, the leaves they share) and
-  baselines/ import nothing from bench, except in the ``main()`` of a method file, which hands the file to the
-  harness in at most MAIN_LINES lines.
+  baselines/ import nothing from bench, except in the ``main()`` of a method file, which is the method's own
+  training procedure on bench's loop in at most MAIN_LINES lines.
 """
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from bench import methods
 
 ROOT = Path(__file__).resolve().parents[1]
-MAIN_LINES = 10
+MAIN_LINES = 70
+NAMED_ATTRIBUTE = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_]\w*")  # "module:Name"
 
 
 def module_name(path: Path) -> str:
@@ -66,6 +73,10 @@ def imports_in(text: str, package: str, known: set) -> list:
                   and child.func.attr == "import_module" and child.args
                   and isinstance(child.args[0], ast.Constant) and isinstance(child.args[0].value, str)):
                 add(child.args[0].value, scope, child.lineno)
+            elif isinstance(child, ast.Constant) and isinstance(child.value, str):
+                named = NAMED_ATTRIBUTE.fullmatch(child.value)
+                if named and named.group(1) in known:
+                    add(named.group(1), scope, child.lineno)
             visit(child, inner)
 
     visit(tree, None)
@@ -128,25 +139,64 @@ def test_method_files_and_baselines_import_bench_only_in_main():
     assert offending == []
 
 
-def test_each_method_file_hands_itself_to_the_harness_in_a_short_main():
-    registered = {m.attention.split(":")[0] for m in methods.REGISTRY}
-    files = [ROOT / f"{name}.py" for name in leaves() if "." not in name and name in registered]
-    assert {f.name for f in files} >= {"sbm_transformer.py", "ssa.py", "kernel_sparse.py"}
-    lengths = {}
+def test_each_method_file_s_main_is_its_procedure_on_bench_s_loop():
+    """The registry's method files each end with a main() that trains on bench.loop (setup, train, final_record,
+    finish), short enough to read with the paper beside it."""
+    files = [ROOT / m.script for m in methods.REGISTRY if m.script]
+    assert {f.name for f in files} == {"sbm_transformer.py", "ssa.py", "kernel_sparse.py"}
     for path in files:
         tree = ast.parse(path.read_text())
-        main = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"]
-        if main:
-            lengths[path.name] = main[0].end_lineno - main[0].lineno + 1
-    assert lengths and all(n <= MAIN_LINES for n in lengths.values()), lengths
+        main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+        calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(main) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+        assert {"loop.setup", "loop.train", "loop.final_record", "loop.finish"} <= calls, (path.name, calls)
+        assert main.end_lineno - main.lineno + 1 <= MAIN_LINES, path.name
 
 
-def test_the_walk_sees_imports_inside_functions_and_through_importlib():
+def test_the_walk_sees_imports_inside_functions_through_importlib_and_registry_strings():
     """The checks above are only as good as the walk: it must find each kind of import, and each cycle."""
-    text = ("import importlib\nfrom bench import train\nimport bench.measure as m\n\n\n"
-            "def f():\n    from .tasks import get_task\n    importlib.import_module('bench.model')\n")
-    known = {"bench", "bench.train", "bench.tasks", "bench.model", "bench.measure"}
+    text = ("import importlib\nfrom bench import train\nimport bench.measure as m\nNAMED = 'ssa:SSAttention'\n\n\n"
+            "def f():\n    from .tasks import get_task\n    importlib.import_module('bench.model')\n"
+            "    return 'python -m bench.train', 'unknown:Thing'\n")
+    known = {"bench", "bench.train", "bench.tasks", "bench.model", "bench.measure", "ssa"}
     assert {(t, s) for t, s, _ in imports_in(text, "bench", known)} == {
-        ("bench.train", None), ("bench.measure", None), ("bench.tasks", "f"), ("bench.model", "f")}
+        ("bench.train", None), ("bench.measure", None), ("ssa", None), ("bench.tasks", "f"), ("bench.model", "f")}
     assert cycles({"a": [("b", None, 1)], "b": [("a", "f", 2)], "c": [("a", None, 3)]}) == [["a", "b"]]
     assert cycles({"a": [("b", None, 1)], "b": []}) == []
+
+
+def test_the_walk_finds_a_cycle_closed_by_a_registry_string():
+    """A registry entry naming "bench.recipes.kernel:RECIPE" whose module imports bench.train, which reads the
+    registry: the string closes the circle the imports alone do not show."""
+    known = {"bench.train", "bench.methods", "bench.recipes.kernel"}
+    graph = {"bench.train": imports_in("from bench import methods\n", "bench", known),
+             "bench.methods": imports_in("RECIPE = 'bench.recipes.kernel:RECIPE'\n", "bench", known),
+             "bench.recipes.kernel": imports_in("from bench.train import run_folder\n", "bench.recipes", known)}
+    assert cycles(graph) == [["bench.methods", "bench.recipes.kernel", "bench.train"]]
+
+
+RUN_AS_MAIN = """
+import runpy, sys
+sys.argv = [{script!r}, *{argv!r}]
+try:
+    runpy.{runner}({target!r}, run_name="__main__")
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+print(sorted(name for name in sys.modules if name in {watched!r}))
+"""
+
+
+@pytest.mark.parametrize("runner, target, argv", [
+    ("run_path", "ssa.py", []), ("run_path", "sbm_transformer.py", []),
+    ("run_module", "bench.train", []), ("run_module", "bench.train", ["--method", "ssa"])])
+def test_an_entry_point_runs_without_executing_any_module_twice(tmp_path, runner, target, argv):
+    """A training run started as `python FILE.py` or `python -m bench.train` never imports its own module a second
+    time (a module run as __main__ and imported again executes twice, with two copies of its classes)."""
+    watched = {"ssa.py": ["ssa"], "sbm_transformer.py": ["sbm_transformer"], "bench.train": ["bench.train"]}[target]
+    tiny = ["--task", "duplicates", "--seq-len", "8", "--dim", "8", "--heads", "1", "--head-dim", "8", "--mlp-dim",
+            "8", "--depth", "1", "--batch-size", "2", "--steps", "1", "--eval-batches", "1", "--final-eval-batches",
+            "1", "--out", str(tmp_path / "run")]
+    code = RUN_AS_MAIN.format(script=target, argv=[*argv, *tiny], runner=runner, target=target, watched=watched)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

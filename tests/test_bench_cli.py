@@ -15,6 +15,11 @@ TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--
         "--batch-size", "4", "--eval-batches", "1", "--final-eval-batches", "1", "--steps", "2"]
 
 
+def as_set(flags):
+    """["--steps", "2", ...] as bench.grid's ["--set", "steps=2", ...]: options every cell gets."""
+    return [word for flag, value in zip(flags[::2], flags[1::2]) for word in ("--set", f"{flag[2:]}={value}")]
+
+
 def run(*args, check=True):
     result = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
@@ -96,16 +101,16 @@ def test_scaling_attn_options_reach_their_method_and_bad_ones_stop_before_any_ce
 def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_path):
     out = tmp_path / "results"
     first = run("bench.grid", "--methods", "full", "--tasks", "duplicates,bytes", "--out", str(out),
-                "--data-dir", str(tmp_path / "no-data"), *TINY)
+                "--data-dir", str(tmp_path / "no-data"), *as_set(TINY))
     assert "full-duplicates-cpu-s0: done" in first.stdout
     assert "no data: bytes: bytes: no WikiText-2 text" in first.stdout and "full-bytes" not in first.stdout
     assert not (tmp_path / "no-data").exists()  # the plan looked, and created nothing
     record = out / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
     stamp = record.stat().st_mtime_ns
     second = run("bench.grid", "--methods", "full", "--tasks", "duplicates", "--out", str(out),
-                 "--data-dir", str(tmp_path / "no-data"), *TINY)  # the same command: the cell is kept
+                 "--data-dir", str(tmp_path / "no-data"), *as_set(TINY))  # the same command: the cell is kept
     assert "complete, kept" in second.stdout and record.stat().st_mtime_ns == stamp
-    failing = run("bench.grid", "--methods", "full", "--tasks", "listops", "--out", str(out), *TINY, "--lr", "x",
+    failing = run("bench.grid", "--methods", "full", "--tasks", "listops", "--out", str(out), *as_set(TINY), "--set", "lr=x",
                   check=False)
     assert failing.returncode == 1 and "full-listops-cpu-s0: FAILED" in failing.stdout
     failure = json.loads((out / "runs" / "full-listops-cpu-s0" / "failed.json").read_text())
@@ -135,7 +140,7 @@ def test_published_report_leads_with_the_claims_and_rewrites_only_the_readme_sec
 
 def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
     out = tmp_path / "results"
-    args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), "--jobs", "1", *TINY]
+    args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), "--jobs", "1", *as_set(TINY)]
     grid = subprocess.Popen([sys.executable, "-m", "bench.grid", *args], cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
@@ -176,14 +181,14 @@ def test_grid_runs_methods_with_their_own_entry_points(tmp_path):
               "4", "--finetune-steps", "1", "--thresholds", "0.5", "--top-ks", "2", "--handcrafted-k", "4",
               "--learned-kernels", "2", "--hidden", "8"]
     out = tmp_path / "results"
-    result = run("bench.grid", "--methods", "sbm,ssa", "--tasks", "duplicates", "--out", str(out), *TINY)
+    result = run("bench.grid", "--methods", "sbm,ssa", "--tasks", "duplicates", "--out", str(out), *as_set(TINY))
     assert "sbm-duplicates-cpu-s0: done" in result.stdout and "ssa-duplicates-cpu-s0: done" in result.stdout
     for method in ("sbm", "ssa"):
         assert json.loads((out / "runs" / f"{method}-duplicates-cpu-s0" / "metrics.json").read_text())["method"] == method
     if tasks == "duplicates":
         pytest.skip(f"no WikiText-2 in {DATA} for the kernel cell (set SPARSE_ATTN_DATA)")
     result = run("bench.grid", "--methods", "kernel", "--tasks", tasks, "--out", str(out), "--data-dir", str(DATA),
-                 *TINY, *kernel)
+                 *as_set(TINY), *as_set(kernel))
     assert "kernel-wikitext2-cpu-s0: done" in result.stdout and "kernel-duplicates" not in result.stdout
     record = json.loads((out / "runs" / "kernel-wikitext2-cpu-s0" / "metrics.json").read_text())
     assert "finetune" in record["kernel"]

@@ -12,10 +12,10 @@ from baselines.full import FullAttention
 
 def make_pair(alibi=False, dtype=torch.float64):
     torch.manual_seed(0)
-    fused = FullAttention(24, 3, 8, alibi=alibi, fused=True).to(dtype)
-    reference = FullAttention(24, 3, 8, alibi=alibi, fused=False).to(dtype)
-    reference.load_state_dict(fused.state_dict())
-    return fused, reference
+    fast = FullAttention(24, 3, 8, alibi=alibi, path="fast").to(dtype)
+    reference = FullAttention(24, 3, 8, alibi=alibi, path="reference").to(dtype)
+    reference.load_state_dict(fast.state_dict())
+    return fast, reference
 
 
 def padding(batch=3, n=9):
@@ -28,13 +28,13 @@ def padding(batch=3, n=9):
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
-def test_fused_and_reference_agree(alibi, causal, padded):
-    fused, reference = make_pair(alibi)
+def test_fast_and_reference_agree(alibi, causal, padded):
+    fast, reference = make_pair(alibi)
     x = torch.randn(3, 9, 24, dtype=torch.float64, requires_grad=True)
     mask = padding() if padded else None
     grad_out = torch.randn(3, 9, 24, dtype=torch.float64)
     outputs, grads = [], []
-    for module in (fused, reference):
+    for module in (fast, reference):
         y, stats = module(x, mask, causal)
         (y * grad_out).sum().backward()
         outputs.append(y.detach())
@@ -45,9 +45,9 @@ def test_fused_and_reference_agree(alibi, causal, padded):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_fully_masked_rows_are_zero_with_finite_gradients(fused):
-    module = FullAttention(16, 2, 8, fused=fused)
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_fully_masked_rows_are_zero_with_finite_gradients(path):
+    module = FullAttention(16, 2, 8, path=path)
     x = torch.randn(2, 6, 16, requires_grad=True)
     mask = torch.zeros(2, 6, dtype=torch.bool)
     mask[0] = True  # every key of sample 0 is padding
@@ -75,7 +75,7 @@ def test_density_counts_admissible_pairs():
 
 
 def test_softmax_scale_is_one_over_sqrt_head_dim():
-    module = FullAttention(8, 1, 8, fused=False)
+    module = FullAttention(8, 1, 8, path="reference")
     with torch.no_grad():
         module.qkv.weight.zero_()
         module.qkv.bias.zero_()

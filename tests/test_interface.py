@@ -20,7 +20,6 @@ documents it, and a test asserts the line is still there. Masks of another dtype
 every variant (test_bad_masks_are_a_clear_value_error), and extra_repr() shows the budget it was built with
 (test_extra_repr_shows_the_budget). The method files' own tests check what is particular to each method.
 """
-import argparse
 import copy
 import importlib
 import random
@@ -33,8 +32,7 @@ import pytest
 import torch
 
 from bench import methods as registry
-from bench.recipes import settings_recipe
-from bench.train import available_methods, load_method
+from bench.methods import available, get, same_in_every_layer
 from conftest import LowPrecisionMath
 
 CASES_PER_VARIANT = 250
@@ -59,8 +57,8 @@ class Variant:
 
 
 VARIANTS = {
-    "full-fused": Variant("full", lambda r: dict(fused=True, alibi=r.random() < 0.3)),
-    "full-reference": Variant("full", lambda r: dict(fused=False, alibi=r.random() < 0.3)),
+    "full-fast": Variant("full", lambda r: dict(path="fast", alibi=r.random() < 0.3)),
+    "full-reference": Variant("full", lambda r: dict(path="reference", alibi=r.random() < 0.3)),
     "linear": Variant("linear", lambda r: dict(chunk=r.choice([1, 3, 64]))),
     "linformer": Variant("linformer", lambda r: dict(rank=r.choice([1, 4, 16]), max_len=MAX_LEN)),
     "performer": Variant("performer", lambda r: dict(features=r.choice([4, 8, 16]), chunk=r.choice([1, 3, 64]),
@@ -71,19 +69,21 @@ VARIANTS = {
     **{f"sbm-{path}": Variant("sbm", lambda r, path=path: dict(
         path=path, clusters=r.choice([2, 4, 8]), delta=r.choice([0.0, 0.01, 0.5]), self_loops=r.random() < 0.3,
         ste=r.choice(["paper", "official"]), density_weight=r.choice([0.0, 0.1]),
-        explore_in_eval=r.random() < 0.3, shared_mlp=r.random() < 0.3)) for path in ("sparse", "dense")},
+        explore_in_eval=r.random() < 0.3, shared_mlp=r.random() < 0.3)) for path in ("fast", "reference")},
     "ssa": Variant("ssa", lambda r: dict(
         windows=r.choice([1, 2, 4]), sigma=r.choice([0.0, 0.2, 1.0]), unbiased=r.choice([None, None, 0.5, 1.0]),
-        fused=r.random() < 0.5, mode=r.choice(["sample", "sample", "dense", "ensemble"]), alibi=r.random() < 0.5)),
-    **{f"kernel-{mode}": Variant("kernel", lambda r, mode=mode: dict(
-        mode=mode, max_len=MAX_LEN, kernels=r.choice(["standard", "learned"]), hidden=8, window=r.choice([1, 3, 5]),
+        path=r.choice(["fast", "reference"]), sampling=r.choice(["training", "training", "never", "always"]),
+        alibi=r.random() < 0.5)),
+    **{f"kernel-{name}": Variant("kernel", lambda r, sparse=sparse, path=path: dict(
+        sparse=sparse, path=path, max_len=MAX_LEN, kernels=r.choice(["standard", "learned"]), hidden=8, window=r.choice([1, 3, 5]),
         select=r.choice(["threshold", "topk"]), threshold=r.choice([-1.0, 0.3, 0.5, 0.9]), top_k=r.choice([1, 3]),
-        alibi=r.random() < 0.3)) for mode in ("dense", "masked", "sparse")},
+        alibi=r.random() < 0.3)) for name, sparse, path in (("dense", False, "fast"), ("masked", True, "reference"),
+                                                            ("sparse", True, "fast"))},
 }
 
 # (variant, check) → (object, its docstring's words): a check the variant does not promise, and where it says so.
 DOCUMENTED = {
-    ("sbm-sparse", "causal outputs"): (
+    ("sbm-fast", "causal outputs"): (
         "sbm_transformer", "for a fixed generator the realised draw of one row still depends on the other tokens "
         "(one vectorised proposal per batch), so realisation-level invariance to future tokens holds on the dense "
         "path, and on the sparse path given the graph"),
@@ -115,22 +115,22 @@ def test_documented_exceptions_are_still_documented(key):
 
 
 def build(variant: str, dim: int, heads: int, head_dim: int, dropout: float, budget: dict):
-    return load_method(VARIANTS[variant].method)[1](dim, heads, head_dim, dropout, **budget)
+    return get(VARIANTS[variant].method).load()(dim, heads, head_dim, dropout, **budget)
 
 
 # INTERFACE.md: extra_repr() shows the budget. The options each method's repr names as KEY=VALUE.
 SHOWN_BUDGET = {
-    "full": ("fused", "alibi"), "linear": ("chunk",), "linformer": ("rank", "max_len"),
+    "full": ("path", "alibi"), "linear": ("chunk",), "linformer": ("rank", "max_len"),
     "performer": ("features", "chunk", "redraw_interval"), "nystromformer": ("landmarks", "conv_kernel"),
     "reformer": ("n_hashes", "bucket_size"),
     "sbm": ("path", "clusters", "delta", "self_loops", "ste", "explore_in_eval", "shared_mlp"),
-    "ssa": ("mode", "alibi"), "kernel": ("mode", "select", "alibi")}
+    "ssa": ("path", "sampling", "alibi"), "kernel": ("sparse", "path", "select", "alibi")}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_extra_repr_shows_the_budget(variant):
     method = VARIANTS[variant].method
-    _, cls = load_method(method)
+    cls = get(method).load()
     for index in range(5):
         budget = VARIANTS[variant].budget(random.Random(f"repr/{variant}/{index}"))
         text = cls(16, 2, 8, 0.0, **budget).extra_repr()
@@ -139,7 +139,7 @@ def test_extra_repr_shows_the_budget(variant):
 
 
 def test_every_registered_method_is_fuzzed():
-    assert {v.method for v in VARIANTS.values()} == set(available_methods()) == set(SHOWN_BUDGET)
+    assert {v.method for v in VARIANTS.values()} == set(available()) == set(SHOWN_BUDGET)
 
 
 # ----------------------------------------------------------------------------------------------- the cases
@@ -335,29 +335,14 @@ def test_bad_masks_are_a_clear_value_error(variant, mask):
         module(torch.randn(2, 5, 8), BAD_MASKS[mask](2, 5))
 
 
-def test_a_settings_dataclass_named_by_the_registry_reaches_each_layer_s_constructor():
-    """bench.recipes.settings_recipe: each field is a flag and a constructor argument by name; the model's
-    max_len is added where the constructor takes one; a field the constructor lacks is refused at once."""
-    @dataclass
-    class Settings:
-        budget: int = 3
-
+def test_a_baseline_s_budget_reaches_each_layer_s_constructor_with_the_model_s_max_len():
+    """bench.methods.same_in_every_layer: the interface's arguments, the budget by name, and the model's max_len
+    where the constructor takes one."""
     class Budgeted(torch.nn.Module):
         def __init__(self, dim, heads, head_dim, dropout=0.0, budget=1, max_len=0):
             super().__init__()
             self.seen = (dim, heads, head_dim, dropout, budget, max_len)
 
-    recipe = settings_recipe("budgeted", Settings, Budgeted)
-    parser = argparse.ArgumentParser()
-    recipe.add_arguments(parser)
-    args = parser.parse_args(["--budget", "5"])
-    plan = recipe.plan(recipe.settings(args), args, {}, None)
     model_cfg = SimpleNamespace(dim=8, heads=2, head_dim=4, attn_dropout=0.1, max_len=16)
-    assert plan.make_attention(model_cfg)(0).seen == (8, 2, 4, 0.1, 5, 16)
-
-    @dataclass
-    class Stray:
-        width: int = 2
-
-    with pytest.raises(TypeError, match=r"fields its attention Budgeted does not take: \['width'\]"):
-        settings_recipe("budgeted", Stray, Budgeted)
+    assert same_in_every_layer(Budgeted, model_cfg, {"budget": 5})(0).seen == (8, 2, 4, 0.1, 5, 16)
+    assert same_in_every_layer(Budgeted, model_cfg, {"max_len": 7})(0).seen == (8, 2, 4, 0.1, 1, 7)

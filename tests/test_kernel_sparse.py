@@ -244,12 +244,12 @@ def test_selection_rule_and_module_output_follow_the_union(bank_name, select, ca
     expected = union_by_hand(bank, sel, valid, causal)
     reference = reference_attention(attn, x, expected)
     density = expected.sum((0, 2, 3)).double() / (valid.sum(1).double() ** 2).sum()
-    for mode in ("masked", "sparse"):
-        attn.mode = mode
+    for path in ("reference", "fast"):
+        attn.path = path
         with torch.no_grad():
             y, stats = attn(x, key_padding_mask=pad, causal=causal)
-        assert torch.allclose(y, reference, atol=1e-5), mode
-        assert torch.allclose(stats["density"].double(), density, atol=1e-6), mode
+        assert torch.allclose(y, reference, atol=1e-5), path
+        assert torch.allclose(stats["density"].double(), density, atol=1e-6), path
 
 
 def test_padded_queries_select_nothing():
@@ -437,7 +437,7 @@ def test_sparse_attention_without_edges_gives_zeros():
 
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_module_masked_and_sparse_modes_agree_in_outputs_and_gradients(causal, alibi):
+def test_module_reference_and_fast_paths_agree_in_outputs_and_gradients(causal, alibi):
     """Deviation 7: fine-tuning runs the masked path; it must give the sparse path's outputs and gradients
     (with the teacher's ALiBi bias too: per entry in one, per edge in the other)."""
     attn = make(ks.standard_kernels(L), select="topk", top_k=4, alibi=alibi)
@@ -445,8 +445,8 @@ def test_module_masked_and_sparse_modes_agree_in_outputs_and_gradients(causal, a
     pad = padding(3)
     upstream = torch.randn(3, N, DIM, generator=seeded(4))
     results = []
-    for mode in ("masked", "sparse"):
-        attn.mode = mode
+    for path in ("reference", "fast"):
+        attn.path = path
         attn.zero_grad()
         x = x0.clone().requires_grad_()
         y, stats = attn(x, key_padding_mask=pad, causal=causal)
@@ -459,12 +459,17 @@ def test_module_masked_and_sparse_modes_agree_in_outputs_and_gradients(causal, a
 
 
 # -------------------------------------------------------------------- 5. the all-kernels mask = the teacher
-def tiny_model(head="token", max_len=L, mode="dense", **attn_kwargs):
+def tiny_model(head="token", max_len=L, sparse=False, **attn_kwargs):
     cfg = ModelConfig(vocab_size=20, num_classes=5, head=head, max_len=max_len, dim=DIM, depth=2, heads=H,
                       head_dim=D, mlp_dim=32, dropout=0.0)
     torch.manual_seed(0)
-    return Model(cfg, lambda layer: ks.KernelSparseAttention(DIM, H, D, max_len=max_len, hidden=16, mode=mode,
+    return Model(cfg, lambda layer: ks.KernelSparseAttention(DIM, H, D, max_len=max_len, hidden=16, sparse=sparse,
                                                              **attn_kwargs)).eval()
+
+
+def set_path(model, path: str) -> None:
+    for block in model.blocks:
+        block.attn.path = path
 
 
 def full_cover_bank(kind: str) -> ks.KernelBank:
@@ -496,26 +501,28 @@ def test_all_kernels_reproduce_the_dense_teacher(cover, head, alibi):
     pad = padding(3)
     with torch.no_grad():
         dense, dense_stats = model(tokens, key_padding_mask=pad)
-        for mode in ("masked", "sparse"):
-            ks.install(model, predictors, mode, **rule)
-            assert all(block.attn.mode == mode for block in model.blocks)
+        for path in ("reference", "fast"):
+            ks.install(model, predictors, **rule)
+            set_path(model, path)
+            assert all(block.attn.sparse for block in model.blocks)
             logits, stats = model(tokens, key_padding_mask=pad)
-            # padded queries output 0 in the sparse modes (deviation 9): compare the valid positions
-            assert torch.allclose(logits[~pad], dense[~pad], atol=1e-5, rtol=1e-5), mode
-            assert torch.allclose(stats["density"], dense_stats["density"], atol=1e-6), mode
-            ks.install(model, mode="dense")
+            # padded queries output 0 on the sparse paths (deviation 9): compare the valid positions
+            assert torch.allclose(logits[~pad], dense[~pad], atol=1e-5, rtol=1e-5), path
+            assert torch.allclose(stats["density"], dense_stats["density"], atol=1e-6), path
+            ks.install(model, sparse=False)
     # and a mask that is not complete does change the logits (the comparison can fail)
-    ks.install(model, predictors, "sparse", select="topk", top_k=1)
+    ks.install(model, predictors, select="topk", top_k=1)
+    set_path(model, "fast")
     if bank is None:
         with torch.no_grad():
             assert not torch.allclose(model(tokens, key_padding_mask=pad)[0][~pad], dense[~pad], atol=1e-3)
 
 
 @pytest.mark.parametrize("alibi", [False, True])
-def test_dense_mode_density_and_sdpa_paths(alibi):
+def test_dense_teacher_density_and_sdpa_paths(alibi):
     """The teacher's density counts admissible pairs over valid² (causal: the lower triangle); its outputs,
     ALiBi included, equal the written-out reference on every SDPA path (unpadded, padded, causal)."""
-    attn = make(mode="dense", alibi=alibi)
+    attn = make(sparse=False, alibi=alibi)
     x = torch.randn(3, N, DIM, generator=seeded(6))
     if alibi:
         assert torch.allclose(attn.slopes, torch.tensor([2.0 ** (-8 * h / H) for h in range(1, H + 1)]))
@@ -524,7 +531,7 @@ def test_dense_mode_density_and_sdpa_paths(alibi):
         everything = torch.ones(3, H, N, N, dtype=torch.bool)
         assert torch.allclose(y, reference_attention(attn, x, everything), atol=1e-5)
         with torch.no_grad():
-            plain = make(mode="dense")(x)[0]
+            plain = make(sparse=False)(x)[0]
         assert not torch.allclose(y, plain, atol=1e-3)  # the bias does change the teacher
     pad = padding(3)
     valid = ~pad
@@ -538,18 +545,19 @@ def test_dense_mode_density_and_sdpa_paths(alibi):
         assert torch.allclose(stats["density"], expected)
 
 
-def test_float64_model_runs_masked_and_sparse():
-    """A module moved to float64 (as the reference tests of the other methods do) must run in every mode, and
+def test_float64_model_runs_both_sparse_paths():
+    """A module moved to float64 (as the reference tests of the other methods do) must run on every path, and
     then the all-kernels sparse model equals the dense teacher to float64 precision."""
     model = tiny_model("token").double()
     tokens = torch.randint(20, (2, N), generator=seeded(0))
     with torch.no_grad():
         dense, _ = model(tokens)
-        for mode in ("masked", "sparse"):
-            ks.install(model, mode=mode, select="threshold", threshold=-1.0)
+        for path in ("reference", "fast"):
+            ks.install(model, select="threshold", threshold=-1.0)
+            set_path(model, path)
             logits, _ = model(tokens)
             assert logits.dtype == torch.float64
-            assert torch.allclose(logits, dense, atol=1e-10), mode
+            assert torch.allclose(logits, dense, atol=1e-10), path
 
 
 # --------------------------------------------------------------------------------------------- 7. causal
@@ -564,10 +572,10 @@ def test_causal_kernels_are_cut_at_the_query():
     assert (bank.mask(sel, valid, False) & ~torch.ones(N, N, dtype=torch.bool).tril()).any()  # non-causal: not cut
 
 
-@pytest.mark.parametrize("mode", ["masked", "sparse"])
+@pytest.mark.parametrize("path", ["reference", "fast"])
 @pytest.mark.parametrize("threshold", [-1.0, 0.5])
-def test_causal_sparse_attention_never_sees_the_future(mode, threshold):
-    attn = make(mode=mode, threshold=threshold)
+def test_causal_sparse_attention_never_sees_the_future(path, threshold):
+    attn = make(path=path, threshold=threshold)
     x = torch.randn(2, N, DIM, generator=seeded(9))
     t = 4
     changed = x.clone()
@@ -587,7 +595,7 @@ def test_causal_sparse_attention_never_sees_the_future(mode, threshold):
 
 def test_causal_lm_model_logits_ignore_future_tokens():
     model = tiny_model("lm")
-    ks.install(model, mode="sparse", select="topk", top_k=5)
+    ks.install(model, select="topk", top_k=5)
     tokens = torch.randint(20, (2, N), generator=seeded(1))
     changed = tokens.clone()
     changed[:, 6:] = (changed[:, 6:] + 1) % 20
@@ -624,7 +632,7 @@ def test_learned_kernels_build_and_run():
 def test_causal_sparse_dropout_never_sees_the_future():
     """Issue 19, item 6: one flat dropout draw over the edge list let a later token's edges shift the draws of
     earlier queries; pair_dropout draws per pair, so the past is unchanged under a fixed generator."""
-    attn = make(dropout=0.3, mode="sparse", threshold=0.5).train()
+    attn = make(dropout=0.3, threshold=0.5).train()
     x = torch.randn(2, N, DIM, generator=seeded(1))
     y = attn(x, padding(), causal=True, generator=seeded(2))[0]
     for t in range(1, N):
@@ -634,14 +642,14 @@ def test_causal_sparse_dropout_never_sees_the_future():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_masked_and_sparse_modes_drop_the_same_pairs(causal):
+def test_reference_and_fast_paths_drop_the_same_pairs(causal):
     """The masked path (every pair) and the sparse path (the edges) draw each pair's dropout from the same hash,
     so fine-tuning on the masked path trains what the sparse path computes, dropout included (deviation 7)."""
     attn = make(dropout=0.3, select="topk", top_k=4).train()
     x = torch.randn(3, N, DIM, generator=seeded(3))
     results = []
-    for mode in ("masked", "sparse"):
-        attn.mode = mode
+    for path in ("reference", "fast"):
+        attn.path = path
         attn.zero_grad()
         y, _ = attn(x, padding(3), causal, generator=seeded(4))
         y.square().sum().backward()
@@ -684,7 +692,7 @@ def test_kernel_config_rejects_bad_values(bad):
         ks.KernelConfig(**bad)
 
 
-@pytest.mark.parametrize("bad", [dict(mode="fast"), dict(select="all"), dict(kernels="handcrafted"),
+@pytest.mark.parametrize("bad", [dict(path="sparse"), dict(select="all"), dict(kernels="handcrafted"),
                                  dict(window=4), dict(dropout=1.0), dict(max_len=0), dict(top_k=0)])
 def test_attention_rejects_bad_arguments(bad):
     with pytest.raises(ValueError):
@@ -700,14 +708,14 @@ def test_bad_shapes_and_inputs_raise():
     attn = make()
     with pytest.raises(ValueError, match="max_len"):
         attn(torch.randn(1, L + 1, DIM))
-    attn.mode = "dense"
+    attn.sparse = False
     assert attn(torch.randn(1, L + 1, DIM))[0].shape == (1, L + 1, DIM)  # the teacher has no length limit
     with pytest.raises(ValueError, match="key_padding_mask"):
         attn(torch.randn(1, N, DIM), key_padding_mask=torch.zeros(1, N))
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--attn", "window=3"], "not --attn"),
+    (["--attn", "window=3"], "unrecognized arguments: --attn"),
     (["--window", "4"], "odd"),
     (["--sweep", "learned/per-kernel"], "sweep"),
     (["--families", "standard,bogus"], "families"),
@@ -724,16 +732,17 @@ def test_cli_rejects_bad_settings(argv, message, capsys, tmp_path):
 
 
 def test_cli_reports_missing_data(tmp_path, capsys):
-    code = ks.main(["--task", "wikitext2", "--device", "cpu", "--data-dir", str(tmp_path / "none"),
-                    "--out", str(tmp_path / "out"), "--steps", "0", "--no-download"])
-    assert code == 1 and "WikiText-2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        ks.main(["--task", "wikitext2", "--device", "cpu", "--data-dir", str(tmp_path / "none"),
+                 "--out", str(tmp_path / "out"), "--steps", "0", "--no-download"])
+    assert exit_info.value.code == 1 and "WikiText-2" in capsys.readouterr().err
 
 
 def test_script_entry_point_exits_non_zero_with_a_message():
     result = subprocess.run([sys.executable, "kernel_sparse.py", "--task", "wikitext2", "--attn", "top_k=2",
                              "--device", "cpu", "--data-dir", "/nonexistent", "--no-download", "--steps", "0"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "not --attn" in result.stderr
+    assert result.returncode == 2 and "unrecognized arguments: --attn" in result.stderr
 
 
 def test_pipeline_end_to_end_smoke(tmp_path, capsys):

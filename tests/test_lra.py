@@ -1,4 +1,4 @@
-"""bench/lra.py: the LRA tasks read the local data (or skip with the reason when it is absent), cache it,
+"""bench/tasks/lra.py: the LRA tasks read the local data (or skip with the reason when it is absent), cache it,
 give batches of the right shapes, balanced labels and seed-determined data; the Pathfinder generator keeps
 its geometric promises; archives with unsafe members and corrupt downloads are refused; missing data gives
 one clear message; and a two-step training run works for every task that has data."""
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import data, lra, pathfinder
+from bench.tasks import data_files as data, lra, pathfinder
 from bench.tasks import DataError, get_task
 
 from conftest import DATA as SHARED_DATA
@@ -523,7 +523,7 @@ def test_text_training_run(tmp_path):
 
 def test_image_training_run_on_cifar_python(tmp_path):
     archive = _cifar_python(tmp_path / "cifar-10-python.tar.gz")
-    prelude = (f"import bench.lra as L; L.CIFAR_PY_MD5 = {_md5s(archive)!r}; "
+    prelude = (f"import bench.tasks.lra as L; L.CIFAR_PY_MD5 = {_md5s(archive)!r}; "
                f"L.Image.COUNTS = {{'train': 60, 'test': 10}}; L.Image.VALID = 6")
     rec = train("--task", "image", "--seq-len", "64", *TINY, "--data-file", str(archive),
                 "--out", str(tmp_path / "run"), prelude=prelude)
@@ -535,7 +535,7 @@ def test_image_training_run_on_cifar_python(tmp_path):
 def test_image_training_run_on_the_local_jpeg_copy(tmp_path):
     # Decoding all 60,000 JPEGs takes 10-25 s on 2 cores; the run reads the archive but decodes only the
     # first 50 images per class and split (the cache lives in this test session's folder only).
-    prelude = ("import bench.lra as L; wanted = L.Image._wanted; "
+    prelude = ("import bench.tasks.lra as L; wanted = L.Image._wanted; "
                "L.Image._wanted = staticmethod(lambda rel: wanted(rel) and int(rel.stem) < 50); "
                "L.Image.COUNTS = {'train': 500, 'test': 500}; L.Image.VALID = 50")
     rec = train("--task", "image", "--seq-len", "256", *TINY, "--data-dir", str(SHARED_DATA),
@@ -544,7 +544,7 @@ def test_image_training_run_on_the_local_jpeg_copy(tmp_path):
 
 
 def test_pathfinder_training_run(tmp_path, cache):
-    prelude = f"import bench.lra as L; L.Pathfinder.default_sizes = staticmethod(lambda side: {PATHFINDER_SIZES!r})"
+    prelude = f"import bench.tasks.lra as L; L.Pathfinder.default_sizes = staticmethod(lambda side: {PATHFINDER_SIZES!r})"
     rec = train("--task", "pathfinder", "--seq-len", "256", *TINY, "--data-dir", str(cache),
                 "--out", str(tmp_path / "run"), prelude=prelude)
     assert rec["task"] == "pathfinder" and rec["scored"]["valid"] == 8

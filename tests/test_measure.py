@@ -34,13 +34,13 @@ def test_cpu_sdpa_forward_and_backward_hand_counts():
     assert flops(lambda: out.sum().backward()) == backward + b * h * n * d  # + the sum's reduction
 
 
-def test_reference_and_fused_full_attention_count_the_same_core():
+def test_reference_and_fast_full_attention_count_the_same_core():
     """Both paths of FullAttention do the same arithmetic; the reference also scales and masks the scores."""
     x = torch.randn(1, 32, 16)
-    fused, reference = FullAttention(16, 2, 8, fused=True), FullAttention(16, 2, 8, fused=False)
+    fast, reference = FullAttention(16, 2, 8, path="fast"), FullAttention(16, 2, 8, path="reference")
     n, h, d = 32, 2, 8
     scale = n * h * d  # the reference's division of Q by √D
-    assert flops(lambda: reference(x)) == flops(lambda: fused(x)) + scale
+    assert flops(lambda: reference(x)) == flops(lambda: fast(x)) + scale
 
 
 def test_elementwise_reduction_and_scatter_conventions():

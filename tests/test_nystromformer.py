@@ -39,7 +39,7 @@ def test_as_many_landmarks_as_tokens_is_full_attention(n, landmarks, padded):
     The paper's 6 pseudo-inverse iterations leave ~1% error here (A has condition number ~1e4); the
     iteration converges by 20 steps in float64, so 30 gives exact attention to rounding."""
     m = make(landmarks=landmarks, pinv_iterations=30).eval()
-    full = FullAttention(DIM, HEADS, HEAD_DIM, fused=False).double().eval()
+    full = FullAttention(DIM, HEADS, HEAD_DIM, path="reference").double().eval()
     full.load_state_dict(m.state_dict())
     x = torch.randn(2, n, DIM, dtype=torch.float64)
     mask = padding(2, n, padded)

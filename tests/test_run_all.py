@@ -15,7 +15,7 @@ from conftest import ROOT
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
        "HOME": os.environ.get("HOME", "/tmp")}
-FAST = ["--steps", "1", "--final-eval-batches", "1"]
+FAST = ["--set", "steps=1", "--set", "final_eval_batches=1"]  # bench.grid options every cell gets
 
 
 def sh(args, cwd=ROOT, env=None, check=True, timeout=300):
@@ -109,23 +109,27 @@ def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def write_record(folder, method, seed, test, command):
+def write_record(folder, cell, test):
+    """A claim cell's record as the grid leaves it: metrics.json (the config with the cell's settings) and
+    cell.json (its command, wall and CPU time)."""
     folder.mkdir(parents=True)
-    record = {"status": "complete", "method": method, "task": "listops", "seed": seed, "metric": "accuracy",
-              "test": test, "valid": test, "density": 0.5, "median_step_ms": 10.0, "wall_time_s": 5.0,
-              "device": "cpu", "config": {"steps": 1, "batch_size": 1, "seq_len": 8, "depth": 1, "heads": 1, "dim": 8}}
+    config = {"steps": 1, "batch_size": 1, "seq_len": 8, "depth": 1, "heads": 1, "dim": 8, **cell["settings"]}
+    record = {"status": "complete", "method": cell["method"], "task": "listops", "seed": cell["seed"],
+              "metric": "accuracy", "test": test, "valid": test, "density": 0.5, "median_step_ms": 10.0,
+              "wall_time_s": 5.0, "device": "cpu", "config": config}
     (folder / "metrics.json").write_text(json.dumps(record))
-    (folder / "cell.json").write_text(json.dumps({"command": [*command, "--seed", str(seed)], "wall_s": 60.0 + seed,
+    (folder / "cell.json").write_text(json.dumps({"command": cell["command"], "wall_s": 60.0 + cell["seed"],
                                                   "cpu_s": 30.0}))
 
 
 def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
     from bench import claims, report
     claim = claims.BY_NAME["sbm-listops"]
+    cells = {c["name"]: c for c in claim.cells()}
     for seed, test in zip((0, 1, 2), (0.30, 0.32, 0.37)):
-        write_record(tmp_path / claim.name / "runs" / f"full-listops-cpu-s{seed}", "full", seed, test,
-                     claim.runs[0])
-    write_record(tmp_path / claim.name / "runs" / "sbm-listops-cpu-s0", "sbm", 0, 0.25, claim.runs[1])
+        name = f"full-listops-cpu-s{seed}"
+        write_record(tmp_path / claim.name / "runs" / name, cells[name], test)
+    write_record(tmp_path / claim.name / "runs" / "sbm-listops-cpu-s0", cells["sbm-listops-cpu-s0"], 0.25)
     text = report.claim_section(claim, tmp_path, None, "")
     full_row = next(line for line in text.splitlines() if "--method full" in line)
     assert "33.00 ± 3.61" in full_row and "30.00 / 32.00 / 37.00" in full_row and "| 0, 1, 2 " in full_row
@@ -140,7 +144,7 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
     from bench import claims, report
     claim = claims.BY_NAME["sbm-table3"]
     cells = {c["name"]: c for c in claims.BY_NAME["sbm-table3"].cells()}
-    costs = {"full": (1000, 20, 100.0), "full-fused-false": (1000, 200, None), "sbm-lambda0.1": (80, 30, 250.0),
+    costs = {"full": (1000, 20, 100.0), "full-path-reference": (1000, 200, None), "sbm-lambda0.1": (80, 30, 250.0),
              "performer": (300, 40, None)}
     for name, cell in cells.items():
         setting = name.rsplit("-listops", 1)[0].replace("-untrained", "")
@@ -148,7 +152,7 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
             continue
         flops, memory, step_ms = costs[setting]
         folder = tmp_path / claim.name / "runs" / name
-        write_record(folder, cell["method"], cell["seed"], 0.3 + 0.02 * cell["seed"], cell["command"][:-2])
+        write_record(folder, cell, 0.3 + 0.02 * cell["seed"])
         record = json.loads((folder / "metrics.json").read_text())
         record.update(flops_per_example={"model": flops + 10 * cell["seed"], "attention": flops},
                       inference_memory_per_example_bytes=memory * 2 ** 20, median_step_ms=step_ms,
@@ -171,16 +175,17 @@ def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
     task's column (ListOps 2K, Image 1K)."""
     from bench import report
 
-    def record(task, method, command=(), flops=1.0, memory=100.0, steps=600):
+    def record(task, method, weight=None, flops=1.0, memory=100.0, steps=600):
         return {"task": task, "method": method, "seed": 0, "steps": steps, "test": 0.2, "density": 0.5,
-                "density_per_layer": [0.5, 0.5], "config": {"seq_len": {"listops": 2048, "image": 1024}[task]},
-                "cell": {"command": list(command)}, "flops_per_example": {"model": flops, "attention": flops},
+                "density_per_layer": [0.5, 0.5],
+                "config": {"seq_len": {"listops": 2048, "image": 1024}[task], "density_weight": weight},
+                "cell": {"command": []}, "flops_per_example": {"model": flops, "attention": flops},
                 "inference_memory_per_example_bytes": memory, "median_step_ms": 10.0}
 
-    explored = record("listops", "sbm", ["--density-weight", "0.1"], flops=0.5, memory=50)
+    explored = record("listops", "sbm", 0.1, flops=0.5, memory=50)
     explored["sbm"] = {"test_with_exploration": {"metric": 0.31, "density": 0.012}}
     recs = [record("listops", "full"), explored,
-            record("image", "full", flops=4.0), record("image", "sbm", ["--density-weight", "0.1"], flops=1.0),
+            record("image", "full", flops=4.0), record("image", "sbm", 0.1, flops=1.0),
             record("image", "linear", flops=2.0, steps=0)]
     text = report.table3(recs)
     listops, image = text.split("image (1024 tokens):")
@@ -238,7 +243,7 @@ def cell_processes(marker: str):
 def test_a_killed_grid_leaves_no_cell_running(tmp_path):
     out = tmp_path / "grid"
     grid = subprocess.Popen([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(out),
-                             "--methods", "full", "--tasks", "duplicates", "--steps", "100000"], cwd=ROOT,
+                             "--methods", "full", "--tasks", "duplicates", "--set", "steps=100000"], cwd=ROOT,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not cell_processes(str(out)):
@@ -260,39 +265,6 @@ def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path)
     assert json.loads(record.read_text())["steps"] == 1
     same = sh([*args, *FAST])
     assert "complete, kept" in same.stdout
-    changed = sh([*args, "--steps", "2", "--final-eval-batches", "1"])
+    changed = sh([*args, "--set", "steps=2", "--set", "final_eval_batches=1"])
     assert "made with another command" in changed.stdout and "redone" in changed.stdout
     assert json.loads(record.read_text())["steps"] == 2
-
-
-TOY = {"SPARSE_ATTN_PLUGINS": "toy_attention", "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-
-
-def test_a_method_registered_from_outside_runs_through_the_smoke_grid(tmp_path):
-    """Adding a method touches two places: its file and its registry entry (here one line of that file)."""
-    env = TOY
-    result = sh([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods",
-                 "toy,full", "--tasks", "duplicates,bytes", "--data-dir", str(fake_wikitext(tmp_path / "data")),
-                 *FAST], env=env)
-    assert "toy-duplicates-cpu-s0: done" in result.stdout and "toy-bytes-cpu-s0: done" in result.stdout
-    record = json.loads((tmp_path / "runs" / "toy-bytes-cpu-s0" / "metrics.json").read_text())
-    assert record["method"] == "toy" and record["status"] == "complete"
-    from bench import report
-    text = report.write_run_report(tmp_path)
-    assert "| toy " in text
-
-
-def test_a_registered_method_s_settings_are_flags_of_the_harness_without_a_recipe(tmp_path):
-    """The toy's registry entry names its settings dataclass: --temperature is a flag with its default in --help,
-    a bad value is one line and exit 2, and a run's record and model carry the value given."""
-    train = [sys.executable, "-m", "bench.train", "--method", "toy"]
-    shown = sh([*train, "--help"], env=TOY).stdout
-    assert "--temperature" in shown and "divides the attention scores (default: 1.0)" in " ".join(shown.split())
-    bad = sh([*train, "--task", "duplicates", "--temperature", "0"], env=TOY, check=False)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith("--temperature must be > 0, got 0.0")
-    assert "Traceback" not in bad.stderr
-    refused = sh([*train, "--task", "duplicates", "--attn", "temperature=2"], env=TOY, check=False)
-    assert refused.returncode == 2 and "takes its settings as flags (--temperature" in refused.stderr
-    sh([*train, "--task", "duplicates", "--temperature", "0.25", "--out", str(tmp_path / "run"), *FAST], env=TOY)
-    record = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert record["method"] == "toy" and record["config"]["temperature"] == 0.25

@@ -37,7 +37,7 @@ def both_paths(module, x, key_padding_mask, causal, generator):
     """One graph sampled on the dense path, then the attention and density of both paths on that graph."""
     q, k, v = qkv(module, x)
     valid = torch.ones(x.shape[:2], dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask
-    module.path = "dense"
+    module.path = "reference"
     graph = module.sample(q, k, valid, causal, generator)
     sparse_graph = {"edges": sbm.Edges.from_mask(graph["mask"]), "x": graph["x"], "w": graph["w"]}
     return [module.attend(q, k, v, g, valid, None) for g in (graph, sparse_graph)]
@@ -103,7 +103,7 @@ def test_all_ones_mask_equals_full_attention():
     torch.testing.assert_close(y.view(b, H, n, D), reference, rtol=1e-12, atol=1e-12)
     # the whole module with every pair admitted is multi-head full attention with the same projections
     module = make()
-    full = FullAttention(DIM, H, D, fused=False).double()
+    full = FullAttention(DIM, H, D, path="reference").double()
     full.qkv.load_state_dict(module.qkv.state_dict())
     full.out.load_state_dict(module.out.state_dict())
     x = torch.randn(b, n, DIM, dtype=torch.float64)
@@ -254,7 +254,7 @@ def test_padding_invariance(path, causal):
     y2, stats2 = module(changed, mask, causal, generator=seeded(5))
     torch.testing.assert_close(y2[~mask], y[~mask], rtol=0, atol=0)
     assert torch.equal(stats["density"], stats2["density"])
-    if path == "sparse":  # padded keys never get an edge, padded queries send none
+    if path == "fast":  # padded keys never get an edge, padded queries send none
         q, k, _ = qkv(module, x)
         edges = module.sample(q, k, ~mask, causal, seeded(5))["edges"].to_mask().view(3, H, 10, 10)
         assert not edges[mask[:, None, :, None].expand_as(edges)].any()
@@ -264,7 +264,7 @@ def test_padding_invariance(path, causal):
 def test_causal_never_sees_the_future():
     """Dense path: outputs up to t are unchanged when tokens after t change (same generator). Sparse path: no
     edge ever points to the future, and with the graph fixed the future cannot change the past."""
-    module = make(path="dense")
+    module = make(path="reference")
     x = torch.randn(2, 10, DIM, dtype=torch.float64)
     y, _ = module(x, causal=True, generator=seeded(2))
     for t in (0, 4, 8):
@@ -272,7 +272,7 @@ def test_causal_never_sees_the_future():
         changed[:, t + 1:] = torch.randn_like(changed[:, t + 1:])
         y2, _ = module(changed, causal=True, generator=seeded(2))
         torch.testing.assert_close(y2[:, :t + 1], y[:, :t + 1], rtol=0, atol=0)
-    module.path = "sparse"
+    module.path = "fast"
     q, k, v = qkv(module, x)
     graph = module.sample(q, k, torch.ones(2, 10, dtype=torch.bool), True, seeded(2))
     assert not graph["edges"].to_mask().triu(1).any()
@@ -335,7 +335,7 @@ def test_flops_are_counted_from_the_edges():
 
 
 def test_invalid_arguments_raise():
-    for kwargs in ({"clusters": 0}, {"delta": 1.0}, {"density_weight": -1.0}, {"path": "csr"}, {"ste": "clip"},
+    for kwargs in ({"clusters": 0}, {"delta": 1.0}, {"density_weight": -1.0}, {"path": "dense"}, {"ste": "clip"},
                    {"dropout": 1.0}):
         with pytest.raises(ValueError):
             sbm.SBMAttention(DIM, H, D, **kwargs)
@@ -349,13 +349,13 @@ def test_factory_splits_lambda_over_layers_and_official_preset():
     layers = [sbm.make_attention_factory(cfg, DIM, H, D, 0.0, 2)(i) for i in range(2)]
     assert all(math.isclose(layer.density_weight, 0.05) for layer in layers)
     official = sbm.SBMConfig.official()
-    assert (official.path, official.ste, official.explore_in_eval, official.shared_mlp) == ("dense", "official",
+    assert (official.path, official.ste, official.explore_in_eval, official.shared_mlp) == ("reference", "official",
                                                                                            True, True)
     module = sbm.make_attention_factory(official, DIM, H, D, 0.0, 1)(0).eval()
     assert module.exploration() == 0.01 and module.mlp_w.shape[1] == 1
 
 
-@pytest.mark.parametrize("extra, path", [([], "sparse"), (["--official", "--self-loops"], "dense")])
+@pytest.mark.parametrize("extra, path", [([], "fast"), (["--official", "--self-loops"], "reference")])
 def test_command_line_trains_and_records_density_per_layer_and_head(tmp_path, extra, path):
     out = tmp_path / "run"
     argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "3", "--batch-size", "4", "--eval-every", "3",
@@ -383,7 +383,7 @@ def test_exploring_in_eval_keeps_delta_in_evaluation_and_restores_the_setting():
     assert [m.explore_in_eval for m in model] == [False, True]
 
 
-@pytest.mark.parametrize("bad", [["--attn", "clusters=2"], ["--clusters", "0"], ["--path", "csr"]])
+@pytest.mark.parametrize("bad", [["--attn", "clusters=2"], ["--clusters", "0"], ["--path", "dense"]])
 def test_command_line_rejects_bad_settings_with_exit_2(bad):
     with pytest.raises(SystemExit) as exc:
         sbm.main(["--task", "duplicates"] + bad)

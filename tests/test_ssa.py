@@ -64,11 +64,11 @@ VARIANTS = [dict(windows=4, sigma=0.3), dict(windows=2, sigma=0.3, grid=(4, 4)),
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kwargs", VARIANTS)
-@pytest.mark.parametrize("fused", [True, False])
-def test_sampled_output_equals_dense_reference_on_drawn_pattern(kwargs, causal, fused, padded):
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_sampled_output_equals_dense_reference_on_drawn_pattern(kwargs, causal, path, padded):
     # One draw shared by both heads and both batch rows: the whole output equals dense attention with the
     # dense ALiBi bias and masks, restricted to that single pattern (Alg. 1/2, bias re-indexing).
-    m = make(fused=fused, **kwargs)
+    m = make(path=path, **kwargs)
     x, kpm = torch.randn(2, 16, DIM), padding(16, [16, 11]) if padded else None
     sources = m.draw_sources(16, causal, seeded(3))
     y, stats = m(x, kpm, causal=causal, generator=seeded(3))
@@ -88,8 +88,8 @@ def test_length_not_divisible_by_windows_pads_internally():
 
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("kwargs", [dict(windows=1, sigma=0.5), dict(unbiased=1.0), dict(mode="dense")])
-def test_one_window_unbiased_p1_and_dense_mode_equal_dense_attention(kwargs, causal, padded):
+@pytest.mark.parametrize("kwargs", [dict(windows=1, sigma=0.5), dict(unbiased=1.0), dict(sampling="never")])
+def test_one_window_unbiased_p1_and_no_sampling_equal_dense_attention(kwargs, causal, padded):
     m = make(**kwargs)
     x, kpm = torch.randn(2, 12, DIM), padding(12, [12, 7]) if padded else None
     y, stats = m(x, kpm, causal=causal, generator=seeded(0))
@@ -98,11 +98,11 @@ def test_one_window_unbiased_p1_and_dense_mode_equal_dense_attention(kwargs, cau
     torch.testing.assert_close(stats["density"], density.expand(H))
 
 
-def test_eval_is_dense_by_default_and_ensemble_mode_samples():
+def test_eval_is_dense_by_default_and_sampling_always_samples():
     m = make(windows=4, sigma=0.3).eval()
     x = torch.randn(1, 16, DIM)
     torch.testing.assert_close(m(x, causal=True)[0], reference(m, x, causal=True)[0], atol=1e-5, rtol=1e-5)
-    m.mode = "ensemble"
+    m.sampling = "always"
     assert m(x, causal=True, generator=seeded(0))[1]["density"][0] < 0.5
 
 
@@ -212,35 +212,35 @@ def test_grid_row_bands_follow_the_one_dimensional_model_per_column():
         assert abs(counts[0, token].item() / trials - p) <= 5 * math.sqrt(p * (1 - p) / trials) + 1e-4
 
 
-@pytest.mark.parametrize("mode", ["sample", "dense"])
+@pytest.mark.parametrize("sampling", ["training", "never"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_padding_invariance(mode, causal):
-    m = make(windows=4, sigma=0.4, mode=mode)
+def test_padding_invariance(sampling, causal):
+    m = make(windows=4, sigma=0.4, sampling=sampling)
     x, kpm = torch.randn(2, 16, DIM), padding(16, [16, 10])
     y = m(x, kpm, causal=causal, generator=seeded(4))[0]
     x2 = x.clone()
     x2[1, 10:] = 100 * torch.randn(6, DIM)  # padded content changes nothing at valid positions
     torch.testing.assert_close(m(x2, kpm, causal=causal, generator=seeded(4))[0][1, :10], y[1, :10])
-    if mode == "dense":  # and appending padding changes nothing either
+    if sampling == "never":  # and appending padding changes nothing either
         short = m(x[1:, :10], causal=causal)[0]
         torch.testing.assert_close(short, y[1:, :10], atol=1e-5, rtol=1e-5)
 
 
-def test_fused_and_reference_paths_agree_in_gradients():
+def test_fast_and_reference_paths_agree_in_gradients():
     x, kpm = torch.randn(2, 16, DIM), padding(16, [16, 9])
     grads = []
-    for fused in (True, False):
-        m = make(windows=4, sigma=0.3, fused=fused)
+    for path in ("fast", "reference"):
+        m = make(windows=4, sigma=0.3, path=path)
         m(x, kpm, causal=True, generator=seeded(8))[0].square().sum().backward()
         grads.append(m.qkv.weight.grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_reference_core_under_bf16_autocast_runs_its_softmax_in_float32(fused):
-    """Issue 19, item 2: masked scores with dropout in training (or fused=False) take the reference core; under
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_reference_core_under_bf16_autocast_runs_its_softmax_in_float32(path):
+    """Issue 19, item 2: masked scores with dropout in training (or path="reference") take the reference core; under
     bf16 autocast its score product ran in bf16 and the float32 mask fill overflowed it."""
-    m = make(windows=4, sigma=0.3, dropout=0.1, alibi=False, fused=fused)
+    m = make(windows=4, sigma=0.3, dropout=0.1, alibi=False, path=path)
     record = LowPrecisionMath()
     with torch.autocast("cpu", dtype=torch.bfloat16), record:
         y, _ = m(torch.randn(2, 8, DIM), padding(8, [8, 5]), causal=True, generator=seeded(0))
@@ -253,7 +253,7 @@ def test_invalid_arguments_raise():
     with pytest.raises(ValueError, match="grid"):
         make(grid=(4, 4))(torch.randn(1, 12, DIM))
     with pytest.raises(ValueError):
-        make(mode="sometimes")
+        make(sampling="sometimes")
 
 
 class TinyModel(nn.Module):
@@ -278,7 +278,7 @@ class TinyModel(nn.Module):
 def test_factory_samples_the_last_layers_with_a_sigma_ramp():
     cfg = ssa.SSAConfig(layers=3, windows=4, sigma=(0.1, 0.2))
     modules = TinyModel(cfg, layers=5).blocks
-    assert [m.mode for m in modules] == ["dense"] * 2 + ["sample"] * 3
+    assert [m.sampling for m in modules] == ["never"] * 2 + ["training"] * 3
     assert [m.sigma for m in modules][2:] == pytest.approx([0.1, 0.15, 0.2])
     assert cfg.name(5) == "S3-L4" and ssa.SSAConfig(unbiased=0.8).name(6) == "S6-U20"
 
@@ -287,10 +287,10 @@ def test_self_ensemble_of_one_sample_equals_one_ssa_forward():
     model = TinyModel(ssa.SSAConfig(layers=2, windows=4, sigma=(0.2, 0.4))).train()
     tokens, kpm = torch.randint(0, 11, (2, 16)), padding(16, [16, 12])
     ensembled = ssa.self_ensemble(model, tokens, kpm, n_samples=1, generator=seeded(6))
-    assert model.training and [m.mode for m in model.blocks] == ["dense", "sample", "sample"]
+    assert model.training and [m.sampling for m in model.blocks] == ["never", "training", "training"]
     model.eval()
     for m in model.blocks[1:]:
-        m.mode = "ensemble"
+        m.sampling = "always"
     logits, stats = model(tokens, key_padding_mask=kpm, generator=seeded(6))
     torch.testing.assert_close(ensembled, logits.log_softmax(-1))
     assert stats["density"][0, 0] > stats["density"][1, 0]  # the first layer stayed dense
@@ -300,16 +300,22 @@ def test_self_ensemble_of_one_sample_equals_one_ssa_forward():
     torch.testing.assert_close(ssa.self_ensemble(model, tokens, kpm, 3, seeded(6)), probs.log())
 
 
-def test_fine_tune_callback_switches_to_dense_at_the_right_step():
-    model = TinyModel(ssa.SSAConfig(layers=2, windows=4))
-    callback = ssa.fine_tune_callback(0.1)
-    for step in range(20):
-        tail = callback(model, step, 20)
-        assert tail == (step >= 18)
-        assert [m.mode for m in model.blocks] == ["dense"] + (["dense"] * 2 if step >= 18 else ["sample"] * 2)
-    never = TinyModel(ssa.SSAConfig(layers=2, windows=4))
-    assert not any(ssa.fine_tune_callback(0.0)(never, s, 20) for s in range(20))
-    assert ssa.self_ensemble(model, torch.randint(0, 11, (1, 16)), None, 2, seeded(0)).isfinite().all()
+def test_the_dense_tail_is_the_last_fraction_of_the_steps():
+    assert ssa.fine_tune_start(20, 0.1) == 18 and ssa.fine_tune_start(20, 0.0) == 20
+    assert ssa.fine_tune_start(10, 1.0) == 0 and ssa.fine_tune_start(100, 0.001) == 100
+
+
+def test_command_line_trains_sub_models_then_the_dense_tail(tmp_path):
+    """main(): 2 steps of sampled sub-models (a quarter of the pairs each), then 2 dense steps (+FT)."""
+    out = tmp_path / "run"
+    argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "4", "--batch-size", "4", "--eval-every", "4",
+            "--eval-batches", "1", "--final-eval-batches", "1", "--finetune-fraction", "0.5", "--log-every", "1",
+            "--out", str(out)]
+    assert ssa.main(argv) == 0
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [line["density"] for line in log if line["split"] == "train"] == pytest.approx([0.25, 0.25, 1.0, 1.0])
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["train_density"] == pytest.approx(0.625)
 
 
 def test_command_line_trains_with_fine_tuning_and_self_ensembling(tmp_path):

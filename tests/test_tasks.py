@@ -1,4 +1,4 @@
-"""bench/datasets.py: generators follow their rules, determinism from the seed, LM windows score every byte once,
+"""bench/tasks (synthetic.py, language.py): generators follow their rules, determinism from the seed, LM windows score every byte once,
 clear errors for missing or corrupt data."""
 import hashlib
 import io
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench import data, datasets
+from bench.tasks import data_files, language, synthetic
 from bench.tasks import IGNORE, DataError, get_task
 from bench.train import main as train_main
 
@@ -45,12 +45,12 @@ def test_duplicates_is_deterministic_from_the_seed_and_the_paper_example():
 
 def test_listops_evaluation_rules():
     tree = ("[MAX", [2, 9, ("[MIN", [4, 7]), 0])
-    assert datasets.listops_value(tree) == 9
-    assert datasets.listops_tokens(tree) == ["[MAX", "2", "9", "[MIN", "4", "7", "]", "0", "]"]
-    assert datasets.listops_value(("[SM", [7, 8, 9])) == 4  # sum mod 10
-    assert datasets.listops_value(("[MED", [1, 5, 2])) == 2
-    assert datasets.listops_value(("[MED", [1, 4, 2, 9])) == 3  # int((2 + 4) / 2)
-    assert datasets.listops_value(("[MED", [1, 2])) == 1  # int(1.5)
+    assert synthetic.listops_value(tree) == 9
+    assert synthetic.listops_tokens(tree) == ["[MAX", "2", "9", "[MIN", "4", "7", "]", "0", "]"]
+    assert synthetic.listops_value(("[SM", [7, 8, 9])) == 4  # sum mod 10
+    assert synthetic.listops_value(("[MED", [1, 5, 2])) == 2
+    assert synthetic.listops_value(("[MED", [1, 4, 2, 9])) == 3  # int((2 + 4) / 2)
+    assert synthetic.listops_value(("[MED", [1, 2])) == 1  # int(1.5)
 
 
 def test_listops_generator_respects_depth_and_arity():
@@ -63,7 +63,7 @@ def test_listops_generator_respects_depth_and_arity():
         return 1 + max(d for d, _ in children), max([len(tree[1])] + [a for _, a in children])
 
     for _ in range(2000):
-        depth, arity = depth_and_arity(datasets.listops_tree(rng, 1, 4, 6))
+        depth, arity = depth_and_arity(synthetic.listops_tree(rng, 1, 4, 6))
         assert depth <= 3 and arity <= 6  # operators only at depths 1..max_depth-1
 
 
@@ -90,7 +90,7 @@ def test_listops_splits_are_distinct_bounded_and_padded(listops):
 
 
 def test_listops_labels_are_the_values_of_the_token_sequences(listops):
-    vocab = datasets.LISTOPS_VOCAB
+    vocab = synthetic.LISTOPS_VOCAB
     data = listops.splits["valid"]
     for ids, label in zip(data["tokens"].tolist(), data["targets"].tolist()):
         stack = [[]]
@@ -99,7 +99,7 @@ def test_listops_labels_are_the_values_of_the_token_sequences(listops):
                 stack.append([tok])
             elif tok == "]":
                 op, *args = stack.pop()
-                stack[-1].append(datasets.listops_value((op, args)))
+                stack[-1].append(synthetic.listops_value((op, args)))
             else:
                 stack[-1].append(int(tok))
         assert stack == [[label]]
@@ -153,13 +153,13 @@ def test_missing_data_messages_say_where_and_how(tmp_path):
         enwik8.setup(64, 0, tmp_path)
     message = str(info.value)
     assert str(tmp_path / "enwik8" / "enwik8") in message
-    assert datasets.Enwik8.URL in message and datasets.Enwik8.SHA256 in message
+    assert language.Enwik8.URL in message and language.Enwik8.SHA256 in message
 
 
 def test_corrupt_enwik8_is_refused_with_its_checksum(tmp_path):
     (tmp_path / "enwik8").mkdir()
     (tmp_path / "enwik8" / "enwik8").write_bytes(b"<mediawiki>" * 100)
-    with pytest.raises(DataError, match="expected " + datasets.Enwik8.SHA256):
+    with pytest.raises(DataError, match="expected " + language.Enwik8.SHA256):
         get_task("enwik8").setup(64, 0, tmp_path)
 
 
@@ -169,28 +169,28 @@ def test_an_enwik8_download_with_the_wrong_checksum_is_deleted_with_its_folder(t
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("enwik8", b"<mediawiki>" * 10)
     monkeypatch.delenv("SPARSE_ATTN_OFFLINE", raising=False)
-    monkeypatch.setattr(datasets.Enwik8, "SIZE", 110)
-    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(archive.getvalue()))
-    with pytest.raises(DataError, match=f"has sha256 .*, expected {datasets.Enwik8.SHA256}; it was deleted"):
+    monkeypatch.setattr(language.Enwik8, "SIZE", 110)
+    monkeypatch.setattr(data_files.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(archive.getvalue()))
+    with pytest.raises(DataError, match=f"has sha256 .*, expected {language.Enwik8.SHA256}; it was deleted"):
         get_task("enwik8").setup(64, 0, tmp_path / "data")
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(datasets.Enwik8, "SIZE", 100)  # a member of another size is refused before it is read
+    monkeypatch.setattr(language.Enwik8, "SIZE", 100)  # a member of another size is refused before it is read
     with pytest.raises(DataError, match="expected one member 'enwik8' of 100 bytes"):
         get_task("enwik8").setup(64, 0, tmp_path / "data")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_an_enwik8_download_that_passes_its_checks_is_kept_as_the_zip_and_read(tmp_path, monkeypatch):
-    """The one downloader (bench.data.fetch) with enwik8's check of the member: a stand-in archive of the right
+    """The one downloader (bench.tasks.data_files.fetch) with enwik8's check of the member: a stand-in archive of the right
     size and sha256 lands at DATA/enwik8/enwik8.zip, and the split is read from it."""
     payload = FAKE_ENWIK8.tobytes()
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("enwik8", payload)
     monkeypatch.delenv("SPARSE_ATTN_OFFLINE", raising=False)
-    monkeypatch.setattr(datasets.Enwik8, "SIZE", len(payload))
-    monkeypatch.setattr(datasets.Enwik8, "SHA256", hashlib.sha256(payload).hexdigest())
-    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(archive.getvalue()))
+    monkeypatch.setattr(language.Enwik8, "SIZE", len(payload))
+    monkeypatch.setattr(language.Enwik8, "SHA256", hashlib.sha256(payload).hexdigest())
+    monkeypatch.setattr(data_files.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(archive.getvalue()))
     task = get_task("enwik8")
     task.setup(64, 0, tmp_path / "data")
     assert sorted(p.name for p in (tmp_path / "data" / "enwik8").iterdir()) == ["enwik8.zip"]
@@ -198,7 +198,7 @@ def test_an_enwik8_download_that_passes_its_checks_is_kept_as_the_zip_and_read(t
 
 
 def test_enwik8_split_is_90_5_5_of_the_real_length():
-    assert datasets.enwik8_split(100_000_000) == (90_000_000, 95_000_000)
+    assert language.enwik8_split(100_000_000) == (90_000_000, 95_000_000)
 
 
 FAKE_ENWIK8 = np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8)  # stands in for the 10⁸ bytes
@@ -214,7 +214,7 @@ def fake_enwik8(tmp_path, monkeypatch):
     archive = tmp_path / "copy" / "enwik8.zip"
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         zf.write(plain, "enwik8")
-    monkeypatch.setattr(datasets.Enwik8, "SHA256", hashlib.sha256(FAKE_ENWIK8.tobytes()).hexdigest())
+    monkeypatch.setattr(language.Enwik8, "SHA256", hashlib.sha256(FAKE_ENWIK8.tobytes()).hexdigest())
     return plain, archive
 
 
@@ -246,7 +246,7 @@ def test_enwik8_is_found_in_the_data_folder(fake_enwik8, tmp_path, where):
 @pytest.mark.parametrize("given", ["zip", "file"])
 def test_enwik8_wrong_checksum_names_the_expected_hash(fake_enwik8, tmp_path, monkeypatch, given):
     plain, archive = fake_enwik8
-    monkeypatch.setattr(datasets.Enwik8, "SHA256", "0" * 64)
+    monkeypatch.setattr(language.Enwik8, "SHA256", "0" * 64)
     with pytest.raises(DataError, match="expected " + "0" * 64) as info:
         enwik8_from(tmp_path, archive if given == "zip" else plain)
     assert hashlib.sha256(FAKE_ENWIK8.tobytes()).hexdigest() in str(info.value)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.train import load_checkpoint
+from bench.runs import load_checkpoint
 from conftest import DATA as SHARED_DATA, ROOT, valid_steps
 TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1",
         "--batch-size", "4", "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2"]
@@ -74,10 +74,10 @@ def test_bytes_on_any_local_file_and_attention_options(tmp_path):
     text = tmp_path / "text.txt"
     text.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
     out = tmp_path / "lm"
-    train("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text), "--attn", "fused=false",
+    train("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text), "--attn", "path=reference",
           "--attn", "alibi=true", "--pos-emb", "false", "--out", str(out))
     rec = record(out)
-    assert rec["config"]["attn"] == {"fused": False, "alibi": True} and rec["config"]["pos_emb"] is False
+    assert rec["config"]["attn"] == {"path": "reference", "alibi": True} and rec["config"]["pos_emb"] is False
 
 
 def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_path):
@@ -117,7 +117,7 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
     fingerprints = rec["param_fingerprints"]
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
     # the fingerprint is of the weights that were trained: it matches the checkpoint's
-    from bench.train import parameter_fingerprint
+    from bench.loop import parameter_fingerprint
     from bench.model import Model, ModelConfig
     from baselines.full import FullAttention
     state = load_checkpoint(out / "checkpoint.pt")["model"]
@@ -130,7 +130,7 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
 
 
 def test_learning_rate_warms_up_then_decays_to_its_floor_at_the_last_step():
-    from bench.train import lr_at
+    from bench.config import lr_at
     config = {"lr": 2.0, "warmup": 10, "steps": 110, "lr_decay": "cosine", "lr_floor": 0.1}
     assert lr_at(0, config) == pytest.approx(0.2) and lr_at(9, config) == pytest.approx(2.0)
     assert lr_at(10, config) == pytest.approx(2.0) and lr_at(110, config) == pytest.approx(0.2)
@@ -172,23 +172,34 @@ def test_help_runs_nothing_says_how_to_call_and_shows_the_presets_values(prog, m
             assert any(line.split()[:3] == [name, preset, str(values.steps)] for line in text.splitlines())
 
 
-@pytest.mark.parametrize("method", ["sbm", "ssa", "kernel"])
-def test_a_methods_options_are_its_settings_dataclass(method):
-    """Every field of the method's settings is an option whose default is the field's (written once), and
-    bench.train --method NAME parses the same options as the method's file."""
+@pytest.mark.parametrize("module, settings", [("sbm_transformer", "SBMConfig"), ("ssa", "SSAConfig"),
+                                              ("kernel_sparse", "KernelConfig")])
+def test_a_methods_options_are_its_settings_dataclass(module, settings):
+    """Every field of the method's settings is one flag whose default is the field's (written once); parsed with
+    no flag given, the settings are the dataclass's defaults."""
     import dataclasses
+    import importlib
 
-    from bench import methods, train as harness
-    recipe = methods.get(method).load_recipe()
-    parser, _ = harness.command_line(["--method", method], None, "python -m bench.train")
-    own, _ = harness.command_line([], method, "python x.py")
-    args = parser.parse_args(["--method", method, "--task", "duplicates"])
-    assert recipe.settings(args) == recipe.config()
-    flags = {flag for _, flag, _, _ in recipe.options()}
-    assert len(flags) == len(dataclasses.fields(recipe.config))
-    assert flags <= set(parser._option_string_actions) and flags <= set(own._option_string_actions)
-    for name, (make, _) in recipe.profiles.items():
-        assert recipe.settings(parser.parse_args(["--method", method, "--task", "duplicates", f"--{name}"])) == make()
+    from bench import cli
+    cls = getattr(importlib.import_module(module), settings)
+    p = cli.run_parser("python x.py", "")
+    cli.add_settings(p, cls, "options", {})
+    flags = [flag for _, flag, _, _ in cli.settings_flags(cls, {})]
+    assert len(flags) == len(dataclasses.fields(cls)) and set(flags) <= set(p._option_string_actions)
+    assert cli.settings_of(p.parse_args(["--task", "duplicates"]), cls, {}) == cls()
+
+
+def test_a_profile_flag_gives_its_constructor_s_values_unless_a_field_is_given():
+    """SBM's --official: the official code's choices, each field still settable on the command line."""
+    from bench import cli
+    from sbm_transformer import SBMConfig
+    profiles = {"official": (SBMConfig.official, "")}
+    p = cli.run_parser("python x.py", "")
+    cli.add_settings(p, SBMConfig, "options", profiles)
+    assert cli.settings_of(p.parse_args(["--task", "duplicates", "--official"]), SBMConfig, profiles) == \
+        SBMConfig.official()
+    given = cli.settings_of(p.parse_args(["--task", "duplicates", "--official", "--path", "fast"]), SBMConfig, profiles)
+    assert given == SBMConfig.official(path="fast")
 
 
 @pytest.mark.parametrize("args, message", [
