@@ -556,6 +556,23 @@ def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp
         assert exc.value.code == 2
 
 
+def test_benchmark_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
+    import json
+
+    from bench import fastrg_bench
+    assert fastrg_bench.main(["--thread-cost", "--lengths", "64", "--densities", "0.05", "--repeats", "1",
+                              "--competitors", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fastRG thread cost" in out and "1 busy" in out and "unscoped" in out
+    rows = json.loads((tmp_path / "fastrg_threads.json").read_text())["rows"]
+    assert [row["load"] for row in rows] == ["as is", "1 busy"]
+    assert all(row["1 thread"]["median_ms"] > 0 for row in rows)
+    for bad in (["--thread-cost", "--threads", "1"], ["--thread-cost", "--competitors", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            fastrg_bench.main(bad)
+        assert exc.value.code == 2
+
+
 def test_benchmark_help_runs_nothing(capsys):
     from bench import fastrg_bench
     with pytest.raises(SystemExit) as exc:
