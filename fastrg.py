@@ -103,9 +103,10 @@ _TILE = 64  # rows of X a time in the CPU transposing copy (_columns): 64·K flo
 def one_thread():
     """Run the block with one torch intra-op thread, restoring the count on exit (the count is per process: other
     Python threads' torch ops run on one thread meanwhile). The sampler is many mid-sized ops, and with several
-    threads on a shared CPU each op waits at a barrier for a descheduled thread: without this scope, 2 threads
-    took 8-45× the one-thread time at n = 8192, K = 128, densities 0.1-10%, on 2 cores shared with other work
-    (`python -m bench.fastrg_bench --thread-cost`). The graph drawn does not depend on the thread count."""
+    threads on a shared CPU each op waits at a barrier for a descheduled thread. Without this scope, at n = 1024-
+    8192, K = 128, densities 0.1-10% on 2 cores, 2 threads took down to 0.73× the one-thread time on a quiet
+    machine but 1.6-31× beside a busy process on each core (`python -m bench.fastrg_bench --thread-cost`). The
+    graph drawn does not depend on the thread count."""
     threads = torch.get_num_threads()
     if threads > 1:
         torch.set_num_threads(1)
