@@ -131,6 +131,42 @@ def test_mixed_membership_pair_counts_with_sparse_support():
     assert float(z.abs().max()) <= Z
 
 
+@pytest.mark.parametrize("dedup", [False, True])
+def test_reference_and_fast_samplers_draw_the_same_law(dedup):
+    # Per-pair counts over T graphs: each sampler's against the law (Poisson(T·λ) copies, or Binomial(T, p) graphs
+    # with the edge, p = 1 − e^{−λ}), and the two against each other (the difference of two independent counts of
+    # one law has twice the variance).
+    X, S, Y = _random_factors(36, n=6, m=5, K=3, scale=1.5)
+    X[0] *= 0.1
+    lam, p = edge_probability(X, S, Y, dedup=False)[0], edge_probability(X, S, Y)[0]
+    mean, var = (T * p, T * p * (1 - p)) if dedup else (T * lam, T * lam)
+    counts = []
+    for draw, seed in ((fastrg.sample_reference, 37), (sample, 38)):
+        _, i, j = draw(*_batch(X, S, Y), generator=torch.Generator().manual_seed(seed), dedup=dedup)
+        counts.append(_pair_counts(i, j, 6, 5))
+        assert float(((counts[-1] - mean) / var.sqrt()).abs().max()) <= Z
+    assert float(((counts[0] - counts[1]) / (2 * var).sqrt()).abs().max()) <= Z
+
+
+def test_reference_sampler_total_count_and_joint_pairing():
+    # Edges per graph: Poisson(Σλ) without dedup; and the zero-diagonal block matrix of the fast sampler's test
+    # (no within-cluster edge may appear) in a (B, H) batch with S broadcast over the batch.
+    X, S, Y = _random_factors(39)
+    lam = float(expected_edges(X, S, Y))
+    r, _, _ = fastrg.sample_reference(*_batch(X, S, Y), generator=torch.Generator().manual_seed(40), dedup=False)
+    N = torch.bincount(r, minlength=T).double()
+    assert abs(float(N.mean()) - lam) <= Z * math.sqrt(lam / T)
+    zx, zy = torch.tensor([0, 0, 1, 1, 1, 2, 2]), torch.tensor([2, 1, 0, 0, 1, 2])
+    X, Y = torch.eye(3)[zx].expand(50, 2, 7, 3), torch.eye(3)[zy].expand(50, 2, 6, 3)
+    S = torch.tensor([[0.0, 0.5, 0.2], [0.3, 0.0, 0.4], [0.1, 0.6, 0.0]]).expand(2, 3, 3)
+    r, i, j = fastrg.sample_reference(X, S, Y, generator=torch.Generator().manual_seed(41))
+    assert len(i) > 500 and not bool((zx[i] == zy[j]).any()) and int(r.max()) < 100
+    key = (r * 7 + i) * 6 + j
+    assert bool((key.diff() > 0).all())  # dedup: sorted by (r, i, j), no repeats, as `sample` returns them
+    empty = fastrg.sample_reference(X, S * 0, Y, generator=torch.Generator().manual_seed(42))
+    assert all(t.dtype == torch.int64 and t.shape == (0,) for t in empty)
+
+
 # ---------------------------------------------------------------------------------------------- structure
 def test_no_edge_crosses_graphs():
     # Graph r has a single possible edge (a_r, b_r); an edge of graph r anywhere else mixed two graphs.
@@ -243,6 +279,36 @@ def test_chunked_draws_give_the_same_graph(monkeypatch):
     assert len(whole[0]) > 5 * 777 and all(torch.equal(a, b) for a, b in zip(whole, chunked))
 
 
+def test_draws_are_pinned_to_the_generator():
+    # SBM-Transformer's published results were made with these exact draws (CPU): the uniforms, their order, the
+    # inverse-CDF rule (the first CDF entry strictly above U) and the edge order fix these numbers. A partial guide
+    # (5% density, block CSR) and a full one (a multigraph at about one edge a pair, unsorted: its order counts).
+    g = torch.Generator().manual_seed(61)
+    X, Y = torch.rand(2, 3, 300, 16, generator=g), torch.rand(2, 3, 200, 16, generator=g)
+    S = torch.rand(3, 16, 16, generator=g)
+    S = S * (0.05 * 300 * 200 / expected_edges(X, S, Y).view(2, 3, 1, 1).mean(0))
+    row_ptr, col = fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(62))
+    w = torch.arange(len(col)) % 1009
+    assert (len(col), int((col.long() * w).sum()), int(row_ptr.long().sum())) == (17485, 5269992395, 15727210)
+    r, i, j = sample(X, S * 20, Y, generator=torch.Generator().manual_seed(63), dedup=False)
+    w = torch.arange(len(r)) % 1009
+    assert (len(r), int((((r * 300 + i) * 200 + j) * w).sum())) == (361332, 32793464300290)
+
+
+def test_one_thread_restores_the_count_and_keeps_the_draws():
+    X, S, Y = _random_factors(44, n=300, m=200, K=8, scale=0.01)
+    one = sample(X, S, Y, generator=torch.Generator().manual_seed(45), csr=True)  # the fixture's one thread
+    torch.set_num_threads(2)
+    with fastrg.one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    two = sample(X, S, Y, generator=torch.Generator().manual_seed(45), csr=True)
+    assert torch.get_num_threads() == 2 and all(torch.equal(a, b) for a, b in zip(one, two))
+    with pytest.raises(ValueError):
+        sample(X, S, Y[:, :2])
+    assert torch.get_num_threads() == 2  # restored after an error too
+
+
 def test_reproducible_with_generator():
     X, S, Y = _random_factors(16, n=50, m=40, K=5, scale=0.01)
     X, Y = X.expand(3, 50, 5), Y.expand(3, 40, 5)
@@ -260,17 +326,26 @@ def test_reproducible_with_generator():
 
 def _locate(cdf, rows, U, n):
     """Entry index i of the inverse-CDF draw U from CDF row `rows` of a _cdf_table table, the same through guide
-    tables of every size (one bucket: plain bisection; L buckets: the counting pass) and through their steps
-    (narrow intervals) or bisection (wide ones)."""
+    tables of every size (one bucket; a few, built by torch.searchsorted; L buckets, by counting) and through
+    both searches (two steps, then a bisection; a bisection alone)."""
     b = fastrg._bits(n)
     found = []
     for G in sorted({1, 4, 1 << b}):
-        guide, widest = fastrg._guide_table(cdf, n, G)
-        for width in {widest, max(widest, fastrg._SCAN + 1)}:  # the table's own path, and bisection
-            found.append(fastrg._lookup(cdf, 1 << b, guide, width, G, rows * (G + 1), U))
+        guide = fastrg._guide_table(cdf, n, G)
+        slot = (U * G).long() + rows * (G + 1)
+        lo, hi = guide[slot], guide[slot + 1]
+        assert bool((lo <= hi).all())
+        for steps in (False, True):
+            found.append(fastrg._search(cdf, lo.clone(), hi, U, 1 << b, steps))
     assert all(torch.equal(f, found[0]) for f in found)
     assert torch.equal(found[0] >> b, rows.to(found[0].dtype))  # never leaves its row
     return (found[0] & ((1 << b) - 1)).long()
+
+
+def _widest(cdf, n):
+    """The most entries an interval of the full guide spans."""
+    L = 1 << fastrg._bits(n)
+    return int(fastrg._guide_table(cdf, n, L).view(-1, L + 1).diff(dim=1).max())
 
 
 def test_inverse_cdf_tails_never_pick_zero_weight():
@@ -293,7 +368,7 @@ def test_inverse_cdf_tails_never_pick_zero_weight():
 
 @pytest.mark.parametrize("n", [300, 256, 1])
 def test_guide_table_lookup_equals_search(n):
-    # Guide tables plus steps or bisection must give exactly the first CDF entry above U, as a plain search
+    # Guide tables plus steps or bisection must give exactly the first CDF entry above U, as torch.searchsorted
     # does, for skewed weights (wide buckets), runs of zeros, a single non-zero entry, even weights (at most
     # one step), and n a power of two or not (rows padded to 512 entries at n = 300).
     g = torch.Generator().manual_seed(23)
@@ -305,9 +380,9 @@ def test_guide_table_lookup_equals_search(n):
     W[:, :, 3] = 1.0
     cdf, _ = fastrg._cdf_table(W)
     L = 1 << fastrg._bits(n)
-    assert n == 1 or fastrg._guide_table(cdf, n, L)[1] > fastrg._SCAN  # skewed weights: bisection
+    assert n == 1 or _widest(cdf, n) > 8                             # skewed weights: wide intervals
     even, _ = fastrg._cdf_table(W[:, :, 3:4])
-    assert fastrg._guide_table(even, n, L)[1] <= 2                   # an even column: at most two steps
+    assert _widest(even, n) <= 2                                     # an even column: at most two steps
     rows = torch.randint(0, 2 * K, (20000,), generator=g)
     U = torch.rand(20000, generator=g, dtype=torch.float64)
     expected = torch.searchsorted(cdf.view(2 * K, L)[rows, :n], U[:, None], right=True).squeeze(1)
@@ -325,7 +400,7 @@ def test_trailing_zero_weights_do_not_widen_the_guide():
     W[:, n // 2:, 0] = 0                                             # right padding
     W[:, :n // 2, 1] = 0                                             # left padding
     cdf, _ = fastrg._cdf_table(W)
-    assert fastrg._guide_table(cdf, n, n)[1] <= 1
+    assert _widest(cdf, n) <= 1
     g = torch.Generator().manual_seed(33)
     rows = torch.randint(0, 6, (5000,), generator=g)
     U = torch.rand(5000, generator=g, dtype=torch.float64)
@@ -378,19 +453,22 @@ def _assert_empty(out, R, n, csr):
         assert torch.equal(out[3], torch.zeros(R * n + 1, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("csr", [False, True])
+@pytest.mark.parametrize("csr", [False, True, "reference"])
 def test_empty_cases(csr):
     g = torch.Generator().manual_seed(22)
     X, S, Y = torch.rand(3, 5, 4, generator=g), torch.rand(4, 4, generator=g), torch.rand(3, 6, 4, generator=g)
-    _assert_empty(sample(X, torch.zeros(4, 4), Y, generator=g, csr=csr), 3, 5, csr)  # all-zero S
-    _assert_empty(sample(torch.zeros_like(X), S, Y, generator=g, csr=csr), 3, 5, csr)
-    _assert_empty(sample(X, S, torch.zeros_like(Y), generator=g, csr=csr), 3, 5, csr)
-    _assert_empty(sample(X, S * 1e-30, Y, generator=g, csr=csr), 3, 5, csr)  # zero edges drawn
-    _assert_empty(sample(X[:, :0], S, Y, generator=g, csr=csr), 3, 0, csr)  # n = 0
-    _assert_empty(sample(X, S, Y[:, :0], generator=g, csr=csr), 3, 5, csr)  # m = 0
-    _assert_empty(sample(X[:0], S, Y[:0], generator=g, csr=csr), 0, 5, csr)  # R = 0
-    _assert_empty(sample(X[..., :0], S[:0, :0], Y[..., :0], generator=g, csr=csr), 3, 5, csr)  # K = 0
+    draw = fastrg.sample_reference if csr == "reference" else lambda *a, **kw: sample(*a, csr=csr, **kw)
+    csr = csr is True
+    _assert_empty(draw(X, torch.zeros(4, 4), Y, generator=g), 3, 5, csr)  # all-zero S
+    _assert_empty(draw(torch.zeros_like(X), S, Y, generator=g), 3, 5, csr)
+    _assert_empty(draw(X, S, torch.zeros_like(Y), generator=g), 3, 5, csr)
+    _assert_empty(draw(X, S * 1e-30, Y, generator=g), 3, 5, csr)  # zero edges drawn
+    _assert_empty(draw(X[:, :0], S, Y, generator=g), 3, 0, csr)  # n = 0
+    _assert_empty(draw(X, S, Y[:, :0], generator=g), 3, 5, csr)  # m = 0
+    _assert_empty(draw(X[:0], S, Y[:0], generator=g), 0, 5, csr)  # R = 0
+    _assert_empty(draw(X[..., :0], S[:0, :0], Y[..., :0], generator=g), 3, 5, csr)  # K = 0
     assert float(expected_edges(X, torch.zeros(4, 4), Y).abs().sum()) == 0.0
+    assert edge_probability(X[:, :0], S, Y).shape == (3, 0, 6)
 
 
 def test_zero_rows_and_columns_get_no_edges():
@@ -473,6 +551,23 @@ def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp
     assert float(row["fixed_ms"]) > 0 and "fixed ms" in out  # the one-edge call, timed beside the cells
     assert fastrg_bench.above_fixed(10.0, 4.0, 1000) == "6000" and fastrg_bench.above_fixed(10.0, 9.5, 1000) == "–"
     for bad in (["--threads", "2", "--clock", "cpu"], ["--default-allocator"], ["--warmup-iters", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            fastrg_bench.main(bad)
+        assert exc.value.code == 2
+
+
+def test_benchmark_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
+    import json
+
+    from bench import fastrg_bench
+    assert fastrg_bench.main(["--thread-cost", "--lengths", "64", "--densities", "0.05", "--repeats", "1",
+                              "--competitors", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fastRG thread cost" in out and "1 busy" in out and "unscoped" in out
+    rows = json.loads((tmp_path / "fastrg_threads.json").read_text())["rows"]
+    assert [row["load"] for row in rows] == ["as is", "1 busy"]
+    assert all(row["1 thread"]["median_ms"] > 0 for row in rows)
+    for bad in (["--thread-cost", "--threads", "1"], ["--thread-cost", "--competitors", "0"]):
         with pytest.raises(SystemExit) as exc:
             fastrg_bench.main(bad)
         assert exc.value.code == 2
