@@ -29,8 +29,10 @@ def band_mask(n: int, w: int, causal: bool) -> torch.Tensor:
     return torch.tensor([[(0 <= i - j <= w) if causal else abs(i - j) <= w for j in range(n)] for i in range(n)])
 
 
-# N = 1, N < w, N < the chunk, N not a multiple of the chunk (64), several chunks; w = 0, w ≥ N.
-@pytest.mark.parametrize("n, w", [(1, 0), (1, 3), (5, 2), (5, 9), (37, 0), (64, 7), (100, 7), (130, 40)])
+# N = 1, N < w, N < the chunk (64), spans covering N (the dense form); chunked: N not a multiple of the chunk,
+# several chunks, w = 0, a span wider than a chunk.
+@pytest.mark.parametrize("n, w", [(1, 0), (1, 3), (5, 2), (5, 9), (37, 0), (130, 40), (100, 7), (129, 3), (150, 0),
+                                  (200, 40), (256, 70)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 def test_fast_and_reference_agree(n, w, causal, padded):
@@ -103,7 +105,7 @@ def test_causal_outputs_ignore_later_tokens_and_padding(path):
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_padded_keys_receive_no_weight(path):
     module = WindowAttention(DIM, H, D, window=4, path=path)
-    x, pad = torch.randn(2, 70, DIM), padding(2, 70)
+    x, pad = torch.randn(2, 150, DIM), padding(2, 150)
     y, _ = module(x, pad)
     y2, _ = module(torch.where(pad[..., None], 1e3 * torch.randn_like(x), x), pad)
     torch.testing.assert_close(y2[~pad], y[~pad])
@@ -112,8 +114,8 @@ def test_padded_keys_receive_no_weight(path):
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_a_window_of_padding_outputs_zeros_with_finite_gradients(path):
     module = WindowAttention(DIM, H, D, window=1, path=path)
-    x = torch.randn(1, 9, DIM, requires_grad=True)
-    pad = torch.zeros(1, 9, dtype=torch.bool)
+    x = torch.randn(1, 150, DIM, requires_grad=True)
+    pad = torch.zeros(1, 150, dtype=torch.bool)
     pad[0, 3:6] = True  # query 4's window {3, 4, 5} is all padding, though the example has valid keys
     y, _ = module(x, pad)
     torch.testing.assert_close(y[0, 4], module.out.bias)
@@ -124,7 +126,7 @@ def test_a_window_of_padding_outputs_zeros_with_finite_gradients(path):
 
 def test_dropout_comes_from_the_generator_and_leaves_the_global_rng_alone():
     module = WindowAttention(DIM, H, D, dropout=0.5, window=3).train()
-    x = torch.randn(2, 70, DIM)
+    x = torch.randn(2, 150, DIM)
     state = torch.get_rng_state()
     a, b, c = (module(x, generator=torch.Generator().manual_seed(s))[0] for s in (1, 1, 2))
     assert torch.equal(torch.get_rng_state(), state)
