@@ -1,0 +1,194 @@
+"""baselines/bigbird.py: the fast (block gathers) and reference (dense mask) paths agree in outputs and gradients for
+one draw, the density against a brute-force count of the pattern, the random blocks and their expected density,
+the target-density budget, causality, padded keys, empty rows, the generator's draws, bad arguments. The interface
+contract is tests/test_interface.py."""
+import pytest
+import torch
+
+from baselines.bigbird import BigBirdAttention, bigbird_budget, bigbird_density, fixed_blocks, random_candidates
+
+DIM, H, D = 12, 3, 4
+
+
+def make_pair(**budget):
+    torch.manual_seed(0)
+    fast = BigBirdAttention(DIM, H, D, path="fast", **budget).double()
+    reference = BigBirdAttention(DIM, H, D, path="reference", **budget).double()
+    reference.load_state_dict(fast.state_dict())
+    return fast, reference
+
+
+def padding(batch: int, n: int) -> torch.Tensor:
+    pad = torch.rand(batch, n, generator=torch.Generator().manual_seed(n)) < 0.3
+    pad[0, : n // 2] = True  # leading padding: with causal, the first queries have no admissible key
+    return pad
+
+
+def seeded(seed: int = 7) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# (N, block, window_blocks, global_blocks, random_blocks): N = 1 and N < b, N not a multiple of b, no global
+# blocks, b = 1, every block global (g ≥ nb), r above the candidates left.
+CONFIGS = [(1, 4, 1, 2, 3), (7, 2, 1, 1, 1), (30, 4, 1, 2, 3), (32, 4, 0, 0, 2), (33, 1, 2, 1, 5), (20, 4, 1, 9, 1),
+           (64, 8, 1, 2, 30)]
+
+
+@pytest.mark.parametrize("n, block, w, g, r", CONFIGS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_fast_and_reference_agree(n, block, w, g, r, causal, padded):
+    fast, reference = make_pair(block=block, window_blocks=w, global_blocks=g, random_blocks=r)
+    x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
+    pad = padding(2, n) if padded else None
+    grad_out = torch.randn(2, n, DIM, dtype=torch.float64)
+    results = []
+    for module in (fast, reference):
+        y, stats = module(x, pad, causal, seeded())
+        (y * grad_out).sum().backward()
+        results.append([y.detach(), stats["density"], x.grad.clone()] + [p.grad.clone() for p in module.parameters()])
+        x.grad = None
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_density_is_the_brute_force_count_of_the_pattern(causal):
+    n, block = 23, 4
+    module = BigBirdAttention(DIM, H, D, block=block, window_blocks=1, global_blocks=1, random_blocks=2)
+    pad = padding(3, n)
+    _, stats = module(torch.randn(3, n, DIM), pad, causal, seeded())
+    pattern = module.draw_pattern(n, causal, seeded(), "cpu")  # the same draw
+    valid = (~pad).tolist()
+    total = sum(sum(v) ** 2 for v in valid)
+    for h in range(H):
+        pairs = sum(valid[b][i] and valid[b][j] and bool(pattern[h, i // block, j // block]) and (j <= i or not causal)
+                    for b in range(3) for i in range(n) for j in range(n))
+        assert stats["density"][h].item() == pytest.approx(pairs / total)
+    assert not stats["density"].requires_grad and stats["density"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_random_blocks_are_min_r_candidates_per_row_and_causal_rows_look_back(causal):
+    nb, w, g, r = 12, 1, 2, 3
+    module = BigBirdAttention(DIM, H, D, block=1, window_blocks=w, global_blocks=g, random_blocks=r)
+    pattern = module.draw_pattern(nb, causal, seeded(), "cpu")  # block 1: one block per token
+    fixed = fixed_blocks(nb, w, g, causal)
+    candidates = random_candidates(fixed, causal)
+    assert (pattern >= fixed).all()
+    extra = pattern & ~fixed
+    assert not (extra & ~candidates).any()
+    torch.testing.assert_close(extra.sum(-1), candidates.sum(-1).clamp_max(r).expand(H, nb))
+    if causal:
+        assert not pattern.triu(1).any()
+    assert not torch.equal(pattern[0], pattern[1]) or not torch.equal(pattern[1], pattern[2])  # drawn per head
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_expected_density_is_exact(causal):
+    """With N a multiple of b every draw has the expected density; otherwise the tail block's pick varies, and the
+    mean over draws converges to it."""
+    module = BigBirdAttention(4, 1, 4, block=4, window_blocks=1, global_blocks=1, random_blocks=2)
+    for n in (64, 62):
+        with torch.no_grad():
+            realised = torch.stack([module(torch.randn(1, n, 4), None, causal, seeded(s))[1]["density"][0]
+                                    for s in range(300)]).double()
+        expected = bigbird_density(n, 4, 1, 1, 2, causal)
+        if n == 64:
+            torch.testing.assert_close(realised, torch.full_like(realised, expected), rtol=1e-6, atol=1e-7)
+        else:
+            assert abs(realised.mean().item() - expected) < 4 * realised.std().item() / 300 ** 0.5 + 1e-7
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_budget_is_the_nearest_r_for_the_widest_window_not_above_the_target(causal):
+    for n, target in [(40, 0.3), (64, 0.5), (64, 0.05), (100, 0.6)]:
+        w, r = bigbird_budget(n, target, 4, 2, 1, causal)
+        if w < 2:
+            assert bigbird_density(n, 4, w + 1, 1, 0, causal) > target
+        assert w == 0 or bigbird_density(n, 4, w, 1, 0, causal) <= target
+        errors = [abs(bigbird_density(n, 4, w, 1, rr, causal) - target) for rr in range(-(-n // 4) + 1)]
+        assert errors[r] == pytest.approx(min(errors))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [2048, 4096])
+def test_realised_density_is_within_b_over_n_of_the_target(causal, n):
+    """Stated tolerance: one more random block per row moves the density by about b/N (causal less), the nearest r
+    is within half of that, and the tail block's draw adds less: |realised − target| ≤ b/N where reachable."""
+    module = BigBirdAttention(8, 2, 4, block=16, density=0.07)
+    with torch.no_grad():
+        _, stats = module(torch.randn(1, n, 8), causal=causal, generator=seeded())
+    assert (stats["density"] - 0.07).abs().max() <= 16 / n
+    assert "random_blocks=None, density=0.07" in module.extra_repr()
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_causal_outputs_ignore_later_tokens_and_padding(path):
+    module = BigBirdAttention(DIM, H, D, block=4, window_blocks=1, global_blocks=1, random_blocks=2, path=path)
+    n, t = 40, 22  # t inside block 5: its own block holds later keys, which must be masked
+    x = torch.randn(2, n, DIM, requires_grad=True)
+    pad = padding(2, n)
+    y, _ = module(x, pad, True, seeded())
+    x2, pad2 = x.detach().clone(), pad.clone()
+    x2[:, t:] = 1e3 * torch.randn(2, n - t, DIM)
+    pad2[:, t:] = ~pad2[:, t:]
+    y2, _ = module(x2, pad2, True, seeded())
+    assert torch.equal(y2[:, :t], y[:, :t].detach())
+    (grad,) = torch.autograd.grad(y[:, :t].sum(), x)
+    assert grad[:, t:].abs().max() == 0
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_padded_keys_receive_no_weight(path):
+    module = BigBirdAttention(DIM, H, D, block=4, window_blocks=1, global_blocks=1, random_blocks=2, path=path)
+    x, pad = torch.randn(2, 30, DIM), padding(2, 30)
+    y, _ = module(x, pad, False, seeded())
+    y2, _ = module(torch.where(pad[..., None], 1e3 * torch.randn_like(x), x), pad, False, seeded())
+    torch.testing.assert_close(y2[~pad], y[~pad])
+
+
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_queries_with_no_admissible_key_output_zeros_with_finite_gradients(path):
+    module = BigBirdAttention(DIM, H, D, block=2, window_blocks=0, global_blocks=0, random_blocks=0, path=path)
+    x = torch.randn(1, 8, DIM, requires_grad=True)
+    pad = torch.zeros(1, 8, dtype=torch.bool)
+    pad[0, 2:4] = True  # block 1 is padding: with only the diagonal block, its queries see nothing
+    y, _ = module(x, pad)
+    torch.testing.assert_close(y[0, 2:4], module.out.bias.expand(2, -1))
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_the_generator_drives_every_draw_and_the_global_rng_otherwise():
+    module = BigBirdAttention(DIM, H, D, dropout=0.3, block=2, window_blocks=1, global_blocks=1,
+                              random_blocks=2).train()
+    x = torch.randn(2, 40, DIM)
+    state = torch.get_rng_state()
+    a, b, c = (module(x, generator=seeded(s))[0] for s in (1, 1, 2))
+    assert torch.equal(torch.get_rng_state(), state), "a forward with a generator drew from the global RNG"
+    assert torch.equal(a, b) and not torch.allclose(a, c)
+    assert not torch.equal(module.draw_pattern(40, False, seeded(1), "cpu"),
+                           module.draw_pattern(40, False, seeded(2), "cpu"))
+    torch.manual_seed(3)
+    d = module(x)[0]
+    assert not torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(3)
+    assert torch.equal(module(x)[0], d)
+
+
+def test_bad_arguments_are_clear_value_errors():
+    with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 5\)"):
+        BigBirdAttention(DIM, H, D)(torch.randn(2, 5, DIM), torch.zeros(2, 5, dtype=torch.int64))
+    for budget, words in [(dict(block=0), "block must be >= 1"), (dict(window_blocks=-1), "window_blocks"),
+                          (dict(global_blocks=-1), "global_blocks"), (dict(random_blocks=-2), "random_blocks"),
+                          (dict(density=0.0), r"density must be in \(0, 1\]"),
+                          (dict(random_blocks=3, density=0.1), "random_blocks or density, not both"),
+                          (dict(path="sparse"), "path must be 'reference' or 'fast'")]:
+        with pytest.raises(ValueError, match=words):
+            BigBirdAttention(DIM, H, D, **budget)
+
+
+def test_extra_repr_shows_the_budget():
+    text = BigBirdAttention(DIM, H, D).extra_repr()
+    assert "block=64, window_blocks=1, global_blocks=2, random_blocks=3, density=None, path=fast" in text
