@@ -80,6 +80,7 @@ groups (1: shared by the heads, or H), L max length, R rows (queries) taken, S s
 triples or sequences, E edges; "global" query / key indices are (b·H + h)·N + i / (b·H + h)·M + s.
 """
 import contextlib
+import importlib.util
 import math
 import sys
 import time
@@ -915,13 +916,9 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     (§5.2, Tables 1 and 3) against τ, K and depth (Fig. 5-6); (5) end-to-end fine-tuning with the predicted masks
     (§6.2) beside a dense control. The record's valid/test/density/FLOPs are the final sparse model's, the
     teacher's under kernel.teacher. It needs the repository's bench/; the attention above does not."""
-    try:
-        from bench import cli, loop, measure
-    except ModuleNotFoundError as exc:
-        if exc.name != "bench":
-            raise
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs "
-                 f"only torch and alibi.py)")
+    if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs only torch and alibi.py)")
+    from bench import cli, loop, measure
     from bench.kernel_report import render
     from bench.tasks import get_task
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "

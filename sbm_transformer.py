@@ -81,6 +81,7 @@ Shape legend: B batch, H heads, N queries, M keys (M = N here), D head dim, K cl
 R = B·H graphs (graph r = b·H + h); "global" query / key indices are r·N + i / r·M + j.
 """
 import contextlib
+import importlib.util
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
@@ -598,13 +599,9 @@ def main(argv=None, prog: str = "python sbm_transformer.py") -> int:
     regulariser λ·density (§5.2) to the loss; the record adds the test split's density per layer and head (App.
     C, Fig. 5) and, where δ is dropped in evaluation, the test metric with δ's random edges kept. It needs the
     repository's bench/; SBMAttention above does not."""
-    try:
-        from bench import cli, loop
-    except ModuleNotFoundError as exc:
-        if exc.name != "bench":
-            raise
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SBMAttention needs only torch "
-                 f"and fastrg.py)")
+    if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SBMAttention needs only torch and fastrg.py)")
+    from bench import cli, loop
     from bench.tasks import get_task
     cfg, sbm = cli.parse(argv, "sbm", prog, "Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one "
                          "task.", SBMConfig, profiles={"official": (SBMConfig.official, "the official code's "

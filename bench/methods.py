@@ -61,6 +61,8 @@ REGISTRY = [
     Method("performer", "baselines.performer:PerformerAttention", cost=2.7),
     Method("nystromformer", "baselines.nystromformer:NystromAttention", causal=False, cost=5.0),
     Method("reformer", "baselines.reformer:ReformerAttention", cost=7.5),
+    Method("window", "baselines.window:WindowAttention", cost=2.5),
+    Method("bigbird", "baselines.bigbird:BigBirdAttention", cost=2.5),
     Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", cost=9.0),
     Method("ssa", "ssa:SSAttention", script="ssa.py"),
     Method("kernel", "kernel_sparse:KernelSparseAttention", script="kernel_sparse.py",

@@ -200,3 +200,30 @@ def test_an_entry_point_runs_without_executing_any_module_twice(tmp_path, runner
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+@pytest.mark.parametrize("method_file, leaves, attention", [
+    ("ssa.py", ["alibi.py"], "SSAttention(16, 2, 8)"),
+    ("sbm_transformer.py", ["fastrg.py"], "SBMAttention(16, 2, 8, clusters=4)"),
+    ("kernel_sparse.py", ["alibi.py"], "KernelSparseAttention(16, 2, 8, max_len=8)")])
+def test_a_method_file_copied_alone_imports_runs_its_attention_and_says_what_training_needs(
+        tmp_path, method_file, leaves, attention):
+    """The first use of the repository: copy one method file (and the shared leaf it names) into a project of
+    one's own. Its attention imports and runs; its training entry point says, in one line and without a
+    traceback, that it needs the repository's bench/."""
+    for name in [method_file, *leaves]:
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    module = method_file[:-3]
+    use = (f"import torch, {module}\ny, stats = {module}.{attention}(torch.randn(2, 8, 16), causal=True)\n"
+           f"print(tuple(y.shape), tuple(stats['density'].shape))")
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    ran = subprocess.run([sys.executable, "-c", use], cwd=tmp_path, capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert ran.returncode == 0 and ran.stdout.split() == ["(2,", "8,", "16)", "(2,)"], ran.stderr
+    for argv in (["--help"], ["--task", "duplicates"]):
+        alone = subprocess.run([sys.executable, method_file, *argv], cwd=tmp_path, capture_output=True, text=True,
+                               env=env, timeout=120)
+        assert alone.returncode == 1 and alone.stdout == "" and "Traceback" not in alone.stderr
+        assert alone.stderr.strip() == (f"python {method_file}: training needs the repository's bench/ beside this "
+                                        f"file ({attention.split('(')[0]} needs only torch and {leaves[0]})")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == sorted([method_file, *leaves])

@@ -66,6 +66,13 @@ VARIANTS = {
     "nystromformer": Variant("nystromformer", lambda r: dict(landmarks=r.choice([1, 2, 4, 8]),
                                                              conv_kernel=r.choice([0, 3]))),
     "reformer": Variant("reformer", lambda r: dict(n_hashes=r.choice([1, 2, 3]), bucket_size=r.choice([1, 2, 4, 8]))),
+    **{f"window-{path}": Variant("window", lambda r, path=path: dict(
+        path=path, **(dict(window=r.choice([0, 1, 2, 5, 40]), density=None) if r.random() < 0.7
+                      else dict(window=None, density=r.choice([0.05, 0.3, 1.0]))))) for path in ("reference", "fast")},
+    **{f"bigbird-{path}": Variant("bigbird", lambda r, path=path: dict(
+        path=path, block=r.choice([1, 2, 4, 8]), window_blocks=r.choice([0, 1, 2]), global_blocks=r.choice([0, 1, 2]),
+        **(dict(random_blocks=r.choice([0, 1, 3]), density=None) if r.random() < 0.7
+           else dict(random_blocks=None, density=r.choice([0.05, 0.3, 1.0]))))) for path in ("reference", "fast")},
     **{f"sbm-{path}": Variant("sbm", lambda r, path=path: dict(
         path=path, clusters=r.choice([2, 4, 8]), delta=r.choice([0.0, 0.01, 0.5]), self_loops=r.random() < 0.3,
         ste=r.choice(["paper", "official"]), density_weight=r.choice([0.0, 0.1]),
@@ -122,7 +129,8 @@ def build(variant: str, dim: int, heads: int, head_dim: int, dropout: float, bud
 SHOWN_BUDGET = {
     "full": ("path", "alibi"), "linear": ("chunk",), "linformer": ("rank", "max_len"),
     "performer": ("features", "chunk", "redraw_interval"), "nystromformer": ("landmarks", "conv_kernel"),
-    "reformer": ("n_hashes", "bucket_size"),
+    "reformer": ("n_hashes", "bucket_size"), "window": ("window", "density", "path"),
+    "bigbird": ("block", "window_blocks", "global_blocks", "random_blocks", "density", "path"),
     "sbm": ("path", "clusters", "delta", "self_loops", "ste", "explore_in_eval", "shared_mlp"),
     "ssa": ("path", "sampling", "alibi"), "kernel": ("sparse", "path", "select", "alibi")}
 
