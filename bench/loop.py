@@ -5,19 +5,14 @@
     record = loop.final_record(run)                # final evaluations and measurements: metrics.json's shape
     loop.finish(run, record)                       # writes metrics.json, prints the final line
 
-A method's own procedure goes around these calls in its file's ``main()``: SSA's dense tail between two
-``train`` calls, SBM's density profile and the kernel pipeline after ``final_record``.
-
-AdamW (weight decay on matrices only), linear warm-up then a cosine or linear decay to a floor (config.lr_at),
-gradient clipping, bf16 autocast on CUDA, periodic evaluation with a checkpoint (bench/runs.py), a progress
-line and a JSON-lines log. Every random draw of step t — the batch, dropout, a method's sampled attention —
-comes from seeds derived from (seed, rank, t), and each evaluation's from (seed, split): a run killed and
-resumed from its last checkpoint ends with exactly the metrics of an uninterrupted one. DDP under torchrun
-(gloo on CPU, nccl on CUDA). A setting that cannot work raises SetupError before any data are read or files
-written.
+A method's own procedure goes around these calls in its file's ``main()`` (SSA's dense tail between two
+``train`` calls; SBM's density profile and the kernel pipeline after ``final_record``). AdamW (weight decay on
+matrices only), warm-up then a cosine or linear decay (config.lr_at), gradient clipping, bf16 autocast on
+CUDA, periodic evaluation with a checkpoint (bench/runs.py), a progress line and a JSON-lines log. Every random
+draw of step t comes from seeds derived from (seed, rank, t), each evaluation's from (seed, split): a run
+killed and resumed ends with exactly the metrics of an uninterrupted one. DDP under torchrun.
 """
 import datetime
-import hashlib
 import json
 import math
 import os
@@ -35,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import measure, runs
-from bench.config import RunConfig, SetupError, derive_seed, lr_at, resolve_device, resume_conflicts
+from bench.config import RunConfig, SetupError, derive_seed, lr_at, resolve_device
 from bench.files import write_json
 from bench.model import Model, ModelConfig
 from bench.tasks import IGNORE, DataError, Task, default_data_dir
@@ -60,7 +55,7 @@ class Run:
     memory: Optional[measure.PeakRSS] = None  # the CPU's peak-memory meter, from the first step
 
     @property
-    def is_main(self) -> bool:
+    def is_main(self) -> bool:  # the process that evaluates, logs, checkpoints and writes the record
         return self.rank == 0
 
     def evaluate(self, split: str, limit: Optional[int], forward: Optional[Callable] = None) -> dict:
@@ -93,18 +88,7 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         amp = device.type == "cuda" and not cfg.no_amp
         context = {"world_size": world, "device_type": device.type, "bf16_autocast": amp}
-        saved = None
-        if not cfg.resume:
-            runs.refuse_occupied(out, cfg.overwrite)
-        elif not (out / "checkpoint.pt").exists():
-            raise DataError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}")
-        else:
-            saved = runs.load_checkpoint(out / "checkpoint.pt", map_location=device)
-            conflicts = resume_conflicts(saved, cfg.as_record(), context, later or {})
-            if conflicts:
-                raise SetupError(f"--resume: {out / 'checkpoint.pt'} (step {saved['step']}) was trained with other "
-                                 f"settings: {', '.join(conflicts)}; what changes the steps already taken must "
-                                 f"match (or start afresh with --overwrite)")
+        saved = runs.open_folder(cfg, context, later or {}, device)
         model = build_model(cfg, task, device, make_attention)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
@@ -133,8 +117,10 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
 
 
 def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention: Callable) -> Model:
-    """The task with its data and the model on its device (initialised from the seed); the attention is
-    checked (``check_attention``) before the data are read."""
+    """The task with its data and the model on its device, initialised from the seed. Before any data are read,
+    every layer's attention runs once on a zero sequence of the task's length (throwaway modules, the random
+    state restored), so that a setting it refuses (a causal task for an attention with no causal form, a length it
+    cannot take) is refused now."""
     if cfg.data_file is not None:
         task.data_file = cfg.data_file
     if cfg.no_download:
@@ -143,7 +129,10 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
                                max_len=cfg.seq_len)
     factory = make_attention(model_cfg)
     try:
-        check_attention(factory, model_cfg, device, causal=task.head == "lm")
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            for layer in range(model_cfg.depth):
+                factory(layer).to(device).train()(torch.zeros(1, cfg.seq_len, cfg.dim, device=device),
+                                                  causal=task.head == "lm")
     except ValueError as exc:
         raise ValueError(f"{cfg.method} cannot run task {cfg.task} with these settings: {exc}") from None
     task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
@@ -154,18 +143,6 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
     return Model(model_cfg, factory).to(device)
 
 
-def check_attention(factory: Callable[[int], nn.Module], model_cfg: ModelConfig, device: torch.device,
-                    causal: bool) -> None:
-    """Builds every layer's attention and runs it once, in training mode, on a zero sequence of the task's
-    length, so that a setting it refuses (a causal task for an attention with no causal form, a length it cannot
-    take) raises its ValueError now, before any data are read. Throwaway modules, and the random state is
-    restored: the run's initialisation and draws are unchanged."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
-        for layer in range(model_cfg.depth):
-            factory(layer).to(device).train()(torch.zeros(1, model_cfg.max_len, model_cfg.dim, device=device),
-                                              causal=causal)
-
-
 # ------------------------------------------------------------------------------------------------ training
 def train(run: Run, until: Optional[int] = None) -> None:
     """Steps from the run's step to ``until`` (default: the last), with progress lines, periodic evaluations
@@ -174,7 +151,7 @@ def train(run: Run, until: Optional[int] = None) -> None:
     trained = nn.parallel.DistributedDataParallel(model) if run.world > 1 else model
     stop = cfg.steps if until is None else min(until, cfg.steps)
     trained.train()
-    window_loss, window_metric, window_density = [], [], []
+    window_loss, window_metric, window_density = [], [], []  # the steps since the last progress line
     while run.step < stop:
         for group in run.optimizer.param_groups:
             group["lr"] = lr_at(run.step, vars(cfg))
@@ -232,6 +209,7 @@ def report_progress(run: Run, losses: List[float], metrics: List[float], densiti
 
 
 def model_inputs(batch: dict, device: torch.device) -> dict:
+    """A task's batch as the model's keyword arguments, on the device."""
     inputs = {"tokens": batch["tokens"].to(device),
               "key_padding_mask": batch["key_padding_mask"].to(device) if "key_padding_mask" in batch else None}
     if "tokens2" in batch:
@@ -247,9 +225,8 @@ def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def fine_tune(model: nn.Module, task: Task, parameters: List[nn.Parameter], steps: int, lr: float,
               weight_decay: float, batch_size: int, grad_clip: float, seed: int, log_every: int = 50) -> List[float]:
-    """A trained model's ``parameters`` trained ``steps`` more (the kernel method's §6.2 fine-tuning): AdamW,
-    warm-up over a tenth of the steps then cosine to 10%, gradient clipping, batches and dropout from their own
-    seeds; no evaluations or checkpoints. Returns the training losses."""
+    """``parameters`` of a trained model trained ``steps`` more (the kernel method's §6.2): AdamW, a tenth of the
+    steps' warm-up then cosine to 10%, batches and dropout from their own seeds. Returns the training losses."""
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
     schedule = {"lr": lr, "warmup": steps // 10, "steps": steps, "lr_decay": "cosine", "lr_floor": 0.1}
@@ -309,8 +286,7 @@ def evaluate(model: nn.Module, task: Task, split: str, limit: Optional[int], bat
 
 
 def base_rate(counts: torch.Tensor, metric: str) -> float:
-    """What the split's own target distribution gives with no input: the majority class's accuracy, or the
-    entropy of the unigram distribution in bits (a model must beat it to have learned anything)."""
+    """What a model with no input scores: the majority class's accuracy, or the unigram entropy in bits."""
     p = counts / counts.sum()
     if metric == "bpb":
         return -(p[p > 0] * p[p > 0].log2()).sum().item()
@@ -319,12 +295,11 @@ def base_rate(counts: torch.Tensor, metric: str) -> float:
 
 # ------------------------------------------------------------------------------------------------ the record
 def final_record(run: Run) -> Optional[dict]:
-    """The results record (DESIGN.md): final evaluations, densities, FLOPs, memory, timings, provenance and the
-    trained weights' fingerprint of every process. A method adds its own entries before ``finish`` writes it.
-    Made by the first process; the others (DDP) get None."""
+    """The results record (DESIGN.md): final evaluations, densities, FLOPs, memory, timings, provenance, every
+    process's weights' fingerprint. A method adds its own entries before ``finish``. Other processes get None."""
     cfg, device, model, task = run.cfg, run.device, run.model, run.task
     peak_memory = measure.peak_memory_bytes(device, run.memory) if cfg.steps > 0 else None
-    fingerprints = [parameter_fingerprint(model)]
+    fingerprints = [runs.parameter_fingerprint(model)]
     if run.world > 1:
         gathered = [None] * run.world
         dist.all_gather_object(gathered, fingerprints[0])
@@ -333,26 +308,14 @@ def final_record(run: Run) -> Optional[dict]:
         return None
     valid = run.evaluate("valid", cfg.final_eval_batches)
     test = run.evaluate("test", cfg.final_eval_batches)
-    example = next(task.eval_batches("valid", min(4, cfg.batch_size), 1))
-    inputs = model_inputs(example, device)
-    flops = {}
-    for mode, training in (("train", True), ("eval", False)):
-        # Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks);
-        # evaluation FLOPs those of inference, where a method may differ (SSA evaluates dense).
-        model.train(training)
-        torch.manual_seed(derive_seed(cfg.seed, "flops"))
-        with torch.no_grad():
-            flops[mode] = measure.model_flops_per_example(model, lambda: model(**inputs), len(example["tokens"]))
-    model.eval()
-    torch.manual_seed(derive_seed(cfg.seed, "memory"))
-    inference_memory = measure.inference_peak_memory_bytes(lambda: model(**inputs), device)
+    inputs = model_inputs(next(task.eval_batches("valid", min(4, cfg.batch_size), 1)), device)
+    flops, inference_memory = measure.model_costs(model, inputs, device, cfg.seed)
     trained = torch.stack(run.train_density) if run.train_density else None  # (steps, L)
     return {
         "status": "complete", "method": cfg.method, "task": cfg.task, "preset": cfg.preset, "seed": cfg.seed,
-        "device": device_name(device), "world_size": run.world,
-        "metric": task.metric, "valid": valid["metric"], "test": test["metric"],
-        "valid_loss": valid["loss"], "test_loss": test["loss"],
-        "scored": {"valid": valid["scored"], "test": test["scored"]},
+        "device": measure.device_name(device), "world_size": run.world,
+        "metric": task.metric, "valid": valid["metric"], "test": test["metric"], "valid_loss": valid["loss"],
+        "test_loss": test["loss"], "scored": {"valid": valid["scored"], "test": test["scored"]},
         "base_rate": test["base_rate"],
         "density": test["density"], "density_per_layer": test["density_per_layer"],
         "train_density": trained.mean().item() if trained is not None else None,
@@ -361,9 +324,9 @@ def final_record(run: Run) -> Optional[dict]:
         "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
         "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
         "peak_memory_bytes": peak_memory,
-        "inference_memory_per_example_bytes": inference_memory // len(example["tokens"]),
-        "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else
-                            "CPU peak RSS above the pre-training baseline",
+        "inference_memory_per_example_bytes": inference_memory // len(inputs["tokens"]),
+        "peak_memory_kind": "CPU peak RSS above the pre-training baseline" if device.type == "cpu" else
+                            "cuda max_memory_allocated",
         "median_step_ms": statistics.median(run.step_times[5:] or run.step_times) if run.step_times else None,
         "steps": cfg.steps, "wall_time_s": run.elapsed,
         "param_fingerprints": fingerprints,
@@ -384,17 +347,3 @@ def finish(run: Run, record: Optional[dict]) -> None:
     if run.world > 1:
         dist.barrier()
         dist.destroy_process_group()
-
-
-def parameter_fingerprint(model: nn.Module) -> str:
-    """sha256 of all parameters' bytes, in registration order: equal iff the weights are identical."""
-    digest = hashlib.sha256()
-    for p in model.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"

@@ -27,6 +27,7 @@ forward+backward measured apart (``time_fn``).
 import ctypes
 import ctypes.util
 import os
+import platform
 import resource
 import statistics
 import time
@@ -179,6 +180,22 @@ def model_flops_per_example(model: nn.Module, forward: Callable[[], object], exa
     return {"model": counts["total"] // examples, "attention": attn_total // examples}
 
 
+def model_costs(model: nn.Module, inputs: dict, device: torch.device, seed: int) -> tuple:
+    """({"train": FLOPs, "eval": FLOPs} per example, inference peak memory in bytes) of ``model(**inputs)``.
+    Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks), evaluation
+    FLOPs those of inference, where a method may differ (SSA evaluates dense); random draws from the seed."""
+    from bench.config import derive_seed
+    flops = {}
+    for mode, training in (("train", True), ("eval", False)):
+        model.train(training)
+        torch.manual_seed(derive_seed(seed, "flops"))
+        with torch.no_grad():
+            flops[mode] = model_flops_per_example(model, lambda: model(**inputs), len(inputs["tokens"]))
+    model.eval()
+    torch.manual_seed(derive_seed(seed, "memory"))
+    return flops, inference_peak_memory_bytes(lambda: model(**inputs), device)
+
+
 def counted_forward(model: nn.Module, inputs: dict, flops: dict):
     """``model(**inputs)``, its FLOPs per example (model_flops_per_example) written into ``flops``."""
     out = {}
@@ -269,6 +286,13 @@ def inference_peak_memory_bytes(forward: Callable[[], object], device: torch.dev
         forward()
     synchronize(device)
     return max(0, peak_memory_bytes(device, meter) - before)
+
+
+def device_name(device: torch.device) -> str:
+    """The device in words, for records and tables."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def synchronize(device: torch.device) -> None:

@@ -18,10 +18,10 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
-from bench.config import SetupError
-from bench.files import write_atomic
+from bench.config import SetupError, resume_conflicts
+from bench.files import DataError, write_atomic
 
 CHECKPOINT_HEADER = b"bench.train checkpoint, sha256 of the rest: "
 
@@ -71,12 +71,35 @@ def run_files(out: Path) -> List[Path]:
     return found + sorted(out.glob("checkpoint-*.pt"))
 
 
-def refuse_occupied(out: Path, overwrite: bool) -> None:
-    """A fresh run's check: ``out`` holds no run, or --overwrite says it may go."""
-    existing = run_files(out)
-    if existing and not overwrite:
-        raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): continue it "
-                         f"with --resume, or replace it with --overwrite")
+def open_folder(cfg, context: dict, later: dict, device) -> Optional[dict]:
+    """The run folder checked before anything is read or made: a fresh run refuses a folder holding a run unless
+    --overwrite; with --resume the checkpoint, verified and trained with this run's settings (``context``: the
+    processes, device type and autocast; ``later``: a method's settings that act only from a step on), is
+    returned, else None."""
+    out = cfg.folder
+    if not cfg.resume:
+        existing = run_files(out)
+        if existing and not cfg.overwrite:
+            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): continue it "
+                             f"with --resume, or replace it with --overwrite")
+        return None
+    if not (out / "checkpoint.pt").exists():
+        raise DataError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}")
+    saved = load_checkpoint(out / "checkpoint.pt", map_location=device)
+    conflicts = resume_conflicts(saved, cfg.as_record(), context, later)
+    if conflicts:
+        raise SetupError(f"--resume: {out / 'checkpoint.pt'} (step {saved['step']}) was trained with other settings: "
+                         f"{', '.join(conflicts)}; what changes the steps already taken must match (or start afresh "
+                         f"with --overwrite)")
+    return saved
+
+
+def parameter_fingerprint(model) -> str:
+    """sha256 of all parameters' bytes, in registration order: equal iff the weights are identical."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def kept_log(log_file: Path, step: int) -> bytes:

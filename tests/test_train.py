@@ -117,7 +117,7 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
     fingerprints = rec["param_fingerprints"]
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
     # the fingerprint is of the weights that were trained: it matches the checkpoint's
-    from bench.loop import parameter_fingerprint
+    from bench.runs import parameter_fingerprint
     from bench.model import Model, ModelConfig
     from baselines.full import FullAttention
     state = load_checkpoint(out / "checkpoint.pt")["model"]
