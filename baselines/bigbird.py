@@ -33,7 +33,6 @@ Density (INTERFACE.md): the distinct admissible pairs of A / (valid queries × v
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, P query blocks, K key-block slots, b block.
 """
-import math
 from functools import lru_cache
 from typing import Optional, Tuple
 
@@ -41,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import check_padding_mask, generator_dropout
+from baselines.common import check_padding_mask, masked_attention
 
 
 def fixed_blocks(nb: int, window_blocks: int, global_blocks: int, causal: bool, device=None) -> Tensor:
@@ -98,19 +97,6 @@ def bigbird_budget(n: int, density: float, block: int, window_blocks: int, globa
         lo, hi = (mid + 1, hi) if bigbird_density(n, block, w, global_blocks, mid, causal) < density else (lo, mid)
     r = min((max(lo - 1, 0), lo), key=lambda r: abs(bigbird_density(n, block, w, global_blocks, r, causal) - density))
     return w, r
-
-
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, p_drop: float,
-                     generator: Optional[torch.Generator]) -> Tensor:
-    """softmax over the allowed keys of q·kᵀ/√D, times v, in float32 at least (autocast off). q (..., N, D), k and
-    v (..., M, D), allowed broadcastable to (..., N, M). A row with no allowed key comes out finite (the softmax
-    of finfo.min's is uniform); the caller zeroes it, which zeroes its gradient too."""
-    compute = torch.promote_types(q.dtype, torch.float32)  # float32 at least, float64 kept for tests
-    with torch.autocast(q.device.type, enabled=False):
-        # finfo.min added, not filled in: an addition's backward is free, and finfo.min + s rounds to finfo.min
-        bias = torch.where(allowed, torch.zeros((), dtype=compute, device=q.device), torch.finfo(compute).min)
-        scores = (q.to(compute) / math.sqrt(q.shape[-1])) @ k.to(compute).transpose(-1, -2) + bias  # (..., N, M)
-        return generator_dropout(scores.softmax(-1), p_drop, generator) @ v.to(compute)  # (..., N, D)
 
 
 class BigBirdAttention(nn.Module):

@@ -1,5 +1,6 @@
-"""Helpers shared by the baselines: key-padding-mask validation, the density statistic of INTERFACE.md and
-generator-driven dropout."""
+"""Helpers shared by the baselines: key-padding-mask validation, the density statistic of INTERFACE.md,
+generator-driven dropout, and the masked softmax attention of the fixed-sparse patterns (window, BigBird)."""
+import math
 from typing import Optional
 
 import torch
@@ -37,3 +38,16 @@ def generator_dropout(x: Tensor, p: float, generator: Optional[torch.Generator])
     source = generator.device if generator is not None else x.device
     keep = torch.rand(x.shape, generator=generator, device=source).to(x.device) >= p
     return x * keep / (1.0 - p)
+
+
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, p_drop: float,
+                     generator: Optional[torch.Generator]) -> Tensor:
+    """softmax over the allowed keys of q·kᵀ/√D, times v, in float32 at least (autocast off). q (..., N, D), k and
+    v (..., M, D), allowed broadcastable to (..., N, M). A row with no allowed key comes out finite (the softmax
+    of finfo.min's is uniform); the caller zeroes it, which zeroes its gradient too."""
+    compute = torch.promote_types(q.dtype, torch.float32)  # float32 at least, float64 kept for tests
+    with torch.autocast(q.device.type, enabled=False):
+        # finfo.min added, not filled in: an addition's backward is free, and finfo.min + s rounds to finfo.min
+        bias = torch.where(allowed, torch.zeros((), dtype=compute, device=q.device), torch.finfo(compute).min)
+        scores = (q.to(compute) / math.sqrt(q.shape[-1])) @ k.to(compute).transpose(-1, -2) + bias  # (..., N, M)
+        return generator_dropout(scores.softmax(-1), p_drop, generator) @ v.to(compute)  # (..., N, D)

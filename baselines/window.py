@@ -27,14 +27,13 @@ baselines/bigbird.py, has global tokens); dropout acts on the attention weights,
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, T chunks, C chunk length, S keys per chunk.
 """
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import check_padding_mask, generator_dropout
+from baselines.common import check_padding_mask, masked_attention
 
 # Queries per chunk of the fast path: among C ∈ {32, 64, 128, w/4, w/2, w, 2w}, 64 was the fastest or near it for a
 # 7% band at N = 1K-8K (fwd+bwd, one thread); the span's excess over the band, (C + 2w)/(2w + 1), is small for w >> C.
@@ -65,19 +64,6 @@ def window_counts(valid: Tensor, window: int, causal: bool) -> Tensor:
     i = torch.arange(n, device=valid.device)
     lo, hi = (i - window).clamp_min(0), (i if causal else (i + window).clamp_max(n - 1))  # (N,) window ends
     return count[:, hi + 1] - count[:, lo]
-
-
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, p_drop: float,
-                     generator: Optional[torch.Generator]) -> Tensor:
-    """softmax over the allowed keys of q·kᵀ/√D, times v, in float32 at least (autocast off). q (..., N, D), k and
-    v (..., M, D), allowed broadcastable to (..., N, M). A row with no allowed key comes out finite (the softmax
-    of finfo.min's is uniform); the caller zeroes it, which zeroes its gradient too."""
-    compute = torch.promote_types(q.dtype, torch.float32)  # float32 at least, float64 kept for tests
-    with torch.autocast(q.device.type, enabled=False):
-        # finfo.min added, not filled in: an addition's backward is free, and finfo.min + s rounds to finfo.min
-        bias = torch.where(allowed, torch.zeros((), dtype=compute, device=q.device), torch.finfo(compute).min)
-        scores = (q.to(compute) / math.sqrt(q.shape[-1])) @ k.to(compute).transpose(-1, -2) + bias  # (..., N, M)
-        return generator_dropout(scores.softmax(-1), p_drop, generator) @ v.to(compute)  # (..., N, D)
 
 
 class WindowAttention(nn.Module):
