@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import check_padding_mask, masked_attention
+from baselines.common import check_core_arguments, check_padding_mask, masked_attention
 
 
 def fixed_blocks(nb: int, window_blocks: int, global_blocks: int, causal: bool, device=None) -> Tensor:
@@ -108,10 +108,7 @@ class BigBirdAttention(nn.Module):
                  window_blocks: int = 1, global_blocks: int = 2, random_blocks: Optional[int] = None,
                  density: Optional[float] = None, path: str = "fast"):
         super().__init__()
-        if min(dim, heads, head_dim) < 1:
-            raise ValueError(f"dim, heads and head_dim must be positive, got {dim}, {heads}, {head_dim}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_core_arguments(dim, heads, head_dim, dropout)
         if block < 1 or min(window_blocks, global_blocks, 0 if random_blocks is None else random_blocks) < 0:
             raise ValueError(f"block must be >= 1 and window_blocks, global_blocks, random_blocks >= 0, got "
                              f"block={block}, window_blocks={window_blocks}, global_blocks={global_blocks}, "

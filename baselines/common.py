@@ -7,6 +7,14 @@ import torch
 from torch import Tensor
 
 
+def check_core_arguments(dim: int, heads: int, head_dim: int, dropout: float) -> None:
+    """The interface's arguments: positive sizes and a dropout rate in [0, 1), else a ValueError naming them."""
+    if min(dim, heads, head_dim) < 1:
+        raise ValueError(f"dim, heads and head_dim must be positive, got {dim}, {heads}, {head_dim}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+
+
 def check_padding_mask(key_padding_mask: Optional[Tensor], batch: int, n: int) -> None:
     """INTERFACE.md's mask: None or a (B, N) bool tensor, True at padding. Anything else (a float or integer
     mask, a wrong shape) is a ValueError naming what was expected, not an error from deep inside the core.

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import check_padding_mask, masked_attention
+from baselines.common import check_core_arguments, check_padding_mask, masked_attention
 
 # Queries per chunk of the fast path: among C ∈ {32, 64, 128, w/4, w/2, w, 2w}, 64 was the fastest or near it for a
 # 7% band at N = 1K-8K (fwd+bwd, one thread); the span's excess over the band, (C + 2w)/(2w + 1), is small for w >> C.
@@ -73,10 +73,7 @@ class WindowAttention(nn.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, window: Optional[int] = None,
                  density: Optional[float] = None, path: str = "fast"):
         super().__init__()
-        if min(dim, heads, head_dim) < 1:
-            raise ValueError(f"dim, heads and head_dim must be positive, got {dim}, {heads}, {head_dim}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_core_arguments(dim, heads, head_dim, dropout)
         if window is not None and density is not None:
             raise ValueError(f"give window or density, not both (got window={window}, density={density})")
         if window is not None and window < 0:

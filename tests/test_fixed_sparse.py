@@ -26,6 +26,19 @@ def padding(batch: int, n: int) -> torch.Tensor:
     return pad
 
 
+def assert_paths_agree(fast, reference, x, pad, causal, generator=lambda: None):
+    """Outputs, densities and the gradients of the input and every parameter agree to float64 rounding."""
+    grad_out = torch.randn(x.shape, dtype=torch.float64)
+    results = []
+    for module in (fast, reference):
+        y, stats = module(x, pad, causal, generator())
+        (y * grad_out).sum().backward()
+        results.append([y.detach(), stats["density"], x.grad.clone()] + [p.grad.clone() for p in module.parameters()])
+        x.grad = None
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 # ------------------------------------------------------------------------------------------------ window
 def band_mask(n: int, w: int, causal: bool) -> torch.Tensor:
     """(N, M) bool written out pair by pair."""
@@ -42,15 +55,7 @@ def test_fast_and_reference_agree_window(n, w, causal, padded):
     fast, reference = make_pair(WindowAttention, window=w)
     x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
     pad = padding(2, n) if padded else None
-    grad_out = torch.randn(2, n, DIM, dtype=torch.float64)
-    results = []
-    for module in (fast, reference):
-        y, stats = module(x, pad, causal)
-        (y * grad_out).sum().backward()
-        results.append([y.detach(), stats["density"], x.grad.clone()] + [p.grad.clone() for p in module.parameters()])
-        x.grad = None
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert_paths_agree(fast, reference, x, pad, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -172,15 +177,7 @@ def test_fast_and_reference_agree_bigbird(n, block, w, g, r, causal, padded):
     fast, reference = make_pair(BigBirdAttention, block=block, window_blocks=w, global_blocks=g, random_blocks=r)
     x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
     pad = padding(2, n) if padded else None
-    grad_out = torch.randn(2, n, DIM, dtype=torch.float64)
-    results = []
-    for module in (fast, reference):
-        y, stats = module(x, pad, causal, seeded())
-        (y * grad_out).sum().backward()
-        results.append([y.detach(), stats["density"], x.grad.clone()] + [p.grad.clone() for p in module.parameters()])
-        x.grad = None
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert_paths_agree(fast, reference, x, pad, causal, seeded)
 
 
 @pytest.mark.parametrize("causal", [False, True])
