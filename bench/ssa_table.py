@@ -23,7 +23,7 @@ peak rate, not at the 10 % floor of the harness's default cosine. `--lr-decay co
 
 Columns, normalised to S0 as in the paper's Table 1: bits per byte of the dense ("renormalised", §3.4)
 evaluation; FLOPs of a training step's forward per example (for +FT the mean over its steps: 90 % sampled,
-10 % dense); peak memory of training; median training step time. The targets of our issue are checked and
+10 % dense); peak memory of training; median training step time. The targets are checked and
 printed: S-L4 step time ≤ 0.65 × S0's; S-L4+FT within 2 % of S0's bits per byte; S-L4 better than S-U75.
 """
 import json

@@ -61,7 +61,7 @@ def copy_of(finished, tmp_path):
     return Path(shutil.copytree(finished, tmp_path / "run"))
 
 
-# ------------------------------------------------------------------------------------ item 8: resume settings
+# ------------------------------------------------------------------------------------ resume settings
 def test_resume_refuses_a_checkpoint_trained_with_other_settings_naming_each(tmp_path, finished, capsys):
     out = copy_of(finished, tmp_path)
     before = tree(tmp_path)
@@ -95,7 +95,7 @@ def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_n
     assert "--steps 9 → 12 (sets the learning rate of the steps already taken)" in past_warmup
 
 
-# ------------------------------------------------------------------------------------ item 9: fresh runs
+# ------------------------------------------------------------------------------------ fresh runs
 def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp_path, finished, capsys):
     out = copy_of(finished, tmp_path)
     (out / "train.log").write_text("a caller's log\n")
@@ -140,7 +140,7 @@ def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finish
     assert steps[:checkpoint["step"] // 40] == list(range(40, checkpoint["step"] + 1, 40))  # the new run's only
 
 
-# ------------------------------------------------------------------------------------ item 10: torn log line
+# ------------------------------------------------------------------------------------ torn log line
 def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tmp_path, finished):
     """A kill mid-write leaves a log line without its newline (and a checkpoint's temporary file): before, every
     later run in the folder failed on the log."""
@@ -159,7 +159,7 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
     assert valid_steps(out / "log.jsonl") == [3, 6]
 
 
-# ------------------------------------------------------------------------------------ item 13: damaged checkpoints
+# ------------------------------------------------------------------------------------ damaged checkpoints
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "no header"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finished, capsys, damage):
     out = copy_of(finished, tmp_path)
@@ -181,7 +181,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finishe
             "no header": "has no checksum header"}[damage] in line
 
 
-# ------------------------------------------------------------------------------------ item 11: method files
+# ------------------------------------------------------------------------------------ method files
 @pytest.mark.parametrize("module", [sbm_transformer, ssa, kernel_sparse])
 def test_method_files_take_no_method_option(tmp_path, capsys, module):
     """A method file trains its own method: --method is no option of it (python -m bench.train runs the others)."""
@@ -197,7 +197,7 @@ def test_bench_train_still_runs_a_method_file_by_name(tmp_path):
     assert record(out)["method"] == "ssa"
 
 
-# ------------------------------------------------------------------------------------ items 14-15: bad input
+# ------------------------------------------------------------------------------------ bad input
 
 
 @pytest.mark.parametrize("args, code, message", [

@@ -91,7 +91,7 @@ def test_softmax_scale_is_one_over_sqrt_head_dim():
 
 
 def test_causal_holds_when_a_generator_dropout_draw_takes_the_reference_path():
-    """Issue 19, item 1: fused with causal, no padding and no ALiBi leaves causality to SDPA; a training forward
+    """The fast path with causal, no padding and no ALiBi leaves causality to SDPA; a training forward
     with dropout and a generator runs the reference core instead, which must then get the causal mask."""
     module = FullAttention(16, 2, 8, dropout=0.1).train()
     x = torch.randn(1, 8, 16, requires_grad=True)

@@ -167,7 +167,7 @@ class Case:
     dropout: float
     precision: str
     generator: bool
-    scale: float  # of the inputs: 100 stresses exp ranges and denominators (issue 19, item 4)
+    scale: float  # of the inputs: 100 stresses exp ranges and denominators (Performer's features)
 
     @classmethod
     def draw(cls, variant: str, index: int) -> "Case":

@@ -155,7 +155,7 @@ ENTRY_POINTS = [("python -m bench.train", "bench.train", []),
 @pytest.mark.parametrize("prog, module, argv", ENTRY_POINTS)
 def test_help_runs_nothing_says_how_to_call_and_shows_the_presets_values(prog, module, argv, tmp_path, monkeypatch,
                                                                          capsys):
-    """Issue 20: --help exits 0 writing nothing; its usage line is the command a user types; no "(default: None)":
+    """--help exits 0 writing nothing; its usage line is the command a user types; no "(default: None)":
     a preset override's value is in the task × preset tables."""
     import importlib
 
