@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from bench import grid
+from bench import cli, grid
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
         run.error(f"no cell of {claim.name} matches {args.cells!r}: " + ", ".join(c["name"] for c in claim.cells()))
     out = Path(args.out) if args.out else RESULTS / args.claim
     out.mkdir(parents=True, exist_ok=True)
-    with grid.GridLock(out):
+    with cli.one_line_errors(), grid.grid_lock(out):
         if claim.kind == "runs":
             print(f"{claim.name}: {len(cells)} runs into {out}, {args.jobs} side by side", flush=True)
             failures = grid.run_cells(out, cells, args.jobs)

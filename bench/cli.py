@@ -305,14 +305,11 @@ def plain_type(declared):
 @contextlib.contextmanager
 def one_line_errors():
     """A DataError (missing or corrupt data) ends the process with exit 1, a SetupError (a setting that cannot
-    work) with exit 2, each as one line on stderr."""
-    from bench.config import SetupError
-    from bench.tasks import DataError
+    work) with exit 2, a Diverged run with exit 3, each as one line on stderr."""
+    from bench.config import Diverged, SetupError
+    from bench.files import DataError
     try:
         yield
-    except DataError as exc:
+    except (DataError, SetupError, Diverged) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit({DataError: 1, SetupError: 2, Diverged: 3}[type(exc)]) from None

@@ -36,6 +36,10 @@ class SetupError(RuntimeError):
     """A setting that cannot work (bad shapes, unknown option, a checkpoint of other settings): one line, exit 2."""
 
 
+class Diverged(RuntimeError):
+    """A training loss that is not finite: the run stops and records it (one line, exit 3)."""
+
+
 @dataclass(kw_only=True)
 class Preset(Backbone):
     """Model (bench.model.Backbone's fields) and training recipe of a task at one scale (bench/tasks/)."""

@@ -5,6 +5,7 @@ A file is written into a temporary file beside it, synced and renamed over it, s
 at any instant) sees the old file or the whole new one, never a part. Standard library only: the command
 lines' ``--help`` stays light.
 """
+import fcntl
 import json
 import os
 import tempfile
@@ -54,7 +55,19 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json(path: Path, obj) -> None:
-    write_atomic(path, json.dumps(obj, indent=2).encode())
+    """``obj`` as JSON, a non-finite number written as null (JSON has no NaN)."""
+    write_atomic(path, json.dumps(finite(obj), indent=2, allow_nan=False).encode())
+
+
+def finite(obj):
+    """``obj`` with every NaN or infinite float replaced by None."""
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def read_json(path: Path) -> Optional[dict]:
@@ -63,3 +76,31 @@ def read_json(path: Path) -> Optional[dict]:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
+
+
+class FolderLock:
+    """One process at a time in a folder: an exclusive lock on ``folder/name``, which names its holder (pid)."""
+
+    def __init__(self, folder: Path, name: str, what: str):
+        self.path, self.what, self.file = Path(folder) / name, what, None
+
+    def __enter__(self):
+        self.file = open(self.path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            from bench.config import SetupError
+            self.file.seek(0)
+            holder = self.file.read().strip() or "unknown"
+            self.file.close()
+            raise SetupError(f"another {self.what} is running in {self.path.parent} (pid {holder}); wait for it or "
+                             f"stop it first") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()

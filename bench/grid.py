@@ -26,7 +26,6 @@ compared with their estimates.
 """
 import argparse
 import ctypes
-import fcntl
 import os
 import shutil
 import signal
@@ -39,7 +38,7 @@ from typing import Dict, List, Optional
 
 from bench import cli
 from bench import methods as registry
-from bench.files import DataError, default_data_dir, read_json, write_json
+from bench.files import DataError, FolderLock, default_data_dir, read_json, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "retrieval", "wikitext2"]
@@ -196,32 +195,9 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
 
 
 # ------------------------------------------------------------------------------------------------ running
-class GridLock:
-    """One grid per folder: an exclusive lock on OUT/grid.lock, which names its holder."""
-
-    def __init__(self, out: Path):
-        self.path = out / "grid.lock"
-        self.file = None
-
-    def __enter__(self):
-        self.file = open(self.path, "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            holder = self.file.read().strip() or "unknown"
-            self.file.close()
-            raise SystemExit(f"error: another grid is running in {self.path.parent} (pid {holder}); "
-                             f"wait for it or stop it first")
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(str(os.getpid()))
-        self.file.flush()
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
+def grid_lock(out: Path) -> FolderLock:
+    """One grid per folder: OUT/grid.lock names its holder."""
+    return FolderLock(out, "grid.lock", "grid")
 
 
 def die_with_parent():
@@ -408,7 +384,7 @@ def main(argv=None) -> int:
         p.error(str(exc))
     out = Path(args.out or f"runs/grid-{args.budget}")
     out.mkdir(parents=True, exist_ok=True)
-    with GridLock(out):
+    with cli.one_line_errors(), grid_lock(out):
         grid = plan(args.budget, methods, tasks, seeds, common_settings(args))
         write_json(out / "grid.json", grid)
         print(describe(grid, args.jobs), flush=True)

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import measure, runs
-from bench.config import RunConfig, SetupError, derive_seed, lr_at, resolve_device
-from bench.files import write_json
+from bench.config import Diverged, RunConfig, SetupError, derive_seed, lr_at, resolve_device
+from bench.files import FolderLock, write_json
 from bench.model import Model, ModelConfig
 from bench.tasks import IGNORE, DataError, Task, default_data_dir
 
@@ -51,8 +51,10 @@ class Run:
     step: int = 0
     elapsed: float = 0.0  # seconds of training steps
     step_times: List[float] = field(default_factory=list)  # ms per step
-    train_density: List[torch.Tensor] = field(default_factory=list)  # (L,) per step trained in this process
-    memory: Optional[measure.PeakRSS] = None  # the CPU's peak-memory meter, from the first step
+    train_density: List[torch.Tensor] = field(default_factory=list)  # (L,) per step: what each step computed
+    memory: Optional[measure.PeakRSS] = None  # the CPU's peak-memory meter, from this process's first step
+    earlier_peak: int = 0  # the peak memory of the steps before a resume
+    lock: Optional[FolderLock] = None  # OUT/run.lock, held while the run lives
 
     @property
     def is_main(self) -> bool:  # the process that evaluates, logs, checkpoints and writes the record
@@ -67,10 +69,16 @@ class Run:
             with open(self.cfg.folder / "log.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def peak_memory(self) -> int:
+        """The training steps' peak memory so far, over every resume."""
+        return max(self.earlier_peak, measure.peak_memory_bytes(self.device, self.memory))
+
     def save(self, name: str) -> None:
         runs.save_checkpoint(self.cfg.folder / name, {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
-            "elapsed": self.elapsed, "step_times": self.step_times, "config": self.cfg.as_record(), **self.context})
+            "elapsed": self.elapsed, "step_times": self.step_times, "peak_memory_bytes": self.peak_memory(),
+            "train_density": torch.stack(self.train_density) if self.train_density else None,
+            "config": self.cfg.as_record(), **self.context})
 
 
 # ------------------------------------------------------------------------------------------------ setup
@@ -105,11 +113,15 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
             raise SetupError(f"--resume: {out / 'checkpoint.pt'} does not fit this model: "
                              f"{str(exc).splitlines()[0]}") from None
         run.step, run.elapsed, run.step_times = saved["step"], saved["elapsed"], list(saved["step_times"])
+        run.earlier_peak = saved.get("peak_memory_bytes", 0)
+        run.train_density = list(saved["train_density"]) if saved.get("train_density") is not None else []
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if run.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        run.lock = FolderLock(out, "run.lock", "run").__enter__()  # released when the process ends
         runs.begin(out, cfg.resume, run.step)
     run.memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
@@ -164,6 +176,8 @@ def train(run: Run, until: Optional[int] = None) -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
             logits, stats = trained(**inputs)
         loss = task_loss(logits, targets)
+        if not all_finite(run, loss + stats["aux_loss"]):
+            diverged(run)
         run.optimizer.zero_grad(set_to_none=True)
         (loss + stats["aux_loss"]).backward()
         if cfg.grad_clip > 0:
@@ -194,6 +208,27 @@ def train(run: Run, until: Optional[int] = None) -> None:
                 dist.barrier()
         if run.is_main and run.step in cfg.snapshot_at:
             run.save(f"checkpoint-{run.step}.pt")
+
+
+def all_finite(run: Run, loss: torch.Tensor) -> bool:
+    """Whether every process's loss is finite."""
+    finite = torch.isfinite(loss.detach()).to(torch.int32).reshape(1)
+    if run.world > 1:
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    return bool(finite.item())
+
+
+def diverged(run: Run) -> None:
+    """A non-finite loss: the run stops there, its record says so (status "diverged", the step and learning rate),
+    and the process ends with one line and exit 3."""
+    lr = lr_at(run.step, vars(run.cfg))
+    if run.is_main:
+        write_json(run.cfg.folder / "metrics.json", {
+            "status": "diverged", "method": run.cfg.method, "task": run.cfg.task, "preset": run.cfg.preset,
+            "seed": run.cfg.seed, "diverged_at_step": run.step + 1, "lr": lr, "steps": run.cfg.steps,
+            "wall_time_s": run.elapsed, "config": run.cfg.as_record()})
+    raise Diverged(f"the run diverged: the loss of step {run.step + 1} is not finite (learning rate {lr:g}); "
+                   f"recorded in {run.cfg.folder / 'metrics.json'}")
 
 
 def report_progress(run: Run, losses: List[float], metrics: List[float], densities: List[float]) -> None:
@@ -298,7 +333,7 @@ def final_record(run: Run) -> Optional[dict]:
     """The results record (DESIGN.md): final evaluations, densities, FLOPs, memory, timings, provenance, every
     process's weights' fingerprint. A method adds its own entries before ``finish``. Other processes get None."""
     cfg, device, model, task = run.cfg, run.device, run.model, run.task
-    peak_memory = measure.peak_memory_bytes(device, run.memory) if cfg.steps > 0 else None
+    peak_memory = run.peak_memory() if cfg.steps > 0 else None
     fingerprints = [runs.parameter_fingerprint(model)]
     if run.world > 1:
         gathered = [None] * run.world

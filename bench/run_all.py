@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     out = Path(args.out or f"runs/grid-{args.budget}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    with grid.GridLock(out):
+    with cli.one_line_errors(), grid.grid_lock(out):
         plan = grid.plan(args.budget, methods, tasks, seeds, grid.common_settings(args))
         write_json(out / "grid.json", plan)
         estimate = sum(c["estimate_s"] for c in plan["cells"]) / jobs + \

@@ -11,33 +11,32 @@ and, once the run has finished, ``metrics.json`` — the only sign of a finished
 - ``--resume`` continues from checkpoint.pt, which must have been trained with this run's settings
   (bench.config.resume_conflicts); log.jsonl keeps its complete lines up to the checkpoint's step: a line torn
   by a kill mid-write, and what was logged after the checkpoint, are dropped.
-- Checkpoints are written atomically and carry the sha256 of their payload in a one-line header; a damaged,
+- A folder holds one run at a time: OUT/run.lock, held while the run trains, names its holder.
+- Checkpoints are plain ``torch.save`` dicts (``torch.load(path, weights_only=True)`` reads one), written
+  atomically; before one is used, every member of its archive is read against its CRC-32, so a damaged,
   truncated or empty one is refused in one line before torch reads it.
 """
 import hashlib
 import io
 import json
+import zipfile
 from pathlib import Path
 from typing import List, Optional
 
 from bench.config import SetupError, resume_conflicts
 from bench.files import DataError, write_atomic
 
-CHECKPOINT_HEADER = b"bench.train checkpoint, sha256 of the rest: "
-
-
 def save_checkpoint(path: Path, state: dict) -> None:
-    """torch.save's bytes behind a one-line header with their sha256, written atomically."""
+    """``torch.save(state)``, written atomically."""
     import torch
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    payload = buffer.getvalue()
-    write_atomic(path, CHECKPOINT_HEADER + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    write_atomic(path, buffer.getvalue())
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
-    """The state saved by ``save_checkpoint``. A file that is empty, has no header, fails its checksum
-    (truncated, bytes altered) or cannot be read is refused with a SetupError naming it, before torch sees it."""
+    """The state saved by ``save_checkpoint``. A file that is empty, not a torch archive, has a member whose bytes
+    fail their CRC-32 (truncated, altered) or cannot be read is refused with a SetupError naming it."""
     import torch
 
     def refuse(reason: str):
@@ -45,20 +44,18 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
                           f"(or resume from a good copy)")
 
     try:
-        data = Path(path).read_bytes()
+        if Path(path).stat().st_size == 0:
+            raise refuse("is empty")
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # reads every member against the CRC-32 its header records
     except OSError as exc:
         raise refuse(f"cannot be read ({exc.strerror})") from None
-    if not data:
-        raise refuse("is empty")
-    header, newline, _ = data[:len(CHECKPOINT_HEADER) + 65].partition(b"\n")
-    if not header.startswith(CHECKPOINT_HEADER) or not newline:
-        raise refuse("has no checksum header (damaged, or not written by bench.train)")
-    payload = memoryview(data)[len(header) + 1:]
-    if hashlib.sha256(payload).hexdigest().encode() != header[len(CHECKPOINT_HEADER):]:
-        raise refuse(f"is damaged: its {len(payload)}-byte payload does not match the sha256 in its header "
-                     f"(truncated or altered)")
+    except (zipfile.BadZipFile, EOFError, ValueError):
+        raise refuse("is damaged: not a whole torch archive (truncated or altered)") from None
+    if damaged is not None:
+        raise refuse(f"is damaged: its member {damaged} fails its CRC-32 (altered)")
     try:
-        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 — any failure of a checked file is one line, not a torch traceback
         raise refuse(f"cannot be read by this torch ({type(exc).__name__})") from None
 

@@ -160,7 +160,7 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
 
 
 # ------------------------------------------------------------------------------------ damaged checkpoints
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "no header"])
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "not an archive"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finished, capsys, damage):
     out = copy_of(finished, tmp_path)
     path = out / "checkpoint.pt"
@@ -173,12 +173,19 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finishe
     elif damage == "empty":
         data = b""
     else:
-        data = data[data.index(b"\n") + 1:]  # the bare torch.save payload, as written before checksums
+        data = b"bench.train checkpoint, sha256 of the rest: 0123\n" + data  # an older checkpoint format
     path.write_bytes(bytes(data))
     line = refused(capsys, *RUN, "--out", str(out), "--resume")
     assert line.startswith(f"error: the checkpoint {path} ") and "weights_only" not in line
-    assert {"flipped": "is damaged", "truncated": "is damaged", "empty": "is empty",
-            "no header": "has no checksum header"}[damage] in line
+    assert {"flipped": "fails its CRC-32", "truncated": "is damaged", "empty": "is empty",
+            "not an archive": "is damaged"}[damage] in line
+
+
+def test_a_checkpoint_is_a_plain_torch_file(finished):
+    """torch.load(path, weights_only=True) reads a checkpoint: model and optimizer state, step, config."""
+    import torch
+    state = torch.load(finished / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 6 and state["config"]["steps"] == 6 and "qkv.weight" in " ".join(state["model"])
 
 
 # ------------------------------------------------------------------------------------ method files

@@ -219,8 +219,8 @@ def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_wr
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
-    from bench.grid import GridLock
-    with GridLock(tmp_path):
+    from bench.grid import grid_lock
+    with grid_lock(tmp_path):
         result = sh([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path),
                      "--methods", "full", "--tasks", "duplicates"], check=False)
     assert result.returncode != 0 and f"another grid is running in {tmp_path} (pid {os.getpid()})" in result.stderr

@@ -98,9 +98,13 @@ def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
     step = load_checkpoint(killed / "checkpoint.pt")["step"]
     assert 0 < step < 400
     train(*args, "--out", str(killed), "--resume")
+    train(*args, "--out", str(killed), "--resume")  # a resume of the finished run rewrites the same record
     a, b = record(full), record(killed)
-    for field in ("valid", "test", "valid_loss", "test_loss", "density", "param_fingerprints"):
-        assert a[field] == b[field], field
+    measured = {"wall_time_s", "median_step_ms", "peak_memory_bytes", "inference_memory_per_example_bytes", "config"}
+    assert set(a) == set(b) and {k: v for k, v in a.items() if k not in measured} == \
+        {k: v for k, v in b.items() if k not in measured}
+    assert {**a["config"], "out": None, "resume": None} == {**b["config"], "out": None, "resume": None}
+    assert b["train_density"] is not None and b["peak_memory_bytes"] > 2 ** 20 and b["median_step_ms"] > 0
     log_steps = valid_steps(killed / "log.jsonl")
     assert log_steps == list(range(40, 401, 40))
 
@@ -238,3 +242,35 @@ def test_corrupt_enwik8_exits_with_the_expected_checksum(tmp_path):
     assert result.returncode == 1
     assert "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_says_so(tmp_path):
+    """--lr 1e20: the loss of step 2 is NaN. The run stops there with one line and exit 3, and its record is valid
+    JSON saying "diverged", which the grid keeps as a failed cell rather than a result."""
+    out = tmp_path / "run"
+    result = train("--task", "duplicates", *TINY, "--steps", "6", "--lr", "1e20", "--out", str(out), check=False)
+    assert result.returncode == 3 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: the run diverged: the loss of step 2 is not finite")
+    rec = json.loads((out / "metrics.json").read_text())  # json.loads reads a bare NaN: the text is checked
+    assert rec["status"] == "diverged" and rec["diverged_at_step"] == 2 and "NaN" not in (out / "metrics.json").read_text()
+
+
+def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path):
+    """A run folder holds one run: a second process on the same --out (--overwrite or --resume alike) is refused
+    in one line while the first trains, and the first run's log is not interleaved with another's."""
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "bench.train", "--task", "duplicates", *TINY, "--steps", "100000",
+                              "--out", str(out)], cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / "run.lock").exists() or not (out / "run.lock").read_text().strip():
+            assert first.poll() is None and time.time() < deadline, "the first run did not start"
+            time.sleep(0.05)
+        second = train("--task", "duplicates", *TINY, "--seed", "1", "--steps", "2", "--out", str(out),
+                       "--overwrite", check=False)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert second.stderr.strip().splitlines()[-1].startswith(f"error: another run is running in {out} (pid {first.pid})")
+    finally:
+        first.kill()
+        first.wait()
