@@ -156,8 +156,8 @@ def test_gradcheck_edge_attention(dropout):
 
 
 def test_edge_attention_double_backward_is_refused():
-    """Issue 19, item 5: a second derivative through EdgeAttention was silently wrong (gradgradcheck False); its
-    backward is once-differentiable, so differentiating it again raises."""
+    """A second derivative through EdgeAttention's sparse products would be silently wrong (gradgradcheck False);
+    its backward is once-differentiable, so differentiating it again raises."""
     torch.manual_seed(0)
     edges = sbm.Edges.from_mask(torch.rand(2, 7, 7) < 0.4)
     q, k, v = (torch.randn(14, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -388,3 +388,4 @@ def test_command_line_rejects_bad_settings_with_exit_2(bad):
     with pytest.raises(SystemExit) as exc:
         sbm.main(["--task", "duplicates"] + bad)
     assert exc.value.code == 2
+
