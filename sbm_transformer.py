@@ -31,6 +31,7 @@ R = B·H graphs (graph r = b·H + h); "global" query / key indices are r·N + i 
 import contextlib
 import importlib.util
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -262,7 +263,9 @@ def _part(name: str):
 
 
 def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
-    return torch.sparse_csr_tensor(ptr, idx, values, shape, check_invariants=False)
+    with warnings.catch_warnings():  # torch's notice, on first use, that sparse CSR support "is in beta"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(ptr, idx, values, shape, check_invariants=False)
 
 
 def _offsets(counts: Tensor) -> Tensor:
