@@ -1,88 +1,37 @@
-"""SBM-Transformer: attention on a graph sampled from a Stochastic Block Model, at a cost linear in its edges.
+"""SBM-Transformer: attention on a graph sampled from a learned Stochastic Block Model, at a cost linear in its edges.
 
-Paper: Cho, Min, Kim, Lee, Lee, Hong, "Transformers meet Stochastic Block Models: Attention with Data-Adaptive
-Sparsity and Cost", NeurIPS 2022 (shared/papers/000 main text, 002 appendices; shared/notes/sbm_reference.md
-describes the official code). Per layer and head, with queries Q, keys K, values V (§4.1-4.2):
+Cho, Min, Kim, Lee, Lee, Hong, "Transformers meet Stochastic Block Models: Attention with Data-Adaptive Sparsity and
+Cost", NeurIPS 2022, arXiv 2210.15541; the official code is github.com/sc782/SBM-Transformer. Per layer and head,
+with queries Q, keys K, values V and k cluster embeddings C (§4.1-4.2):
 
-    Ŝ = softmax(C Cᵀ), one softmax over all k² entries          (Eq. 5)  C: k cluster embeddings
-    Q̂ = σ(MLP(Q) Cᵀ),  K̂ = σ(MLP(K) Cᵀ)                        (Eq. 6-7) MLP: d → d → d, ReLU
-    M ~ SBM(Q̂, Ŝ, K̂):  M_ij ~ Bernoulli(min(1, p_ij + δ)), p = Q̂ Ŝ K̂ᵀ   (Eq. 8; δ: edge exploration, §4.2)
-    Y = σ_M(M ⊙ Q Kᵀ/√d) V, a softmax over each query's edges   (Eq. 3-4); a query with no edge outputs 0
-    ∂L/∂p_ij := ∂L/∂A_ij · Q_i K_jᵀ/√d on sampled edges, 0 elsewhere   (Eq. 9, straight-through estimator)
-    loss += λ · mean density                                     (§5.2 "Mask Density Regularization")
+    Ŝ = softmax(C Cᵀ), one softmax over all k² entries                        (Eq. 5)
+    Q̂ = σ(MLP(Q) Cᵀ),  K̂ = σ(MLP(K) Cᵀ),  P = Q̂ Ŝ K̂ᵀ                        (Eq. 6-7)
+    M_ij ~ Bernoulli(min(1, P_ij + δ)), δ: random edge exploration (§4.2)      (Eq. 8)
+    Y = σ_M(M ⊙ QKᵀ/√d) V, a softmax over each query's edges; no edge: 0     (Eq. 3-4)
+    ∂L/∂P_ij := ∂L/∂A_ij · Q_iK_jᵀ/√d on sampled edges, 0 elsewhere          (Eq. 9, straight-through)
+    loss += λ · mean density, density = edges / (valid queries × valid keys)  (§5.2)
 
-Two execution paths, the same law of M and the same outputs and gradients on a given edge set (tests):
-- dense (`path="reference"`, the official code's path): P = Q̂ŜK̂ᵀ, a Bernoulli mask, a masked softmax; O(n²k).
-- sparse (`path="fast"`, default): fastRG (fastrg.py; Algorithm 1) proposes edges already grouped by query
-  (CSR), thinning makes them exact (below) and keeps that order, scores are computed on the edges only, a
-  softmax per query by segment reductions, and aggregation by sparse (CSR) products. Two autograd functions
-  keep O(E) scalars (α_e, s_e) and the graph; their backward uses the key-major copy of the graph (CSC, one
-  sort, made at the end of a training forward) for dK, dV and ∂L/∂K̂. Time O(E(d + k) + n(d² + kd + k²) +
-  k²(d + R)) and memory O(E + n(k + d) + Rk²): no n × m tensor anywhere. App. B's Table 5 omits the n·k² of
-  K̂Ŝᵀ and fastRG's R·k² block counts; at k = 128 > d = 32 they dominate short sequences (ListOps at n = 200
-  costs more FLOPs than full attention). Per edge the STE's gradient (p_e = Q̂_i·(ŜK̂_jᵀ), differentiated for
-  every edge, K wide) is 2× the D-wide work of the attention's backward; p_e itself is formed only where
-  thinning cannot decide without it.
+Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
+forms P and a dense mask, O(N²k), as the official code does; `path="fast"` (default) draws the edges with fastRG
+(fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor anywhere. Each
+departure from the paper or from the official code is named in a comment beside the code it concerns.
 
-Exact Bernoulli edges from fastRG. fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present
-with probability 1 − e^{−λ_ij}, never above 0.632 when λ ≤ 1, so Algorithm 1 as printed cannot reach the full
-attention of Fig. 4 although Eq. 8 states p(i, j) = Q̂_iŜK̂_jᵀ. We draw with λ_ij = c_i π_ij, π = p + δ (still
-rank k + 1: query rows scaled by c_i), and keep a drawn pair with probability min(1, π)/(1 − e^{−c_i π}) ≤ 1, so
-P(edge) = min(1, π_ij) exactly, the official code's law. c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j
-+ δ ≥ max_j π_ij; it is capped at u = 1 − 10⁻³, so a pair with π > 0.999 is kept with probability ≥ 0.999.
-The keep probability grows with π from 1/c_i, so a uniform below 1/c_i keeps a pair without its π (a squeeze):
-only about u_i/2 of the proposals need p_e, the K-wide product.
-The proposal overhead is at most c_i − 1 ≈ u_i/2 (about 15% at initialisation), but up to 5.9 (c = 6.9) as
-π → 1: for a graph near full attention (Fig. 4's end point) the dense path is the faster one, same law.
-Causal: proposed pairs with j > i are dropped before thinning, so each pair's law depends only on its query
-and key; for a fixed generator the realised draw of one row still depends on the other tokens (one vectorised
-proposal per batch), so realisation-level invariance to future tokens holds on the dense path, and on the
-sparse path given the graph (tests).
-
-Density (INTERFACE.md): edges / (valid queries × valid keys) per head, summed over the batch. It counts
-δ-edges and self-loops, like the official code, but padded keys never get edges and padded queries get none
-either (their outputs are discarded by every head of bench/model.py), so it is the valid-pairs density.
-Its gradient path (the regulariser): density = Σ_e M_e / pairs with M_e = 1 on each sampled edge and the STE's
-∂M_e/∂p_e = 1 (as Σ_e (1 + p_e − stopgrad(p_e)) / pairs), so each sampled edge's probability receives
-λ/pairs, as in the official code. `stats["density_per_example"]` (B, H) shows how it
-varies by input (App. C, Fig. 5, 7-8).
-
-Deviations from the paper, and their options:
-1. Sampler: exact Bernoulli by thinning a fastRG proposal (above), not Algorithm 1's 1 − e^{−λ}.
-2. Score scale 1/√d and the δ term as in Eq. 2-3 and §4.2; δ is added in training only (§4.2: "during
-   training"). `explore_in_eval=True`: also in evaluation (official; its reported densities include δ).
-3. The MLP: §4.1 gives "each attention head a 2-layer MLP"; Fig. 2 calls it shared. Default per head;
-   `shared_mlp=True` shares it across heads (official). Either way it maps both queries and keys.
-4. Cluster init: Kaiming normal with the fan-in of the stored (H, k, d) tensor, std √(2/(k·d)) (official),
-   which gives App. C's ≈ 25% initial density (tests); per-head fan-in d would give std √(2/d).
-5. Self-loops (+I, §4.3 footnote 1, Table 8): `self_loops=True` adds M_ii = 1 (valid tokens); these forced
-   edges get no STE gradient. Off by default, as in the paper's main experiments and the official code.
-Deviations from the official code (sbm_reference.md §4, §7):
-6. STE: Eq. 9 by default (∂L/∂p = ∂L/∂s · s); `ste="official"` gives its hardtanh(∂L/∂s) on sampled edges.
-   Its clip also acts on the regulariser's share of the gradient; ours clips only the attention's.
-7. No edges from or to padding (official: padded keys are sampled and receive weight 0; padded queries attend).
-8. The regulariser λ·L_s with L_s the mean density over layers and heads: each layer adds λ/L · mean_h density
-   (the factory passes density_weight = λ/L).
-9. Where the paper is silent we follow the official code: attention dropout on the normalised weights; masks
-   are sampled in evaluation too (the paper reports densities of masks sampled at test time, Table 1).
-
-Commands (`python -m bench.train --method sbm ...` runs the same code; `--help` lists every option):
-    python sbm_transformer.py --task duplicates --preset paper --path dense   # Fig. 4: Table 7's batch 256,
-                                                                              # 2000 steps; density → 1 (some
-                                                                              # seeds stall, full attention too)
-    python sbm_transformer.py --task listops                          # Table 1 setting (λ = 0), CPU preset
+    python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
-    python sbm_transformer.py --task listops --official               # the official code's choices (6, 2, 3)
+    python sbm_transformer.py --task listops --official               # the official code's choices
     python sbm_transformer.py --task listops --self-loops             # Table 8's (+I)
-    python -m bench.sbm_scaling                                       # core and module vs full attention
-    python -m pytest tests/test_sbm_transformer.py -q
+    python sbm_transformer.py --task duplicates --preset paper --path reference   # §5.1, Fig. 4: density → 1
+    python -m bench.sbm_scaling                                       # core and module against full attention
+    python -m pytest -q tests/test_sbm_transformer.py
+(`python -m bench.train --method sbm ...` runs the same code; `--help` lists every option.)
 
-Shape legend: B batch, H heads, N queries, M keys (M = N here), D head dim, K clusters, E edges,
+Shape legend: B batch, H heads, N queries, M keys (M = N here), D = d head dim, K = k clusters, E edges,
 R = B·H graphs (graph r = b·H + h); "global" query / key indices are r·N + i / r·M + j.
 """
 import contextlib
 import importlib.util
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -94,8 +43,6 @@ import fastrg
 
 PATHS = ("fast", "reference")
 STE_FORMS = ("paper", "official")
-PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
-CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 
 
 @dataclass
@@ -118,21 +65,207 @@ class SBMConfig:
 
     @classmethod
     def official(cls, **overrides) -> "SBMConfig":
-        """The official code's behaviour (sbm_reference.md §4): dense Bernoulli path, hardtanh STE, δ also at
-        evaluation, one MLP for all heads."""
+        """The official code's behaviour: dense Bernoulli path, hardtanh STE, δ also at evaluation, one MLP for all
+        heads."""
         return cls(**{"path": "reference", "ste": "official", "explore_in_eval": True, "shared_mlp": True,
                       **overrides})
 
 
-# ----------------------------------------------------------------------------------------------- helpers
-def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
-    return torch.sparse_csr_tensor(ptr, idx, values, shape, check_invariants=False)
+# ---- reference path: Eq. 5-9 as dense code, O(N²k) ------------------------------------------------------------
+class SBMAttention(nn.Module):
+    """Multi-head SBM attention (INTERFACE.md). Budget: clusters (k), delta (δ), density_weight (λ of this layer),
+    self_loops; options: path, ste, explore_in_eval, shared_mlp (SBMConfig). The methods below are the reference
+    path; `path="fast"` replaces the mask by a graph of edges (sample_sparse, attend_edges: the fast path)."""
+
+    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
+                 clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
+                 density_weight: float = SBMConfig.density_weight, self_loops: bool = SBMConfig.self_loops,
+                 path: str = SBMConfig.path, ste: str = SBMConfig.ste,
+                 explore_in_eval: bool = SBMConfig.explore_in_eval, shared_mlp: bool = SBMConfig.shared_mlp):
+        super().__init__()
+        if min(dim, heads, head_dim, clusters) < 1:
+            raise ValueError(f"dim, heads, head_dim, clusters must be positive, got {dim, heads, head_dim, clusters}")
+        if not 0.0 <= delta < 1.0 or density_weight < 0 or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"need 0 <= delta < 1, density_weight >= 0, 0 <= dropout < 1; got {delta}, "
+                             f"{density_weight}, {dropout}")
+        if path not in PATHS or ste not in STE_FORMS:
+            raise ValueError(f"path must be one of {PATHS} and ste one of {STE_FORMS}, got {path!r}, {ste!r}")
+        self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
+        self.delta, self.density_weight, self.self_loops = delta, density_weight, self_loops
+        self.path, self.ste, self.explore_in_eval, self.shared_mlp = path, ste, explore_in_eval, shared_mlp
+        self.qkv = nn.Linear(dim, 3 * heads * head_dim)
+        self.out = nn.Linear(heads * head_dim, dim)
+        # The node MLP d → d → d of Eq. 6-7, for queries and keys alike: one per head, as §4.1 says ("each attention
+        # head a 2-layer MLP"); Fig. 2 and the official code share one across heads (shared_mlp=True). U(±1/√d) init.
+        mlp_heads, bound = (1 if shared_mlp else heads), head_dim ** -0.5
+        self.mlp_w = nn.Parameter(torch.empty(2, mlp_heads, head_dim, head_dim).uniform_(-bound, bound))
+        self.mlp_b = nn.Parameter(torch.empty(2, mlp_heads, 1, head_dim).uniform_(-bound, bound))
+        # Cluster embeddings C (H, K, D), Kaiming normal with the fan-in of the whole tensor, std √(2/(K·D)), as the
+        # official code: App. C's ≈ 25% initial density (tests). A per-head fan-in D would give std √(2/D).
+        self.centers = nn.Parameter(nn.init.kaiming_normal_(torch.empty(heads, clusters, head_dim)))
+
+    def block_matrix(self) -> Tensor:
+        """Ŝ (H, K, K) = softmax over all K² entries of C Cᵀ (Eq. 5)."""
+        gram = self.centers @ self.centers.transpose(1, 2)  # (H, K, K)
+        return gram.flatten(1).softmax(-1).view_as(gram)
+
+    def memberships(self, t: Tensor) -> Tensor:
+        """σ(MLP(t) Cᵀ) (Eq. 6-7): (B, H, N, D) → (B, H, N, K) in (0, 1)."""
+        node = F.relu(t @ self.mlp_w[0] + self.mlp_b[0]) @ self.mlp_w[1] + self.mlp_b[1]  # (B, H, N, D)
+        return torch.sigmoid(node @ self.centers.transpose(1, 2))
+
+    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
+                generator: Optional[torch.Generator] = None):
+        b, n, _ = x.shape
+        if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
+            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
+                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
+                 else ~key_padding_mask)  # (B, N)
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
+        with torch.autocast(x.device.type, enabled=False):  # scores, softmax and sampling in float32 (≥)
+            dtype = torch.promote_types(q.dtype, torch.float32)
+            q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
+            # M is sampled in evaluation too, as in the official code and Table 1's test-time densities
+            graph = self.sample(q, k, valid, causal, generator)
+            y, density, per_example = self.attend(q, k, v, graph, valid, generator)
+        y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
+        stats = {"density": density.detach(), "density_per_example": per_example}
+        if self.density_weight > 0:
+            stats["aux_loss"] = self.density_weight * density.mean()
+        return self.out(y.to(x.dtype)), stats
+
+    def exploration(self) -> float:
+        """δ, added to every edge probability (§4.2)."""
+        # §4.2 explores "during training" only; the official code also at evaluation, where its densities include δ
+        return self.delta if self.training or self.explore_in_eval else 0.0
+
+    def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
+        """M ~ SBM(Q̂, Ŝ, K̂) (Eq. 8): {"mask": (B, H, N, M) bool, "prob": P} on the reference path, {"edges": Edges}
+        on the fast one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient; p_ij = x_i · w_j) of the STE."""
+        with _part("memberships"):  # _part: a profiler label (bench.sbm_scaling), nothing else
+            x = self.memberships(q)  # (B, H, N, K) Q̂
+            z = self.memberships(k)  # (B, H, M, K) K̂
+        with _part("block matrix"):
+            s = self.block_matrix()  # (H, K, K) Ŝ
+            w = z @ s.transpose(1, 2)  # (B, H, M, K) K̂Ŝᵀ
+        if self.path == "reference":
+            prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
+            with torch.no_grad():
+                return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
+        with torch.no_grad():
+            return {"edges": self.sample_sparse(x, z, w, s, valid, causal, generator), "x": x, "w": w}
+
+    def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
+        """One Bernoulli(min(1, P + δ)) per admissible pair (Eq. 8), as the official code draws M."""
+        # u < min(1, π) ⟺ u < π for u ∈ [0, 1): no clamp needed
+        mask = torch.rand(prob.shape, generator=generator, device=prob.device, dtype=prob.dtype) < \
+            prob + self.exploration()
+        return self.fix_mask(mask, valid, causal)
+
+    def fix_mask(self, mask: Tensor, valid: Tensor, causal: bool) -> Tensor:
+        """Padding, causality and forced self-loops applied to a (B, H, N, M) mask."""
+        n = mask.shape[-1]
+        # No edge from or to padding (the official code samples padded keys, at weight 0, and lets padded queries
+        # attend): padded tokens' memberships never meet the loss.
+        mask &= (valid[:, None, :, None] & valid[:, None, None, :])
+        if causal:
+            mask &= torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+        if self.self_loops:  # (+I): M_ii = 1 for valid tokens (§4.3 footnote 1, Table 8); off in the paper's runs
+            mask |= torch.eye(n, dtype=torch.bool, device=mask.device) & valid[:, None, :, None]
+        return mask
+
+    def attend(self, q, k, v, graph: dict, valid: Tensor, generator):
+        """Eq. 3-4 on the sampled graph, Eq. 9 for its edge probabilities, and the density: y (B, H, N, D), density
+        (H,) with its STE gradient path, density per example (B, H) detached (App. C, Fig. 5, 7-8)."""
+        B, H, N, D = q.shape
+        p_drop = self.dropout if self.training else 0.0
+        if "mask" in graph:
+            mask, prob = graph["mask"], graph["prob"]
+            if self.self_loops:  # forced edges are not sampled: no STE gradient
+                eye = torch.eye(N, dtype=torch.bool, device=q.device)
+                prob = torch.where(eye, prob.detach(), prob)
+            row_edges = mask.sum(-1, keepdim=True, dtype=torch.int32)  # (B, H, N, 1); int32: 2× faster than int64
+            y = dense_attention(q, k, v, prob, mask, row_edges, p_drop, self.ste, generator)
+            # (B, H) edge counts Σ M_ij with the STE's ∂M_ij/∂P_ij = 1 on sampled edges, as Σ(1 + P − stopgrad(P)):
+            # the regulariser gives each sampled edge's probability λ/pairs, as in the official code
+            ste_part = prob.masked_fill(~mask, 0).sum((2, 3))
+            counts = row_edges.sum((2, 3)).to(q.dtype) + (ste_part - ste_part.detach())
+        else:
+            y, counts = attend_edges(q, k, v, graph, p_drop, self.ste, self.self_loops, generator)
+        # edges / (valid queries × valid keys); δ-edges and self-loops count, as in the official code, whose
+        # denominator is all b·n·m pairs, padding included
+        with _part("density"):
+            per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
+            density = counts.sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
+            per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
+        return y, density, per_example
+
+    def sample_sparse(self, x, z, w, s, valid, causal, generator) -> "Edges":
+        """The fast path's draw of the same M: `sample_edges` below."""
+        return sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops, generator)
+
+    def extra_repr(self) -> str:
+        return (f"heads={self.heads}, head_dim={self.head_dim}, clusters={self.clusters}, delta={self.delta}, "
+                f"density_weight={self.density_weight:g}, self_loops={self.self_loops}, path={self.path}, "
+                f"ste={self.ste}, explore_in_eval={self.explore_in_eval}, shared_mlp={self.shared_mlp}")
+
+
+def dense_attention(q, k, v, prob, mask, row_edges, p_drop: float, ste: str, generator=None) -> Tensor:
+    """σ_M(M ⊙ QKᵀ/√D) V (Eq. 3-4) with materialised (B, H, N, M) scores, and Eq. 9 as the gradient of prob = P
+    (detached on forced edges); row_edges (B, H, N, 1) = mask.sum(-1). The fast path's EdgeAttention gives the same
+    result and gradients on the same mask."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, H, N, M), Eq. 3's 1/√D
+    logits = StraightThrough.apply(scores, prob, ste)
+    alpha = logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(-1)
+    alpha = alpha * (row_edges > 0)  # a row without edges is uniform here: output 0 instead
+    if p_drop > 0:  # attention dropout on the normalised weights, as the official code (the paper is silent)
+        source = generator.device if generator is not None else alpha.device  # drawn where the generator is
+        keep = torch.rand(alpha.shape, generator=generator, device=source).to(alpha.device) >= p_drop
+        alpha = alpha * keep / (1 - p_drop)
+    return alpha @ v  # (B, H, N, D)
+
+
+class StraightThrough(torch.autograd.Function):
+    """The scores unchanged in value, with the straight-through estimator as the gradient of P (Eq. 9): ∂L/∂P =
+    ∂L/∂S ⊙ S, S = QKᵀ/√D (`ste="paper"`); the official code's form is hardtanh(∂L/∂S) (`ste="official"`). One
+    function, not P − stopgrad(P) arithmetic, so the (B, H, N, M) work is one product in the backward."""
+
+    @staticmethod
+    def forward(ctx, scores, prob, ste: str):
+        ctx.save_for_backward(scores)
+        ctx.ste = ste
+        return scores.view_as(scores)
+
+    @staticmethod
+    def backward(ctx, grad):
+        scores, = ctx.saved_tensors
+        # The official clip acts on the regulariser's share of the gradient too; here it clips only the attention's.
+        return grad, (grad * scores if ctx.ste == "paper" else grad.clamp(-1.0, 1.0)), None
+
+
+# ---- fast path: sparse attention on a fastRG graph, O(E) -------------------------------------------------------
+# fastRG proposes edges already grouped by query (CSR), thinning makes them exact Bernoulli(min(1, P + δ)) and keeps
+# that order, scores are computed on the edges only, a softmax per query by segment reductions, aggregation by
+# sparse (CSR) products. Two autograd functions keep O(E) scalars (α_e, s_e) and the graph; their backward uses the
+# key-major copy of the graph (CSC, one sort, made at the end of a training forward) for dK, dV and ∂L/∂K̂. Time
+# O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ
+# and fastRG's R·K² block counts: at K = 128 > D = 32 they dominate short sequences (ListOps at N = 200 costs more
+# FLOPs than full attention).
+PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
+CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 
 
 def _part(name: str):
     """Labels a stage of the forward for bench.sbm_scaling's per-part profile (PARTS); costs nothing unless a
     profiler runs."""
     return torch.profiler.record_function("sbm: " + name)
+
+
+def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
+    with warnings.catch_warnings():  # torch's notice, on first use, that sparse CSR support "is in beta"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(ptr, idx, values, shape, check_invariants=False)
 
 
 def _offsets(counts: Tensor) -> Tensor:
@@ -244,7 +377,79 @@ def _zeros(edges: Edges, like: Tensor) -> Tensor:
     return like.new_zeros(edges.E)
 
 
-# ------------------------------------------------------------------------------------- the attention core
+def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, generator) -> Edges:
+    """M_ij ~ Bernoulli(min(1, π_ij)), π = p + δ, p = x_i · w_j = Q̂_iŜK̂_jᵀ, from a fastRG proposal thinned to exact.
+
+    fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present with probability 1 − e^{−λ_ij}, never
+    above 0.632 for λ ≤ 1, so Algorithm 1 as printed cannot reach the full attention of Fig. 4 although Eq. 8 states
+    p(i, j) = Q̂_iŜK̂_jᵀ. We propose with λ_ij = c_i π_ij (still rank K + 1: query rows scaled by c_i) and keep a pair
+    with probability min(1, π)/(1 − e^{−c_i π}) ≤ 1 (thin), so P(edge) = min(1, π_ij), the official code's law.
+    c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j + δ ≥ max_j π_ij, capped at 1 − CAP. The proposal's
+    overhead c_i − 1 ≈ u_i/2 is about 15% at initialisation, but up to 5.9 as π → 1: for a graph near full
+    attention (Fig. 4's end point) the reference path is the faster one, with the same law.
+    Causal: proposed pairs with j > i are dropped before thinning, so each pair's law depends only on its query
+    and key; for a fixed generator the realised draw of one row still depends on the other tokens (one vectorised
+    proposal per batch), so realisation-level invariance to future tokens holds on the dense path, and on the
+    sparse path given the graph (tests). The proposal comes grouped by query (fastrg.sample_block_csr) and
+    thinning keeps that order, so the graph is never sorted here."""
+    B, H, N, K = x.shape
+    M, R = z.shape[2], B * H
+    with _part("proposal"):
+        keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
+        if not bool(valid.all()):  # without padding, no pass over z
+            z = z * keys
+        # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
+        bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
+        bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
+        scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
+        # X = diag(c) Q̂, written where fastRG reads it (no concatenation copy when δ adds a column)
+        xs = x.new_empty(B, H, N, K + (delta > 0))
+        torch.mul(x, scale[..., None], out=xs[..., :K])
+        zs = z
+        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
+            xs[..., K] = scale
+            zs = torch.cat([z, keys.expand(B, H, M, 1)], -1)
+            s = F.pad(s, (0, 1, 0, 1))
+            s[:, K, K] = delta
+        row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
+    with _part("thinning"):
+        proposed = Edges.from_csr(row_ptr, col, R, N, M)
+        allowed = None
+        if causal:  # key index j ≤ query index i, both as r·M + ·
+            diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1)
+            allowed = col <= proposed.to_rows(diagonal.int())
+        keep = thin(proposed, allowed, x, w, bound, scale, delta, generator)
+        edges = Edges.from_csr(_kept_offsets(keep, row_ptr), *_select(keep, col), R, N, M)
+        if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
+            row = edges.to_rows(torch.arange(R * N, device=x.device))
+            loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
+            off = (row % N) != (edges.col % M)
+            row = torch.cat([row[off], loops])
+            col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
+            order = torch.argsort(row * M + col % M)
+            edges = Edges.build(row[order], col[order], R, N, M)
+    return edges
+
+
+def thin(proposed: Edges, allowed: Optional[Tensor], x, w, bound, scale, delta: float, generator) -> Tensor:
+    """(E',) bool: keep each proposed pair (that `allowed` allows) with probability a(π) = min(1, π)/(1 − e^{−c_i π}),
+    so that P(edge) = min(1, π). a grows with π from 1/c_i (π → 0), so U < 1/c_i keeps a pair without its p (a
+    squeeze); only the others, a fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product."""
+    R, N, K = proposed.R, proposed.N, x.shape[-1]
+    sure = bound / -torch.log1p(-bound) * (1 - 2 ** -20)  # (B, H, N) 1/c_i, rounded down
+    U = torch.rand(proposed.E, generator=generator, device=x.device, dtype=x.dtype)
+    keep = U < proposed.to_rows(sure.reshape(R * N))
+    unsure = ~keep if allowed is None else allowed & ~keep
+    if allowed is not None:
+        keep &= allowed
+    index = fastrg.nonzero(unsure)
+    checked = Edges.from_csr(_kept_offsets(unsure, proposed.row_ptr), proposed.col.index_select(0, index),
+                             R, N, proposed.M)
+    pi = _sddmm(checked.csr(_zeros(checked, x)), x.reshape(R * N, K), w.reshape(-1, K)) + delta
+    U = U.index_select(0, index).mul_(checked.to_rows(scale.reshape(R * N).neg()).mul_(pi).expm1_().neg_())
+    return keep.index_put_((index,), U < pi.clamp_(max=1.0))  # U · (1 − e^{−c_i π}) < min(1, π)
+
+
 class EdgeAttention(torch.autograd.Function):
     """σ_M(QKᵀ/√D) V on the edges (Eq. 3-4) with the STE of Eq. 9 as the gradient of `p`.
 
@@ -287,7 +492,7 @@ class EdgeAttention(torch.autograd.Function):
         dk = (edges.csc(ds) @ q).mul_(scale)  # sums over each key's edges
         dv = edges.csc(weights) @ grad_out
         # Eq. 9: ∂L/∂p_e := ∂L/∂A_e · s_e with A = M ⊙ QKᵀ/√D, i.e. the score's gradient times the score;
-        # official: hardtanh of the score's gradient (sbm_reference.md §4.7).
+        # ste="official": the official code's hardtanh of the score's gradient.
         dp_edge = ds * s if ctx.ste == "paper" else ds.clamp(-1.0, 1.0)
         return dq, dk, dv, dp_edge, None, None, None, None
 
@@ -295,8 +500,9 @@ class EdgeAttention(torch.autograd.Function):
 class StraightThroughEdges(torch.autograd.Function):
     """The straight-through estimator of Eq. 9 on the sampled edges: forward the mask itself, M_e = 1 on every
     edge (a zero-stride view: no memory); backward ∂L/∂p_e := ∂L/∂M_e into p_e = x_i · w_j (x = Q̂, w = K̂Ŝᵀ, so
-    p_e = Q̂_iŜK̂_jᵀ): ∂x = G w, ∂w = Gᵀ x, O(E·K). The attention core and the density take M from here, so
-    each sampled edge's probability receives their gradients; p_e itself is never formed."""
+    p_e = Q̂_iŜK̂_jᵀ): ∂x = G w, ∂w = Gᵀ x, O(E·K), per edge K/2D times the attention's backward (2× at Table 7's
+    K = 128, D = 32). The attention core and the density take M from here, so each sampled edge's probability
+    receives their gradients; p_e itself is never formed."""
 
     @staticmethod
     def forward(ctx, x, w, edges: Edges):
@@ -311,242 +517,28 @@ class StraightThroughEdges(torch.autograd.Function):
         return edges.csr(grad) @ w, edges.csc(grad) @ x, None
 
 
-class StraightThrough(torch.autograd.Function):
-    """The scores unchanged in value, with the STE's gradient for the edge probabilities (dense path):
-    ∂L/∂P = ∂L/∂S ⊙ S (Eq. 9, `ste="paper"`) or hardtanh(∂L/∂S) (official, sbm_reference.md §4.7). One
-    function, not P − stopgrad(P) arithmetic, so the (B, H, N, M) work is one product in the backward."""
-
-    @staticmethod
-    def forward(ctx, scores, prob, ste: str):
-        ctx.save_for_backward(scores)
-        ctx.ste = ste
-        return scores.view_as(scores)
-
-    @staticmethod
-    def backward(ctx, grad):
-        scores, = ctx.saved_tensors
-        return grad, (grad * scores if ctx.ste == "paper" else grad.clamp(-1.0, 1.0)), None
-
-
-def dense_attention(q, k, v, prob, mask, row_edges, p_drop: float, ste: str, generator=None) -> Tensor:
-    """The reference path: σ_M(M ⊙ QKᵀ/√D) V with materialised (B, H, N, M) scores; prob = P where the STE
-    applies (detached on forced edges); row_edges (B, H, N, 1) = mask.sum(-1). Same result and gradients as
-    EdgeAttention on the same mask."""
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)  # (B, H, N, M)
-    logits = StraightThrough.apply(scores, prob, ste)
-    alpha = logits.masked_fill(~mask, torch.finfo(logits.dtype).min).softmax(-1)
-    alpha = alpha * (row_edges > 0)  # a row without edges is uniform here: output 0 instead
-    if p_drop > 0:
-        source = generator.device if generator is not None else alpha.device  # drawn where the generator is
-        keep = torch.rand(alpha.shape, generator=generator, device=source).to(alpha.device) >= p_drop
-        alpha = alpha * keep / (1 - p_drop)
-    return alpha @ v  # (B, H, N, D)
-
-
-# ------------------------------------------------------------------------------------------ model pieces
-class SBMAttention(nn.Module):
-    """Multi-head SBM attention (INTERFACE.md). Budget: clusters (k), delta (δ), density_weight (λ per layer),
-    self_loops; options: path, ste, explore_in_eval, shared_mlp (module docstring)."""
-
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
-                 clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
-                 density_weight: float = SBMConfig.density_weight, self_loops: bool = SBMConfig.self_loops,
-                 path: str = SBMConfig.path, ste: str = SBMConfig.ste,
-                 explore_in_eval: bool = SBMConfig.explore_in_eval, shared_mlp: bool = SBMConfig.shared_mlp):
-        super().__init__()
-        if min(dim, heads, head_dim, clusters) < 1:
-            raise ValueError(f"dim, heads, head_dim, clusters must be positive, got {dim, heads, head_dim, clusters}")
-        if not 0.0 <= delta < 1.0 or density_weight < 0 or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"need 0 <= delta < 1, density_weight >= 0, 0 <= dropout < 1; got {delta}, "
-                             f"{density_weight}, {dropout}")
-        if path not in PATHS or ste not in STE_FORMS:
-            raise ValueError(f"path must be one of {PATHS} and ste one of {STE_FORMS}, got {path!r}, {ste!r}")
-        self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
-        self.delta, self.density_weight, self.self_loops = delta, density_weight, self_loops
-        self.path, self.ste, self.explore_in_eval, self.shared_mlp = path, ste, explore_in_eval, shared_mlp
-        self.qkv = nn.Linear(dim, 3 * heads * head_dim)
-        self.out = nn.Linear(heads * head_dim, dim)
-        # The node MLP d → d → d (§4.1), per head or shared; nn.Linear's default init U(±1/√d).
-        mlp_heads, bound = (1 if shared_mlp else heads), head_dim ** -0.5
-        self.mlp_w = nn.Parameter(torch.empty(2, mlp_heads, head_dim, head_dim).uniform_(-bound, bound))
-        self.mlp_b = nn.Parameter(torch.empty(2, mlp_heads, 1, head_dim).uniform_(-bound, bound))
-        # Cluster embeddings C (H, K, D), Kaiming normal over the whole tensor: std √(2/(K·D)) (App. C).
-        self.centers = nn.Parameter(nn.init.kaiming_normal_(torch.empty(heads, clusters, head_dim)))
-
-    def extra_repr(self) -> str:
-        return (f"heads={self.heads}, head_dim={self.head_dim}, clusters={self.clusters}, delta={self.delta}, "
-                f"density_weight={self.density_weight:g}, self_loops={self.self_loops}, path={self.path}, "
-                f"ste={self.ste}, explore_in_eval={self.explore_in_eval}, shared_mlp={self.shared_mlp}")
-
-    def block_matrix(self) -> Tensor:
-        """Ŝ (H, K, K) = softmax over all K² entries of C Cᵀ (Eq. 5)."""
-        gram = self.centers @ self.centers.transpose(1, 2)  # (H, K, K)
-        return gram.flatten(1).softmax(-1).view_as(gram)
-
-    def memberships(self, t: Tensor) -> Tensor:
-        """σ(MLP(t) Cᵀ) (Eq. 6-7): (B, H, N, D) → (B, H, N, K) in (0, 1)."""
-        node = F.relu(t @ self.mlp_w[0] + self.mlp_b[0]) @ self.mlp_w[1] + self.mlp_b[1]  # (B, H, N, D)
-        return torch.sigmoid(node @ self.centers.transpose(1, 2))
-
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
-        b, n, _ = x.shape
-        if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
-            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
-                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
-        valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
-                 else ~key_padding_mask)  # (B, N)
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
-        with torch.autocast(x.device.type, enabled=False):  # scores, softmax and sampling in float32 (≥)
-            dtype = torch.promote_types(q.dtype, torch.float32)
-            q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
-            graph = self.sample(q, k, valid, causal, generator)
-            y, density, per_example = self.attend(q, k, v, graph, valid, generator)
-        y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
-        stats = {"density": density.detach(), "density_per_example": per_example}
-        if self.density_weight > 0:
-            stats["aux_loss"] = self.density_weight * density.mean()
-        return self.out(y.to(x.dtype)), stats
-
-    # -- Eq. 8: sampling M ~ SBM(Q̂, Ŝ, K̂) with exploration δ ------------------------------------------------
-    def exploration(self) -> float:
-        return self.delta if self.training or self.explore_in_eval else 0.0
-
-    def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
-        """The graph of this forward: {"mask": (B, H, N, M) bool, "prob": P} on the dense path, {"edges": Edges}
-        on the sparse one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient) that the STE needs."""
-        # Padded tokens are masked where the graph is drawn (fix_mask, sample_sparse): no edge reaches them, so
-        # their memberships never meet the loss.
-        with _part("memberships"):
-            x = self.memberships(q)  # (B, H, N, K) Q̂
-            z = self.memberships(k)  # (B, H, M, K) K̂
-        with _part("block matrix"):
-            s = self.block_matrix()  # (H, K, K) Ŝ
-            w = z @ s.transpose(1, 2)  # (B, H, M, K): p_ij = x_i · w_j = Q̂_iŜK̂_jᵀ
-        if self.path == "reference":
-            prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
-            with torch.no_grad():
-                return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
-        with torch.no_grad():
-            return {"edges": self.sample_sparse(x, z, w, s, valid, causal, generator), "x": x, "w": w}
-
-    def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
-        """The official path (sbm_reference.md §4.5): one Bernoulli(min(1, P + δ)) per admissible pair."""
-        # u < min(1, π) ⟺ u < π for u ∈ [0, 1): no clamp needed
-        mask = torch.rand(prob.shape, generator=generator, device=prob.device, dtype=prob.dtype) < \
-            prob + self.exploration()
-        return self.fix_mask(mask, valid, causal)
-
-    def fix_mask(self, mask: Tensor, valid: Tensor, causal: bool) -> Tensor:
-        """Padding, causality and forced self-loops applied to a (B, H, N, M) mask."""
-        n = mask.shape[-1]
-        mask &= (valid[:, None, :, None] & valid[:, None, None, :])
-        if causal:
-            mask &= torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
-        if self.self_loops:
-            mask |= torch.eye(n, dtype=torch.bool, device=mask.device) & valid[:, None, :, None]
-        return mask
-
-    def sample_sparse(self, x, z, w, s, valid, causal, generator) -> Edges:
-        """fastRG proposal λ_ij = c_i(p_ij + δ), thinned to exact Bernoulli(min(1, p_ij + δ)) (docstring). The
-        proposal comes grouped by query (fastrg.sample_block_csr) and thinning keeps that order, so the graph
-        is never sorted here."""
-        B, H, N, K = x.shape
-        M, R, delta = z.shape[2], B * H, self.exploration()
-        with _part("proposal"):
-            keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
-            if not bool(valid.all()):  # without padding, no pass over z
-                z = z * keys
-            # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
-            bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
-            bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
-            scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
-            # X = diag(c) Q̂, written where fastRG reads it (no concatenation copy when δ adds a column)
-            xs = x.new_empty(B, H, N, K + (delta > 0))
-            torch.mul(x, scale[..., None], out=xs[..., :K])
-            zs = z
-            if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
-                xs[..., K] = scale
-                zs = torch.cat([z, keys.expand(B, H, M, 1)], -1)
-                s = F.pad(s, (0, 1, 0, 1))
-                s[:, K, K] = delta
-            row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
-        with _part("thinning"):
-            proposed = Edges.from_csr(row_ptr, col, R, N, M)
-            allowed = None
-            if causal:  # key index j ≤ query index i, both as r·M + ·
-                diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1)
-                allowed = col <= proposed.to_rows(diagonal.int())
-            keep = self.thin(proposed, allowed, x, w, bound, scale, generator)
-            edges = Edges.from_csr(_kept_offsets(keep, row_ptr), *_select(keep, col), R, N, M)
-            if self.self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
-                row = edges.to_rows(torch.arange(R * N, device=x.device))
-                loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
-                off = (row % N) != (edges.col % M)
-                row = torch.cat([row[off], loops])
-                col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
-                order = torch.argsort(row * M + col % M)
-                edges = Edges.build(row[order], col[order], R, N, M)
-        return edges
-
-    def thin(self, proposed: Edges, allowed: Optional[Tensor], x, w, bound, scale, generator) -> Tensor:
-        """(E',) bool: keep each proposed pair (that `allowed` allows) with probability a(π) = min(1, π)/(1 −
-        e^{−c_i π}), π = p + δ, so that P(edge) = min(1, π) (docstring). a grows with π from 1/c_i (π → 0), so
-        U < 1/c_i keeps a pair without its p (a squeeze); only the others, a fraction ≈ 1 − 1/c_i ≈ u_i/2, need
-        p_e = x_i · w_j, the K-wide product."""
-        R, N, K = proposed.R, proposed.N, x.shape[-1]
-        sure = bound / -torch.log1p(-bound) * (1 - 2 ** -20)  # (B, H, N) 1/c_i, rounded down
-        U = torch.rand(proposed.E, generator=generator, device=x.device, dtype=x.dtype)
-        keep = U < proposed.to_rows(sure.reshape(R * N))
-        unsure = ~keep if allowed is None else allowed & ~keep
-        if allowed is not None:
-            keep &= allowed
-        index = fastrg.nonzero(unsure)
-        checked = Edges.from_csr(_kept_offsets(unsure, proposed.row_ptr), proposed.col.index_select(0, index),
-                                 R, N, proposed.M)
-        pi = _sddmm(checked.csr(_zeros(checked, x)), x.reshape(R * N, K), w.reshape(-1, K)) + self.exploration()
-        U = U.index_select(0, index).mul_(checked.to_rows(scale.reshape(R * N).neg()).mul_(pi).expm1_().neg_())
-        return keep.index_put_((index,), U < pi.clamp_(max=1.0))  # U · (1 − e^{−c_i π}) < min(1, π)
-
-    # -- attention on the sampled graph, the STE (Eq. 9) and the density ------------------------------------
-    def attend(self, q, k, v, graph: dict, valid: Tensor, generator):
-        """y (B, H, N, D), density (H,) with its STE gradient path, density per example (B, H) detached."""
-        B, H, N, D = q.shape
-        p_drop = self.dropout if self.training else 0.0
-        x, w = graph["x"], graph["w"]
-        if "mask" in graph:
-            mask, prob = graph["mask"], graph["prob"]
-            if self.self_loops:  # forced edges are not sampled: no STE gradient
-                eye = torch.eye(N, dtype=torch.bool, device=q.device)
-                prob = torch.where(eye, prob.detach(), prob)
-            row_edges = mask.sum(-1, keepdim=True, dtype=torch.int32)  # (B, H, N, 1); int32: 2× faster than int64
-            y = dense_attention(q, k, v, prob, mask, row_edges, p_drop, self.ste, generator)
-            ste_part = prob.masked_fill(~mask, 0).sum((2, 3))
-            # (B, H) edge counts, with gradient 1 on each sampled edge's probability (STE)
-            counts = row_edges.sum((2, 3)).to(q.dtype) + (ste_part - ste_part.detach())
-        else:
-            edges = graph["edges"]
-            with _part("p_e and STE"):
-                mask = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)
-                if self.self_loops:  # forced edges are not sampled: no STE gradient
-                    forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
-                    mask = torch.where(forced, mask.detach(), mask)
-            with _part("core"):
-                keep = None
-                if p_drop > 0:
-                    source = generator.device if generator is not None else q.device
-                    keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
-                y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
-                                        mask, edges, keep, p_drop, self.ste).view(B, H, N, D)
-            if y.requires_grad:  # the backward's key-major copy, built now: between the forward's temporaries
-                edges.key_major()  # and the backward's, its sort adds less to the peak memory
-            with _part("density"):  # Σ_e M_e per graph: the edge count, and λ/pairs to each edge's p_e (STE)
-                counts = torch.segment_reduce(mask, "sum", offsets=edges.row_ptr[::N], unsafe=True).view(B, H)
-        with _part("density"):
-            per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
-            density = counts.sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
-            per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
-        return y, density, per_example
+def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool, generator):
+    """SBMAttention.attend on the fast path: y (B, H, N, D) by EdgeAttention, and the (B, H) edge counts Σ_e M_e
+    with the STE's gradient path (StraightThroughEdges), as the reference path computes them on a mask."""
+    B, H, N, D = q.shape
+    x, w, edges = graph["x"], graph["w"], graph["edges"]
+    with _part("p_e and STE"):
+        mask = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)
+        if self_loops:  # forced edges are not sampled: no STE gradient
+            forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
+            mask = torch.where(forced, mask.detach(), mask)
+    with _part("core"):
+        keep = None
+        if p_drop > 0:  # on the normalised weights, as on the reference path
+            source = generator.device if generator is not None else q.device
+            keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
+        y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
+                                mask, edges, keep, p_drop, ste).view(B, H, N, D)
+    if y.requires_grad:  # the backward's key-major copy, built now: between the forward's temporaries
+        edges.key_major()  # and the backward's, its sort adds less to the peak memory
+    with _part("density"):  # Σ_e M_e per graph: the edge count, and λ/pairs to each edge's p_e (STE)
+        counts = torch.segment_reduce(mask, "sum", offsets=edges.row_ptr[::N], unsafe=True).view(B, H)
+    return y, counts
 
 
 # ---------------------------------------------------------------------------------------------- procedures

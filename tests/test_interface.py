@@ -91,9 +91,9 @@ VARIANTS = {
 # (variant, check) → (object, its docstring's words): a check the variant does not promise, and where it says so.
 DOCUMENTED = {
     ("sbm-fast", "causal outputs"): (
-        "sbm_transformer", "for a fixed generator the realised draw of one row still depends on the other tokens "
-        "(one vectorised proposal per batch), so realisation-level invariance to future tokens holds on the dense "
-        "path, and on the sparse path given the graph"),
+        "sbm_transformer:sample_edges", "for a fixed generator the realised draw of one row still depends on the "
+        "other tokens (one vectorised proposal per batch), so realisation-level invariance to future tokens holds on "
+        "the dense path, and on the sparse path given the graph"),
     ("reformer", "causal outputs exactly"): (
         "baselines.reformer:ReformerAttention.attend_causal", "outputs before t agree to rounding, not bitwise, "
         "when tokens from t on change; gradients from the future are exactly zero."),

@@ -3,6 +3,9 @@ the same edge set, the STE against Eq. 9, gradchecks of the custom autograd func
 against Bernoulli(min(1, p + δ)), padding, causality, empty rows, density and FLOP accounting, the CLI."""
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,8 +159,8 @@ def test_gradcheck_edge_attention(dropout):
 
 
 def test_edge_attention_double_backward_is_refused():
-    """Issue 19, item 5: a second derivative through EdgeAttention was silently wrong (gradgradcheck False); its
-    backward is once-differentiable, so differentiating it again raises."""
+    """A second derivative through EdgeAttention's sparse products would be silently wrong (gradgradcheck False);
+    its backward is once-differentiable, so differentiating it again raises."""
     torch.manual_seed(0)
     edges = sbm.Edges.from_mask(torch.rand(2, 7, 7) < 0.4)
     q, k, v = (torch.randn(14, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -388,3 +391,22 @@ def test_command_line_rejects_bad_settings_with_exit_2(bad):
     with pytest.raises(SystemExit) as exc:
         sbm.main(["--task", "duplicates"] + bad)
     assert exc.value.code == 2
+
+
+def test_a_forward_and_backward_emit_no_warning():
+    """torch says once per process that sparse CSR tensors are "in beta"; the SBM attention builds its CSR tensors
+    with exactly that notice silenced, so a fresh process (where the notice would come) shows no warning at all."""
+    code = ("import warnings, torch, sbm_transformer as sbm\n"
+            "warnings.simplefilter('error')\n"
+            "padding = torch.zeros(2, 8, dtype=torch.bool)\n"
+            "padding[1, 6:] = True\n"
+            "for path in sbm.PATHS:\n"
+            "    module = sbm.SBMAttention(16, 2, 8, 0.1, clusters=4, path=path, density_weight=0.1).train()\n"
+            "    x = torch.randn(2, 8, 16, requires_grad=True)\n"
+            "    y, stats = module(x, padding, causal=True, generator=torch.Generator().manual_seed(0))\n"
+            "    (y.sum() + stats['aux_loss']).backward()\n"
+            "    module.eval()(x)\n"
+            "print('ok')\n")
+    ran = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, timeout=120)
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, "ok\n", ""), ran.stderr
