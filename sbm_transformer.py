@@ -123,7 +123,10 @@ class SBMAttention(nn.Module):
         valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
                  else ~key_padding_mask)  # (B, N)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
-        with torch.autocast(x.device.type, enabled=False):  # scores, softmax and sampling in float32 (≥)
+        # scores, softmax and sampling in float32 (≥); the fast path's many mid-sized ops on one thread (fastrg.py's
+        # one_thread: on a shared CPU a second thread's barrier waits cost more than it gives)
+        with torch.autocast(x.device.type, enabled=False), \
+                (fastrg.one_thread() if self.path == "fast" else contextlib.nullcontext()):
             dtype = torch.promote_types(q.dtype, torch.float32)
             q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
             # M is sampled in evaluation too, as in the official code and Table 1's test-time densities
@@ -476,6 +479,7 @@ class EdgeAttention(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @fastrg.one_thread()
     def backward(ctx, grad_out):
         q, k, v, alpha, s, keep = ctx.saved_tensors
         edges, scale = ctx.edges, q.shape[-1] ** -0.5
@@ -511,6 +515,7 @@ class StraightThroughEdges(torch.autograd.Function):
         return x.new_ones(()).expand(edges.E)
 
     @staticmethod
+    @fastrg.one_thread()
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
         edges, grad = ctx.edges, grad.contiguous()

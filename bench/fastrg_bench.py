@@ -18,20 +18,15 @@ leave the cache cold. The log-log slope of fastRG time against edges is the leas
 E ≥ 1e5, given for the whole time and for the time above the fixed cost.
 
 By default (--allocator keep) glibc is told to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD =
-2^31 − 1, the setting of shared/notes/cpu_attention_limits.md) so that large buffers are not page-faulted back on
+2^31 − 1) so that large buffers are not page-faulted back on
 every call; --allocator default leaves glibc's defaults. The setting is printed with the table, which is also
 written with its settings as JSON to OUT/fastrg_bench.json.
 
-With --thread-cost it times instead, per n and density, the same fastRG call at torch's default thread count and
-at one thread (torch.set_num_threads around the call), interleaved, first on the machine as it is, then with a busy
-process (`python -c "while True: pass"`) on each of --competitors cores; a third column calls the sampler without
-its one-thread scope (fastrg.one_thread), timed after the two: the cost the scope saves. Written to
-OUT/fastrg_threads.json.
+The cost or gain of a second thread, beside busy processes: `python -m bench.thread_cost`.
 
     python -m bench.fastrg_bench
     python -m bench.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
     python -m bench.fastrg_bench --threads 1 --clock cpu      # on a shared machine
-    python -m bench.fastrg_bench --thread-cost --lengths 8192 --densities 0.001,0.01 --repeats 9
 """
 import argparse
 import ctypes
@@ -40,7 +35,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -115,78 +109,6 @@ def loglog_slope(edges: list[float], ms: list[float]) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
-def thread_cost(args, device: torch.device) -> list[dict]:
-    """Per (n, density): fastRG's median wall time (ms) and spread at torch's default thread count and at one thread,
-    interleaved, then at the default count without the sampler's one-thread scope; on the machine as it is, then
-    with a busy process on each of args.competitors cores (started here, and ended here by their handles)."""
-    default = torch.get_num_threads()
-    unscoped = getattr(fastrg.sample, "__wrapped__", fastrg.sample)  # the function inside its one_thread decorator
-
-    def at(threads: int, fn):
-        def call():
-            torch.set_num_threads(threads)
-            try:
-                return len(fn()[0])
-            finally:
-                torch.set_num_threads(default)
-        return call
-
-    def measure(load: str) -> list[dict]:
-        rows = []
-        for n in args.lengths:
-            g = torch.Generator(device).manual_seed(args.seed)
-            X, Y = torch.rand(n, K, device=device, generator=g), torch.rand(n, K, device=device, generator=g)
-            S0 = torch.rand(K, K, device=device, generator=g)
-            for density in args.densities:
-                S = S0 * (density * n * n / float(fastrg.expected_edges(X, S0, Y)))
-                fns = {f"{default} threads": at(default, lambda: fastrg.sample(X, S, Y, generator=g, csr=True)),
-                       "1 thread": at(1, lambda: fastrg.sample(X, S, Y, generator=g, csr=True))}
-                times = {name: [] for name in fns}
-                # The unscoped calls go last, apart: after a parallel region OpenMP's workers spin a while, which
-                # would slow whichever call followed one.
-                for group in (fns, {f"{default} threads, unscoped": at(default, lambda: unscoped(X, S, Y, generator=g,
-                                                                                              csr=True))}):
-                    for _ in range(args.warmup_iters):
-                        for fn in group.values():
-                            fn()
-                    for _ in range(args.repeats):
-                        for name, fn in group.items():
-                            t0 = time.perf_counter()
-                            edges = fn()
-                            times.setdefault(name, []).append((time.perf_counter() - t0) * 1e3)
-                rows.append({"load": load, "n": n, "density": density, "edges": edges,
-                             **{name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t)}
-                                for name, t in times.items()}})
-                print(f"  {load} n={n} density={density:g}: " + ", ".join(
-                    f"{name} {statistics.median(t):.1f} ms" for name, t in times.items()), file=sys.stderr, flush=True)
-        return rows
-
-    rows = measure("as is")
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.competitors)]
-    try:
-        time.sleep(0.2)
-        rows += measure(f"{args.competitors} busy")
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
-    return rows
-
-
-def print_thread_cost(rows: list[dict], allocator: str, repeats: int, load: float) -> None:
-    default, one, unscoped = [k for k in rows[0] if isinstance(rows[0][k], dict)]
-    print(f"fastRG thread cost, K = {K}, torch {torch.__version__}, {os.cpu_count()} cores, wall clock, allocator: "
-          f"{allocator}; median [min-max] of {repeats} calls, the first two interleaved, the unscoped ones after; "
-          f"sample(..., dedup=True, csr=True); load average {load:.2f} at start")
-    span = lambda cell: f"{cell['median_ms']:.1f} [{cell['min_ms']:.1f}-{cell['max_ms']:.1f}]"
-    table = [[row["load"], row["n"], f"{row['density']:.1%}", row["edges"], span(row[default]), span(row[one]),
-              f"{row[default]['median_ms'] / row[one]['median_ms']:.2f}", span(row[unscoped]),
-              f"{row[unscoped]['median_ms'] / row[one]['median_ms']:.2f}"] for row in rows]
-    print(tabulate(table, headers=["load", "n", "density", "edges", f"{default} ms", f"{one} ms", "ratio",
-                                   f"{unscoped} ms", "ratio"], tablefmt="github", colalign=("left",) + ("right",) * 8,
-                   disable_numparse=True))
-
-
 def parse_list(kind):
     def parse(text: str):
         try:
@@ -218,13 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="wall time, or the process's CPU time (with --threads 1: time other processes hold the "
                          "core is not counted, for a shared machine)")
-    ap.add_argument("--thread-cost", action="store_true",
-                    help="time fastRG at torch's default thread count against one thread, idle and beside busy "
-                         "processes, in place of the table against the naive draw")
-    ap.add_argument("--competitors", type=int, default=os.cpu_count(),
-                    help="busy processes started for the second half of --thread-cost (one per core)")
     ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench",
-                    help="folder for fastrg_bench.json (the table's rows, slope and settings) or fastrg_threads.json")
+                    help="folder for fastrg_bench.json (the table's rows, slope and settings)")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup_iters < 1:
         ap.error("--repeats and --warmup-iters must be at least 1")
@@ -232,9 +149,6 @@ def main(argv=None) -> int:
         ap.error("--threads must be >= 0")
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu adds up the CPU time of every thread: use it with --threads 1")
-    if args.thread_cost and (args.threads or args.clock == "cpu" or args.competitors < 1):
-        ap.error("--thread-cost compares thread counts itself, on the wall clock: no --threads, no --clock cpu, "
-                 "--competitors >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     if any(d > 1 for d in args.densities):
@@ -245,16 +159,6 @@ def main(argv=None) -> int:
     allocator = "glibc defaults" if args.allocator == "default" or device.type == "cuda" else keep_freed_memory()
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    if args.thread_cost:
-        rows = thread_cost(args, device)
-        print_thread_cost(rows, allocator, args.repeats, load)
-        path = cli.out_file(args.out, "fastrg_threads.json")
-        settings = {k: v for k, v in vars(args).items() if k != "out"}
-        path.write_text(json.dumps({"settings": {**settings, "device": str(device), "allocator": allocator,
-                                                 "default_threads": torch.get_num_threads(), "load_average": load},
-                                    "rows": rows}, indent=2))
-        print(f"wrote {path}", file=sys.stderr)
-        return 0
     rows, fit_e, fit_ms, fit_above = [], [], [], []
     for n in args.lengths:
         g = torch.Generator(device).manual_seed(args.seed)

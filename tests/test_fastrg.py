@@ -556,20 +556,20 @@ def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp
         assert exc.value.code == 2
 
 
-def test_benchmark_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
+def test_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
     import json
 
-    from bench import fastrg_bench
-    assert fastrg_bench.main(["--thread-cost", "--lengths", "64", "--densities", "0.05", "--repeats", "1",
-                              "--competitors", "1", "--out", str(tmp_path)]) == 0
+    from bench import thread_cost
+    assert thread_cost.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--competitors", "1",
+                             "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "fastRG thread cost" in out and "1 busy" in out and "unscoped" in out
-    rows = json.loads((tmp_path / "fastrg_threads.json").read_text())["rows"]
-    assert [row["load"] for row in rows] == ["as is", "1 busy"]
+    assert "Thread cost" in out and "1 busy" in out and "SBM fwd+bwd" in out and "fastrg.sample" in out
+    rows = json.loads((tmp_path / "thread_cost.json").read_text())["rows"]
+    assert [row["load"] for row in rows] == ["as is"] * 2 + ["1 busy"] * 2
     assert all(row["1 thread"]["median_ms"] > 0 for row in rows)
-    for bad in (["--thread-cost", "--threads", "1"], ["--thread-cost", "--competitors", "0"]):
+    for bad in (["--densities", "1.5"], ["--competitors", "0"], ["--repeats", "0"]):
         with pytest.raises(SystemExit) as exc:
-            fastrg_bench.main(bad)
+            thread_cost.main(bad)
         assert exc.value.code == 2
 
 
