@@ -1,83 +1,30 @@
 """Kernel-based learned sparse attention: per query, predict which 1-D kernels to OR into its attention mask.
 
-Paper: Karkhanis, Roberts, Krishnan, "A Kernel based approach to Learning Sparse Attention in Transformers"
-(CMU report; shared/papers/003). The paper starts from a pretrained RoBERTa; we have no model downloads, so the
-pipeline trains its own dense masked-LM teacher with the shared backbone (bench/) and then follows the paper
-step by step; any trained backbone of bench.model can take the teacher's place (bench/kernel_pipeline.py).
+Karkhanis, Roberts, Krishnan, "A Kernel based approach to Learning Sparse Attention in Transformers", a Carnegie
+Mellon University report (no arXiv id). Per layer and head, for query i of a length-N sequence (L = `max_len`):
+    a_is = 1[softmax_s(q_i Kᵀ/√D) ≥ 0.05]                       targets (§4.2; `--target topk`: the 20 largest, §1)
+    α(i) = σ(MLP([x_{i−2} … x_{i+2}], loc(i)))                   a coefficient per kernel κ and head (§4.2)
+    K_κ(i, s) = max(local_κ[s − i + L − 1], row_κ[i]·col_κ[s])   local offsets, global columns and rows (§4.2)
+    L(θ) = Σ_s (max_κ α_κ(i) K_κ(i, s) − a_is)²                  Eq. 1: a max over binary kernels is a soft OR
+    S(i) = {κ : α_κ(i) > τ} or the top-K α,  mask(i) = ∪_{κ ∈ S(i)} K_κ(i, ·)                    (§5.2)
+    y_i = Σ_{s ∈ mask(i)} softmax_s(q_i·k_s/√D) v_s, computed on the mask's (query, key) list only
+Kernel families: 17 standard sliding windows (§4.2.1), 6 handcrafted per head from the teacher's targets (§4.2.2),
+14 learned local kernels per layer (§4.2.3). §4.1 accumulates the teacher's attention maps over sequences and
+normalises them by sequence length and by distance from the diagonal (Fig. 1).
+`main` runs the paper's pipeline: (1) a dense masked-LM teacher; (2) §4.1's analysis; (3) the kernel families and a
+predictor per layer fitted with Eq. 1 (and a per-kernel loss, §6.2); (4) sparsified validation (§5.2; Tables 1 and
+3: perplexity, sparsity, attention FLOPs from the entries computed) against τ and K (Fig. 5) and depth (Fig. 6);
+(5) end-to-end fine-tuning with the predicted masks (§6.2) beside a dense control. metrics.json holds the final
+sparse model's numbers, the teacher's under kernel.teacher; kernel_report.md is generated from it.
 
-The method, per layer and head, for query i of a length-N sequence (L = the longest length, `max_len`):
-    a_is = 1[softmax(q_i Kᵀ/√D)_s ≥ 0.05]     binary target (§4.2; `--target topk`: the k = 20 largest, §1)
-    α(i) = σ(MLP([x_{i−2} … x_{i+2}], loc(i)))  one coefficient per kernel and head (§4.2: the embeddings of a
-                                                 5-token window before the query projection, a 4-d location
-                                                 embedding, 2-3 hidden layers of 32 or 64 with ReLU)
-    kernel κ: K_κ(i, s) = max(local_κ[s − i + L − 1], row_κ[i] · col_κ[s])
-        local: a length-2L−1 vector read at the offset s − i ("two times the sequence length ... truncated",
-        §4.2); global columns: col_κ = keys every query sees (row_κ = 1); global rows: row_κ = queries that
-        see every key (col_κ = 1).
-    L(θ) = Σ_s (max_κ α_κ(i) K_κ(i, s) − a_is)²      (Eq. 1; the max over binary kernels is a soft OR)
-    inference (§5.2): S(i) = {κ : α_κ(i) > τ} or the top-K coefficients; mask(i) = ∪_{κ ∈ S(i)} K_κ(i, ·);
-        y_i = Σ_{s ∈ mask(i)} softmax_s(q_i · k_s/√D) v_s, computed on the mask's (query, key) list only.
-Kernel families: 17 standard (§4.2.1: identity and 8 forward / 8 backward sliding windows, `STANDARD_WINDOWS`);
-handcrafted per head from the teacher's training-data targets (§4.2.2: 2 local + 2 global-column + 2 global-row,
-each by top-k pruning and by correlation-based selection, k = 20); learned (§4.2.3: 14 local kernels per layer,
-σ of free parameters, trained with the coefficients through Eq. 1).
-Analysis (§4.1, Fig. 1): accumulated maps normalised by the number of sequences covering each pair (the
-sequence-length normalisation) and, along each diagonal d, by its n − |d| pairs (the distance normalisation).
+    python kernel_sparse.py --task wikitext2                     # CPU preset, minutes on one core
+    python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
+    python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
+    python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
 
-Pipeline (bench/recipes/kernel.py runs `run_pipeline` of bench/kernel_pipeline.py, which takes its pieces from
-here): (1) dense masked-LM teacher, 15% masking, through bench.train; (2) §4.1 analysis on training batches; (3) the
-three kernel families, a predictor per layer fitted with Eq. 1 (and, §6.2, with a per-kernel loss); (4) §5.2
-sparsified validation: perplexity, sparsity, attention FLOPs counted from the entries actually computed (Table 1,
-Table 3), against τ and K (Fig. 5) and sparsifying from the last layer backwards (Fig. 6); (5) beyond the paper
-(§6.2): fine-tune the backbone end to end with the predicted masks in place, at the sweep setting of lowest
-validation perplexity within a FLOP budget.
-
-Deviations (named):
-1. The teacher is ours (no RoBERTa download): the shared pre-LN backbone as a byte-level masked LM (vocabulary
-   256 bytes + [MASK], RoBERTa's 80/10/10 replacement) on the local WikiText-2 copy; perplexity is per masked
-   byte. It is bench's `wikitext2` task (bench/datasets.py, MaskedBytes).
-2. One predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
-3. The standard kernels' lengths and dilations are not given (Fig. 4a is a picture): `STANDARD_WINDOWS`.
-4. Handcrafted kernels are built from the accumulated binary targets, not the probabilities: every softmax row
-   sums to 1, so top-k pruning of rows by summed probability cannot rank them; the targets' row sums can.
-   Correlations are Pearson over single attention rows (samples), the "attention sparsity pattern" of §4.2.2.
-5. Learned kernels are binarised at 0.5 for inference (the paper does not say how their reals become a mask).
-6. The per-kernel loss (§6.2 leaves it open): Σ_κ Σ_s K_κs (α_κ − a_s)² / Σ_s K_κs, i.e. α_κ regresses on
-   the precision of kernel κ in the row, so every coefficient gets a gradient. Binary kernels only.
-7. Fine-tuning (§6.2) updates the backbone with the predictors frozen (selection is not differentiable); it
-   runs on the masked dense path, which tests show equals the sparse path in outputs and gradients and which
-   is faster on CPU at these lengths; validation, test and FLOPs use the sparse path.
-8. Loss values are means per (query, key) entry; the paper's Table 1 reports sums. "Sparsity" (§4.3.2) is
-   reported as keys per query (density × N) and as the density of INTERFACE.md.
-9. Padded queries select no kernel (their output is 0; they are never scored). A row whose kernels are empty
-   outputs 0 (INTERFACE.md). Causal tasks: one-sided predictor window and kernels cut at s ≤ i.
-10. The teacher's scores carry a symmetric ALiBi bias −m_h·|i − s| (Press et al. 2022's slopes, alibi.py),
-   beside the learned positions; `--no-alibi` drops it. Without it our byte-level teacher stayed at the no-context
-   solution (4.17 bits per masked byte after 1000 steps; other learning rates and position schemes too).
-   Every path adds the bias (per entry, per edge), so an all-ones mask still reproduces the teacher exactly.
-11. Attention dropout (the paper has none) keeps a pair where a hash of the pair and of one seed drawn from the
-   forward's generator clears p (`pair_dropout`): every path drops the same pairs, and a causal query's draws
-   do not depend on later tokens, as a flat draw over the edge list would.
-
-Attention FLOPs (Table 3): bench.measure's counter on one validation batch, split into the attention core
-(scores, softmax and weighted sum on the computed entries, plus building the (query, key) list), the q/k/v/out
-projections and the predictor; "core × dense" is the ratio that sparsity can change (the paper's Table 3 counts
-the same products), and the other ratios (whole attention module, whole model) are reported beside it.
-The fine-tuned sparse model is compared with the teacher and with a dense control: the same teacher fine-tuned
-for as many steps with dense attention, so that extra training is not credited to the masks.
-
-metrics.json: the top-level valid/test/density/FLOPs are the final sparse model's (fine-tuned when
---finetune-steps > 0); the dense teacher's are under kernel.teacher; kernel_report.md is generated from it.
-
-Commands (`--help` lists every option; `python -m bench.train --method kernel ...` runs the same pipeline):
-    python kernel_sparse.py --task wikitext2                         # CPU preset, minutes on one core
-    python kernel_sparse.py --task wikitext2 --preset paper          # seq 512, RoBERTa-base sizes (GPU)
-    python kernel_sparse.py --task wikitext2 --resume --out DIR      # re-run the pipeline on a trained teacher
-    python -m pytest tests/test_kernel_sparse.py -q
-
-Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model width, K kernels, G kernel
-groups (1: shared by the heads, or H), L max length, R rows (queries) taken, S selected (row, head, kernel)
-triples or sequences, E edges; "global" query / key indices are (b·H + h)·N + i / (b·H + h)·M + s.
+Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model width, K kernels, G kernel groups
+(1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, E edges;
+global query and key indices are (b·H + h)·N + i and (b·H + h)·M + s.
 """
 import contextlib
 import importlib.util
@@ -97,8 +44,9 @@ FAMILIES = ("standard", "handcrafted", "learned")
 LOSSES = ("max", "per-kernel")
 PATHS = ("fast", "reference")
 SELECTS = ("threshold", "topk")
-# §4.2.1: (window length, dilation) of the forward kernels (offsets d, 2d, …, w·d) and, mirrored, the backward
-# ones; with the identity, 17 kernels. Nested windows reach 32 tokens, the dilated ones 64 and 256.
+# §4.2.1: (window length, dilation) of the forward kernels (offsets d, 2d, …, w·d) and, mirrored, the backward ones;
+# with the identity, 17 kernels. Ours: Fig. 4a is a picture without lengths or dilations. Nested windows reach 32
+# tokens, the dilated ones 64 and 256.
 STANDARD_WINDOWS = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (16, 4), (32, 8))
 
 
@@ -116,13 +64,11 @@ def _names(text: str) -> Tuple[str, ...]:
 
 @dataclass
 class KernelConfig:
-    """The pipeline's settings (paper values where it gives them). Each field is also an option of
-    `python kernel_sparse.py` (its metadata: the help)."""
+    """The pipeline's settings (the paper's values where it gives them), each also an option of this file's CLI."""
     families: Tuple[str, ...] = field(default=FAMILIES, metadata={
         "type": _names, "help": "kernel families to fit, comma-separated"})
     losses: Tuple[str, ...] = field(default=LOSSES, metadata={
-        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (for the binary families only: "
-                                "deviation 6)"})
+        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)"})
     target: str = field(default="threshold", metadata={
         "choices": ("threshold", "topk"), "help": "binary targets: the threshold (§4.2) or the top-k of each row"})
     target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
@@ -153,7 +99,7 @@ class KernelConfig:
     finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
     alibi: bool = field(default=True, metadata={
-        "help": "symmetric ALiBi bias in the teacher's attention (deviation 10)"})
+        "help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"})
 
     def __post_init__(self):
         unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
@@ -205,12 +151,11 @@ def hash32(x: Tensor) -> Tensor:
 
 def pair_dropout(weights: Tensor, row: Tensor, col: Tensor, p: float,
                  generator: Optional[torch.Generator]) -> Tensor:
-    """Inverted dropout on attention weights of the (query, key) pairs with global indices `row`, `col`
-    (broadcastable to `weights`). One seed is drawn from `generator` (INTERFACE.md); a pair is kept where
-    hash(hash(row + hash(seed)) + col)/2³² ≥ p, so its draw depends on the pair alone, not on which other pairs the
-    masks hold: the sparse path (a list of edges) and the masked path (every pair) drop the same pairs, and a
-    causal query's draws do not move when later tokens change the edges after it (a flat draw over the edge
-    list would shift)."""
+    """Inverted dropout on the attention weights of the (query, key) pairs with global indices `row`, `col`
+    (broadcastable to `weights`), one seed drawn from `generator` (INTERFACE.md)."""
+    # Ours (the paper has no attention dropout): a pair is kept where hash(hash(row + hash(seed)) + col)/2³² ≥ p, a
+    # draw of the pair alone, so the edge list and the masked path drop the same pairs, and a causal query's draws
+    # do not move when later tokens change the edges after it (as a flat draw over the edge list would).
     if p == 0.0:
         return weights
     source = generator.device if generator is not None else weights.device
@@ -219,61 +164,10 @@ def pair_dropout(weights: Tensor, row: Tensor, col: Tensor, p: float,
     return weights * (u >= p * 2 ** 32) / (1.0 - p)
 
 
-def positions(flags: Tensor) -> Tuple[Tensor, Tensor]:
-    """(..., F) bool → (..., P) indices of the True entries, left-aligned, and (..., P) bool saying which are
-    real; P = the largest count. A kernel's 1-D index list (its offsets, columns) in padded form."""
-    count = flags.sum(-1)
-    width = int(count.max()) if flags.numel() else 0
-    order = flags.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[..., :width]
-    return order, torch.arange(width, device=flags.device) < count[..., None]
-
-
-def density_of(counts: Tensor, valid: Tensor) -> Tensor:
-    """(H,) pairs computed for valid queries / (valid queries × valid keys), batch-summed (INTERFACE.md);
-    counts (B, H)."""
-    pairs = (valid.sum(1, dtype=torch.float64) ** 2).sum().clamp_min(1)
-    return (counts.sum(0, dtype=torch.float64) / pairs).float()
-
-
-# ---------------------------------------------------------------------------------------- attention core
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p_drop: float = 0.0,
-                     generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
-    """The readable reference path: softmax(QKᵀ/√D + bias) over each query's masked keys with the (B, H, N, M)
-    scores materialised; a row without keys gives 0. q (B, H, N, D), k, v (B, H, M, D), mask (B|1, H|1, N, M),
-    bias (H, N, M) or None."""
-    scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-1, -2)  # (B, H, N, M)
-    if bias is not None:
-        scores = scores + bias
-    probs = scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(-1) * mask  # empty rows → 0
-    b, h, n, m = probs.shape
-    block = torch.arange(b * h, device=q.device).view(b, h, 1, 1)  # graph b·H + h: global indices as the edges'
-    row, col = block * n + torch.arange(n, device=q.device)[:, None], block * m + torch.arange(m, device=q.device)
-    return pair_dropout(probs, row, col, p_drop, generator) @ v  # (B, H, N, D)
-
-
-def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, p_drop: float = 0.0,
-                     generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
-    """The same on the mask's (query, key) list only, O(E·D) time and memory, no N × M tensor: q (Rq, D) all
-    B·H·N queries, k, v (Rk, D), row, col (E,) global indices, bias (E,) or None. Gather the pairs' q and k,
-    score them, a softmax per query by scatter reductions, scatter the weighted values back. A query without
-    edges gets 0."""
-    s = (q.mul(q.shape[-1] ** -0.5).index_select(0, row) * k.index_select(0, col)).sum(-1)  # (E,) scores
-    if bias is not None:
-        s = s + bias
-    top = torch.full((q.shape[0],), torch.finfo(s.dtype).min, dtype=s.dtype, device=s.device)
-    top = top.scatter_reduce(0, row, s.detach(), "amax")  # (Rq,) row maxima: a shift the softmax ignores
-    w = (s - top.index_select(0, row)).exp()  # (E,)
-    total = w.new_zeros(q.shape[0]).index_add(0, row, w)  # (Rq,) ≥ 1 on rows with edges
-    a = pair_dropout(w / total.index_select(0, row), row, col, p_drop, generator)  # (E,) softmax per query
-    return v.new_zeros(q.shape[0], v.shape[-1]).index_add(0, row, a[:, None] * v.index_select(0, col))
-
-
-# ------------------------------------------------------------------------------------------ model pieces
+# ---------------------------------------- reference path: kernels K_κ, predictor α(i), union mask, masked attention
 class KernelBank(nn.Module):
     """K kernels per group (G = 1: shared by all heads, or G = H): K_κ(i, s) = max(local_κ[s − i + L − 1],
-    row_κ[i]·col_κ[s]). local (G, K, 2L−1) in [0, 1] (learned: logits, σ applied), row and col (G, K, L) binary.
-    A selected kernel's pattern is read either as (…, N, M) values (Eq. 1, reference mask) or as index lists
-    (its offsets, its global block) for the sparse path."""
+    row_κ[i]·col_κ[s]). local (G, K, 2L−1) in [0, 1] (learned: logits, σ applied), row and col (G, K, L) binary."""
 
     def __init__(self, local: Tensor, row: Tensor, col: Tensor, learned: bool = False):
         super().__init__()
@@ -311,38 +205,17 @@ class KernelBank(nn.Module):
         return torch.maximum(self.local()[:, :, offset], block)
 
     def mask(self, sel: Tensor, valid: Tensor, causal: bool) -> Tensor:
-        """(B, H, N, M) bool OR of each query's selected kernels, sel (B, N, H, K): the reference path's mask,
-        O(B·H·K·N·M)."""
+        """(B, H, N, M) bool OR of each query's selected kernels, sel (B, N, H, K), O(B·H·K·N·M); padded queries
+        select nothing (ours: their output is 0, never scored), padded keys and, causal, s > i are cut."""
         n, heads = sel.shape[1], sel.shape[2]
+        # Ours: learned kernels are binarised at 0.5 (the paper does not say how their reals become a mask).
         binary = (self.patterns(n) > 0.5).float().expand(heads, -1, -1, -1)  # (H, K, N, M)
         hits = torch.einsum("bnhk,hknm->bhnm", (sel & valid[:, :, None, None]).float(), binary)
         return (hits > 0) & admissible(valid, causal)
 
     def edges(self, sel: Tensor, valid: Tensor, causal: bool) -> Tuple[Tensor, Tensor]:
-        """The same OR as (row, col) global indices, sorted by query and without repeats, built from the
-        kernels' index lists: O(selected kernels × their ones), no N × M tensor."""
-        n, heads = sel.shape[1], sel.shape[2]
-        local = self.local()[:, :, self.max_len - n: self.max_len - 1 + n] > 0.5  # (G, K, 2N−1): |s − i| < N
-        offsets, offset_ok = positions(local)  # (G, K, P) slots of offset + N − 1
-        offsets = offsets - (n - 1)  # (G, K, P) offsets s − i
-        columns, column_ok = positions(self.col[:, :, :n] > 0.5)  # (G, K, C) keys of the global block
-        b, i, h, k = (sel & valid[:, :, None, None]).nonzero(as_tuple=True)  # (S,) one per selected kernel
-        g = h if self.row.shape[0] > 1 else torch.zeros_like(h)
-        query = (b * heads + h) * n + i  # (S,) global query
-        near, slot = offset_ok[g, k].nonzero(as_tuple=True)  # local candidates: s = i + d
-        block = (self.row[g, k, i] > 0.5).nonzero().squeeze(1)  # selections whose row is in the global block
-        far, column = column_ok[g[block], k[block]].nonzero(as_tuple=True)
-        far = block[far]  # global-block candidates: every key of the block
-        owner = torch.cat([query[near], query[far]])
-        keys = torch.cat([i[near] + offsets[g[near], k[near], slot], columns[g[far], k[far], column]])
-        keep = (keys >= 0) & (keys < n)
-        if not bool(valid.all()):  # padded keys never receive weight
-            keep &= valid.reshape(-1)[owner // (heads * n) * n + keys.clamp(0, n - 1)]
-        if causal:
-            keep &= keys <= owner % n
-        pair = torch.unique(owner[keep] * n + keys[keep])  # (E,) sorted: the OR drops repeats
-        row = pair // n
-        return row, row // n * n + pair % n
+        """The same OR as an edge list, (row, col) global indices: `union_edges`, the fast path below."""
+        return union_edges(self, sel, valid, causal)
 
 
 def standard_kernels(max_len: int) -> KernelBank:
@@ -361,17 +234,17 @@ def standard_kernels(max_len: int) -> KernelBank:
 
 def init_learned_kernels(max_len: int, count: int = KernelConfig.learned_kernels,
                          generator: Optional[torch.Generator] = None) -> KernelBank:
-    """§4.2.3: `count` local kernels of length 2L−1 per layer (the paper's 1023 at L = 512), randomly
-    initialised logits N(0, 1), shared by the heads."""
+    """§4.2.3: `count` local kernels of length 2L−1 per layer (1023 at L = 512), logits N(0, 1), shared by heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
     empty = torch.zeros(1, count, max_len)
     return KernelBank(logits, empty, empty, learned=True)
 
 
 class KernelPredictor(nn.Module):
-    """§4.2: α = σ(MLP(window of layer inputs, location embedding)), one coefficient per head and kernel.
-    The first layer on the concatenated window is a Conv1d over the sequence (the same linear map at every
-    position); the location embedding (4-d, learned) enters through its own linear map into the same units."""
+    """§4.2: α = σ(MLP(window of layer inputs, location embedding)), the inputs taken before the query projection,
+    a 4-d learned location embedding, 2-3 hidden layers of 32 or 64 units with ReLU. The first layer on the
+    concatenated window is a Conv1d over the sequence; the location enters through its own map into the same units."""
+    # Ours: one predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 
     def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = KernelConfig.window,
                  hidden: int = KernelConfig.hidden, hidden_layers: int = KernelConfig.hidden_layers,
@@ -389,22 +262,90 @@ class KernelPredictor(nn.Module):
         self.mlp = nn.Sequential(*layers, nn.ReLU(), nn.Linear(hidden, heads * bank.num_kernels))
 
     def forward(self, x: Tensor, valid: Tensor, causal: bool) -> Tensor:
-        """x (B, N, C) attention inputs, valid (B, N) → α (B, N, H, K). Causal: the window ends at the query,
-        so no mask depends on a later token."""
+        """x (B, N, C) attention inputs, valid (B, N) → α (B, N, H, K)."""
         b, n, _ = x.shape
         x = (x * valid[..., None]).transpose(1, 2)  # (B, C, N): padding contributes nothing
+        # Ours, causal: the window ends at the query, so no mask depends on a later token.
         pad = (self.window - 1, 0) if causal else (self.window // 2, self.window // 2)
         h = self.embed_window(F.pad(x, pad)).transpose(1, 2)  # (B, N, hidden)
         h = h + self.embed_location(self.location(torch.arange(n, device=x.device)))
         return self.mlp(h).sigmoid().view(b, n, self.heads, -1)
 
 
+def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p_drop: float = 0.0,
+                     generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
+    """The reference path: softmax(QKᵀ/√D + bias) over each query's masked keys with the (B, H, N, M) scores
+    materialised; a row without keys gives 0. q (B, H, N, D), k, v (B, H, M, D), mask (B|1, H|1, N, M),
+    bias (H, N, M) or None."""
+    scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-1, -2)  # (B, H, N, M)
+    if bias is not None:
+        scores = scores + bias
+    probs = scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(-1) * mask  # empty rows → 0
+    b, h, n, m = probs.shape
+    block = torch.arange(b * h, device=q.device).view(b, h, 1, 1)  # graph b·H + h: global indices as the edges'
+    row, col = block * n + torch.arange(n, device=q.device)[:, None], block * m + torch.arange(m, device=q.device)
+    return pair_dropout(probs, row, col, p_drop, generator) @ v  # (B, H, N, D)
+
+
+# ------------------------------------------------------------ fast path: the union as an edge list, attention on it
+def positions(flags: Tensor) -> Tuple[Tensor, Tensor]:
+    """(..., F) bool → (..., P) indices of the True entries, left-aligned, and (..., P) bool saying which are
+    real; P = the largest count. A kernel's 1-D index list (its offsets, columns) in padded form."""
+    count = flags.sum(-1)
+    width = int(count.max()) if flags.numel() else 0
+    order = flags.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[..., :width]
+    return order, torch.arange(width, device=flags.device) < count[..., None]
+
+
+def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> Tuple[Tensor, Tensor]:
+    """KernelBank.mask as (row, col) global indices, sorted by query and without repeats, built from the kernels'
+    index lists (offsets, global block): O(selected kernels × their ones), no N × M tensor."""
+    n, heads = sel.shape[1], sel.shape[2]
+    local = bank.local()[:, :, bank.max_len - n: bank.max_len - 1 + n] > 0.5  # (G, K, 2N−1): |s − i| < N
+    offsets, offset_ok = positions(local)  # (G, K, P) slots of offset + N − 1
+    offsets = offsets - (n - 1)  # (G, K, P) offsets s − i
+    columns, column_ok = positions(bank.col[:, :, :n] > 0.5)  # (G, K, C) keys of the global block
+    b, i, h, k = (sel & valid[:, :, None, None]).nonzero(as_tuple=True)  # (S,) one per selected kernel
+    g = h if bank.row.shape[0] > 1 else torch.zeros_like(h)
+    query = (b * heads + h) * n + i  # (S,) global query
+    near, slot = offset_ok[g, k].nonzero(as_tuple=True)  # local candidates: s = i + d
+    block = (bank.row[g, k, i] > 0.5).nonzero().squeeze(1)  # selections whose row is in the global block
+    far, column = column_ok[g[block], k[block]].nonzero(as_tuple=True)
+    far = block[far]  # global-block candidates: every key of the block
+    owner = torch.cat([query[near], query[far]])
+    keys = torch.cat([i[near] + offsets[g[near], k[near], slot], columns[g[far], k[far], column]])
+    keep = (keys >= 0) & (keys < n)
+    if not bool(valid.all()):  # padded keys never receive weight
+        keep &= valid.reshape(-1)[owner // (heads * n) * n + keys.clamp(0, n - 1)]
+    if causal:
+        keep &= keys <= owner % n
+    pair = torch.unique(owner[keep] * n + keys[keep])  # (E,) sorted: the OR drops repeats
+    row = pair // n
+    return row, row // n * n + pair % n
+
+
+def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, p_drop: float = 0.0,
+                     generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
+    """masked_attention on the (query, key) list only, O(E·D) time and memory: q (Rq, D) all B·H·N queries, k, v
+    (Rk, D), row, col (E,) global indices, bias (E,) or None. A softmax per query by scatter reductions; a query
+    without edges gets 0."""
+    s = (q.mul(q.shape[-1] ** -0.5).index_select(0, row) * k.index_select(0, col)).sum(-1)  # (E,) scores
+    if bias is not None:
+        s = s + bias
+    top = torch.full((q.shape[0],), torch.finfo(s.dtype).min, dtype=s.dtype, device=s.device)
+    top = top.scatter_reduce(0, row, s.detach(), "amax")  # (Rq,) row maxima: a shift the softmax ignores
+    w = (s - top.index_select(0, row)).exp()  # (E,)
+    total = w.new_zeros(q.shape[0]).index_add(0, row, w)  # (Rq,) ≥ 1 on rows with edges
+    a = pair_dropout(w / total.index_select(0, row), row, col, p_drop, generator)  # (E,) softmax per query
+    return v.new_zeros(q.shape[0], v.shape[-1]).index_add(0, row, a[:, None] * v.index_select(0, col))
+
+
+# ---------------------------------------------------------------------------------------- the attention module
 class KernelSparseAttention(nn.Module):
-    """Multi-head attention with kernel-predicted masks (INTERFACE.md). Budget: the predictor (`kernels`:
-    standard or learned at construction; the pipeline installs handcrafted ones), `select` (threshold τ or
-    top-K). `sparse=False`: exact softmax attention (the teacher; SDPA); `sparse=True`: attention inside the
-    predicted mask, computed on the mask's entries only (`path="fast"`, the default) or as the reference path, a
-    masked dense softmax (`path="reference"`)."""
+    """Multi-head attention with kernel-predicted masks (INTERFACE.md). Budget: the predictor (`kernels`: standard
+    or learned; the pipeline installs handcrafted ones), `select` (threshold τ or top-K). `sparse=False`: exact
+    softmax attention (the teacher); `sparse=True`: attention inside the predicted mask, on the edge list
+    (`path="fast"`) or as a masked dense softmax (`path="reference"`)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
                  kernels: str = "standard", learned_kernels: int = KernelConfig.learned_kernels,
@@ -428,14 +369,15 @@ class KernelSparseAttention(nn.Module):
         bank = (standard_kernels(max_len) if kernels == "standard"
                 else init_learned_kernels(max_len, learned_kernels))
         self.predictor = KernelPredictor(dim, heads, bank, window, hidden, hidden_layers)
-        # ALiBi's slopes (Press et al. 2022, §3) on |i − s| (deviation 10).
+        # Ours: the teacher's scores carry a symmetric ALiBi bias −m_h·|i − s| beside learned positions (without it our
+        # byte-level teacher stayed at the no-context solution, 4.17 bits per masked byte after 1000 steps); every
+        # path adds it (per entry, per edge), so an all-ones mask still reproduces the teacher exactly.
         self.register_buffer("slopes", alibi_slopes(heads) if alibi else None, persistent=False)
 
     def extra_repr(self) -> str:
         rule = f"threshold={self.threshold}" if self.select == "threshold" else f"top_k={self.top_k}"
         return (f"heads={self.heads}, head_dim={self.head_dim}, sparse={self.sparse}, path={self.path}, "
-                f"select={self.select}, {rule}, "
-                f"alibi={self.slopes is not None}")
+                f"select={self.select}, {rule}, alibi={self.slopes is not None}")
 
     def bias(self, n: int, dtype: torch.dtype) -> Optional[Tensor]:
         """(H, N, N) the ALiBi bias −m_h·|i − s| in `dtype`, or None without ALiBi."""
@@ -502,12 +444,15 @@ class KernelSparseAttention(nn.Module):
                     y = y.view(b, self.heads, n, self.head_dim)
                     counts = torch.bincount(row // n, minlength=b * self.heads).view(b, self.heads)
         y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim).to(x.dtype)  # (B, N, H·D)
-        return self.out(y), {"density": density_of(counts, valid)}
+        pairs = (valid.sum(1, dtype=torch.float64) ** 2).sum().clamp_min(1)  # valid queries × valid keys, batch-summed
+        return self.out(y), {"density": (counts.sum(0, dtype=torch.float64) / pairs).float()}  # (H,) INTERFACE.md
 
     def dense(self, q, k, v, valid, causal, p_drop, generator):
-        """Exact softmax attention over the admissible keys (the teacher): SDPA, or the reference path when a
-        dropout mask must come from `generator`. Returns (B, H, N, D) and the pairs computed (B, H), counted
-        in O(B·N) so that bookkeeping adds no N × M work to the FLOP count."""
+        """Exact softmax attention over the admissible keys: SDPA, or the reference path when a dropout mask must
+        come from `generator`. Returns (B, H, N, D) and the pairs computed (B, H), counted in O(B·N) so that
+        bookkeeping adds no N × M work to the FLOP count."""
+        # Ours: the paper sparsifies a pretrained RoBERTa; we download no model, so the teacher is this dense path in
+        # bench's backbone, trained as a byte-level masked LM (bench's `wikitext2`; perplexity per masked byte).
         keys = valid.cumsum(1) if causal else valid.sum(1, keepdim=True)  # (B, N|1) admissible keys per query
         counts = (keys * valid).sum(1, keepdim=True).expand(-1, self.heads)
         bias = self.bias(q.shape[2], q.dtype)  # (H, N, M) or None
@@ -524,7 +469,7 @@ class KernelSparseAttention(nn.Module):
         return y.masked_fill(empty, 0.0), counts
 
 
-# ------------------------------------------------------------------------------------ §4.1 analysis
+# ------------------------------------------------------------------------------------------------ §4.1 analysis
 @dataclass
 class LayerData:
     """What the teacher shows one layer's predictor (§4.2): attention inputs and binary targets."""
@@ -574,9 +519,9 @@ def diagonal_sums(maps: Tensor) -> Tensor:
 
 @torch.no_grad()
 def analyse_layer(attn: KernelSparseAttention, captured: List[tuple], cfg: KernelConfig) -> Tuple[LayerData, dict]:
-    """Targets of one layer and its Fig. 1 maps: accumulated probabilities and targets, raw (a mean over
-    sequences) and normalised by each pair's coverage (sequence length), and their diagonal profiles raw and
-    per pair at the offset (distance from the diagonal)."""
+    """Targets of one layer and its Fig. 1 maps: accumulated probabilities and targets, raw (a mean over sequences)
+    and per sequence covering the pair (length normalisation), and their diagonal sums raw and per pair at the
+    offset (distance normalisation)."""
     xs, valids, targets = [], [], []
     probs_sum = targets_sum = covered = 0
     for x, valid, causal in captured:
@@ -610,10 +555,18 @@ def layer_summary(data: LayerData, maps: dict) -> dict:
             "top_offsets": (maps["targets_diagonal"].topk(5, -1).indices - (n - 1)).tolist()}
 
 
-# --------------------------------------------------------------------------- §4.2.2 handcrafted kernels
+def analysis(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Tuple[List[LayerData], list, list]:
+    """§4.1 on the teacher's training batches (`inputs`: the model's keyword arguments of each): per layer the
+    data its predictor learns from, the accumulated maps (Fig. 1) and what the record keeps of them."""
+    captured = layer_inputs(model, inputs)
+    data, maps = zip(*(analyse_layer(block.attn, layer, cfg) for block, layer in zip(model.blocks, captured)))
+    return list(data), list(maps), [layer_summary(d, m) for d, m in zip(data, maps)]
+
+
+# ------------------------------------------------------------------------------------ §4.2.2 handcrafted kernels
 def most_correlated(samples: Tensor, defined: Tensor, k: int) -> Tensor:
-    """§4.2.2 correlation-based selection: the feature of highest mean, then the k − 1 features whose values
-    correlate most with it (Pearson over the samples where both are defined). samples, defined (S, F)."""
+    """Correlation-based selection: the feature of highest mean, then the k − 1 features whose values correlate
+    most with it (Pearson over the samples where both are defined). samples, defined (S, F)."""
     w = defined.float()
     mean = (samples * w).sum(0) / w.sum(0).clamp_min(1)
     ref = int(mean.argmax())
@@ -629,7 +582,7 @@ def most_correlated(samples: Tensor, defined: Tensor, k: int) -> Tensor:
 
 
 def top_positive(scores: Tensor, k: int) -> Tensor:
-    """§4.2.2 top-k pruning: the k highest-scoring indices, among those that ever occur."""
+    """Top-k pruning: the k highest-scoring indices, among those that ever occur."""
     top = scores.topk(min(k, len(scores)))
     return top.indices[top.values > 0]
 
@@ -637,9 +590,12 @@ def top_positive(scores: Tensor, k: int) -> Tensor:
 @torch.no_grad()
 def handcrafted_kernels(data: LayerData, causal: bool, max_len: int, k: int = 20, samples: int = 4096,
                         generator: Optional[torch.Generator] = None) -> KernelBank:
-    """Per head (G = H) six kernels from the accumulated targets (deviation 4): local top-k and local
-    correlation (offsets; distance-normalised diagonal frequency), global columns (keys) and global rows
-    (queries) by top-k and by correlation. Correlations use `samples` random query rows (or key columns)."""
+    """Per head (G = H) six kernels: local offsets by top-k and by correlation (of the distance-normalised diagonal
+    frequency), global columns (keys) and global rows (queries) by top-k and by correlation. Correlations use
+    `samples` random query rows (or key columns)."""
+    # Ours: built from the accumulated binary targets, not the probabilities: every softmax row sums to 1, so top-k
+    # pruning of rows by summed probability cannot rank them; the targets' row sums can. Correlations are Pearson
+    # over single attention rows (samples), the "attention sparsity pattern" of §4.2.2.
     target = data.target.float()  # (S, H, N, M)
     heads, n = target.shape[1], target.shape[-1]
     pairs = valid_pairs(data.valid, causal).float()  # (S, 1, N, M)
@@ -672,26 +628,25 @@ def handcrafted_kernels(data: LayerData, causal: bool, max_len: int, k: int = 20
     return KernelBank(local, row, col).to(data.x.device)
 
 
-# ----------------------------------------------------------------------------- §4.3.1 fitting predictors
+# ---------------------------------------------------------------------------------- §4.3.1 fitting the predictors
 def eq1_loss(alpha: Tensor, patterns: Tensor, target: Tensor, weight: Tensor) -> Tensor:
-    """Eq. 1, Σ_s (max_κ α_κ K_κs − a_s)², as a mean over the weighted entries. alpha (B, H, R, K),
-    patterns (G, K, R, M), target (B, H, R, M) bool, weight (B, 1, R, M)."""
+    """Eq. 1, Σ_s (max_κ α_κ K_κs − a_s)², over the weighted entries. alpha (B, H, R, K), patterns (G, K, R, M),
+    target (B, H, R, M) bool, weight (B, 1, R, M)."""
     soft_or = (alpha[..., None] * patterns.transpose(1, 2)[None]).amax(-2)  # (B, H, R, M): max over kernels
+    # Ours: a mean per (query, key) entry, where Table 1 reports sums.
     return ((soft_or - target.float()) ** 2 * weight).sum() / weight.expand_as(soft_or).sum().clamp_min(1)
 
 
 def per_kernel_loss(alpha: Tensor, patterns: Tensor, target: Tensor, weight: Tensor) -> Tensor:
-    """Deviation 6 (§6.2): Σ_κ Σ_s K_κs (α_κ − a_s)² / Σ_s K_κs, a mean over (row, head, kernel) with a
-    non-empty kernel: each α_κ regresses on the precision of its kernel in the row."""
+    """§6.2's per-kernel loss, which the paper leaves open. Ours: Σ_κ Σ_s K_κs (α_κ − a_s)² / Σ_s K_κs, a mean over
+    (row, head, kernel) with a non-empty kernel: α_κ regresses on the precision of kernel κ in the row, so every
+    coefficient gets a gradient. Binary kernels only."""
     support = patterns.transpose(1, 2)[None] * weight[:, :, :, None, :]  # (B, H|1, R, K, M)
     error = (alpha[..., None] - target[:, :, :, None, :].float()) ** 2  # (B, H, R, K, M)
     size = support.sum(-1)  # (B, H|1, R, K)
     per = (support * error).sum(-1) / size.clamp_min(1e-9)  # (B, H, R, K)
     used = (size > 0).expand_as(per)
     return per[used].sum() / used.sum().clamp_min(1)
-
-
-LOSS_FUNCTIONS = {"max": eq1_loss, "per-kernel": per_kernel_loss}
 
 
 def kernel_loss(predictor: KernelPredictor, x: Tensor, valid: Tensor, target: Tensor, causal: bool, loss: str,
@@ -701,7 +656,8 @@ def kernel_loss(predictor: KernelPredictor, x: Tensor, valid: Tensor, target: Te
     rows = torch.arange(n, device=x.device) if rows is None else rows
     alpha = predictor(x, valid, causal)[:, rows].transpose(1, 2)  # (B, H, R, K)
     weight = valid_pairs(valid, causal)[:, :, rows].float()  # (B, 1, R, M)
-    return LOSS_FUNCTIONS[loss](alpha, predictor.bank.patterns(n, rows), target[:, :, rows], weight)
+    loss_function = eq1_loss if loss == "max" else per_kernel_loss
+    return loss_function(alpha, predictor.bank.patterns(n, rows), target[:, :, rows], weight)
 
 
 def fit_predictor(predictor: KernelPredictor, data: LayerData, causal: bool, loss: str, cfg: KernelConfig,
@@ -709,7 +665,7 @@ def fit_predictor(predictor: KernelPredictor, data: LayerData, causal: bool, los
     """Adam on the loss over random sequences and query rows (a stochastic estimate of the sum over rows);
     returns the loss on all the training rows at the end."""
     if loss == "per-kernel" and predictor.bank.learned:
-        raise ValueError("the per-kernel loss is defined for binary kernels only (deviation 6)")
+        raise ValueError("the per-kernel loss is defined for binary kernels only")
     optimizer = torch.optim.Adam(predictor.parameters(), lr=cfg.predictor_lr)
     count, n = data.x.shape[0], data.x.shape[1]
     for _ in range(cfg.predictor_steps):
@@ -723,92 +679,6 @@ def fit_predictor(predictor: KernelPredictor, data: LayerData, causal: bool, los
         chunks = [kernel_loss(predictor, data.x[s:s + 4], data.valid[s:s + 4], data.target[s:s + 4], causal, loss)
                   for s in range(0, count, 4)]
     return float(torch.stack(chunks).mean())
-
-
-# ------------------------------------------------------------------------------- §5 sparsified inference
-def install(model: nn.Module, predictors: Optional[List[KernelPredictor]] = None, sparse: bool = True,
-            layers: Optional[int] = None, select: Optional[str] = None, threshold: Optional[float] = None,
-            top_k: Optional[int] = None) -> None:
-    """Puts `predictors` (one per layer) into the model's attentions, makes the last `layers` layers sparse or
-    dense (all by default; the layers before them run dense: Fig. 6) and sets the selection rule."""
-    depth = len(model.blocks)
-    first = depth - (depth if layers is None else layers)
-    for index, block in enumerate(model.blocks):
-        attn = block.attn
-        if predictors is not None:
-            attn.predictor = predictors[index]
-        attn.sparse = sparse and index >= first
-        attn.select = select or attn.select
-        attn.threshold = attn.threshold if threshold is None else threshold
-        attn.top_k = top_k or attn.top_k
-
-
-@contextlib.contextmanager
-def reference_path(model: nn.Module):
-    """Fine-tuning (deviation 7) runs the sparse layers on the masked reference path; restored on exit."""
-    paths = [block.attn.path for block in model.blocks]
-    for block in model.blocks:
-        block.attn.path = "reference"
-    try:
-        yield model
-    finally:
-        for block, path in zip(model.blocks, paths):
-            block.attn.path = path
-
-
-def backbone_parameters(model: nn.Module) -> List[nn.Parameter]:
-    """What fine-tuning trains: everything but the predictors (selection is not differentiable, deviation 7)."""
-    return [p for name, p in model.named_parameters() if ".predictor." not in name]
-
-
-def attention_parts(model: nn.Module) -> dict:
-    """label → module of each layer's attention and its parts, for a FLOP count by part (Table 3)."""
-    parts = {}
-    for index, block in enumerate(model.blocks):
-        parts.update({f"attn{index}": block.attn, f"qkv{index}": block.attn.qkv, f"out{index}": block.attn.out,
-                      f"predictor{index}": block.attn.predictor})
-    return parts
-
-
-def attention_flops(counts: dict, examples: int) -> dict:
-    """Forward FLOPs per example of the whole model, its attention modules and their parts (projections,
-    predictor, and the core: scores, softmax and weighted sum on the entries computed, and building the mask),
-    from a count by the labels of `attention_parts` (plus "total")."""
-    def total(prefix):
-        return sum(value for label, value in counts.items() if label.startswith(prefix)) / examples
-
-    projections = total("qkv") + total("out")
-    return {"model": counts["total"] / examples, "attention": total("attn"), "projections": projections,
-            "predictor": total("predictor"), "core": total("attn") - projections - total("predictor")}
-
-
-def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int) -> dict:
-    """A validation result of the model as installed: perplexity (per scored token), density, keys per query and
-    FLOPs relative to the dense teacher's."""
-    return {"valid_ppl": math.exp(result["loss"]), "density": result["density"], "keys_per_query": result["density"] * n,
-            "density_per_layer": result["density_per_layer"],
-            **{f"{part}_flops_x_dense": flops[part] / dense_flops[part] for part in ("core", "attention", "model")},
-            "flops": flops}
-
-
-@torch.no_grad()
-def mask_quality(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Dict[str, float]:
-    """The installed predictors' masks against the teacher's targets, on the teacher's own layer inputs (no
-    error propagation): recall and precision of the target ones, and the attention mass inside the mask."""
-    hit = ones = chosen = mass = rows = 0.0
-    sparse = [block.attn.sparse for block in model.blocks]
-    install(model, sparse=False)
-    captured = layer_inputs(model, inputs)
-    for block, layer, was_sparse in zip(model.blocks, captured, sparse):
-        block.attn.sparse = was_sparse
-        for x, valid, causal in layer:
-            probs = block.attn.attention_probs(x, valid, causal)
-            target = binary_targets(probs, valid_pairs(valid, causal), cfg)
-            mask = block.attn.predictor.bank.mask(block.attn.selected(x, valid, causal), valid, causal)
-            hit, ones, chosen = hit + (mask & target).sum(), ones + target.sum(), chosen + mask.sum()
-            mass, rows = mass + (probs * mask).sum(), rows + valid.sum() * probs.shape[1]
-    return {"target_recall": float(hit / max(ones, 1)), "target_precision": float(hit / max(chosen, 1)),
-            "mass_recall": float(mass / max(rows, 1))}
 
 
 def fit_predictors(model: nn.Module, data: List[LayerData], variant: str, cfg: KernelConfig,
@@ -835,12 +705,74 @@ def fit_predictors(model: nn.Module, data: List[LayerData], variant: str, cfg: K
                     "kernels_per_layer": layers[0].bank.num_kernels, "fit_seconds": time.time() - fitted}
 
 
-def analysis(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Tuple[List[LayerData], list, list]:
-    """§4.1 on the teacher's training batches (`inputs`: the model's keyword arguments of each): per layer the
-    data its predictor learns from, the accumulated maps (Fig. 1) and what the record keeps of them."""
+# ------------------------------------------------------------------------------------- §5 sparsified inference
+def install(model: nn.Module, predictors: Optional[List[KernelPredictor]] = None, sparse: bool = True,
+            layers: Optional[int] = None, select: Optional[str] = None, threshold: Optional[float] = None,
+            top_k: Optional[int] = None) -> None:
+    """Puts `predictors` (one per layer) into the model's attentions, makes the last `layers` layers sparse or
+    dense (all by default; the layers before them run dense: Fig. 6) and sets the selection rule."""
+    depth = len(model.blocks)
+    first = depth - (depth if layers is None else layers)
+    for index, block in enumerate(model.blocks):
+        attn = block.attn
+        if predictors is not None:
+            attn.predictor = predictors[index]
+        attn.sparse = sparse and index >= first
+        attn.select = select or attn.select
+        attn.threshold = attn.threshold if threshold is None else threshold
+        attn.top_k = top_k or attn.top_k
+
+
+def attention_parts(model: nn.Module) -> dict:
+    """label → module of each layer's attention and its parts, for a FLOP count by part (Table 3)."""
+    parts = {}
+    for index, block in enumerate(model.blocks):
+        parts.update({f"attn{index}": block.attn, f"qkv{index}": block.attn.qkv, f"out{index}": block.attn.out,
+                      f"predictor{index}": block.attn.predictor})
+    return parts
+
+
+def attention_flops(counts: dict, examples: int) -> dict:
+    """Forward FLOPs per example of the whole model, its attention modules and their parts, from a count by the
+    labels of `attention_parts` (plus "total"): the projections, the predictor and the core (scores, softmax and
+    weighted sum on the entries computed, and building the (query, key) list). Core × dense is the ratio that
+    sparsity can change, the products Table 3 counts; the whole module's and model's ratios are reported beside."""
+    def total(prefix):
+        return sum(value for label, value in counts.items() if label.startswith(prefix)) / examples
+
+    projections = total("qkv") + total("out")
+    return {"model": counts["total"] / examples, "attention": total("attn"), "projections": projections,
+            "predictor": total("predictor"), "core": total("attn") - projections - total("predictor")}
+
+
+def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int) -> dict:
+    """A validation result of the model as installed: perplexity (per scored token), density, keys per query and
+    FLOPs relative to the dense teacher's. Sparsity (§4.3.2) is reported as keys per query (density × N) and as
+    the density of INTERFACE.md."""
+    return {"valid_ppl": math.exp(result["loss"]), "density": result["density"], "keys_per_query": result["density"] * n,
+            "density_per_layer": result["density_per_layer"],
+            **{f"{part}_flops_x_dense": flops[part] / dense_flops[part] for part in ("core", "attention", "model")},
+            "flops": flops}
+
+
+@torch.no_grad()
+def mask_quality(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Dict[str, float]:
+    """The installed predictors' masks against the teacher's targets, on the teacher's own layer inputs (no
+    error propagation): recall and precision of the target ones, and the attention mass inside the mask."""
+    hit = ones = chosen = mass = rows = 0.0
+    sparse = [block.attn.sparse for block in model.blocks]
+    install(model, sparse=False)
     captured = layer_inputs(model, inputs)
-    data, maps = zip(*(analyse_layer(block.attn, layer, cfg) for block, layer in zip(model.blocks, captured)))
-    return list(data), list(maps), [layer_summary(d, m) for d, m in zip(data, maps)]
+    for block, layer, was_sparse in zip(model.blocks, captured, sparse):
+        block.attn.sparse = was_sparse
+        for x, valid, causal in layer:
+            probs = block.attn.attention_probs(x, valid, causal)
+            target = binary_targets(probs, valid_pairs(valid, causal), cfg)
+            mask = block.attn.predictor.bank.mask(block.attn.selected(x, valid, causal), valid, causal)
+            hit, ones, chosen = hit + (mask & target).sum(), ones + target.sum(), chosen + mask.sum()
+            mass, rows = mass + (probs * mask).sum(), rows + valid.sum() * probs.shape[1]
+    return {"target_recall": float(hit / max(ones, 1)), "target_precision": float(hit / max(chosen, 1)),
+            "mass_recall": float(mass / max(rows, 1))}
 
 
 def fit_variants(model: nn.Module, data: List[LayerData], cfg: KernelConfig, generator: torch.Generator,
@@ -874,14 +806,35 @@ def sweeps(model: nn.Module, predictors: List[KernelPredictor], cfg: KernelConfi
     return fig5, fig6
 
 
+# ------------------------------------------------------------------------------------------- §6.2 fine-tuning
+@contextlib.contextmanager
+def reference_path(model: nn.Module):
+    """Runs the sparse layers on the masked reference path; restored on exit."""
+    # Ours: fine-tuning runs on the reference path, which tests show equals the edge list in outputs and gradients,
+    # and is faster on CPU at these lengths; validation, test and FLOPs use the edge list.
+    paths = [block.attn.path for block in model.blocks]
+    for block in model.blocks:
+        block.attn.path = "reference"
+    try:
+        yield model
+    finally:
+        for block, path in zip(model.blocks, paths):
+            block.attn.path = path
+
+
+def backbone_parameters(model: nn.Module) -> List[nn.Parameter]:
+    """What fine-tuning trains: everything but the predictors."""
+    # Ours (§6.2 leaves it open): the predictors stay frozen, their selection is not differentiable.
+    return [p for name, p in model.named_parameters() if ".predictor." not in name]
+
+
 def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: List[dict], teacher: dict,
                    cfg: KernelConfig, fine_tune: Callable[[], List[float]], measured: Callable[[], dict],
                    test_ppl: Callable[[], float]) -> dict:
-    """§6.2: fine-tune the backbone end to end (``fine_tune()``: the harness's steps on the reference path,
-    deviation 7) at the Fig. 5 point of best perplexity within the FLOP budget (else the cheapest), beside a dense
-    control — the teacher fine-tuned alike, so that more training is not credited to the masks. The record: the
-    final validation and test result against the teacher's and the control's, and whether the target (core
-    FLOPs within the budget, perplexity ≤ 1.2 × the teacher's) was met."""
+    """§6.2: fine-tune the backbone end to end (``fine_tune()``: the harness's steps) at the Fig. 5 point of best
+    perplexity within the FLOP budget (else the cheapest), beside a dense control (the teacher fine-tuned alike, so
+    that more training is not credited to the masks); the record says whether core FLOPs ≤ budget × dense and test
+    perplexity ≤ 1.2 × the teacher's."""
     within = [p for p in fig5 if p["core_flops_x_dense"] <= cfg.flops_budget]
     point = min(within, key=lambda p: p["valid_ppl"]) if within else min(fig5, key=lambda p: p["core_flops_x_dense"])
     rule = {"select": point["select"], "threshold": point["value"] if point["select"] == "threshold" else None,

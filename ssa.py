@@ -1,63 +1,27 @@
 """Stochastically Subsampled self-Attention (SSA): train on a random sub-model of the attention graph.
 
-Paper: Hussain, Zaki, Subramanian, "The Information Pathways Hypothesis: Transformers are Dynamic
-Self-Ensembles", KDD 2023 (shared/papers/001; close reading in shared/notes/ssa_reference.md).
+Hussain, Zaki, Subramanian, "The Information Pathways Hypothesis: Transformers are Dynamic Self-Ensembles", KDD 2023,
+arXiv 2306.01705 (no code was released). Attention carries one merged bias, A = softmax(QKᵀ/√D + B), B = M + R
+(mask + relative position, Eq. 2). In training each target (query) attends to a subset P of the sources (keys and
+values), one draw per layer and step shared by every head and the whole batch (§3.3), and the bias is re-indexed with
+the sources, B̃ = B[:, P], so ALiBi, the causal mask and padding see ORIGINAL positions (Alg. 1 line 8, Alg. 2 line 7):
+    unbiased (Alg. 1)        P = randperm(N)[:k], k = p·N: every target attends to the same k sources;
+    locally biased (Alg. 2)  P = argsort(i + n_i), n_i ~ N(0, σ²) (Eq. 3); target window i of W (N/W targets each)
+                             attends to slot i of P, P[iN/W:(i+1)N/W]: only W diagonal blocks are built, cost / W;
+    causal (§3.3)            window i draws Eq. 3 over its prefix [0, (i+1)N/W) and keeps its slot, the last N/W ranks;
+    2-D grid (§3.3, B.2)     Eq. 3 on the column index within each row, then on the row index within each column;
+                             windows are bands of R/W consecutive rows.
+Inference is dense with the same bias (§3.4); +FT trains densely for the last fraction of the steps (§4.1: 10 %).
+Self-ensembling (§3.5) averages the predicted probabilities of n sampled sub-models. Per layer (App. B.1): SSA on
+the last ℓ layers (S<ℓ>-L<w>), σ a fraction of the length ramped over them. U<x> names the percentage of sources
+DROPPED (§4.3: "-U20" keeps 80 %); `--unbiased` takes the kept fraction p.
 
-What it does. Attention with one merged bias B = M + R (mask + relative position, Eq. 2),
-A = softmax(QKᵀ/√D + B). During training every target (query) attends to a random subset of sources
-(keys/values), drawn once per layer per step and shared by all heads and the whole batch (§3.3, last
-paragraph before Eq. 3). The bias is re-indexed with the sources, B̃ = B[:, P], so ALiBi distances, the
-causal mask and key padding all refer to the sources' ORIGINAL positions (Alg. 1 line 8, Alg. 2 line 7).
-- Unbiased SSA (Alg. 1): P = randperm(N)[:k]; every target attends to the same k = p·N sources.
-- Locally biased SSA (Alg. 2, Eq. 3): P = argsort(i + n_i), n_i ~ N(0, σ²); the targets are cut into w
-  windows of N/w and window i attends to slot i of P (P[iN/w:(i+1)N/w]). Only the w diagonal blocks
-  (B, H, W, N/W, K) are ever built — scores and bias alike — so the cost falls by w (Alg. 2 lines 8–12).
-- Causal (§3.3: "the permutation indices are resampled for each window, and are constrained to be from 0
-  to the end of the window"): window i draws Eq. 3 over the prefix [0, (i+1)N/w) on its own and keeps its
-  slot, i.e. the last N/w ranks. Sources may repeat across windows or be missed; never within one.
-  By pigeonhole no row is empty: the first row of window i has exactly N/w − 1 future sources in the
-  prefix but N/w distinct draws (assuming no padding).
-- 2-D grids (§3.3, App. B.2), our reading: tokens are a (R, C) grid flattened row by row; "partition the
-  grid vertically into w windows" = w bands of R/w consecutive rows ("4 windows of 8 rows" for 32×32),
-  which are contiguous in the flattened order. "Shuffling both horizontally and vertically" = Eq. 3 on the
-  column index of every token, sorted within its row, then Eq. 3 on the row index, sorted within its
-  column; σ is a fraction of each dimension. A window takes its band of rows of every column, so its
-  sources are not whole rows. Causal: the vertical shuffle of window i sees only rows before its band's
-  end ("causality at the window level"); the causal mask handles the rest.
-- Inference (§3.4): dense attention with the same bias ("attention-based renormalisation"); +FT: dense
-  for the last fraction of steps (§3.4, §4.1: 10 %). Self-ensembling (§3.5): average the predicted
-  probabilities of n sampled sub-models.
-- Per layer (App. B.1): SSA on the last ℓ layers (S<ℓ>-L<w>), σ ramped linearly from the first to the
-  last SAMPLED layer (our choice for the S12 ambiguity of the notes §4), σ a fraction of the length.
-
-Deviations (named):
-1. Sources are projected, then gathered (Alg. 1/2 gather X, then project): same result, one fused QKV.
-2. Unbiased SSA under causality (unspecified; App. D trains it "using 2 or 4 window attention for 50% or
-   25%"): the causal scheme above with σ = ∞ and w = 1/p windows, i.e. a uniform draw from each window's
-   prefix; p must be 1/integer. Non-causal unbiased SSA is Alg. 1 with k = round(p·N).
-3. ALiBi on the flattened index for every task, −m_h·|i − j| (symmetric for encoders, as the repo's
-   dense baseline), where the paper used a learned 2-D relative bias for images (App. B.2). On LM tasks
-   with ALiBi the model has no positional embeddings unless `--pos-emb true` (App. B.1's decoder); encoders
-   keep the preset's learned positions, which tell left from right under a symmetric bias.
-4. A length N not divisible by w is padded internally to the next multiple (pad = key padding).
-5. A window that drew only padded sources gives its queries zeros for that draw (the paper does not
-   treat padding; one permutation shared by the batch cannot avoid padded sources).
-6. Self-ensembling re-enables sampling on the layers built as SSA layers, also after +FT (Table 4
-   ensembles +FT models); it runs in eval mode, so dropout is off (unspecified in the paper).
-The paper's code was never released (notes §0), so there is no official code to deviate from.
-
-Density (INTERFACE.md): admissible pairs inside the computed blocks / (valid queries × valid keys),
-summed over the batch, per head; the same count as baselines/full.py (causal dense ≈ (N+1)/(2N)).
-Names: U<x> is the paper's percentage of sources DROPPED (§4.3: "-U20" keeps 80 %); `--unbiased` takes
-the kept fraction p.
-
-Commands (`python -m bench.train --method ssa ...` is the same; `--help` lists every option):
     python ssa.py --task enwik8                                  # S<depth>-L4, σ 0.1 → 0.225, CPU preset
     python ssa.py --task enwik8 --preset paper --depth 16 --ssa-layers 12 --finetune-fraction 0.1  # S12-L4+FT
     python ssa.py --task enwik8 --ensemble-samples 50            # + self-ensembled valid/test (Table 4)
     python ssa.py --task listops --unbiased 0.8                  # S<depth>-U20 (Alg. 1)
     python ssa.py --task listops --seq-len 256 --grid 16x16      # 2-D variant (any length R·C)
-    python -m pytest tests/test_ssa.py -q
+    python -m pytest tests/test_ssa.py -q                        # `python -m bench.train --method ssa` is the same
 
 Shape legend: B batch, H heads, N queries, M keys, D head dim, W windows, K sources per window,
 Nw = N/W queries per window, R×C grid rows × columns.
@@ -146,13 +110,13 @@ class SSAConfig:
         return f"S{layers}-{scheme}"
 
 
-# ----------------------------------------------------------------------------------------------- helpers
-
 def _randn(shape, generator: Optional[torch.Generator], device) -> Tensor:
     """Standard normal draws from `generator` (on its own device), moved to `device`."""
     source = generator.device if generator is not None else device
     return torch.randn(shape, generator=generator, device=source).to(device)
 
+
+# ------------------------------------------------- reference path: the sources of each window (Alg. 1, Alg. 2, Eq. 3)
 
 def window_sources(rows: int, cols: int, windows: int, sigma_rows: float, sigma_cols: float, causal: bool,
                    generator: Optional[torch.Generator] = None, device=None) -> Tensor:
@@ -161,7 +125,13 @@ def window_sources(rows: int, cols: int, windows: int, sigma_rows: float, sigma_
     row whose windows are bands of R/W rows (1-D: R = N, C = 1).
 
     σ are absolute (in rows / columns); σ_rows = ∞ is an unbiased shuffle. Non-causal: one draw whose
-    slots partition the sources (Alg. 2). Causal: one draw per window over its prefix (§3.3)."""
+    slots partition the sources (Alg. 2). Causal: one draw per window over its prefix (§3.3), so sources may repeat
+    across windows or be missed, never within one; no row is empty (the first row of window i has N/W − 1 future
+    sources in its prefix but N/W distinct draws).
+    2-D, our reading of §3.3 and App. B.2: "partition the grid vertically into w windows" = bands of R/W rows ("4
+    windows of 8 rows" for 32×32), contiguous when flattened; "shuffling both horizontally and vertically" = Eq. 3 on
+    the column index within each row, then on the row index within each column. A window takes its band of rows of
+    every column, so its sources are not whole rows; causal: only the vertical shuffle is cut at the band's end."""
     assert rows % windows == 0, f"{rows} rows do not split into {windows} windows"
     band, draws = rows // windows, (windows if causal else 1)
     flat = torch.arange(rows * cols, device=device).view(1, rows, cols).expand(draws, rows, cols)  # (·, R, C)
@@ -188,7 +158,7 @@ def unbiased_sources(n: int, keep: float, generator: Optional[torch.Generator] =
     return torch.randperm(n, generator=generator, device=source)[:k].to(device)[None]
 
 
-# ---------------------------------------------------------------------------------------- attention core
+# ---------------------------------------------------------------------- the attention on the drawn windows (Alg. 2)
 
 class SSAttention(nn.Module):
     """Multi-head attention with SSA (INTERFACE.md). Budget: `windows` (w), `sigma` (σ / length),
@@ -234,10 +204,11 @@ class SSAttention(nn.Module):
             return self.windows
         if not causal:
             return 1
+        # Causal unbiased SSA is not specified (App. D trains it "using 2 or 4 window attention for 50% or 25%"):
+        # ours is causal local SSA with σ = ∞ and W = 1/p windows, a uniform draw from each window's prefix.
         windows = round(1 / self.unbiased)
         if abs(windows * self.unbiased - 1) > 1e-6:
-            raise ValueError(f"causal unbiased SSA runs 1/p windows (deviation 2); p={self.unbiased} is not "
-                             "1/integer")
+            raise ValueError(f"causal unbiased SSA runs 1/p windows; p={self.unbiased} is not 1/integer")
         return windows
 
     def draw_sources(self, n: int, causal: bool, generator: Optional[torch.Generator] = None,
@@ -255,6 +226,8 @@ class SSAttention(nn.Module):
     def block_bias(self, query_pos: Tensor, source_pos: Tensor) -> Tensor:
         """(H, W, Nw, K) ALiBi −m_h·|i − j| at the ORIGINAL positions: B[:, P] on the diagonal blocks
         (Alg. 2 lines 7, 11) built directly from the two index tensors, never the N×N matrix."""
+        # Ours: ALiBi on the flattened index for every task, symmetric for encoders (as baselines/full.py), where the
+        # paper learned a 2-D relative bias for images (App. B.2); encoders keep learned positions (left from right).
         return alibi_bias(self.slopes, query_pos[:, :, None], source_pos[:, None, :])
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
@@ -265,7 +238,7 @@ class SSAttention(nn.Module):
                              f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
         sample = self.subsampling()
         windows = self.num_windows(causal) if sample else 1
-        padded = -(-n // windows) * windows  # deviation 4: pad to a multiple of W; the pad is key padding
+        padded = -(-n // windows) * windows  # ours: N pads to a multiple of W; the pad is key padding
         valid = torch.ones(1, n, dtype=torch.bool, device=x.device) if key_padding_mask is None \
             else ~key_padding_mask  # (B|1, N)
         if padded != n:
@@ -288,7 +261,8 @@ class SSAttention(nn.Module):
                 density = self.density(allowed, valid[:, query_pos], valid, b)
                 empty = ~allowed.any(-1, keepdim=True)  # (B|1, W, Nw, 1): rows with no admissible source
         qw = q.reshape(b, self.heads, windows, -1, self.head_dim)  # (B, H, W, Nw, D)
-        if sample:  # Alg. 2 lines 3, 9–10: the sources of every window, in their drawn order
+        if sample:  # Alg. 2 lines 3, 9–10: the sources of every window, in their drawn order. Alg. 1/2 gather X,
+            # then project; we project, then gather: the same result with one fused QKV
             kw, vw = k[:, :, source_pos], v[:, :, source_pos]  # (B, H, W, K, D)
         else:  # dense: the identity gather, as a view
             kw, vw = k[:, :, None], v[:, :, None]  # (B, H, 1, M, D)
@@ -298,16 +272,17 @@ class SSAttention(nn.Module):
             y = self.fast_core(qw, kw, vw, allowed, bias)
         else:
             y = self.reference_core(qw, kw, vw, allowed, bias, p_drop, generator)
-        if empty is not None:
-            y = y.masked_fill(empty[:, None], 0.0)  # a query with no admissible source outputs zeros
+        if empty is not None:  # ours (the paper leaves padding out): a query with no admissible source outputs zeros,
+            y = y.masked_fill(empty[:, None], 0.0)  # also a window that drew only padded sources (one draw per batch)
         y = y.reshape(b, self.heads, padded, self.head_dim)[:, :, :n]  # (B, H, N, D): Alg. 2 line 13
         y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
         return self.out(y), {"density": density.expand(self.heads).clone()}
 
     @staticmethod
     def density(allowed: Tensor, valid_query: Tensor, valid: Tensor, batch: int) -> Tensor:
-        """() admissible computed pairs of valid queries / (valid queries × valid keys), batch-summed.
-        allowed (B|1, W, Nw, K), valid_query (B|1, W, Nw), valid (B|1, N)."""
+        """() admissible computed pairs of valid queries / (valid queries × valid keys), batch-summed (INTERFACE.md;
+        as baselines/full.py: causal dense ≈ (N+1)/(2N)). allowed (B|1, W, Nw, K), valid_query (B|1, W, Nw),
+        valid (B|1, N)."""
         repeat = batch // allowed.shape[0]  # an unpadded batch carries one shared (1, …) mask
         pairs = (allowed.sum(-1, dtype=torch.float64) * valid_query).sum() * repeat
         total = (valid.sum(-1, dtype=torch.float64) ** 2).sum() * (batch // valid.shape[0])
@@ -316,9 +291,9 @@ class SSAttention(nn.Module):
     @staticmethod
     def reference_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
                        p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
-        """softmax(Q_w K_wᵀ/√D + B̃_w) V_w (Alg. 2 line 12) with the (B, H, W, Nw, K) scores materialised,
-        softmax in float32 (autocast off: it would run the score product, and so the softmax, in its lower
-        precision); the dropout mask comes from `generator`."""
+        """The reference core: softmax(Q_w K_wᵀ/√D + B̃_w) V_w (Alg. 2 line 12) with the (B, H, W, Nw, K) scores
+        materialised, softmax in float32 (autocast off: it would run the score product, and so the softmax, in its
+        lower precision); the dropout mask comes from `generator`."""
         compute = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
             scores = (q.to(compute) @ k.to(compute).transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B,H,W,Nw,K)
@@ -333,6 +308,7 @@ class SSAttention(nn.Module):
                 probs = probs * keep / (1.0 - p_drop)
         return probs.to(v.dtype) @ v  # (B, H, W, Nw, D)
 
+    # ------------------------------------------------------------------------ fast path: the same core through SDPA
     @staticmethod
     def fast_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
         """The same through SDPA, the windows folded into the head axis (CPU SDPA's fast kernels are 4-D)."""
@@ -352,7 +328,8 @@ class SSAttention(nn.Module):
 
 def layer_sigma(cfg: SSAConfig, layer_index: int, num_layers: int) -> float:
     """σ / length of a layer: linear from cfg.sigma[0] at the first sampled layer to cfg.sigma[1] at the
-    deepest (App. B.1), the ramp spanning the sampled layers only."""
+    deepest (App. B.1)."""
+    # Ours: the ramp spans the sampled layers only (App. B.1 does not say which layers S12 of 16 ramps over).
     layers = cfg.sampled_layers(num_layers)
     first = num_layers - layers
     t = (layer_index - first) / (layers - 1) if layers > 1 else 0.0
@@ -389,8 +366,9 @@ def fine_tune_start(total_steps: int, fraction: float) -> int:
 @torch.no_grad()
 @contextlib.contextmanager
 def sampling_in_eval(model: nn.Module):
-    """Eval mode with the layers built as SSA layers sampling (also after +FT, as Table 4 ensembles +FT
-    models); the others stay dense. Dropout is off (unspecified in the paper). Modes restored on exit."""
+    """Eval mode with the layers built as SSA layers sampling; the others stay dense. Modes restored on exit."""
+    # Ours: self-ensembling re-enables sampling also after +FT (Table 4 ensembles +FT models), in eval mode, so
+    # dropout is off (the paper does not say).
     modules = [m for m in ssa_modules(model) if m.sampled_layer]
     saved, was_training = [m.sampling for m in modules], model.training
     model.eval()

@@ -83,7 +83,7 @@ def mask_to_edges(mask: torch.Tensor):
 
 def reference_attention(attn: ks.KernelSparseAttention, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Softmax attention written out on an explicit (B, H, N, N) mask: −inf fills, empty rows → 0; with the
-    module's ALiBi slopes, −m_h·|i − s| added by loops (deviation 10)."""
+    module's ALiBi slopes, −m_h·|i − s| added by loops (the teacher's bias, ours)."""
     b, n, _ = x.shape
     q, k, v = attn.qkv(x).view(b, n, 3, H, D).permute(2, 0, 3, 1, 4)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)
@@ -314,7 +314,7 @@ def test_eq1_loss_by_hand():
     alpha, patterns, target, weight = tiny_loss_inputs()
     # soft OR max_κ α_κ K_κs: row 0: (0.2, 0.9, 0.9); row 1: (0, 0.6, ·)
     # squared errors against the targets: 0.64 + 0.01 + 0.81 and 0 + 0.16 (key 2 of row 1 has weight 0)
-    # deviation 8: a mean over the 5 weighted entries
+    # ours: a mean over the 5 weighted entries (Table 1 reports sums)
     expected = (0.64 + 0.01 + 0.81 + 0.0 + 0.16) / 5
     assert ks.eq1_loss(alpha, patterns, target, weight).item() == pytest.approx(expected, abs=1e-6)
     # a mean, not a sum: two identical heads give the same value
@@ -340,7 +340,7 @@ def test_eq1_loss_with_binary_coefficients_counts_or_mismatches():
 
 def test_per_kernel_loss_by_hand():
     alpha, patterns, target, weight = tiny_loss_inputs()
-    # deviation 6: Σ_s K_κs (α_κ − a_s)² / Σ_s K_κs on the valid keys, a mean over non-empty (row, kernel):
+    # ours (§6.2): Σ_s K_κs (α_κ − a_s)² / Σ_s K_κs on the valid keys, a mean over non-empty (row, kernel):
     # row 0, kernel 0 (α 0.2, keys 0, 2): (0.64 + 0.04) / 2; kernel 1 (α 0.9, keys 1, 2): (0.01 + 0.81) / 2;
     # row 1, kernel 0 (α 0.6, key 1; key 2 invalid): 0.16 / 1; kernel 1 (key 2 only, invalid): empty, left out
     expected = ((0.64 + 0.04) / 2 + (0.01 + 0.81) / 2 + 0.16) / 3
@@ -438,7 +438,7 @@ def test_sparse_attention_without_edges_gives_zeros():
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 def test_module_reference_and_fast_paths_agree_in_outputs_and_gradients(causal, alibi):
-    """Deviation 7: fine-tuning runs the masked path; it must give the sparse path's outputs and gradients
+    """Fine-tuning runs the masked reference path (ours); it must give the sparse path's outputs and gradients
     (with the teacher's ALiBi bias too: per entry in one, per edge in the other)."""
     attn = make(ks.standard_kernels(L), select="topk", top_k=4, alibi=alibi)
     x0 = torch.randn(3, N, DIM, generator=seeded(3))
@@ -506,7 +506,7 @@ def test_all_kernels_reproduce_the_dense_teacher(cover, head, alibi):
             set_path(model, path)
             assert all(block.attn.sparse for block in model.blocks)
             logits, stats = model(tokens, key_padding_mask=pad)
-            # padded queries output 0 on the sparse paths (deviation 9): compare the valid positions
+            # padded queries output 0 on the sparse paths (ours): compare the valid positions
             assert torch.allclose(logits[~pad], dense[~pad], atol=1e-5, rtol=1e-5), path
             assert torch.allclose(stats["density"], dense_stats["density"], atol=1e-6), path
             ks.install(model, sparse=False)
@@ -621,8 +621,8 @@ def test_causal_predictor_window_ends_at_the_query():
 
 # ---------------------------------------------------------------------- 6. reproducibility and bad input
 def test_learned_kernels_build_and_run():
-    """Issue 19, item 3: the `learned_kernels` count shadowed the bank's constructor, so kernels="learned" always
-    raised TypeError."""
+    """kernels="learned" builds a learned bank of `learned_kernels` kernels (the count must not shadow the bank's
+    constructor) and runs."""
     attn = ks.KernelSparseAttention(DIM, H, D, max_len=L, hidden=16, kernels="learned", learned_kernels=5)
     assert attn.predictor.bank.learned and attn.predictor.bank.num_kernels == 5
     y, stats = attn(torch.randn(2, N, DIM), padding(), causal=True)
@@ -630,8 +630,8 @@ def test_learned_kernels_build_and_run():
 
 
 def test_causal_sparse_dropout_never_sees_the_future():
-    """Issue 19, item 6: one flat dropout draw over the edge list let a later token's edges shift the draws of
-    earlier queries; pair_dropout draws per pair, so the past is unchanged under a fixed generator."""
+    """A flat dropout draw over the edge list would let a later token's edges shift the draws of earlier queries;
+    pair_dropout draws per pair, so the past is unchanged under a fixed generator."""
     attn = make(dropout=0.3, threshold=0.5).train()
     x = torch.randn(2, N, DIM, generator=seeded(1))
     y = attn(x, padding(), causal=True, generator=seeded(2))[0]
@@ -644,7 +644,7 @@ def test_causal_sparse_dropout_never_sees_the_future():
 @pytest.mark.parametrize("causal", [False, True])
 def test_reference_and_fast_paths_drop_the_same_pairs(causal):
     """The masked path (every pair) and the sparse path (the edges) draw each pair's dropout from the same hash,
-    so fine-tuning on the masked path trains what the sparse path computes, dropout included (deviation 7)."""
+    so fine-tuning on the masked path trains what the sparse path computes, dropout included."""
     attn = make(dropout=0.3, select="topk", top_k=4).train()
     x = torch.randn(3, N, DIM, generator=seeded(3))
     results = []
@@ -657,6 +657,19 @@ def test_reference_and_fast_paths_drop_the_same_pairs(causal):
     for m, s in zip(*results):
         assert torch.allclose(m, s, atol=1e-5)
     assert not torch.allclose(results[0][0], attn.eval()(x, padding(3), causal)[0], atol=1e-3)  # it does drop
+
+
+def test_fine_tuning_runs_the_reference_path_and_leaves_the_predictors_out():
+    """Fine-tuning (§6.2, ours): inside reference_path the sparse layers run the masked reference path (restored on
+    exit), and backbone_parameters are every parameter but the frozen predictors'."""
+    model = tiny_model("token")
+    ks.install(model, select="topk", top_k=3)
+    with ks.reference_path(model):
+        assert [block.attn.path for block in model.blocks] == ["reference", "reference"]
+    assert [block.attn.path for block in model.blocks] == ["fast", "fast"]
+    trained = {id(p) for p in ks.backbone_parameters(model)}
+    frozen = {id(p) for block in model.blocks for p in block.attn.predictor.parameters()}
+    assert frozen and not trained & frozen and trained | frozen == {id(p) for p in model.parameters()}
 
 
 def test_pair_dropout_keeps_pairs_independently_at_rate_one_minus_p():

@@ -98,6 +98,21 @@ def test_one_window_unbiased_p1_and_no_sampling_equal_dense_attention(kwargs, ca
     torch.testing.assert_close(stats["density"], density.expand(H))
 
 
+def test_a_window_that_drew_only_padded_sources_outputs_zeros():
+    # One draw serves the whole batch, so a short sequence's window may draw only padding: its valid queries
+    # output zeros (not NaN), and the density counts no pair for them.
+    m = make(windows=4, sigma=100.0)
+    x, kpm = torch.randn(2, 16, DIM), padding(16, [16, 5])
+    seed = next(s for s in range(100) if (m.draw_sources(16, False, seeded(s))[1] >= 5).all())
+    y, stats = m(x, kpm, generator=seeded(seed))
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y[1, 4], m.out.bias)  # query 4 (window 1) attended to nothing
+    sources = m.draw_sources(16, False, seeded(seed))
+    y_ref, density = reference(m, x, kpm, pattern=pattern_of(sources, 16))
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats["density"], density.expand(H))
+
+
 def test_eval_is_dense_by_default_and_sampling_always_samples():
     m = make(windows=4, sigma=0.3).eval()
     x = torch.randn(1, 16, DIM)
@@ -238,8 +253,8 @@ def test_fast_and_reference_paths_agree_in_gradients():
 
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_reference_core_under_bf16_autocast_runs_its_softmax_in_float32(path):
-    """Issue 19, item 2: masked scores with dropout in training (or path="reference") take the reference core; under
-    bf16 autocast its score product ran in bf16 and the float32 mask fill overflowed it."""
+    """Masked scores with dropout in training (or path="reference") take the reference core; under bf16 autocast its
+    score product must not run in bf16, where the float32 mask fill would overflow it."""
     m = make(windows=4, sigma=0.3, dropout=0.1, alibi=False, path=path)
     record = LowPrecisionMath()
     with torch.autocast("cpu", dtype=torch.bfloat16), record:
@@ -298,6 +313,20 @@ def test_self_ensemble_of_one_sample_equals_one_ssa_forward():
     for _ in range(3):
         probs = probs + model(tokens, key_padding_mask=kpm, generator=generator)[0].softmax(-1) / 3
     torch.testing.assert_close(ssa.self_ensemble(model, tokens, kpm, 3, seeded(6)), probs.log())
+
+
+def test_self_ensembling_samples_again_after_the_dense_tail():
+    """+FT sets every layer to "never"; self-ensembling samples the layers built as SSA layers again, in eval mode
+    (dropout off), and restores the dense setting and the training mode on exit."""
+    model = TinyModel(ssa.SSAConfig(layers=2, windows=4, sigma=(0.2, 0.4))).train()
+    for m in model.blocks:
+        m.sampling = "never"
+    tokens = torch.randint(0, 11, (2, 16))
+    with ssa.sampling_in_eval(model):
+        assert not model.training and [m.sampling for m in model.blocks] == ["never", "always", "always"]
+        density = model(tokens, generator=seeded(1))[1]["density"][:, 0]
+    assert density[0] > density[1] and density[0] > density[2]
+    assert model.training and [m.sampling for m in model.blocks] == ["never"] * 3
 
 
 def test_the_dense_tail_is_the_last_fraction_of_the_steps():
