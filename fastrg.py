@@ -56,7 +56,7 @@ def sample_reference(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, gener
     r, u, v = torch.unravel_index(groups, (R, K, K))                 # (E,) each edge's graph and cluster pair
     # Lines 8-9: each edge draws its source from column u of X̄ and its destination from column v of Ȳ, with its
     # own (u, v). (The official code draws sources grouped by u and destinations grouped by v, then zips the two
-    # lists position-wise: that breaks the (u, v) pairing, shared/notes/sbm_reference.md §5.)
+    # lists position-wise: that breaks the (u, v) pairing.)
     i, j = r.clone(), r.clone()
     if len(r):
         i = torch.multinomial(X_bar[r, :, u], 1, generator=generator).view(-1)  # (E, N) rows → (E,)

@@ -3,7 +3,7 @@
     python -m bench.approx_error [--seq-len 1024] [--head-dim 32] [--heads 4] [--draws 4] [--seed 0]
 
 Prints one table and writes it to OUT/approx_error.md (``--out``, a folder; default runs/approx_error): the relative error ‖approx − exact‖_F / ‖exact‖_F, mean ± std over draws, for each method
-and budget at two temperatures. Inputs follow shared/notes/cpu_attention_limits.md: per head, q and k entries
+and budget at two temperatures. Inputs: per head, q and k entries
 N(0, σ²), v entries N(0, 1), so the exact scores qᵀk/√D have standard deviation σ²; σ = 0.58 (flat attention)
 and σ = 1 (peaked). Uniform attention (every query outputs the mean of V) is the reference row: a method is
 informative only below it.

@@ -13,7 +13,7 @@ then forward time (no autograd) and forward+backward time as medians after warm-
 (bench.measure conventions) and density. Ratios are to ``full`` without options. A small forward+backward
 precedes the memory measurement, so one-time lazy allocations (thread pools, kernels) are not counted.
 
-The glibc allocator setting changes CPU timings 1.5-4× (shared/notes/cpu_attention_limits.md): by default
+The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every op): by default
 every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 (``--allocator keep``), and the
 setting is printed with the table; ``--allocator default`` uses glibc's defaults. Never mix the two in a table.
 """

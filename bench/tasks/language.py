@@ -212,7 +212,7 @@ class LocalBytes(ByteLM):
 
 class MaskedBytes(LocalBytes):
     """`wikitext2`: the byte data of `bytes` (WikiText-2 from the data folder, or --data-file) as a masked LM, the
-    task of kernel_sparse.py's dense teacher (paper 003 §4; deviation 1 there): 15% of the positions are scored,
+    task of kernel_sparse.py's dense teacher (Karkhanis et al. §4: our teacher replaces their pretrained RoBERTa): 15% of the positions are scored,
     of which 80% become [MASK], 10% a random byte and 10% stay (RoBERTa). Evaluation windows do not overlap, and
     their masks are fixed by (split, batch index)."""
 
