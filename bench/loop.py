@@ -5,13 +5,11 @@
     record = loop.final_record(run)                # final evaluations and measurements: metrics.json's shape
     loop.finish(run, record)                       # writes metrics.json, prints the final line
 
-A method's own procedure goes around these calls in its file's ``main()`` (SSA's dense tail between two
-``train`` calls; SBM's density profile and the kernel pipeline after ``final_record``). AdamW (weight decay on
-matrices only), warm-up then a cosine or linear decay (config.lr_at), gradient clipping, bf16 autocast on
-CUDA, periodic evaluation with a checkpoint (bench/runs.py), a progress line and a JSON-lines log. Every random
-draw of step t comes from seeds derived from (seed, rank, t), each evaluation's from (seed, split): a run
-killed and resumed ends with exactly the metrics of an uninterrupted one. DDP under torchrun.
+A method's own procedure goes around these calls in its file's ``main()``. AdamW (weight decay on matrices
+only), warm-up then cosine or linear decay (config.lr_at), gradient clipping, bf16 autocast on CUDA. Step t
+draws from seeds of (seed, rank, t), an evaluation from (seed, split): a resumed run ends as an uninterrupted one.
 """
+import dataclasses
 import datetime
 import json
 import math
@@ -33,12 +31,12 @@ from bench import measure, runs
 from bench.config import Diverged, RunConfig, SetupError, derive_seed, lr_at, resolve_device
 from bench.files import FolderLock, write_json
 from bench.model import Model, ModelConfig
-from bench.tasks import IGNORE, DataError, Task, default_data_dir
+from bench.tasks import IGNORE, DataError, Task, base_rate, default_data_dir, model_inputs, task_loss
 
 
 @dataclass
 class Run:
-    """One process's share of a run: what setup made, and what the loop advances."""
+    """One process's share of a run: what setup made, and what the run has done (``done``, checkpointed)."""
     cfg: RunConfig
     task: Task
     model: nn.Module
@@ -48,46 +46,51 @@ class Run:
     world: int
     rank: int
     context: dict  # what --resume compares besides the config: processes, device type, bf16 autocast
-    step: int = 0
-    elapsed: float = 0.0  # seconds of training steps
-    step_times: List[float] = field(default_factory=list)  # ms per step
-    train_density: List[torch.Tensor] = field(default_factory=list)  # (L,) per step: what each step computed
+    done: runs.Progress = field(default_factory=runs.Progress)
+    started: float = field(default_factory=time.time)  # when this process took the run up
+    eval_seconds: Optional[float] = None  # what one periodic evaluation took: the ETA's estimate of the rest
     memory: Optional[measure.PeakRSS] = None  # the CPU's peak-memory meter, from this process's first step
-    earlier_peak: int = 0  # the peak memory of the steps before a resume
-    lock: Optional[FolderLock] = None  # OUT/run.lock, held while the run lives
+    lock: Optional[FolderLock] = None  # OUT/run.lock, held while the process lives
 
     @property
     def is_main(self) -> bool:  # the process that evaluates, logs, checkpoints and writes the record
         return self.rank == 0
 
+    @property
+    def step(self) -> int:
+        return self.done.step
+
     def evaluate(self, split: str, limit: Optional[int], forward: Optional[Callable] = None) -> dict:
         return evaluate(self.model, self.task, split, limit, self.cfg.batch_size, self.device, self.cfg.seed,
                         self.amp, forward)
 
-    def log(self, record: dict) -> None:
+    def say(self, text: str, log: Optional[dict] = None) -> None:
+        """A progress line, and its record in log.jsonl (stamped with the time, ISO 8601 UTC)."""
         if self.is_main:
-            with open(self.cfg.folder / "log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+            print(text, flush=True)
+            if log is not None:
+                stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                with open(self.cfg.folder / "log.jsonl", "a") as f:
+                    f.write(json.dumps({"time": stamp, **log}) + "\n")
 
-    def peak_memory(self) -> int:
-        """The training steps' peak memory so far, over every resume."""
-        return max(self.earlier_peak, measure.peak_memory_bytes(self.device, self.memory))
+    def progress(self) -> runs.Progress:
+        """What the run has done, up to now: wall time and peak memory include this process's."""
+        peak = max(self.done.peak_memory_bytes, measure.peak_memory_bytes(self.device, self.memory))
+        return dataclasses.replace(self.done, wall_time_s=self.done.wall_time_s + time.time() - self.started,
+                                   peak_memory_bytes=peak)
 
     def save(self, name: str) -> None:
         runs.save_checkpoint(self.cfg.folder / name, {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
-            "elapsed": self.elapsed, "step_times": self.step_times, "peak_memory_bytes": self.peak_memory(),
-            "train_density": torch.stack(self.train_density) if self.train_density else None,
-            "config": self.cfg.as_record(), **self.context})
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "progress": self.progress().state(), "config": self.cfg.as_record(), **self.context})
 
 
 # ------------------------------------------------------------------------------------------------ setup
 def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Callable[[int], nn.Module]],
           later: Optional[Dict[str, Callable[[dict], int]]] = None) -> Run:
-    """Device, run folder (checked; with --resume its checkpoint loaded), data, model, optimizer, processes.
-    ``make_attention(model_cfg)`` gives the backbone's ``layer_index -> attention``; ``later``: a method's
-    settings that act only from a step on ({name: that step, from a config}), which --resume may change.
-    Any bad setting is refused (SetupError) before the folder's old files go."""
+    """Device, run folder (with --resume its checkpoint), data, model, optimizer, processes; a bad setting is
+    refused (SetupError) before anything is written. ``make_attention(model_cfg)``: the backbone's
+    ``layer_index -> attention``; ``later``: a method's settings that act from a step on (--resume may change)."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     out = cfg.folder
     try:
@@ -112,9 +115,7 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
         except (RuntimeError, KeyError, ValueError) as exc:
             raise SetupError(f"--resume: {out / 'checkpoint.pt'} does not fit this model: "
                              f"{str(exc).splitlines()[0]}") from None
-        run.step, run.elapsed, run.step_times = saved["step"], saved["elapsed"], list(saved["step_times"])
-        run.earlier_peak = saved.get("peak_memory_bytes", 0)
-        run.train_density = list(saved["train_density"]) if saved.get("train_density") is not None else []
+        run.done = runs.Progress.of(saved["progress"])
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -125,14 +126,16 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
         runs.begin(out, cfg.resume, run.step)
     run.memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
+    run.say(f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
+            f"{cfg.batch_size} at length {cfg.seq_len}, {sum(p.numel() for p in model.parameters()):,} parameters, "
+            f"{measure.device_name(device)}" + (f", resumed at step {run.step}" if run.step else "")
+            + f"; run folder {out}")
     return run
 
 
 def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention: Callable) -> Model:
-    """The task with its data and the model on its device, initialised from the seed. Before any data are read,
-    every layer's attention runs once on a zero sequence of the task's length (throwaway modules, the random
-    state restored), so that a setting it refuses (a causal task for an attention with no causal form, a length it
-    cannot take) is refused now."""
+    """The task's data and the model, initialised from the seed. First, every layer's attention runs once on zeros
+    of the task's length (the random state restored), so that a setting it refuses is refused before any data."""
     if cfg.data_file is not None:
         task.data_file = cfg.data_file
     if cfg.no_download:
@@ -157,14 +160,14 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
 
 # ------------------------------------------------------------------------------------------------ training
 def train(run: Run, until: Optional[int] = None) -> None:
-    """Steps from the run's step to ``until`` (default: the last), with progress lines, periodic evaluations
-    and checkpoints; each step's density of what it computed (SSA's sub-model, SBM's masks) is kept."""
+    """Steps up to ``until`` (default: the last), with progress lines, evaluations and checkpoints."""
     cfg, task, model, device = run.cfg, run.task, run.model, run.device
     trained = nn.parallel.DistributedDataParallel(model) if run.world > 1 else model
     stop = cfg.steps if until is None else min(until, cfg.steps)
     trained.train()
     window_loss, window_metric, window_density = [], [], []  # the steps since the last progress line
-    while run.step < stop:
+    done = run.done
+    while done.step < stop:
         for group in run.optimizer.param_groups:
             group["lr"] = lr_at(run.step, vars(cfg))
         torch.manual_seed(derive_seed(cfg.seed, run.rank, run.step))
@@ -184,25 +187,27 @@ def train(run: Run, until: Optional[int] = None) -> None:
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         run.optimizer.step()
         measure.synchronize(device)
-        run.step_times.append((time.perf_counter() - start) * 1e3)
-        run.elapsed += run.step_times[-1] / 1e3
-        run.step += 1
+        done.step_times.append((time.perf_counter() - start) * 1e3)
+        done.elapsed += done.step_times[-1] / 1e3
+        done.step += 1
         with torch.no_grad():
             scored = targets != IGNORE
             window_loss.append(loss.item())
             window_metric.append(loss.item() / math.log(2) if task.metric == "bpb" else
                                  (logits.argmax(-1)[scored] == targets[scored]).float().mean().item())
             window_density.append(stats["density"].mean().item())
-            run.train_density.append(stats["density"].float().mean(-1).cpu())
+            done.train_density.append(stats["density"].float().mean(-1).cpu())
         if run.is_main and (run.step % cfg.log_every == 0 or run.step == cfg.steps):
             report_progress(run, window_loss, window_metric, window_density)
             window_loss, window_metric, window_density = [], [], []
         if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
             if run.is_main:
+                begun = time.time()
                 result = run.evaluate("valid", cfg.eval_batches)
-                run.log({"step": run.step, "split": "valid", "lr": lr_at(run.step - 1, vars(cfg)), **result})
-                print(f"eval step {run.step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
-                      f"density {result['density']:.3f}", flush=True)
+                run.eval_seconds = time.time() - begun
+                run.say(f"eval step {run.step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
+                        f"density {result['density']:.3f}",
+                        {"step": run.step, "split": "valid", "lr": lr_at(run.step - 1, vars(cfg)), **result})
                 run.save("checkpoint.pt")
             if run.world > 1:
                 dist.barrier()
@@ -219,43 +224,25 @@ def all_finite(run: Run, loss: torch.Tensor) -> bool:
 
 
 def diverged(run: Run) -> None:
-    """A non-finite loss: the run stops there, its record says so (status "diverged", the step and learning rate),
-    and the process ends with one line and exit 3."""
+    """A non-finite loss: the run stops there, its record says so, and the process ends with one line, exit 3."""
     lr = lr_at(run.step, vars(run.cfg))
     if run.is_main:
-        write_json(run.cfg.folder / "metrics.json", {
-            "status": "diverged", "method": run.cfg.method, "task": run.cfg.task, "preset": run.cfg.preset,
-            "seed": run.cfg.seed, "diverged_at_step": run.step + 1, "lr": lr, "steps": run.cfg.steps,
-            "wall_time_s": run.elapsed, "config": run.cfg.as_record()})
+        runs.record_divergence(run.cfg, run.step + 1, lr, run.progress())
     raise Diverged(f"the run diverged: the loss of step {run.step + 1} is not finite (learning rate {lr:g}); "
                    f"recorded in {run.cfg.folder / 'metrics.json'}")
 
 
 def report_progress(run: Run, losses: List[float], metrics: List[float], densities: List[float]) -> None:
-    """The progress line and the log's training record: means over the steps since the last one."""
-    total = run.cfg.steps
-    median_ms = statistics.median(run.step_times[-run.cfg.log_every:])
-    eta = datetime.timedelta(seconds=round(median_ms * (total - run.step) / 1e3))
-    metric_name = "bpb" if run.task.metric == "bpb" else "acc"
-    print(f"step {run.step}/{total} | loss {np.mean(losses):.4f} | {metric_name} {np.mean(metrics):.4f} | density "
-          f"{np.mean(densities):.3f} | {median_ms:.1f} ms/step | ETA {eta}", flush=True)
-    run.log({"step": run.step, "split": "train", "loss": float(np.mean(losses)), "metric": float(np.mean(metrics)),
-             "density": float(np.mean(densities))})
-
-
-def model_inputs(batch: dict, device: torch.device) -> dict:
-    """A task's batch as the model's keyword arguments, on the device."""
-    inputs = {"tokens": batch["tokens"].to(device),
-              "key_padding_mask": batch["key_padding_mask"].to(device) if "key_padding_mask" in batch else None}
-    if "tokens2" in batch:
-        inputs["tokens2"] = batch["tokens2"].to(device)
-        inputs["key_padding_mask2"] = batch["key_padding_mask2"].to(device)
-    return inputs
-
-
-def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy in float32 over scored positions (targets ≠ IGNORE)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+    """The progress line and its log record: means since the last; the ETA counts the evaluations left."""
+    cfg, done = run.cfg, run.done
+    median_ms = statistics.median(done.step_times[-cfg.log_every:])
+    evaluations = cfg.steps // cfg.eval_every - done.step // cfg.eval_every + 2 * cfg.final_eval_batches / cfg.eval_batches
+    eta = datetime.timedelta(seconds=round(median_ms * (cfg.steps - done.step) / 1e3 + (run.eval_seconds or 0) * evaluations))
+    lr = lr_at(done.step - 1, vars(cfg))
+    run.say(f"step {done.step}/{cfg.steps} | loss {np.mean(losses):.4f} | {'bpb' if run.task.metric == 'bpb' else 'acc'} "
+            f"{np.mean(metrics):.4f} | density {np.mean(densities):.3f} | lr {lr:.2e} | {median_ms:.1f} ms/step | "
+            f"ETA {eta}", {"step": done.step, "split": "train", "loss": float(np.mean(losses)),
+                            "metric": float(np.mean(metrics)), "density": float(np.mean(densities)), "lr": lr})
 
 
 def fine_tune(model: nn.Module, task: Task, parameters: List[nn.Parameter], steps: int, lr: float,
@@ -290,8 +277,7 @@ def fine_tune(model: nn.Module, task: Task, parameters: List[nn.Parameter], step
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, split: str, limit: Optional[int], batch_size: int, device: torch.device,
              seed: int, amp: bool, forward: Optional[Callable] = None) -> dict:
-    """The task metric on a split: accuracy, or bits per byte for LM tasks; also the mean loss and density
-    (mean over batches, per layer and head). Random draws come from a seed fixed per (seed, split).
+    """The task metric on a split (accuracy, or bits per byte), the mean loss and the density per layer and head.
     ``forward(model, inputs) -> (logits, stats)`` replaces the model's own (SSA's self-ensembles)."""
     was_training = model.training
     model.eval()
@@ -320,20 +306,12 @@ def evaluate(model: nn.Module, task: Task, split: str, limit: Optional[int], bat
             "base_rate": base_rate(target_counts, task.metric)}
 
 
-def base_rate(counts: torch.Tensor, metric: str) -> float:
-    """What a model with no input scores: the majority class's accuracy, or the unigram entropy in bits."""
-    p = counts / counts.sum()
-    if metric == "bpb":
-        return -(p[p > 0] * p[p > 0].log2()).sum().item()
-    return p.max().item()
-
-
 # ------------------------------------------------------------------------------------------------ the record
 def final_record(run: Run) -> Optional[dict]:
     """The results record (DESIGN.md): final evaluations, densities, FLOPs, memory, timings, provenance, every
     process's weights' fingerprint. A method adds its own entries before ``finish``. Other processes get None."""
     cfg, device, model, task = run.cfg, run.device, run.model, run.task
-    peak_memory = run.peak_memory() if cfg.steps > 0 else None
+    done = run.progress()
     fingerprints = [runs.parameter_fingerprint(model)]
     if run.world > 1:
         gathered = [None] * run.world
@@ -341,11 +319,13 @@ def final_record(run: Run) -> Optional[dict]:
         fingerprints = gathered
     if not run.is_main:
         return None
+    run.say(f"final evaluation: valid and test, up to {cfg.final_eval_batches} batches each ...")
     valid = run.evaluate("valid", cfg.final_eval_batches)
     test = run.evaluate("test", cfg.final_eval_batches)
+    run.say("measuring FLOPs and memory ...")
     inputs = model_inputs(next(task.eval_batches("valid", min(4, cfg.batch_size), 1)), device)
     flops, inference_memory = measure.model_costs(model, inputs, device, cfg.seed)
-    trained = torch.stack(run.train_density) if run.train_density else None  # (steps, L)
+    trained = torch.stack(done.train_density) if done.train_density else None  # (steps, L)
     return {
         "status": "complete", "method": cfg.method, "task": cfg.task, "preset": cfg.preset, "seed": cfg.seed,
         "device": measure.device_name(device), "world_size": run.world,
@@ -358,12 +338,12 @@ def final_record(run: Run) -> Optional[dict]:
         "params": sum(p.numel() for p in model.parameters()),
         "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
         "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
-        "peak_memory_bytes": peak_memory,
+        "peak_memory_bytes": done.peak_memory_bytes if cfg.steps > 0 else None,
         "inference_memory_per_example_bytes": inference_memory // len(inputs["tokens"]),
         "peak_memory_kind": "CPU peak RSS above the pre-training baseline" if device.type == "cpu" else
                             "cuda max_memory_allocated",
-        "median_step_ms": statistics.median(run.step_times[5:] or run.step_times) if run.step_times else None,
-        "steps": cfg.steps, "wall_time_s": run.elapsed,
+        "median_step_ms": statistics.median(done.step_times[5:] or done.step_times) if done.step_times else None,
+        "steps": cfg.steps, "train_time_s": done.elapsed, "wall_time_s": None,  # finish() sets the whole run's
         "param_fingerprints": fingerprints,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
         "allocator": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ},
@@ -375,10 +355,11 @@ def finish(run: Run, record: Optional[dict]) -> None:
     """The first process writes ``record`` to OUT/metrics.json and prints the final line (the record's figures:
     a method may have replaced the dense evaluation's); the processes end together."""
     if run.is_main:
+        record["wall_time_s"] = run.progress().wall_time_s
         write_json(run.cfg.folder / "metrics.json", record)
         print(f"final: valid {run.task.metric} {record['valid']:.4f} | test {run.task.metric} {record['test']:.4f} | "
-              f"density {record['density']:.3f} | {record['wall_time_s']:.1f} s | record "
-              f"{run.cfg.folder / 'metrics.json'}", flush=True)
+              f"density {record['density']:.3f} | {record['train_time_s']:.1f} s training, "
+              f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}", flush=True)
     if run.world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -20,15 +20,45 @@ import hashlib
 import io
 import json
 import zipfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+import torch
+
 from bench.config import SetupError, resume_conflicts
-from bench.files import DataError, write_atomic
+from bench.files import DataError, write_atomic, write_json
+
+@dataclass
+class Progress:
+    """What a run has done, kept in its checkpoints: a resumed run ends with an uninterrupted one's record."""
+    step: int = 0
+    elapsed: float = 0.0  # seconds of training steps
+    wall_time_s: float = 0.0  # seconds of the whole run: set-up, evaluations, every process
+    step_times: List[float] = field(default_factory=list)  # ms per step
+    train_density: List = field(default_factory=list)  # (L,) tensors: the density each step computed, per layer
+    peak_memory_bytes: int = 0  # of the training steps
+
+    def state(self) -> dict:
+        return {**asdict(self), "train_density": torch.stack(self.train_density) if self.train_density else None}
+
+    @classmethod
+    def of(cls, state: dict) -> "Progress":
+        density = state["train_density"]
+        return cls(**{**state, "step_times": list(state["step_times"]),
+                      "train_density": list(density) if density is not None else []})
+
+
+def record_divergence(cfg, step: int, lr: float, done: Progress) -> None:
+    """metrics.json of a run stopped at a non-finite loss: status "diverged", the step and its learning rate."""
+    write_json(cfg.folder / "metrics.json", {
+        "status": "diverged", "method": cfg.method, "task": cfg.task, "preset": cfg.preset, "seed": cfg.seed,
+        "diverged_at_step": step, "lr": lr, "steps": cfg.steps, "train_time_s": done.elapsed,
+        "wall_time_s": done.wall_time_s, "config": cfg.as_record()})
+
 
 def save_checkpoint(path: Path, state: dict) -> None:
     """``torch.save(state)``, written atomically."""
-    import torch
     buffer = io.BytesIO()
     torch.save(state, buffer)
     write_atomic(path, buffer.getvalue())
@@ -37,7 +67,6 @@ def save_checkpoint(path: Path, state: dict) -> None:
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
     """The state saved by ``save_checkpoint``. A file that is empty, not a torch archive, has a member whose bytes
     fail their CRC-32 (truncated, altered) or cannot be read is refused with a SetupError naming it."""
-    import torch
 
     def refuse(reason: str):
         return SetupError(f"the checkpoint {path} {reason}; it cannot be used: start afresh with --overwrite "

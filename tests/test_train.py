@@ -100,7 +100,8 @@ def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
     train(*args, "--out", str(killed), "--resume")
     train(*args, "--out", str(killed), "--resume")  # a resume of the finished run rewrites the same record
     a, b = record(full), record(killed)
-    measured = {"wall_time_s", "median_step_ms", "peak_memory_bytes", "inference_memory_per_example_bytes", "config"}
+    measured = {"wall_time_s", "train_time_s", "median_step_ms", "peak_memory_bytes", "inference_memory_per_example_bytes",
+                "config"}
     assert set(a) == set(b) and {k: v for k, v in a.items() if k not in measured} == \
         {k: v for k, v in b.items() if k not in measured}
     assert {**a["config"], "out": None, "resume": None} == {**b["config"], "out": None, "resume": None}

@@ -10,13 +10,14 @@ here.
 """
 from typing import Callable, Dict
 
-from bench.tasks.base import IGNORE, Task
+from bench.tasks.base import IGNORE, Task, base_rate, model_inputs, task_loss
 from bench.files import DataError, default_data_dir
 from bench.tasks.language import Enwik8, LocalBytes, MaskedBytes
 from bench.tasks.lra import Image, Pathfinder, Retrieval, Text
 from bench.tasks.synthetic import Duplicates, ListOps
 
-__all__ = ["TASKS", "get_task", "Task", "IGNORE", "DataError", "default_data_dir"]
+__all__ = ["TASKS", "get_task", "Task", "IGNORE", "DataError", "default_data_dir", "model_inputs", "task_loss",
+           "base_rate"]
 
 TASKS: Dict[str, Callable[[], Task]] = {
     "duplicates": Duplicates, "listops": ListOps, "enwik8": Enwik8, "bytes": LocalBytes, "wikitext2": MaskedBytes,

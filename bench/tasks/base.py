@@ -5,13 +5,16 @@
 
 through ``train_batch(batch_size, generator)`` (a fresh, reproducible draw for every step) and
 ``eval_batches(split, batch_size, limit)`` (a fixed, deterministic pass over the validation or test split).
-A task's presets (bench.config.Preset) give its model sizes and training recipe at each scale.
+A task's presets (bench.config.Preset) give its model sizes and training recipe at each scale. A batch becomes
+the model's arguments by ``model_inputs``, is scored by ``task_loss``, and ``base_rate`` is what its targets
+give a model that sees no input.
 """
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from bench.config import Preset
@@ -54,3 +57,26 @@ class ExampleSetTask(Task):
         stop = total if limit is None else min(total, limit * batch_size)
         for start in range(0, stop, batch_size):
             yield {key: value[start:start + batch_size] for key, value in data.items()}
+
+
+def model_inputs(batch: dict, device: torch.device) -> dict:
+    """A task's batch as the model's keyword arguments, on the device."""
+    inputs = {"tokens": batch["tokens"].to(device),
+              "key_padding_mask": batch["key_padding_mask"].to(device) if "key_padding_mask" in batch else None}
+    if "tokens2" in batch:
+        inputs["tokens2"] = batch["tokens2"].to(device)
+        inputs["key_padding_mask2"] = batch["key_padding_mask2"].to(device)
+    return inputs
+
+
+def task_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy in float32 over scored positions (targets ≠ IGNORE)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+
+def base_rate(counts: torch.Tensor, metric: str) -> float:
+    """What a model with no input scores: the majority class's accuracy, or the unigram entropy in bits."""
+    p = counts / counts.sum()
+    if metric == "bpb":
+        return -(p[p > 0] * p[p > 0].log2()).sum().item()
+    return p.max().item()
