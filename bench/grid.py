@@ -251,8 +251,10 @@ def finish_cell(folder: Path, cell: dict, code: int, seconds: float, cpu_seconds
                                           "cpu_s": round(cpu_seconds, 1)})
         return True
     tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-5:]
+    diverged = (read_json(folder / "metrics.json") or {}).get("status") == "diverged"
     write_json(folder / "failed.json", {
-        "status": "failed", "method": cell["method"], "task": cell["task"], "seed": cell["seed"],
+        "status": "diverged" if diverged else "failed", "method": cell["method"], "task": cell["task"],
+        "seed": cell["seed"],
         "exit_code": code, "reason": tail[-1] if tail else "no output", "log_tail": tail, "seconds": seconds})
     return False
 
@@ -296,7 +298,8 @@ def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
                 done_estimate, done_actual = done_estimate + cell["estimate_s"], done_actual + seconds
                 speed = done_actual / done_estimate if done_estimate else 1.0
                 eta = remaining * speed / jobs
-                status = "done" if ok else "FAILED: " + read_json(folder / "failed.json")["reason"]
+                failure = {} if ok else read_json(folder / "failed.json")
+                status = "done" if ok else f"{failure['status'].upper()}: {failure['reason']}"
                 print(f"[{finished}/{len(cells)}] {cell['name']}: {status} ({seconds:.0f} s) | elapsed "
                       f"{cli.clock(time.time() - start)} | ETA {cli.clock(eta)}", flush=True)
             time.sleep(0.2)

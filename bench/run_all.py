@@ -107,11 +107,12 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with cli.one_line_errors(), grid.grid_lock(out):
+        print(f"./run_all.sh: budget {args.budget}, output folder {out}; checking each task's data (a missing "
+              f"file is downloaded now, its size said first) ...", flush=True)
         plan = grid.plan(args.budget, methods, tasks, seeds, grid.common_settings(args))
         write_json(out / "grid.json", plan)
         estimate = sum(c["estimate_s"] for c in plan["cells"]) / jobs + \
             (0 if args.no_scaling else SCALING_SECONDS[args.budget])
-        print(f"./run_all.sh: budget {args.budget}, output folder {out}", flush=True)
         print(grid.describe(plan, jobs), flush=True)
         print(f"then: {'no scaling table' if args.no_scaling else 'attention scaling at n = ' + lengths}, the "
               f"report and plots; estimated total {cli.clock(estimate)}", flush=True)

@@ -207,9 +207,11 @@ def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md
     partial = path.with_name(path.name + ".partial")
     digest = hashlib.sha256() if sha256 else hashlib.md5()
     with created_folders(path.parent):
-        print(f"downloading {url} to {path} ...", flush=True)
         try:
             with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+                size = response.headers.get("Content-Length")
+                size = f"{int(size) / 2 ** 20:.0f} MiB" if size and size.isdigit() else "size unknown"
+                print(f"downloading {url} ({size}) to {path} ...", flush=True)
                 for block in iter(lambda: response.read(1 << 20), b""):
                     digest.update(block)
                     out.write(block)
