@@ -227,3 +227,9 @@ def test_a_method_file_copied_alone_imports_runs_its_attention_and_says_what_tra
         assert alone.stderr.strip() == (f"python {method_file}: training needs the repository's bench/ beside this "
                                         f"file ({attention.split('(')[0]} needs only torch and {leaves[0]})")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == sorted([method_file, *leaves])
+
+
+def test_the_repository_says_what_a_user_may_do_with_a_copied_file():
+    """Copying a method file into one's own model is this repository's first use: a licence says one may."""
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License") and "Permission is hereby granted, free of charge" in text

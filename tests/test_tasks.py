@@ -144,9 +144,60 @@ def test_bytes_reads_the_local_wikitext2_copy():
     assert len(task.data["train"]) + len(task.data["valid"]) == 1_121_681
 
 
+def wikitext_release(path, splits=("train", "valid", "test")) -> bytes:
+    """A small fake of the WikiText-2 release archive: wikitext-2/wiki.{split}.tokens, ` = Heading = ` lines."""
+    with zipfile.ZipFile(path, "w") as zf:
+        for index, split in enumerate(splits):
+            zf.writestr(f"wikitext-2/wiki.{split}.tokens", f" = {split.title()} = \n words of {split} \n".encode() * 300)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("where", ["folder/wikitext-2-v1.zip", "wikitext-2-v1.zip", "tokens"])
+def test_bytes_reads_the_wikitext2_release_layout(tmp_path, where):
+    """The release names its files wiki.{train,valid,test}.tokens inside wikitext-2-v1.zip: read from the archive
+    (in the data folder or its wikitext-2/ folder) or from the extracted files, whole splits, no download."""
+    folder = tmp_path / "wikitext-2"
+    folder.mkdir()
+    archive = wikitext_release(tmp_path / "release.zip")
+    if where == "tokens":
+        with zipfile.ZipFile(tmp_path / "release.zip") as zf:
+            for split in ("train", "valid", "test"):
+                (folder / f"wiki.{split}.tokens").write_bytes(zf.read(f"wikitext-2/wiki.{split}.tokens"))
+    else:
+        (tmp_path / where.replace("folder", "wikitext-2")).write_bytes(archive)
+    task = get_task("bytes")
+    task.download_allowed = False
+    task.setup(32, 0, tmp_path, eval_context=8)
+    assert bytes(task.data["valid"][:19]) == b" = Valid = \n words " and len(task.data["train"]) == 300 * 29
+
+
+def test_bytes_downloads_the_wikitext2_release_from_its_mirror_md5_checked(tmp_path, monkeypatch):
+    archive = wikitext_release(tmp_path / "served.zip")
+    monkeypatch.delenv("SPARSE_ATTN_OFFLINE", raising=False)
+    asked = []
+
+    def serve(request, timeout):
+        asked.append((request.full_url, request.get_header("User-agent")))
+        return io.BytesIO(archive)
+
+    monkeypatch.setattr(data_files.urllib.request, "urlopen", serve)
+    task = get_task("bytes")
+    with pytest.raises(DataError, match=f"expected {language.LocalBytes.WIKITEXT_MD5}; it was deleted"):
+        task.setup(32, 0, tmp_path / "data")
+    assert not (tmp_path / "data").exists()  # nothing kept of a download that failed its check
+    monkeypatch.setattr(language.LocalBytes, "WIKITEXT_MD5", hashlib.md5(archive).hexdigest())
+    task = get_task("bytes")
+    task.setup(32, 0, tmp_path / "data")
+    assert (tmp_path / "data" / "wikitext-2" / "wikitext-2-v1.zip").read_bytes() == archive
+    assert asked[-1][0] == language.LocalBytes.WIKITEXT_URL and asked[-1][1].startswith("Mozilla/5.0")
+    assert bytes(task.data["test"][:18]) == b" = Test = \n words "
+
+
 def test_missing_data_messages_say_where_and_how(tmp_path):
+    bytes_task = get_task("bytes")
+    bytes_task.download_allowed = False
     with pytest.raises(DataError, match=str(tmp_path / "wikitext-2")):
-        get_task("bytes").setup(64, 0, tmp_path)
+        bytes_task.setup(64, 0, tmp_path)
     enwik8 = get_task("enwik8")
     enwik8.download_allowed = False
     with pytest.raises(DataError) as info:

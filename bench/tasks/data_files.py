@@ -208,8 +208,10 @@ def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md
     digest = hashlib.sha256() if sha256 else hashlib.md5()
     with created_folders(path.parent):
         try:
-            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                size = response.headers.get("Content-Length")
+            # a browser's User-Agent: some hosts (WikiText's) answer urllib's default with 403
+            request = urllib.request.Request(url, headers={"User-Agent": "Mozilla/5.0 (compatible; sparse-attn)"})
+            with urllib.request.urlopen(request, timeout=60) as response, open(partial, "wb") as out:
+                size = getattr(response, "headers", {}).get("Content-Length")
                 size = f"{int(size) / 2 ** 20:.0f} MiB" if size and size.isdigit() else "size unknown"
                 print(f"downloading {url} ({size}) to {path} ...", flush=True)
                 for block in iter(lambda: response.read(1 << 20), b""):

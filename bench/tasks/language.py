@@ -28,7 +28,7 @@ from torch import Tensor
 
 from bench.config import Preset
 from bench.tasks.base import IGNORE, Task
-from bench.tasks.data_files import DataError, fetch, offline
+from bench.tasks.data_files import DataError, fetch, iter_archive, offline
 
 MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 0-255)
 
@@ -184,9 +184,18 @@ def read_enwik8(path: Path, member: str) -> np.ndarray:
 
 
 class LocalBytes(ByteLM):
+    """`bytes`: a byte-level LM on local text. Read from --data-file (any file, split 90/5/5), else WikiText-2 under
+    the data folder: ``wikitext-2/`` holding train/valid/test.txt or the release's wiki.{train,valid,test}.tokens
+    (only valid and test: valid split 95/5 into train and valid), else the release archive wikitext-2-v1.zip
+    there, else that archive downloaded from its author's mirror (md5-checked)."""
+    WIKITEXT_URL = "https://wikitext.smerity.com/wikitext-2-v1.zip"  # the original S3 address answers 403
+    WIKITEXT_MD5 = "542ccefacc6c27f945fb54453812b3cd"
+    SPLITS = ("train", "valid", "test")
+
     def __init__(self):
         super().__init__("bytes")
         self.data_file: Optional[Path] = None  # set from --data-file
+        self.download_allowed = True
 
     def load(self, data_dir):
         if self.data_file is not None:
@@ -197,17 +206,31 @@ class LocalBytes(ByteLM):
             a, b = int(len(data) * 0.9), int(len(data) * 0.95)
             return {"train": data[:a], "valid": data[a:b], "test": data[b:]}
         folder = Path(data_dir) / "wikitext-2"
-        files = {split: folder / f"{split}.txt" for split in ("train", "valid", "test")}
-        if files["train"].is_file() and files["valid"].is_file() and files["test"].is_file():
-            return {split: np.fromfile(p, dtype=np.uint8) for split, p in files.items()}
-        if files["valid"].is_file() and files["test"].is_file():
-            valid = np.fromfile(files["valid"], dtype=np.uint8)
-            cut = int(len(valid) * 0.95)
-            return {"train": valid[:cut], "valid": valid[cut:], "test": np.fromfile(files["test"], dtype=np.uint8)}
-        raise DataError(f"bytes: no WikiText-2 text in {folder} (looked for train/valid/test.txt, or valid.txt and "
-                        f"test.txt). Get wikitext-2-v1.zip from https://s3.amazonaws.com/research.metamind.io/"
-                        f"wikitext/wikitext-2-v1.zip (md5 542ccefacc6c27f945fb54453812b3cd), or pass --data-file "
-                        f"with any text file, or set --data-dir / SPARSE_ATTN_DATA.")
+        for names in ({s: f"{s}.txt" for s in self.SPLITS}, {s: f"wiki.{s}.tokens" for s in self.SPLITS}):
+            files = {split: folder / name for split, name in names.items()}
+            if all(p.is_file() for p in files.values()):
+                return {split: np.fromfile(p, dtype=np.uint8) for split, p in files.items()}
+            if files["valid"].is_file() and files["test"].is_file():
+                valid = np.fromfile(files["valid"], dtype=np.uint8)
+                cut = int(len(valid) * 0.95)
+                return {"train": valid[:cut], "valid": valid[cut:], "test": np.fromfile(files["test"], dtype=np.uint8)}
+        archive = next((p for p in (folder / "wikitext-2-v1.zip", Path(data_dir) / "wikitext-2-v1.zip") if p.is_file()),
+                       None)
+        help_text = (f"bytes: no WikiText-2 text in {folder} (looked for train/valid/test.txt, "
+                     f"wiki.{{train,valid,test}}.tokens, or valid and test alone, and for wikitext-2-v1.zip). Download "
+                     f"{self.WIKITEXT_URL} (md5 {self.WIKITEXT_MD5}) into {folder}, or pass --data-file with any text "
+                     f"file, or set --data-dir / SPARSE_ATTN_DATA.")
+        if archive is None and (not self.download_allowed or offline()):
+            raise DataError(help_text)
+        if archive is None:
+            archive = fetch(self.WIKITEXT_URL, folder / "wikitext-2-v1.zip", help_text, md5=self.WIKITEXT_MD5)
+        members = {path.name: data for path, data in
+                   iter_archive(archive, lambda p: p.name in {f"wiki.{s}.tokens" for s in self.SPLITS})}
+        missing = [f"wiki.{s}.tokens" for s in self.SPLITS if f"wiki.{s}.tokens" not in members]
+        if missing:
+            raise DataError(f"bytes: {archive} lacks {missing} (the WikiText-2 release holds "
+                            f"wikitext-2/wiki.{{train,valid,test}}.tokens). {help_text}")
+        return {s: np.frombuffer(members[f"wiki.{s}.tokens"], dtype=np.uint8).copy() for s in self.SPLITS}
 
 
 class MaskedBytes(LocalBytes):
