@@ -129,7 +129,9 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
     run.say(f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
             f"{cfg.batch_size} at length {cfg.seq_len}, {sum(p.numel() for p in model.parameters()):,} parameters, "
             f"{measure.device_name(device)}" + (f", resumed at step {run.step}" if run.step else "")
-            + f"; run folder {out}")
+            + f"; run folder {out}" + (f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} "
+                                       f"steps, so the learning rate stays below its peak" if cfg.warmup >= cfg.steps > 0
+                                       else ""))
     return run
 
 

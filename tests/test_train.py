@@ -275,3 +275,20 @@ def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path):
+    """The first output: method, task, preset, steps, batch, length, parameters, device, folder; a warm-up not shorter
+    than the run is said there too. log.jsonl lines carry the time and the learning rate; the record the whole
+    run's wall time beside the training steps'."""
+    out = tmp_path / "run"
+    result = train("--task", "duplicates", *TINY[:-2], "--warmup", "10", "--steps", "4", "--eval-every", "2",
+                   "--log-every", "2", "--out", str(out))
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("full on duplicates (cpu preset, seed 0): 4 steps of batch 4 at length 16, ")
+    assert f"run folder {out}" in first and "its 10 warm-up steps are not fewer than its 4 steps" in first
+    assert "final evaluation: valid and test" in result.stdout and "measuring FLOPs and memory" in result.stdout
+    lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert all("time" in line and "lr" in line for line in lines)
+    rec = record(out)
+    assert rec["wall_time_s"] > rec["train_time_s"] > 0
