@@ -1,0 +1,162 @@
+"""Training-step time of a table's methods side by side in one process, full attention timed as a user runs it.
+
+    python -m bench.step_time --task listops --preset paper --batch-size 8                # SBM Table 3's ListOps 2K
+    python -m bench.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016
+
+One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it), the same
+batches for all, one training step (forward, loss, backward, AdamW) of each variant in turn, round after round;
+the median and [min-max] over --repeats rounds after a warm-up, and each variant's ratio to full attention as
+the paper's recipe runs it. The variants:
+- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel for its math
+  path (`torch._fused_sdp_choice`: 0 = math, 1 = flash; printed), and every batch is padded to the preset's length.
+- `full (fair)`: the same weights and batches without attention dropout (the flash kernel) and each batch trimmed
+  to its longest sequence: what a user would time. Dropout's own cost is the ratio of the two rows.
+- each other method of --methods, untrained (their costs do not depend on the weights), and SBM with each layer's
+  membership logits shifted by one constant so that its expected density is --sbm-density (a trained model's:
+  the claim's record), as bench.sbm_scaling calibrates one module.
+A benchmark, not a test: the figures depend on the machine; the ratios are what one process on it measured.
+"""
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+from bench import cli
+from bench import methods as registry
+from bench.config import RunConfig, derive_seed
+from bench.loop import model_inputs, task_loss
+from bench.model import Model, ModelConfig
+from bench.tasks import default_data_dir, get_task
+
+
+def trimmed(batch: dict) -> dict:
+    """The batch cut to its longest sequence (its valid tokens are a prefix of each row)."""
+    if batch.get("key_padding_mask") is None:
+        return batch
+    n = int((~batch["key_padding_mask"]).sum(1).max())
+    return {k: (v[:, :n] if v.dim() > 1 and v.shape[1] == batch["tokens"].shape[1] else v) for k, v in batch.items()}
+
+
+def shift_sbm(model: Model, inputs: dict, density: float) -> None:
+    """Each SBM layer's membership logits shifted by one constant so that its expected density (δ included) is
+    ``density`` on the inputs that layer sees for ``inputs`` (bisection on the shift)."""
+    import fastrg
+    seen = {}
+    hooks = [block.attn.register_forward_pre_hook(lambda m, args, i=i: seen.setdefault(i, args[0].detach()))
+             for i, block in enumerate(model.blocks)]
+    with torch.no_grad():
+        model(**inputs)
+    for hook in hooks:
+        hook.remove()
+    for i, block in enumerate(model.blocks):
+        attn, x = block.attn, seen[i]
+        b, n, _ = x.shape
+
+        def shifted(t, attn=attn):  # Eq. 6-7 with the logits moved by attn.shift
+            node = torch.relu(t @ attn.mlp_w[0] + attn.mlp_b[0]) @ attn.mlp_w[1] + attn.mlp_b[1]
+            return torch.sigmoid(node @ attn.centers.transpose(1, 2) + attn.shift)
+
+        attn.memberships = shifted
+        with torch.no_grad():
+            q, k, _ = attn.qkv(x).view(b, n, 3, attn.heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+            low, high = -40.0, 40.0
+            for _ in range(50):
+                attn.shift = (low + high) / 2
+                edges = fastrg.expected_edges(shifted(q), attn.block_matrix(), shifted(k))
+                if float(edges.sum()) / (b * attn.heads * n * n) + attn.delta > density:
+                    high = attn.shift
+                else:
+                    low = attn.shift
+
+
+def variants(cfg: RunConfig, task, names: list, sbm_density: float, example: dict) -> dict:
+    """label → (model, whether its batches are trimmed), the models built on the same initialisation seed."""
+    model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
+                               max_len=cfg.seq_len)
+    built = {}
+    for name in names:
+        spec = registry.get(name)
+        if name == "sbm":
+            from sbm_transformer import SBMConfig, make_attention_factory
+            factory = make_attention_factory(SBMConfig(), cfg.dim, cfg.heads, cfg.head_dim, cfg.attn_dropout,
+                                             cfg.depth)
+        else:
+            factory = registry.same_in_every_layer(spec.load(), model_cfg, {})
+        torch.manual_seed(derive_seed(cfg.seed, "init"))
+        model = Model(model_cfg, factory)
+        if name == "sbm":
+            shift_sbm(model, model_inputs(example, torch.device("cpu")), sbm_density)
+        built[f"{name} (as run)" if name == "full" else name] = (model, False)
+    if "full" in names:
+        fair = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
+                              max_len=cfg.seq_len)
+        fair.attn_dropout = 0.0
+        torch.manual_seed(derive_seed(cfg.seed, "init"))
+        built["full (fair)"] = (Model(fair, registry.same_in_every_layer(registry.get("full").load(), fair, {})), True)
+    return built
+
+
+def main(argv=None) -> int:
+    p = cli.run_parser("python -m bench.step_time", __doc__.splitlines()[0])
+    p.add_argument("--methods", default="full,sbm", help="comma-separated registry names (full adds its fair row)")
+    p.add_argument("--sbm-density", type=cli.unit_fraction, default=0.011,
+                   help="SBM's density in every layer (a trained model's, from the claim's record)")
+    p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed rounds (median)")
+    p.add_argument("--warmup-iters", type=cli.positive_int, default=1, help="untimed rounds first")
+    args = p.parse_args(argv)
+    names = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in names if m not in registry.available() or m == "kernel"]
+    if unknown or not names:
+        p.error(f"--methods: unknown or untimeable {unknown}; choose from {sorted(registry.available())}")
+    cfg = cli.run_config(args, "full")
+    task = get_task(cfg.task)
+    with cli.one_line_errors():
+        task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
+        batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(derive_seed(cfg.seed, i, "data")))
+                   for i in range(args.warmup_iters + args.repeats)]
+        built = variants(cfg, task, names, args.sbm_density, batches[0])
+    optimizers = {label: torch.optim.AdamW(model.parameters(), lr=cfg.lr) for label, (model, _) in built.items()}
+    times, kernel, density = {label: [] for label in built}, {}, {label: [] for label in built}
+    for round_, batch in enumerate(batches):
+        for label, (model, trim) in built.items():
+            used = trimmed(batch) if trim else batch
+            inputs = model_inputs(used, torch.device("cpu"))
+            model.train()
+            torch.manual_seed(derive_seed(cfg.seed, round_))
+            start = time.perf_counter()
+            logits, stats = model(**inputs)
+            (task_loss(logits, used["targets"]) + stats["aux_loss"]).backward()
+            optimizers[label].step()
+            optimizers[label].zero_grad(set_to_none=True)
+            if round_ >= args.warmup_iters:
+                times[label].append((time.perf_counter() - start) * 1e3)
+                density[label].append(float(stats["density"].mean()))
+            if label.startswith("full"):
+                q = torch.zeros(1, 1, inputs["tokens"].shape[1], 8)
+                kernel[label] = {0: "math", 1: "flash"}.get(
+                    int(torch._fused_sdp_choice(q, q, q, None, model.cfg.attn_dropout, False)), "other")
+    reference = statistics.median(times["full (as run)"]) if "full (as run)" in times else None
+    rows = [[label, f"{statistics.median(t):.0f} [{min(t):.0f}-{max(t):.0f}]",
+             f"{statistics.median(t) / reference:.2f}" if reference else "–", f"{statistics.mean(density[label]):.2%}",
+             kernel.get(label, "–")]
+            for label, t in times.items()]
+    masks = [b["key_padding_mask"] for b in batches if b.get("key_padding_mask") is not None]
+    valid = statistics.mean(float((~m).sum(1).float().mean()) for m in masks) if masks else cfg.seq_len
+    print(f"{cfg.task} ({cfg.preset} preset): a training step of batch {cfg.batch_size} padded to {cfg.seq_len} "
+          f"(mean valid length {valid:.0f}), attention dropout {cfg.attn_dropout} as run, {torch.get_num_threads()} "
+          f"threads; median [min-max] ms of {args.repeats} interleaved rounds; SBM at density {args.sbm_density:.2%}")
+    print(tabulate(rows, headers=["variant", "step ms", "÷ full (as run)", "density computed", "CPU SDPA kernel"], tablefmt="github",
+                   disable_numparse=True))
+    path = cli.out_file(cfg.out or "runs/step_time", "step_time.json")
+    path.write_text(json.dumps({"settings": vars(args), "step_ms": times, "sdpa_kernel": kernel,
+                                "mean_valid_length": valid}, indent=2, default=str))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
