@@ -187,8 +187,10 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
             continue
         for method in runnable:
             for seed in seeds:
+                attn = {"attn": [f"{k}={v}" for k, v in registry.get(method).grid_budget.items()]} \
+                    if registry.get(method).grid_budget else {}
                 cells.append(make_cell(method, task, seed, budget.preset,
-                                       {**budget.settings(budget_name, task, method), **common},
+                                       {**budget.settings(budget_name, task, method), **attn, **common},
                                        estimate_s=budget.estimate(budget_name, task, method)))
     return {"budget": budget_name, "preset": budget.preset, "methods": methods, "tasks": tasks, "seeds": seeds,
             "cells": cells, "not_run": not_run, "missing_data": missing, "left_out": left_out}
