@@ -9,7 +9,7 @@ resumable, results/CLAIM/runs/CELL); the report tabulates them by setting, mean 
 seeds. A claim of kind ``output`` is the saved output of a benchmark script (results/CLAIM/*.md, its command
 on the first line with the wall time it took); the scaling claim also keeps the JSON that ``bench.scaling
 --out results/scaling`` writes (results/scaling/scaling.json). The report (bench/report.py) reads this list:
-the README's results section leads with one table per claim, in this order.
+results/README.md has one section per claim, in this order.
 """
 import argparse
 import fnmatch

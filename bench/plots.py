@@ -8,133 +8,109 @@ import math
 from pathlib import Path
 from typing import Dict, List
 
-METRIC_LABEL = {"accuracy": "test accuracy (%)", "bpb": "test bits per byte (lower is better)"}
-
-
-def NullFormatter():
-    from matplotlib.ticker import NullFormatter as formatter
-    return formatter()
-
 
 def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def pyplot():
+def figure(columns: int, rows: int = 1, width: float = 5.5, height: float = 4.0):
     import matplotlib
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
-    return plt
+    return plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
 
 
-def label(ax, xlabel: str, ylabel: str, legend_size: int = 7) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=legend_size)
-    ax.grid(True, alpha=0.3)
+def matplotlib_ticker():
+    import matplotlib.ticker
+    return matplotlib.ticker
 
 
-def save(fig, path: Path) -> None:
+def save(fig, path: Path, axes, xlabel: str, ylabels: List[str]) -> None:
+    for ax, ylabel in zip(axes, ylabels):
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    pyplot().close(fig)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
 
 
-def scaling(result: dict, path: Path) -> str:
+def scaling(result: dict, path: Path, what: str) -> str:
     """Forward+backward time and peak memory against sequence length, log-log, one line per method."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = figure(2)
     rows = [r for r in result["rows"] if "error" not in r]
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["n"])
-        n = [r["n"] for r in mine]
-        axes[0].plot(n, [r["fwdbwd_ms"] for r in mine], marker="o", label=method)
-        axes[1].plot(n, [r["peak_bytes"] / 2 ** 20 for r in mine], marker="o", label=method)
-    for ax, label in zip(axes, ("forward+backward time (ms)", "peak memory of one fwd+bwd (MiB)")):
+        axes[0, 0].plot([r["n"] for r in mine], [r["fwdbwd_ms"] for r in mine], marker="o", label=method)
+        axes[0, 1].plot([r["n"] for r in mine], [r["peak_bytes"] / 2 ** 20 for r in mine], marker="o", label=method)
+    for ax in axes[0]:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("sequence length n")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    args = result["args"]
-    fig.suptitle(f"Attention scaling — {result['device']}; batch {args['batch_size']}, {args['heads']} heads × "
-                 f"{args['head_dim']}", fontsize=10)
-    save(fig, path)
-    return (f"Attention scaling: forward+backward time and peak memory against sequence length (log-log), "
-            f"every method at its default budget (SBM untrained, at its initial ~25% density), measured in one run "
-            f"({result['device']}).")
+    axes[0, 0].legend(fontsize=7)
+    save(fig, path, axes[0], "sequence length n", ["forward+backward time (ms)", "peak memory of one fwd+bwd (MiB)"])
+    return (f"Forward+backward time (left) and peak memory of one forward+backward (right) against sequence length, "
+            f"log-log: {what}; batch {result['args']['batch_size']}, {result['args']['heads']} heads × "
+            f"{result['args']['head_dim']}, one run ({result['device']}).")
 
 
 def accuracy_vs_cost(records: List[dict], path: Path, reference: str = "full") -> str:
     """Per task: the test metric against the attention FLOPs of a training step, relative to full attention."""
-    plt = pyplot()
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
     columns = min(3, len(tasks))
-    rows_n = math.ceil(len(tasks) / columns)
-    fig, axes = plt.subplots(rows_n, columns, figsize=(4.2 * columns, 3.6 * rows_n), squeeze=False)
+    fig, axes = figure(columns, math.ceil(len(tasks) / columns), 4.2, 3.6)
+    ylabels = []
     for ax, task in zip(axes.flat, tasks):
         mine = [r for r in records if r["task"] == task]
+        scale = 100 if mine[0]["metric"] == "accuracy" else 1
+        flops = lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["attention"]  # noqa: E731
         ref = next(r for r in mine if r["method"] == reference)
         for r in mine:
-            flops = (r.get("train_flops_per_example") or r["flops_per_example"])["attention"]
-            x = flops / (ref.get("train_flops_per_example") or ref["flops_per_example"])["attention"]
-            y = 100 * r["test"] if r["metric"] == "accuracy" else r["test"]
-            ax.scatter([x], [y])
-            ax.annotate(r["method"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        if mine and mine[0].get("base_rate") is not None:
-            base = mine[0]["base_rate"] * (100 if mine[0]["metric"] == "accuracy" else 1)
-            ax.axhline(base, color="grey", linestyle=":", label="base rate")
+            ax.scatter([flops(r) / flops(ref)], [scale * r["test"]])
+            ax.annotate(r["method"], (flops(r) / flops(ref), scale * r["test"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        if mine[0].get("base_rate") is not None:
+            ax.axhline(scale * mine[0]["base_rate"], color="grey", linestyle=":", label="base rate")
             ax.legend(fontsize=7)
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels crowd a short log range
+        ax.xaxis.set_minor_formatter(matplotlib_ticker().NullFormatter())  # minor labels crowd a short log range
         ax.set_title(task, fontsize=10)
-        ax.set_xlabel(f"training attention FLOPs × {reference}", fontsize=8)
-        ax.set_ylabel(METRIC_LABEL[mine[0]["metric"]] if mine else "", fontsize=8)
-        ax.grid(True, alpha=0.3)
+        ylabels.append("test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)")
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
-    save(fig, path)
-    return (f"Test metric against the attention FLOPs of a training step (× {reference} attention on the same "
-            f"task), one panel per task with full attention; the dotted line is the task's base rate.")
+    save(fig, path, axes.flat, f"training attention FLOPs × {reference}", ylabels)
+    return (f"Quick grid: each method's test metric against the attention FLOPs of its training step (× {reference} "
+            f"attention on the same task, log scale), one panel per task that {reference} attention ran; the dotted "
+            f"line is the task's base rate (majority class, or unigram entropy for bits per byte).")
 
 
 def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
-    """SBM Fig. 4's story: mask density and accuracy over training (log.jsonl), beside other methods'
-    accuracy. ``curves``: method → its log lines."""
-    plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    """SBM Fig. 4's story: validation accuracy of every method over training and SBM's mask density (log.jsonl).
+    ``curves``: method → its log lines."""
+    fig, axes = figure(2)
+    left, right = axes[0]
     for index, (method, lines) in enumerate(curves.items()):
-        # Validation accuracy only: every run logs it at the same steps (training-window lines exist only in
-        # newer records, and SSA's are of its sub-model), one colour per method.
-        valid = [line for line in lines if line.get("split") == "valid"]
-        if not valid:
-            continue
-        steps = [line["step"] for line in valid]
-        color = f"C{index % 10}"
+        valid = [line for line in lines if line.get("split") == "valid"]  # every run logs these at the same steps
+        steps, color = [line["step"] for line in valid], f"C{index % 10}"
         left.plot(steps, [100 * line["metric"] for line in valid], "o-", markersize=3, color=color, label=method)
         if method == "sbm":
-            right.plot(steps, [line["density"] for line in valid], "o-", markersize=3, color=color,
-                       label="sbm (valid)")
-    label(left, "training step", "validation token accuracy (%)")
+            right.plot(steps, [line["density"] for line in valid], "o-", markersize=3, color=color, label="sbm")
     left.legend(fontsize=7, loc="lower right")  # the curves rise through the upper left
-    label(right, "training step", "SBM mask density")
     right.set_ylim(0, 1.05)
-    save(fig, path)
-    return ("SBM Fig. 4's story on duplicates (paper recipe): validation accuracy of every method over training "
-            "(left) and SBM-Transformer's mask density (right), from the runs' log.jsonl.")
+    save(fig, path, axes[0], "training step", ["validation token accuracy (%)", "SBM mask density (validation)"])
+    return ("SBM Fig. 4 on duplicates (the paper's recipe): validation token accuracy of every method over training "
+            "(left) and SBM-Transformer's mask density on the validation split (right), from each run's log.jsonl.")
 
 
 def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path) -> str:
     """SSA Fig. 7's shape: validation bpb of the self-ensemble against the number of sub-models."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, axes = figure(1)
+    ax = axes[0, 0]
     ax.plot(samples, bpb, "o-", label="self-ensemble of sampled sub-models")
     ax.axhline(dense, color="grey", linestyle="--", label="dense (renormalised) inference")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(samples)
-    ax.set_xticklabels([str(s) for s in samples])
-    label(ax, "sub-models averaged", "validation bits per byte", legend_size=8)
-    save(fig, path)
-    return ("SSA Fig. 7's shape: validation bits per byte of S-L4's self-ensemble against the number of "
-            "sub-models, beside dense inference.")
+    ax.set_xticks(samples, [str(s) for s in samples])
+    ax.legend(fontsize=8)
+    save(fig, path, [ax], "sub-models averaged", ["validation bits per byte"])
+    return ("SSA Fig. 7's shape: validation bits per byte (lower is better) of S-L4's self-ensemble against the number "
+            "of sampled sub-models averaged, beside dense (renormalised) inference of the same model.")

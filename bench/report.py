@@ -1,23 +1,20 @@
-"""Tables and plots from results records, never typed by hand.
+"""Tables, sentences and plots from the records under results/, never typed by hand.
 
-    python -m bench.report                          # the published report (results/), printed
-    python -m bench.report --readme README.md       # maintainers: README's results section + results/plots/
-    python -m bench.report --run runs/grid-quick    # a run folder's REPORT.md and plots (./run_all.sh does this)
+    python -m bench.report --readme README.md     # maintainers: README's results at a glance, results/README.md
+                                                  # (every claim's table) and results/plots/, in one call
+    python -m bench.report                        # results/README.md's text, printed
+    python -m bench.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
 
-The published report (results/) leads with one section per claim of bench/claims.py, in that order: what the
-paper reports, the command that reproduces it, and the table generated from the claim's records (training
-runs: mean ± standard deviation over seeds, with each seed's value and wall time) or the benchmark's saved
-output. The quick preview (results/quick, a ./run_all.sh run folder copied there deliberately) follows.
-
-A run's report (the quick preview's shape): the test metric of every method on every task with the density
-of what training computed, the task's base rate and whether full attention cleared the quick budget's target
-(bench/grid.py QUICK_TARGETS), cells that do not run said once under the table (n/a, no data, left out,
-failed with the whole reason), then cost relative to full attention on the same task — attention FLOPs and
-density of a training step (what SSA's sub-model and SBM's sampled masks cost), inference FLOPs beside them
-where they differ, peak memory and median step time — then the attention scaling table and the plots.
-With --readme, the Markdown between <!-- results:start --> and <!-- results:end --> is replaced.
+The glance (README, between <!-- results:start --> and <!-- results:end -->): one row per registered method with
+its quick-grid test metric per task, its costs relative to full attention and the lengths from which the scaling
+table finds it cheaper ("not run yet" where no record exists), the sentences the records support, the main plots.
+results/README.md: one section per claim of bench/claims.py, in order (what the paper reports, the command, the
+table from the claim's records or its benchmark's saved output, the notes, the plot), then the quick preview
+(results/quick, a ./run_all.sh run folder) in full. A run's REPORT.md: the same method table, the calibration
+targets of bench/grid.py and the cells that did not run, the cost per task, the scaling table.
 """
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -27,13 +24,20 @@ from typing import Dict, List, Optional
 from tabulate import tabulate
 
 from bench import claims as claim_list
-from bench import cli
-from bench import grid, plots, scaling
-from bench.files import read_json
+from bench import cli, grid, plots, scaling
 from bench import methods as registry
+from bench.files import read_json
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 REFERENCE = "full"
+BPB_NOISE = 0.05  # bits per byte counted as noise (a record keeps no standard error of its bits per byte)
+PAPER_LISTOPS_DENSITY = {0.0: 0.2009, 0.01: 0.0295}  # SBM Table 2, ListOps 2K: mask density at λ = 0 and 1e-2
+COSTS = {  # what a training step costs, per record: the columns "× full" of the method and cost tables
+    "train density": lambda r: r["train_density"] if r.get("train_density") is not None else r["density"],
+    "attention FLOPs": lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["attention"],
+    "model FLOPs": lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["model"],
+    "peak memory": lambda r: r["peak_memory_bytes"], "step time": lambda r: r["median_step_ms"],
+    "eval attention FLOPs": lambda r: r["flops_per_example"]["attention"]}
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -43,80 +47,43 @@ def load(folder: Path):
     for cell in sorted((folder / "runs").glob("*")):
         record = read_json(cell / "metrics.json")
         if record and record.get("status") == "complete":
-            record["cell"] = read_json(cell / "cell.json") or {}
-            record["folder"] = cell
-            records.append(record)
+            records.append(dict(record, cell=read_json(cell / "cell.json") or {}, folder=cell))
         elif (cell / "failed.json").exists():
             failures.append(read_json(cell / "failed.json"))
     return records, failures
 
 
-def scale(record_or_metric, value):
-    metric = record_or_metric if isinstance(record_or_metric, str) else record_or_metric["metric"]
-    return 100 * value if metric == "accuracy" else value
-
-
-def fmt(values: List[float], metric: str) -> str:
+def fmt(values: List[float], metric: str, units: bool = False) -> str:
     """Mean (± standard deviation over seeds when there are several): accuracy in %, bits per byte."""
-    scaled = [scale(metric, v) for v in values]
+    scaled = [100 * v if metric == "accuracy" else v for v in values]
     digits = 2 if metric == "accuracy" else 3
     text = f"{statistics.mean(scaled):.{digits}f}"
-    if len(scaled) > 1:
-        text += f" ± {statistics.stdev(scaled):.{digits}f}"
-    return text
+    text += f" ± {statistics.stdev(scaled):.{digits}f}" if len(scaled) > 1 else ""
+    return text + (("%" if metric == "accuracy" else " bpb") if units else "")
 
 
-def train_density(r: dict) -> float:
-    return r["train_density"] if r.get("train_density") is not None else r["density"]
+def tests(rs: List[dict], units: bool = False) -> str:
+    return fmt([r["test"] for r in rs], rs[0]["metric"], units)
 
 
-def train_flops(r: dict) -> dict:
-    return r.get("train_flops_per_example") or r["flops_per_example"]
+def mean(rs: List[dict], get) -> Optional[float]:
+    values = [get(r) for r in rs]
+    return statistics.mean(values) if values and None not in values else None
 
 
 def duration(seconds: Optional[float]) -> str:
     return "–" if seconds is None else (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min")
 
 
-# ------------------------------------------------------------------------------------------------ a run
-def budget_line(recs: List[dict]) -> str:
-    seen = {}
+def table(rows: list, headers: List[str]) -> str:
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def by(recs: List[dict], *keys) -> Dict[tuple, List[dict]]:
+    groups = defaultdict(list)
     for r in recs:
-        c = r["config"]
-        seen.setdefault(r["task"], f"{r['task']} {c['steps']} steps × batch {c['batch_size']} at length "
-                                   f"{c['seq_len']} ({c['depth']} layers × {c['heads']} heads, width {c['dim']})")
-    return "; ".join(seen[t] for t in sorted(seen))
-
-
-def target_check(task: str, recs: List[dict]) -> Optional[str]:
-    """Whether full attention cleared the quick budget's target on this task, with its margin."""
-    if task not in grid.QUICK_TARGETS:
-        return None
-    ref = [r for r in recs if r["method"] == REFERENCE and r["task"] == task]
-    if not ref:
-        return None
-    kind, amount, words = grid.QUICK_TARGETS[task]
-    value, base = statistics.mean(r["test"] for r in ref), statistics.mean(r["base_rate"] for r in ref)
-    metric = ref[0]["metric"]
-    goal = {"min": amount, "above_base": base + amount, "below_base": base - amount}[kind]
-    ok = value <= goal if kind == "below_base" else value >= goal
-    return (f"{task}: full attention {fmt([value], metric)} against base rate {fmt([base], metric)} "
-            f"(target {words}: {'≤' if kind == 'below_base' else '≥'} {fmt([goal], metric)}) — "
-            f"{'learned' if ok else 'NOT learned'}")
-
-
-def ranking_check(recs: List[dict]) -> Optional[str]:
-    """SBM Fig. 4 ranks full attention and SBM near 100% on duplicates, Performer and Linformer far below."""
-    test = {r["method"]: r["test"] for r in recs if r["task"] == "duplicates"}
-    if not all(m in test for m in ("full", "sbm", "performer", "linformer")):
-        return None
-    top, low = min(test["full"], test["sbm"]), max(test["performer"], test["linformer"])
-    agrees = top >= 0.95 and low <= top - 0.05
-    return (f"SBM Fig. 4 ranks full attention and SBM-Transformer near 100% on duplicates and Performer and "
-            f"Linformer far below. Here: full {100 * test['full']:.2f}%, SBM {100 * test['sbm']:.2f}%, Performer "
-            f"{100 * test['performer']:.2f}%, Linformer {100 * test['linformer']:.2f}%: "
-            f"{'agrees' if agrees else 'does not agree'} at this budget"
-            + ("" if agrees else " (the paper's recipe: the README's SBM Fig. 4 claim)") + ".")
+        groups[tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]].append(r)
+    return groups
 
 
 def method_order(names) -> List[str]:
@@ -125,130 +92,169 @@ def method_order(names) -> List[str]:
     return [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS))
 
 
-def accuracy_table(recs: List[dict], plan: dict, failures: List[dict]) -> str:
-    tasks = [t for t in grid.GRID_TASKS if any(r["task"] == t for r in recs)]
-    methods = method_order([r["method"] for r in recs] + [f["method"] for f in failures] + plan.get("methods", []))
+def noise(r: dict, p: float) -> float:
+    """Two binomial standard errors of an accuracy p on the record's scored test targets, or BPB_NOISE."""
+    n = (r.get("scored") or {}).get("test")
+    return BPB_NOISE if r["metric"] != "accuracy" else 2 * math.sqrt(p * (1 - p) / n) if n else 0.0
+
+
+def at_base_rate(rs: List[dict]) -> bool:
+    """Whether every trained record's test metric is within noise of its split's base rate (the majority class,
+    or the unigram entropy): the model learned nothing that the evaluation can see."""
+    def one(r, base):
+        if base is None or not r.get("steps", 1):
+            return False
+        return r["test"] <= base + noise(r, base) if r["metric"] == "accuracy" else r["test"] >= base - BPB_NOISE
+    return all(one(r, r.get("base_rate")) for r in rs)
+
+
+# ------------------------------------------------------------------------------------------------ a run
+def target_check(task: str, recs: List[dict]) -> Optional[str]:
+    """Whether full attention cleared the quick budget's target on this task (bench/grid.py QUICK_TARGETS)."""
+    ref = [r for r in recs if r["method"] == REFERENCE and r["task"] == task]
+    if task not in grid.QUICK_TARGETS or not ref:
+        return None
+    kind, amount, words = grid.QUICK_TARGETS[task]
+    value, base, metric = mean(ref, lambda r: r["test"]), mean(ref, lambda r: r["base_rate"]), ref[0]["metric"]
+    goal = {"min": amount, "above_base": base + amount, "below_base": base - amount}[kind]
+    ok = value <= goal if kind == "below_base" else value >= goal
+    return (f"{task}: full attention {fmt([value], metric)} against base rate {fmt([base], metric)} "
+            f"(target {words}: {'≤' if kind == 'below_base' else '≥'} {fmt([goal], metric)}) — "
+            f"{'learned' if ok else 'NOT learned'}")
+
+
+def ratios(recs: List[dict]) -> Dict[tuple, Dict[str, float]]:
+    """Per (method, task): each of COSTS relative to full attention's on the same task, where both have it."""
+    cells = by(recs, "method", "task")
+    both = lambda rs, ref, get: mean(rs, get) and mean(ref, get)  # noqa: E731
+    return {(m, t): {k: mean(rs, get) / mean(cells[(REFERENCE, t)], get) for k, get in COSTS.items()
+                     if both(rs, cells.get((REFERENCE, t), []), get)} for (m, t), rs in cells.items()}
+
+
+def relative_costs(recs: List[dict]) -> Dict[str, Dict[str, float]]:
+    """Per method: each of COSTS relative to full attention, geometric mean over the tasks where both ran."""
+    logs = defaultdict(lambda: defaultdict(list))
+    for (method, _), named in ratios(recs).items():
+        for name, value in named.items():
+            logs[method][name].append(math.log(value))
+    return {m: {k: math.exp(statistics.mean(v)) for k, v in named.items()} for m, named in logs.items()}
+
+
+def crossovers(result: Optional[dict]) -> Dict[str, dict]:
+    """Per method of a scaling table, for fwd+bwd time and peak memory: (the shortest length n from which it stays
+    below full attention's at every longer n measured, or None; whether n is the shortest length measured; its
+    ratio to full attention at the longest length)."""
+    rows = [r for r in (result or {}).get("rows", []) if "error" not in r and not r.get("options")]
+    ref = {r["n"]: r for r in rows if r["method"] == REFERENCE}
+    lengths, out = sorted(ref), defaultdict(dict)
+    for method in {r["method"] for r in rows} - {REFERENCE}:
+        mine = {r["n"]: r for r in rows if r["method"] == method}
+        for key in ("fwdbwd_ms", "peak_bytes"):
+            below = [n in mine and mine[n][key] < ref[n][key] for n in lengths]
+            first = next((i for i in range(len(lengths)) if all(below[i:])), None)
+            last = mine[lengths[-1]][key] / ref[lengths[-1]][key] if lengths[-1] in mine else None
+            out[method][key] = (None if first is None else lengths[first], first == 0, last)
+    return out
+
+
+def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_result: Optional[dict],
+                 every: bool = False) -> str:
+    """One row per method (the plan's and the records', or ``every`` registered one): the test metric per task,
+    the costs relative to full attention (relative_costs) and the crossover lengths of the scaling table."""
+    cells, by_task, costs = by(recs, "method", "task"), by(recs, "task"), relative_costs(recs)
+    cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
-    failed = {(f["method"], f["task"]): f for f in failures}
-    cells = defaultdict(list)
-    for r in recs:
-        cells[(r["method"], r["task"])].append(r)
-    rows = []
-    for m in methods:
-        row = [m]
-        for t in tasks:
-            rs = cells.get((m, t))
-            if rs:
-                density = statistics.mean(r["density"] for r in rs)
-                row.append(f"{fmt([r['test'] for r in rs], rs[0]['metric'])} ({100 * density:.1f}%)")
-            elif (m, t) in refused:
-                row.append(f"n/a ({refused[(m, t)]})")
-            elif (m, t) in failed:
-                row.append("failed (below)")
-            elif m in registry.METHODS and not registry.applicable(m, t):
-                row.append("–")
-            else:
-                row.append("not run")
-        rows.append(row)
-    base = ["base rate"]
-    for t in tasks:
-        rs = [r for r in recs if r["task"] == t and r.get("base_rate") is not None]
-        base.append(fmt([statistics.mean(r["base_rate"] for r in rs)], rs[0]["metric"]) if rs else "–")
-    rows.append(base)
-    metric_of = {t: next(r["metric"] for r in recs if r["task"] == t) for t in tasks}
-    headers = ["method"] + [f"{t} ({'acc %' if metric_of[t] == 'accuracy' else 'bpb'})" for t in tasks]
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    failed, rows = {(f["method"], f["task"]) for f in failures}, []
+    names = [*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)]
+    for m in method_order(names):
+        row = [m] + [tests(cells[(m, t)]) + (" (base rate)" if at_base_rate(cells[(m, t)]) else "")
+                     if (m, t) in cells else f"n/a ({refused[(m, t)]})" if (m, t) in refused else
+                     "failed (below)" if (m, t) in failed else
+                     "–" if m in registry.METHODS and not registry.applicable(m, t) else "not run yet" for t in tasks]
+        ran = any(k[0] == m for k in cells)
+        row += [f"{costs[m][k]:.2f}" if k in costs.get(m, {}) else "–" if ran else "not run yet"
+                for k in ("train density", "attention FLOPs", "peak memory", "step time")]
+        words = [("—" if n is None else f"{'≤ ' if first else ''}{n}") for n, first, _ in cross.get(m, {}).values()]
+        rows.append(row + ["(reference)" if m == REFERENCE else " / ".join(words) if words else
+                           "n/a" if m in registry.METHODS and not registry.get(m).scaling else "not run yet"])
+    based = {t: [r for r in by_task[t] if r.get("base_rate") is not None] for t in tasks}
+    rows.append(["base rate"] + [fmt([mean(based[t], lambda r: r["base_rate"])], based[t][0]["metric"])
+                                 if based[t] else "–" for t in tasks] + [""] * 5)
+    units = {t: "acc %" if by_task[t][0]["metric"] == "accuracy" else "bpb" for t in tasks}
+    return table(rows, ["method", *(f"{t} ({units[t]})" for t in tasks), "train density × full",
+                        "attention FLOPs × full", "peak memory × full", "step time × full",
+                        "below full from n (time / memory)"])
+
+
+METHOD_TABLE = ("Test metric per task (\"(base rate)\": within two standard errors of the split's majority class, "
+                "or 0.05 bits per byte of its unigram entropy); costs relative to full attention on the same task, "
+                "geometric mean over the tasks (training attention pairs and FLOPs, peak memory, step time); last "
+                "column: the length n from which forward+backward time / peak memory stay below full attention's "
+                "(fused SDPA) in the scaling table (\"≤\": already at the shortest length measured; \"—\": not in "
+                "the range measured).")
 
 
 def cost_table(recs: List[dict]) -> str:
-    by_cell = defaultdict(list)
-    for r in recs:
-        by_cell[(r["task"], r["method"])].append(r)
-
-    def mean(rs, get):
-        values = [get(r) for r in rs] if rs else []
-        return statistics.mean(values) if values and None not in values else None
-
-    def ratio(rs, ref, get):
-        value, base = mean(rs, get), mean(ref, get)
-        return f"{value / base:.2f}" if value is not None and base else "–"
-
-    rows = []
-    for task in [t for t in grid.GRID_TASKS if any(k[0] == t for k in by_cell)]:
-        ref = by_cell.get((task, REFERENCE))
-        for method in method_order(m for t, m in by_cell if t == task):
-            rs = by_cell[(task, method)]
-            train_attn = ratio(rs, ref, lambda r: train_flops(r)["attention"])
-            eval_attn = ratio(rs, ref, lambda r: r["flops_per_example"]["attention"])
-            density, eval_density = mean(rs, train_density), mean(rs, lambda r: r["density"])
-            rows.append([task, method, f"{100 * density:.1f}%",
-                         train_attn + ("" if eval_attn == train_attn else f" (eval {eval_attn})"),
-                         ratio(rs, ref, lambda r: train_flops(r)["model"]),
-                         ratio(rs, ref, lambda r: r["peak_memory_bytes"]),
-                         ratio(rs, ref, lambda r: r["median_step_ms"]),
-                         f"{mean(rs, lambda r: r['median_step_ms']):.0f}", f"{100 * eval_density:.1f}%"])
-    headers = ["task", "method", "train density", f"attention FLOPs × {REFERENCE}", f"model FLOPs × {REFERENCE}",
-               f"peak memory × {REFERENCE}", f"step time × {REFERENCE}", "step ms", "eval density"]
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    cells, relative, rows = by(recs, "task", "method"), ratios(recs), []
+    for task in [t for t in grid.GRID_TASKS if any(k[0] == t for k in cells)]:
+        for method in method_order(m for t, m in cells if t == task):
+            rs, named = cells[(task, method)], relative[(method, task)]
+            ratio = lambda k: f"{named[k]:.2f}" if k in named else "–"  # noqa: E731
+            train, evaluation = ratio("attention FLOPs"), ratio("eval attention FLOPs")
+            rows.append([task, method, f"{100 * mean(rs, COSTS['train density']):.1f}%",
+                         train + ("" if evaluation == train else f" (eval {evaluation})"),
+                         *(ratio(k) for k in ("model FLOPs", "peak memory", "step time")),
+                         f"{mean(rs, COSTS['step time']):.0f}", f"{100 * mean(rs, lambda r: r['density']):.1f}%"])
+    return table(rows, ["task", "method", "train density", "attention FLOPs × full", "model FLOPs × full",
+                        "peak memory × full", "step time × full", "step ms", "eval density"])
 
 
-def run_section(folder: Path, plot_dir: Optional[Path], link_prefix: str = "") -> str:
-    """A run folder (./run_all.sh's output) as Markdown: preview table, cost, scaling, plots."""
-    plan = read_json(folder / "grid.json") or {}
-    run = read_json(folder / "run.json") or {}
+def run_section(folder: Path, preview: bool = False) -> str:
+    """A run folder (./run_all.sh's output) as Markdown: the method table, its notes, cost per task, scaling."""
+    plan, run = read_json(folder / "grid.json") or {}, read_json(folder / "run.json") or {}
     recs, failures = load(folder)
-    out = []
     if not recs and not failures:
         return f"No records in {folder} yet: run ./run_all.sh."
-    devices = sorted({r["device"] for r in recs})
-    seeds = sorted({r["seed"] for r in recs})
-    head = (f"**Budget `{plan.get('budget', '?')}`** (preset `{plan.get('preset', '?')}`), {', '.join(devices)}, "
-            f"seeds {seeds}; `{' '.join(run.get('command', ['./run_all.sh']))}` (commit {run.get('commit', '?')}) "
-            f"took {duration(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
-            f"Per task: {budget_line(recs)}.")
-    if plan.get("budget") == "quick":
-        head = ("**Quick preview**: a smoke-level comparison on a CPU budget; the papers' claims are measured by the "
-                "claim tables of the README. " + head)
-    out.append(head)
-    out.append("Test metric (attention density of the test evaluation, mean over heads and layers; what training "
-               "computed is in the cost table):\n\n" + accuracy_table(recs, plan, failures))
-    notes = []
-    if plan.get("budget") == "quick":  # the targets the quick budget was calibrated to, checked on this run
-        notes += [line for line in (target_check(t, recs) for t in grid.GRID_TASKS) if line]
-        notes += [line for line in [ranking_check(recs)] if line]
+    budgets = {r["task"]: (f"{r['task']} {r['config']['steps']} steps × batch {r['config']['batch_size']} at length "
+                           f"{r['config']['seq_len']} ({r['config']['depth']} layers × {r['config']['heads']} heads, "
+                           f"width {r['config']['dim']})") for r in recs}
+    notes = [line for line in (target_check(t, recs) for t in grid.GRID_TASKS) if line]
     notes += [f"n/a: {n['method']} on {n['task']} ({n['reason']}), decided before the grid ran"
               for n in plan.get("not_run", [])]
     notes += [f"no data: {task}: {message}" for task, message in plan.get("missing_data", {}).items()]
     notes += [f"left out of the {plan.get('budget')} budget: {task}: {reason}"
               for task, reason in plan.get("left_out", {}).items()]
     notes += [f"failed: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
-    if notes:
-        out.append("\n".join(f"- {line}" for line in notes))
-    out.append(f"Cost relative to {REFERENCE} attention on the same task (forward FLOPs per example of a training "
-               f"step; peak memory of training; median training step):\n\n{cost_table(recs)}")
     scaling_result = read_json(folder / "scaling.json")
-    if scaling_result:
-        out.append(scaling.render(scaling_result))
-    if plot_dir is not None:
-        out.append(run_plots(recs, scaling_result, plot_dir, link_prefix))
-    return "\n\n".join(out)
+    return "\n\n".join([
+        ("**Quick preview**: a smoke-level comparison on a CPU budget; the claim sections above measure the papers' "
+         "claims. " if preview else "") + f"**Budget `{plan.get('budget', '?')}`** "
+        f"(preset `{plan.get('preset', '?')}`), {', '.join(sorted({r['device'] for r in recs}))}, "
+        f"seeds {sorted({r['seed'] for r in recs})}; "
+        f"`{' '.join(run.get('command', ['./run_all.sh']))}` (commit {run.get('commit', '?')}) took "
+        f"{duration(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
+        f"Per task: {'; '.join(budgets[t] for t in sorted(budgets))}.",
+        METHOD_TABLE + "\n\n" + method_table(recs, plan, failures, scaling_result),
+        *(["\n".join(f"- {line}" for line in notes)] if notes else []),
+        f"Cost relative to {REFERENCE} attention on the same task (forward FLOPs per example of a training step; "
+        f"peak memory of training; median training step; density of the training and the test passes):\n\n"
+        + cost_table(recs), *([scaling.render(scaling_result)] if scaling_result else [])])
 
 
-def run_plots(recs: List[dict], scaling_result: Optional[dict], plot_dir: Path, link_prefix: str) -> str:
+def run_plots(folder: Path) -> str:
     if not plots.available():
         return "Plots: matplotlib is not installed (`pip install -r requirements-extra.txt`); tables only."
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    shown = []
+    recs, scaling_result, shown = load(folder)[0], read_json(folder / "scaling.json"), {}
     if recs:
-        shown.append(("accuracy_vs_cost.png", plots.accuracy_vs_cost(recs, plot_dir / "accuracy_vs_cost.png")))
+        shown["accuracy_vs_cost"] = plots.accuracy_vs_cost(recs, folder / "accuracy_vs_cost.png")
     if scaling_result:
-        shown.append(("scaling.png", plots.scaling(scaling_result, plot_dir / "scaling.png")))
-    return "\n\n".join(f"![{caption}]({link_prefix}{name})\n\n*{caption}*" for name, caption in shown)
+        shown["scaling"] = plots.scaling(scaling_result, folder / "scaling.png", SCALING_PLOTS["scaling"])
+    return "\n\n".join(figures(shown, shown, ""))
 
 
 def write_run_report(folder: Path) -> str:
     """OUT/REPORT.md and OUT/*.png of a run folder; returns the report's text."""
-    text = "# ./run_all.sh report\n\n" + run_section(folder, folder)
+    text = "# ./run_all.sh report\n\n" + run_section(folder) + "\n\n" + run_plots(folder)
     (folder / "REPORT.md").write_text(text + "\n")
     return text
 
@@ -256,17 +262,15 @@ def write_run_report(folder: Path) -> str:
 # ------------------------------------------------------------------------------------------------ claims
 def log_lines(folder: Path) -> List[dict]:
     lines = []
-    path = folder / "log.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                lines.append(json.loads(line))
-            except ValueError:
-                break  # a torn last line of a killed run
+    for line in (folder / "log.jsonl").read_text().splitlines() if (folder / "log.jsonl").exists() else []:
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            break  # a torn last line of a killed run
     return lines
 
 
-def runs_table(claim, recs: List[dict]) -> str:
+def runs_table(recs: List[dict]) -> str:
     groups: Dict[str, List[dict]] = defaultdict(list)
     for r in recs:
         command = r["cell"].get("command", [])
@@ -275,17 +279,14 @@ def runs_table(claim, recs: List[dict]) -> str:
     rows = []
     for command, rs in groups.items():
         rs.sort(key=lambda r: r["seed"])
-        rows.append([f"`{command}`", ", ".join(str(r["seed"]) for r in rs), fmt([r["test"] for r in rs],
-                     rs[0]["metric"]), " / ".join(fmt([r["test"]], r["metric"]) for r in rs),
-                     f"{100 * statistics.mean(r['density'] for r in rs):.1f}%",
+        rows.append([f"`{command}`", ", ".join(str(r["seed"]) for r in rs), tests(rs),
+                     " / ".join(tests([r]) for r in rs), f"{100 * mean(rs, lambda r: r['density']):.1f}%",
                      " / ".join("–" if r["median_step_ms"] is None else f"{r['median_step_ms']:.0f}" for r in rs),
                      " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
                      " / ".join(duration(r["cell"].get("cpu_s")) for r in rs)])
-    metric = recs[0]["metric"] if recs else "accuracy"
-    unit = "test acc %" if metric == "accuracy" else "test bpb"
-    headers = ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
-               "median step ms", "wall per seed", "CPU per seed"]
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    unit = "test acc %" if recs[0]["metric"] == "accuracy" else "test bpb"
+    return table(rows, ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
+                        "median step ms", "wall per seed", "CPU per seed"])
 
 
 # Fig. 4's low-rank (Linformer, Nyströmformer) and kernelized (linear, Performer) methods, which the paper says
@@ -297,187 +298,279 @@ def fig4_check(recs: List[dict]) -> str:
     """Fig. 4's claim against the records: full attention and SBM reach ~100% (≥ 99% here), the low-rank and
     kernelized methods do not. Every method is named on its side of 99% with its figure."""
     test = {r["method"]: r["test"] for r in recs}
-    top = [m for m in method_order(test) if test[m] >= 0.99]
-    below = [m for m in method_order(test) if test[m] < 0.99]
+    top, below = [m for m in method_order(test) if test[m] >= 0.99], [m for m in method_order(test) if test[m] < 0.99]
     words = lambda ms: ", ".join(f"{m} {100 * test[m]:.2f}%" for m in ms) or "none"  # noqa: E731
-    reach = [m for m in top if m in FIG4_FALL_SHORT]
-    short = [m for m in ("full", "sbm") if m not in top]
-    if short:
-        verdict = f"the records do not agree: {' and '.join(short)} {'stays' if len(short) == 1 else 'stay'} below 99%."
-    elif reach:
-        verdict = (f"the records agree for full attention and SBM; they differ for {', '.join(reach)}, "
-                   f"which {'reach' if len(reach) > 1 else 'reaches'} 99% too.")
-    else:
-        verdict = "the records agree."
+    reach, short = [m for m in top if m in FIG4_FALL_SHORT], [m for m in ("full", "sbm") if m not in top]
+    verdict = (f"the records do not agree: {' and '.join(short)} {'stays' if len(short) == 1 else 'stay'} below 99%."
+               if short else f"the records agree for full attention and SBM; they differ for {', '.join(reach)}, "
+               f"which {'reach' if len(reach) > 1 else 'reaches'} 99% too." if reach else "the records agree.")
     return (f"At ≥ 99% test accuracy: {words(top)}. Below: {words(below)}. The paper's Fig. 4 has full attention "
             f"and SBM-Transformer reach 100% and the low-rank and kernelized methods ({', '.join(FIG4_FALL_SHORT)}) "
             f"fall short: {verdict}")
 
 
-def setting_label(r: dict) -> str:
-    """A Table 3 row's name: the method, SBM's λ, full attention's explicit path."""
-    command = r["cell"].get("command", [])
-    label = r["method"]
-    if r["config"].get("density_weight"):
-        label += f" λ={float(r['config']['density_weight']):g}"
-    if "path=reference" in command:
-        label += " (explicit path)"
-    return label
+def settings(recs: List[dict]) -> Dict[str, List[dict]]:
+    """A Table 3 task's records by setting: the method, SBM's λ, full attention's explicit path."""
+    def label(r):
+        weight = r["config"].get("density_weight")
+        return (r["method"] + (f" λ={float(weight):g}" if weight else "")
+                + (" (explicit path)" if "path=reference" in r["cell"].get("command", []) else ""))
+    return by([dict(r, label=label(r)) for r in recs], "label")
+
+
+def accuracy_line(recs: List[dict]) -> str:
+    """What a Table 3 task's accuracy says: nothing when every trained setting, full attention included, ends at
+    the base rate; else full attention's figure and the settings that stay at the base rate."""
+    groups = {g: rs for g, rs in settings(recs).items() if rs[0]["steps"] > 0}
+    trained = [r for rs in groups.values() for r in rs]
+    if trained and at_base_rate(trained):
+        return (f"accuracy carries no information here: every setting, full attention included, ends at the majority "
+                f"class ({fmt([mean(trained, lambda r: r['test'])], 'accuracy', True)} test accuracy, the majority "
+                f"class {fmt([mean(trained, lambda r: r['base_rate'])], 'accuracy', True)} of the test split, mean "
+                f"over {len(trained)} runs)")
+    full = groups.get(REFERENCE)
+    if not full or full[0].get("base_rate") is None:
+        return ""
+    base = [f"{g} {tests(rs, True)}" for g, rs in groups.items() if at_base_rate(rs)]
+    return (f"full attention reaches {tests(full, True)} (majority class "
+            f"{fmt([mean(full, lambda r: r['base_rate'])], 'accuracy', True)})"
+            + ("; at the base rate: " + ", ".join(base) if base else ""))
 
 
 def table3(recs: List[dict]) -> str:
     """SBM Table 3 from a claim's records, one table per task (the paper's columns): per-example inference FLOPs
     and memory relative to full attention (fused SDPA, and the explicit path), beside the paper's figures, with
-    accuracy, density and step time."""
-    by_task: Dict[str, List[dict]] = defaultdict(list)
-    for r in recs:
-        by_task[r["task"]].append(r)
-    order = [t for t in claim_list.PAPER_TABLE3 if t in by_task] + sorted(set(by_task) - set(claim_list.PAPER_TABLE3))
-    return "\n\n".join(f"{task} ({by_task[task][0]['config']['seq_len']} tokens):\n\n"
-                        + table3_task(by_task[task], claim_list.PAPER_TABLE3.get(task, {})) for task in order)
-
-
-def with_exploration(rs: List[dict]) -> str:
-    """SBM's test accuracy and density with δ's random edges kept in evaluation (the recipe's second test pass),
-    mean over seeds; "–" where a record has none (other methods, δ = 0, or δ already on)."""
-    explored = [r.get("sbm", {}).get("test_with_exploration") for r in rs]
-    if not explored or None in explored:
-        return "–"
-    return (fmt([e["metric"] for e in explored], "accuracy")
-            + f" ({100 * statistics.mean(e['density'] for e in explored):.1f}%)")
+    accuracy, density and step time, under a line of what the task's accuracy says (accuracy_line)."""
+    tasks = by(recs, "task")
+    order = [t for t in claim_list.PAPER_TABLE3 if t in tasks] + sorted(set(tasks) - set(claim_list.PAPER_TABLE3))
+    return "\n\n".join(f"{task} ({tasks[task][0]['config']['seq_len']} tokens): {accuracy_line(tasks[task])}\n\n"
+                       + table3_task(tasks[task], claim_list.PAPER_TABLE3.get(task, {})) for task in order)
 
 
 def table3_task(recs: List[dict], paper_column: Dict[str, tuple]) -> str:
-    groups: Dict[str, List[dict]] = defaultdict(list)
-    for r in recs:
-        groups[setting_label(r)].append(r)
+    groups = settings(recs)
     full, explicit = groups.get("full"), groups.get("full (explicit path)")
     if not full:
         return "Full attention's record is missing: no ratio can be given."
-
-    def mean(rs, get):
-        return statistics.mean(get(r) for r in rs)
-
-    def ratio(rs, ref, get):
-        return f"{mean(rs, get) / mean(ref, get):.3f}" if ref else "–"
-
-    flops = lambda r: r["flops_per_example"]["model"]  # noqa: E731 (one-line accessors for the table)
-    attention_flops = lambda r: r["flops_per_example"]["attention"]  # noqa: E731
+    ratio = lambda rs, ref, get: f"{mean(rs, get) / mean(ref, get):.3f}" if ref else "–"  # noqa: E731
     memory = lambda r: r["inference_memory_per_example_bytes"]  # noqa: E731
-    rows = []
-    order = ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")]
+
+    def explored(rs):  # SBM's second test pass with δ's random edges kept; "–" where a record has none
+        passes = [r.get("sbm", {}).get("test_with_exploration") for r in rs]
+        return "–" if None in passes else (fmt([e["metric"] for e in passes], "accuracy")
+                                           + f" ({100 * mean(passes, lambda e: e['density']):.1f}%)")
+
+    order, rows = ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")], []
     for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else len(order), g)):
         rs = sorted(groups[label], key=lambda r: r["seed"])
-        trained = rs[0]["steps"] > 0
-        paper = paper_column.get(label)
-        per_layer = [statistics.mean(r["density_per_layer"][i] for r in rs)
-                     for i in range(len(rs[0]["density_per_layer"]))]
+        trained, paper = rs[0]["steps"] > 0, paper_column.get(label)
+        layers = zip(*(r["density_per_layer"] for r in rs))
         rows.append([label, ", ".join(str(r["seed"]) for r in rs),
-                     fmt([r["test"] for r in rs], "accuracy") if trained else "untrained",
+                     fmt([r["test"] for r in rs], "accuracy") + (" (base rate)" if at_base_rate(rs) else "")
+                     if trained else "untrained",
                      f"{100 * mean(rs, lambda r: r['density']):.1f}% ("
-                     + " / ".join(f"{100 * d:.1f}" for d in per_layer) + ")",
-                     with_exploration(rs),
-                     ratio(rs, full, flops), ratio(rs, full, attention_flops),
-                     ratio(rs, explicit, memory), ratio(rs, full, memory),
-                     f"{mean(rs, memory) / 2 ** 20:.1f}",
+                     + " / ".join(f"{100 * statistics.mean(d):.1f}" for d in layers) + ")",
+                     explored(rs), ratio(rs, full, lambda r: r["flops_per_example"]["model"]),
+                     ratio(rs, full, lambda r: r["flops_per_example"]["attention"]), ratio(rs, explicit, memory),
+                     ratio(rs, full, memory), f"{mean(rs, memory) / 2 ** 20:.1f}",
                      ratio(rs, full, lambda r: r["median_step_ms"]) if trained else "–",
                      f"{paper[0]:.2f} / {paper[1]:.2f}" if paper else "–"])
-    headers = ["setting", "seeds", "test acc %", "test density (per layer %)", "with δ in eval: acc % (density)",
-               "FLOPs ÷ full",
-               "attention FLOPs ÷ full", "memory ÷ explicit full", "memory ÷ SDPA full", "MiB per example",
-               "train step ÷ full", "paper FLOPs / memory"]
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+    return table(rows, ["setting", "seeds", "test acc %", "test density (per layer %)",
+                        "with δ in eval: acc % (density)", "FLOPs ÷ full", "attention FLOPs ÷ full",
+                        "memory ÷ explicit full", "memory ÷ SDPA full", "MiB per example", "train step ÷ full",
+                        "paper FLOPs / memory"])
 
 
-def claim_section(claim, results: Path, plot_dir: Optional[Path], link_prefix: str) -> str:
-    folder = results / claim.name
-    out = [f"### {claim.title}", f"Paper: {claim.paper}"]
+def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
+    """One claim as Markdown for results/README.md (links relative to results/)."""
+    folder, link = results / claim.name, f"[{claim.name}/]({claim.name}/)"
+    out = [f"## {claim.title}", f"Paper: {claim.paper}"]
     if claim.kind == "runs":
-        recs, failures = load(folder)
-        missing = [c for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
-        out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in `results/{claim.name}/`), "
-                   f"or one row's command with `--seed S --out DIR`.")
-        if recs and claim.name == "sbm-fig4":
-            out.append(fig4_check(recs))
-        if recs and claim.name == "sbm-table3":
-            out.append(table3(recs))
-        if recs:
-            out.append(runs_table(claim, recs))
-        if missing:
-            out.append("Not yet run: " + ", ".join(f"`{c['name']}`" for c in missing) + ".")
-        out += [f"- {note}" for note in claim.notes]
-        if plot_dir is not None and claim.name == "sbm-fig4" and recs and plots.available():
-            curves = {r["method"]: log_lines(r["folder"]) for r in recs}
-            caption = plots.sbm_training(curves, plot_dir / "sbm_fig4.png")
-            out.append(f"![{caption}]({link_prefix}sbm_fig4.png)\n\n*{caption}*")
+        recs = load(folder)[0]
+        missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
+        out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in {link}; `python -m bench.claims "
+                   f"list` prints each run's command, to run one with `--seed S --out DIR`).")
+        out += [fig4_check(recs)] if recs and claim.name == "sbm-fig4" else []
+        out += [table3(recs) if claim.name == "sbm-table3" else runs_table(recs)] if recs else []
+        out += ["Not yet run: " + ", ".join(f"`{name}`" for name in missing) + "."] if missing else []
     else:
-        out.append("Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in `results/{claim.name}/`).")
-        for path in sorted(folder.glob("*.md")):
-            out.append(path.read_text().strip())
+        out.append("Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).")
+        out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
         out += [scaling.render(json.loads(path.read_text())) for path in sorted(folder.glob("scaling*.json"))]
-        out += [f"- {note}" for note in claim.notes]
-        if plot_dir is not None and claim.name == "ssa-table" and plots.available():
-            out += ssa_plot(folder, plot_dir, link_prefix)
-        if plot_dir is not None and claim.name == "scaling" and plots.available():
-            for path in sorted(folder.glob("*.json")):
-                caption = plots.scaling(json.loads(path.read_text()), plot_dir / f"{path.stem}.png")
-                out.append(f"![{caption}]({link_prefix}{path.stem}.png)\n\n*{caption}*")
-    return "\n\n".join(out)
+    out += [f"- {note}" for note in claim.notes]
+    return "\n\n".join(out + figures(FIGURES.get(claim.name, ()), captions, "plots/"))
 
 
-def ssa_plot(folder: Path, plot_dir: Path, link_prefix: str) -> List[str]:
+def results_readme(results: Path, captions: Dict[str, str]) -> str:
+    return "\n\n".join([
+        "# Results", "Generated by `python -m bench.report --readme README.md` from the records in this folder; never "
+        "edited by hand. One section per claim of the papers (bench/claims.py), each with the command that reproduces "
+        "it; the quick preview of `./run_all.sh` last. The repository's README summarises them.",
+        *(claim_section(claim, results, captions) for claim in claim_list.CLAIMS),
+        "## Quick preview: every method on every task (`./run_all.sh`)",
+        run_section(results / "quick", preview=True) if (results / "quick").exists() else
+        "Not published yet: `./run_all.sh --out results/quick`.", *figures(FIGURES["quick"], captions, "plots/")])
+
+
+# ------------------------------------------------------------------------------------------------ plots
+FIGURES = {"sbm-fig4": ["sbm_fig4"], "ssa-table": ["ssa_fig7"], "scaling": ["scaling", "sbm_scaling"],
+           "quick": ["accuracy_vs_cost"]}
+SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
+    "scaling": "every method at its default budget (SBM untrained, at its initial density; full is the fused SDPA, "
+               "full-ref the explicit path)",
+    "sbm_scaling": "SBM-Transformer's attention core (core@d) and whole module (sbm@d; sbm-dense@d, its dense "
+                   "reference path) at fixed densities d, beside full attention (fused SDPA) and its explicit path "
+                   "(full-ref)"}
+
+
+def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
+    return [f"![{captions[name]}]({prefix}{name}.png)\n\n*{captions[name]}*" for name in names if name in captions]
+
+
+def ssa_curve(folder: Path) -> Optional[tuple]:
     """Fig. 7's curve from bench.ssa_table's saved output: the dense figure on the "Self-ensembling" line and
     the rows of the sub-models table that follows it."""
     for path in sorted(folder.glob("*.md")):
         lines = path.read_text().splitlines()
         start = next((i for i, line in enumerate(lines) if line.startswith("Self-ensembling")), None)
-        if start is None:
-            continue
-        dense = float(lines[start].rsplit(" ", 1)[1])
-        rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[start + 1:]
-                if line.startswith("|") and line.strip("|").split("|")[0].strip().isdigit()]
-        caption = plots.ssa_ensemble([int(r[0]) for r in rows], [float(r[1]) for r in rows], dense,
-                                     plot_dir / "ssa_fig7.png")
-        return [f"![{caption}]({link_prefix}ssa_fig7.png)\n\n*{caption}*"]
-    return []
+        if start is not None:
+            rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[start + 1:]
+                    if line.startswith("|") and line.strip("|").split("|")[0].strip().isdigit()]
+            return [int(r[0]) for r in rows], [float(r[1]) for r in rows], float(lines[start].rsplit(" ", 1)[1])
+    return None
 
 
-def published(results: Path, plot_dir: Optional[Path], link_prefix: str = "") -> str:
-    out = [claim_section(claim, results, plot_dir, link_prefix) for claim in claim_list.CLAIMS]
-    quick = results / "quick"
-    out.append("### Quick preview: every method on every task (`./run_all.sh`)")
-    out.append(run_section(quick, plot_dir, link_prefix) if quick.exists() else
-               "Not published yet: `./run_all.sh --out results/quick`.")
-    return "\n\n".join(out)
+def draw_plots(results: Path, plot_dir: Path) -> Dict[str, str]:
+    """Every published plot into plot_dir, once; {name: caption} of those drawn."""
+    if not plots.available():
+        return {}
+    plot_dir.mkdir(exist_ok=True)
+    captions, fig4, quick = {}, load(results / "sbm-fig4")[0], load(results / "quick")[0]
+    if fig4:
+        curves = {r["method"]: log_lines(r["folder"]) for r in fig4}
+        captions["sbm_fig4"] = plots.sbm_training(curves, plot_dir / "sbm_fig4.png")
+    if ssa_curve(results / "ssa-table"):
+        captions["ssa_fig7"] = plots.ssa_ensemble(*ssa_curve(results / "ssa-table"), plot_dir / "ssa_fig7.png")
+    for name, what in SCALING_PLOTS.items():
+        if (results / "scaling" / f"{name}.json").exists():
+            result = read_json(results / "scaling" / f"{name}.json")
+            captions[name] = plots.scaling(result, plot_dir / f"{name}.png", what)
+    if quick:
+        captions["accuracy_vs_cost"] = plots.accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png")
+    return captions
+
+
+# ------------------------------------------------------------------------------------------------ the glance
+def task_sentence(task: str, cells: dict) -> Optional[str]:
+    """Which methods reach full attention's test metric on a quick task (within two standard errors, at least 1
+    point, or BPB_NOISE bits), which fall short, which stay at the base rate."""
+    ref = cells.get((REFERENCE, task))
+    if not ref:
+        return None
+    metric, full = ref[0]["metric"], mean(ref, lambda r: r["test"])
+    sign, margin = (1, max(0.01, noise(ref[0], full))) if metric == "accuracy" else (-1, BPB_NOISE)
+    value = {m: mean(rs, lambda r: r["test"]) for (m, t), rs in cells.items() if t == task and m != REFERENCE}
+    groups = {"reach it": [], "fall short": [], "at the base rate": []}
+    for m in sorted(value, key=lambda m: -sign * value[m]):
+        group = ("at the base rate" if at_base_rate(cells[(m, task)]) else
+                 "reach it" if sign * (value[m] - full) >= -margin else "fall short")
+        groups[group].append(f"{m} {fmt([value[m]], metric, True)}")
+    return (f"{task}: full attention {fmt([full], metric, True)}, base rate "
+            f"{fmt([mean(ref, lambda r: r['base_rate'])], metric, True)}; "
+            + "; ".join(f"{group}: {', '.join(ms)}" for group, ms in groups.items() if ms) + ".")
+
+
+def cost_sentence(costs: dict, result: dict) -> str:
+    """Which methods cost less than full attention: per training step at the quick lengths, and in the scaling
+    table's forward+backward time and peak memory within its longest length."""
+    faster = [m for m in method_order(costs) if m != REFERENCE and costs[m].get("step time", 2) <= 1]
+    said = ["per training step at the quick lengths: " + (", ".join(f"{m} {costs[m]['step time']:.2f}×"
+                                                                     for m in faster) or "none")]
+    cross = {m: c for m, c in crossovers(result).items() if m in registry.METHODS}
+    longest = max((r["n"] for r in result["rows"]), default=None)
+    for key, what in (("fwdbwd_ms", "forward+backward time"), ("peak_bytes", "peak memory")) if cross else ():
+        below = [m for m in method_order(cross) if cross[m][key][0] is not None]
+        above = [f"{m} {cross[m][key][2]:.2f}×" for m in method_order(cross) if cross[m][key][0] is None]
+        where = f" (the scaling table, {result['device']}, full attention as fused SDPA)" if key == "fwdbwd_ms" else ""
+        said.append(f"in {what} by n = {longest}{where}: {', '.join(below) or 'none'}"
+                    + (f" (not {', '.join(above)} at n = {longest})" if above else ""))
+    return "Cheaper than full attention " + "; ".join(said) + "."
+
+
+def claim_sentences(results: Path) -> List[str]:
+    """Where the claims' records agree with the papers and where they differ."""
+    out, fig4, listops = [], load(results / "sbm-fig4")[0], load(results / "sbm-listops")[0]
+    if fig4:
+        out.append(f"SBM Fig. 4 (duplicates, the paper's recipe): {fig4_check(fig4)}")
+    groups = by([dict(r, weight=float(r["config"].get("density_weight") or 0)) for r in listops], "method", "weight")
+    sbm = {w: rs for (m, w), rs in sorted(groups.items()) if m == "sbm" and w in PAPER_LISTOPS_DENSITY}
+    if sbm and (REFERENCE, 0.0) in groups:
+        density = {w: mean(rs, lambda r: r["density"]) for w, rs in sbm.items()}
+        out.append(f"SBM Tables 1-2 (ListOps, CPU preset, {len(groups[(REFERENCE, 0.0)])} seeds): " + "; ".join(
+            f"λ = {w:g}: test density {100 * density[w]:.1f}% ("
+            f"{'denser' if density[w] > PAPER_LISTOPS_DENSITY[w] else 'sparser'} than the paper's "
+            f"{100 * PAPER_LISTOPS_DENSITY[w]:.2f}% at 2K), test accuracy {tests(rs, True)}" for w, rs in sbm.items())
+            + f"; full attention {tests(groups[(REFERENCE, 0.0)], True)}.")
+    for task, rs in by(load(results / "sbm-table3")[0], "task").items():
+        groups, paper, said = settings(rs), claim_list.PAPER_TABLE3.get(task, {}), [accuracy_line(rs)]
+        memory = lambda r: r["inference_memory_per_example_bytes"]  # noqa: E731
+        for label in [g for g in groups if g.startswith("sbm") and g in paper and REFERENCE in groups]:
+            ratio = lambda ref, get: mean(groups[label], get) / mean(groups[ref], get)  # noqa: E731
+            flops = ratio(REFERENCE, lambda r: r["flops_per_example"]["model"])
+            said.append(f"{label}'s inference FLOPs are {flops:.2f} × full attention's (paper {paper[label][0]:.2f})"
+                        f" and its memory {ratio(REFERENCE, memory):.2f} × fused SDPA's" + (
+                            f", {ratio('full (explicit path)', memory):.2f} × the explicit path's (paper "
+                            f"{paper[label][1]:.2f})" if "full (explicit path)" in groups else ""))
+        said = "; ".join(filter(None, said))
+        out.append(f"SBM Table 3, {task} at {rs[0]['config']['seq_len']} tokens: {said}.")
+    return out
+
+
+def glance(results: Path, captions: Dict[str, str]) -> str:
+    """The README's results section: one table of every method, what the records say, the main plots."""
+    recs, plan = load(results / "quick")[0], read_json(results / "quick" / "grid.json") or {}
+    scaling_result = read_json(results / "scaling" / "scaling.json") or {"rows": [], "args": {}}
+    lengths, args = sorted({r["config"]["seq_len"] for r in recs}) or ["?"], scaling_result["args"]
+    said = [line for line in (task_sentence(t, by(recs, "method", "task")) for t in grid.GRID_TASKS) if line]
+    said += [cost_sentence(relative_costs(recs), scaling_result)] + claim_sentences(results)
+    return "\n\n".join([
+        f"One row per method: the quick grid (`./run_all.sh`, [results/quick](results/quick): "
+        f"{', '.join(sorted({r['device'] for r in recs}))}, seeds {sorted({r['seed'] for r in recs})}, "
+        f"{lengths[0]}-{lengths[-1]} tokens) and the scaling table ([results/scaling](results/scaling): `python -m "
+        f"bench.scaling --methods {args.get('methods', '?')} --lengths {args.get('lengths', '?')}`). " + METHOD_TABLE,
+        method_table(recs, plan, [], scaling_result, every=True),
+        "What the records say (\"reach it\": within two standard errors of full attention's test accuracy, at least "
+        f"1 point, or {BPB_NOISE} bits per byte):\n\n" + "\n".join(f"- {line}" for line in said),
+        *figures(("accuracy_vs_cost", "scaling", "sbm_fig4"), captions, "results/plots/"),
+        "Every claim table, with its command: [results/README.md](results/README.md)."])
 
 
 def main(argv=None) -> int:
     p = cli.parser("python -m bench.report", __doc__.splitlines()[0])
     p.add_argument("--results", default="results", help="the published records (one folder per claim)")
-    p.add_argument("--readme", default=None, help="rewrite this file's results section; plots to RESULTS/plots")
+    p.add_argument("--readme", default=None,
+                   help="rewrite this file's results section, RESULTS/README.md and the plots in RESULTS/plots")
     p.add_argument("--run", default=None, help="a run folder: write its REPORT.md and plots there instead")
     args = p.parse_args(argv)
+    for option, path in (("--run", args.run), ("--results", args.results)):
+        if path and not Path(path).is_dir():
+            p.error(f"{option}: no folder {path}")
     if args.run:
-        if not Path(args.run).is_dir():
-            p.error(f"--run: no folder {args.run}")
         print(write_run_report(Path(args.run)))
         return 0
     results = Path(args.results)
-    if not results.is_dir():
-        p.error(f"--results: no folder {results}")
-    plot_dir = results / "plots" if args.readme else None
-    if plot_dir is not None and plots.available():
-        plot_dir.mkdir(exist_ok=True)
-    text = published(results, plot_dir, f"{results.as_posix()}/plots/")
-    print(text)
-    if args.readme:
-        readme = Path(args.readme)
-        content = readme.read_text()
-        if START not in content or END not in content:
-            p.error(f"{readme} has no {START} ... {END} markers")
-        head, rest = content.split(START, 1)
-        tail = rest.split(END, 1)[1]
-        readme.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    if not args.readme:
+        print(results_readme(results, {}))
+        return 0
+    readme = Path(args.readme)
+    content = readme.read_text()
+    if START not in content or END not in content:
+        p.error(f"{readme} has no {START} ... {END} markers")
+    captions = draw_plots(results, results / "plots")
+    (results / "README.md").write_text(results_readme(results, captions) + "\n")
+    head, rest = content.split(START, 1)
+    readme.write_text(f"{head}{START}\n{glance(results, captions)}\n{END}{rest.split(END, 1)[1]}")
+    print(f"wrote {readme}'s results section, {results / 'README.md'} and {len(captions)} plots in {results / 'plots'}")
     return 0
 
 

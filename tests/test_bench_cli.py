@@ -122,7 +122,10 @@ def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_p
     assert "seeds [0]" in text
 
 
-def test_published_report_leads_with_the_claims_and_rewrites_only_the_readme_section(tmp_path):
+def test_one_command_writes_the_readme_glance_and_the_claims_into_results_readme(tmp_path):
+    """--readme rewrites only the README's results section (the glance: every registered method, "not run yet"
+    without records, and a link to results/README.md) and writes results/README.md: one section per claim, in
+    the order of bench/claims.py, the quick preview last."""
     results = tmp_path / "results"
     (results / "fastrg").mkdir(parents=True)
     (results / "fastrg" / "fastrg.md").write_text("`python -m bench.fastrg_bench`\n\n| fastrg table |\n")
@@ -131,11 +134,19 @@ def test_published_report_leads_with_the_claims_and_rewrites_only_the_readme_sec
     run("bench.report", "--results", str(results), "--readme", str(readme))
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+    section = text.split("<!-- results:start -->")[1].split("<!-- results:end -->")[0]
     from bench.claims import CLAIMS
-    positions = [text.index(f"### {claim.title}") for claim in CLAIMS]
-    assert positions == sorted(positions) and positions[-1] < text.index("### Quick preview")
-    assert "| fastrg table |" in text and "Not yet run:" in text
-    assert "Not published yet: `./run_all.sh --out results/quick`" in text
+    from bench.methods import METHODS
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    assert all(m in rows and "not run yet" in rows[m] for m in METHODS if m != "kernel")
+    assert "[results/README.md](results/README.md)" in section and "### " not in section
+    claims = (results / "README.md").read_text()
+    positions = [claims.index(f"## {claim.title}") for claim in CLAIMS]
+    assert positions == sorted(positions) and positions[-1] < claims.index("## Quick preview")
+    assert "| fastrg table |" in claims and "Not yet run:" in claims and "](fastrg/)" in claims
+    assert "Not published yet: `./run_all.sh --out results/quick`" in claims
+    printed = run("bench.report", "--results", str(results)).stdout
+    assert printed.strip() == claims.strip()  # without --readme: the same text, printed
 
 
 def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):

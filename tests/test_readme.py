@@ -11,7 +11,8 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
 # What the snippets must show, so that a block renamed out of ```python cannot pass unnoticed.
 SHOWN = ["SBMAttention", 'stats["aux_loss"]', "SSAttention", "KernelSparseAttention", "FullAttention",
          "LinearAttention", "LinformerAttention", "NystromAttention", "PerformerAttention", "ReformerAttention",
-         "fastrg.sample", "key_padding_mask=padding", "causal=True", 'stats["density"]', "torch.Generator()"]
+         "WindowAttention", "BigBirdAttention", "fastrg.sample", "key_padding_mask=padding", "causal=True",
+         'stats["density"]', "torch.Generator()"]
 
 
 def test_the_snippets_show_every_method_and_argument():

@@ -105,7 +105,7 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path):
 def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
     from bench import plots, report
     monkeypatch.setattr(plots, "available", lambda: False)
-    assert "matplotlib is not installed" in report.run_plots([], None, tmp_path, "")
+    assert "matplotlib is not installed" in report.run_plots(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -130,7 +130,7 @@ def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
         name = f"full-listops-cpu-s{seed}"
         write_record(tmp_path / claim.name / "runs" / name, cells[name], test)
     write_record(tmp_path / claim.name / "runs" / "sbm-listops-cpu-s0", cells["sbm-listops-cpu-s0"], 0.25)
-    text = report.claim_section(claim, tmp_path, None, "")
+    text = report.claim_section(claim, tmp_path, {})
     full_row = next(line for line in text.splitlines() if "--method full" in line)
     assert "33.00 ± 3.61" in full_row and "30.00 / 32.00 / 37.00" in full_row and "| 0, 1, 2 " in full_row
     assert "60 s / 61 s / 62 s" in full_row and "30 s / 30 s / 30 s" in full_row  # each seed's wall and CPU time
@@ -196,6 +196,82 @@ def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
     assert "| 0.250 " in sbm_image and "0.27 / 0.39" in sbm_image  # 1.0 / 4.0: image's full, not ListOps'
     linear_image = next(line for line in image.splitlines() if line.startswith("| linear"))
     assert "untrained" in linear_image and "0.04 / 0.42" in linear_image
+
+
+def table3_record(task, method, test, base_rate, weight=None, steps=600):
+    return {"task": task, "method": method, "seed": 0, "steps": steps, "metric": "accuracy", "test": test,
+            "base_rate": base_rate, "scored": {"test": 500}, "density": 0.5, "density_per_layer": [0.5],
+            "config": {"seq_len": 2048, "density_weight": weight}, "cell": {"command": []},
+            "flops_per_example": {"model": 1.0, "attention": 1.0}, "inference_memory_per_example_bytes": 100.0,
+            "median_step_ms": 10.0}
+
+
+def test_table3_says_so_when_accuracy_carries_no_information():
+    """Every trained setting, full attention included, at the majority class: one line says accuracy carries no
+    information and each trained row is marked; a full attention that learned removes the line."""
+    from bench import report
+    base = 0.17
+    at_base = [table3_record("listops", "full", base - 0.01, base), table3_record("listops", "sbm", base, base, 0.1),
+               table3_record("listops", "linear", 0.125, 0.25, steps=0)]
+    text = report.table3(at_base)
+    title, table = text.split("\n\n", 1)
+    assert "accuracy carries no information here" in title and "full attention included" in title
+    assert report.fmt([base], "accuracy", True) in title  # the majority class, from the records
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+    assert "(base rate)" in rows["full"] and "(base rate)" in rows["sbm λ=0.1"] and "untrained" in rows["linear"]
+    learned = [dict(at_base[0], test=base + 0.2)] + at_base[1:]
+    title = report.table3(learned).split("\n\n", 1)[0]
+    assert "no information" not in title
+    assert f"full attention reaches {report.fmt([base + 0.2], 'accuracy', True)}" in title
+    assert "at the base rate: sbm λ=0.1" in title
+
+
+def quick_record(folder, method, task, test, attention, step_ms, metric="accuracy"):
+    """A quick-grid cell's record as the grid leaves it, with the fields the glance reads."""
+    record = {"status": "complete", "method": method, "task": task, "seed": 0, "metric": metric, "test": test,
+              "valid": test, "base_rate": 0.5, "scored": {"test": 2000}, "density": 1.0, "steps": 10,
+              "device": "cpu", "flops_per_example": {"model": 2 * attention, "attention": attention},
+              "peak_memory_bytes": 1000, "median_step_ms": step_ms, "wall_time_s": 1.0,
+              "config": {"seq_len": 16, "steps": 10, "batch_size": 2, "depth": 1, "heads": 1, "dim": 8}}
+    cell = folder / "runs" / f"{method}-{task}-cpu-s0"
+    cell.mkdir(parents=True)
+    (cell / "metrics.json").write_text(json.dumps(record))
+    return record
+
+
+def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path):
+    """The README's table: every registered method, "not run yet" where no record exists; test metrics, cost
+    ratios and the scaling crossover computed from the records; the sentences name each side of full attention."""
+    from bench import methods, report
+    quick = tmp_path / "quick"
+    full = quick_record(quick, "full", "duplicates", 0.95, attention=400, step_ms=10.0)
+    linear = quick_record(quick, "linear", "duplicates", 0.70, attention=100, step_ms=20.0)
+    at_base = quick_record(quick, "performer", "duplicates", 0.50, attention=300, step_ms=30.0)
+    (quick / "grid.json").write_text(json.dumps({"methods": ["full", "linear", "performer"], "not_run": []}))
+    (tmp_path / "scaling").mkdir()
+    rows = [{"method": m, "n": n, "fwdbwd_ms": ms, "peak_bytes": mib, "fwd_ms": 1, "flops": 1, "density": 1}
+            for m, n, ms, mib in [("full", 32, 1.0, 10), ("full", 64, 4.0, 10), ("full", 128, 16.0, 10),
+                                  ("linear", 32, 2.0, 20), ("linear", 64, 3.0, 30), ("linear", 128, 4.0, 40),
+                                  ("performer", 32, 0.5, 5), ("performer", 64, 5.0, 20), ("performer", 128, 8.0, 30)]]
+    (tmp_path / "scaling" / "scaling.json").write_text(json.dumps({"rows": rows, "args": {}, "device": "cpu"}))
+    text = report.glance(tmp_path, {})
+    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in text.splitlines() if line.startswith("| ")}
+    assert set(methods.METHODS) <= set(table) and "base rate" in table
+    without = [m for m in methods.METHODS if m not in ("full", "linear", "performer", "kernel")]
+    assert without and all(set(table[m]) <= {"not run yet", "–"} and "not run yet" in table[m] for m in without)
+    assert table["full"][0] == report.fmt([full["test"]], "accuracy") and table["full"][-1] == "(reference)"
+    assert table["linear"][0] == report.fmt([linear["test"]], "accuracy")
+    attention = linear["flops_per_example"]["attention"] / full["flops_per_example"]["attention"]
+    assert table["linear"][2] == f"{attention:.2f}"
+    assert table["linear"][4] == f"{linear['median_step_ms'] / full['median_step_ms']:.2f}"
+    assert table["linear"][-1] == "64 / —"  # faster from n = 64 on, never smaller
+    assert table["performer"][-1] == "128 / —"  # below at n = 32 and 128, not 64: it stays below from 128 only
+    assert table["performer"][0] == report.fmt([at_base["test"]], "accuracy") + " (base rate)"
+    sentence = next(line for line in text.splitlines() if line.startswith("- duplicates:"))
+    assert f"fall short: linear {report.fmt([linear['test']], 'accuracy', True)}" in sentence
+    assert "at the base rate: performer" in sentence and "reach it" not in sentence
+    assert "[results/README.md](results/README.md)" in text
 
 
 def test_the_fig4_check_names_methods_on_each_side_of_99_percent():
