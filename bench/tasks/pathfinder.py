@@ -15,7 +15,7 @@ import numpy as np
 @dataclass(frozen=True)
 class PathfinderParams:
     """Generator settings in pixels of the output image; the defaults are LRA's pathfinder32 values
-    (shared/data/README.md §4) with the hardest contour length, 14 (``curv_contour_length_14``)."""
+    (LRA's release) with the hardest contour length, 14 (``curv_contour_length_14``)."""
     side: int = 32
     padding: float = 1.0
     paddle_length: float = 2.0
