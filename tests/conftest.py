@@ -1,4 +1,4 @@
-"""Shared test settings: where the real data live (SPARSE_ATTN_DATA, as CI sets it; else ../shared/data), one
+"""Shared test settings: where the real data live (SPARSE_ATTN_DATA, as CI sets it; else ./data, as the harness), one
 intra-op thread per test, seeded generators, and a recorder of low-precision softmax / exp under autocast."""
 import json
 import os
@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("SPARSE_ATTN_DATA", ROOT.parent / "shared" / "data")).resolve()
+DATA = Path(os.environ.get("SPARSE_ATTN_DATA", ROOT / "data")).resolve()
 
 
 @pytest.fixture(autouse=True)

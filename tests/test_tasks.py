@@ -136,7 +136,7 @@ def test_byte_lm_train_batches_are_next_byte_pairs(tmp_path):
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "wikitext-2" / "valid.txt").exists(),
-                    reason="the WikiText-2 copy in ../shared/data is absent")
+                    reason="no WikiText-2 copy in $SPARSE_ATTN_DATA (valid.txt and test.txt)")
 def test_bytes_reads_the_local_wikitext2_copy():
     task = get_task("bytes")
     task.setup(128, 0, SHARED_DATA, eval_context=64)
