@@ -152,7 +152,7 @@ def resume_conflicts(saved: dict, config: dict, context: dict, later: Dict[str, 
     it); a method's ``later`` settings ({name: first step it acts on, from a config}) that act from a step no
     earlier than the checkpoint's, in both runs. ``context``: the processes, the device type and the bf16
     autocast, which change every step's numbers and must match too."""
-    old, new, step = saved["config"], config, saved["step"]
+    old, new, step = saved["config"], config, saved["progress"]["step"]
     absent = object()
 
     def differs(name):

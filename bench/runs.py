@@ -114,7 +114,7 @@ def open_folder(cfg, context: dict, later: dict, device) -> Optional[dict]:
     saved = load_checkpoint(out / "checkpoint.pt", map_location=device)
     conflicts = resume_conflicts(saved, cfg.as_record(), context, later)
     if conflicts:
-        raise SetupError(f"--resume: {out / 'checkpoint.pt'} (step {saved['step']}) was trained with other settings: "
+        raise SetupError(f"--resume: {out / 'checkpoint.pt'} (step {saved['progress']['step']}) was trained with other settings: "
                          f"{', '.join(conflicts)}; what changes the steps already taken must match (or start afresh "
                          f"with --overwrite)")
     return saved

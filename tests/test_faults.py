@@ -135,9 +135,10 @@ def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finish
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not (out / "metrics.json").exists()
     checkpoint = load_checkpoint(out / "checkpoint.pt")
-    assert checkpoint["config"]["seed"] == 1 and 40 <= checkpoint["step"] < 400
+    assert checkpoint["config"]["seed"] == 1 and 40 <= checkpoint["progress"]["step"] < 400
     steps = valid_steps(out / "log.jsonl")
-    assert steps[:checkpoint["step"] // 40] == list(range(40, checkpoint["step"] + 1, 40))  # the new run's only
+    step = checkpoint["progress"]["step"]
+    assert steps[:step // 40] == list(range(40, step + 1, 40))  # the new run's only
 
 
 # ------------------------------------------------------------------------------------ torn log line
@@ -185,7 +186,8 @@ def test_a_checkpoint_is_a_plain_torch_file(finished):
     """torch.load(path, weights_only=True) reads a checkpoint: model and optimizer state, step, config."""
     import torch
     state = torch.load(finished / "checkpoint.pt", weights_only=True)
-    assert state["step"] == 6 and state["config"]["steps"] == 6 and "qkv.weight" in " ".join(state["model"])
+    assert state["progress"]["step"] == 6 and state["config"]["steps"] == 6
+    assert "blocks.0.attn.qkv.weight" in state["model"] and "state" in state["optimizer"]
 
 
 # ------------------------------------------------------------------------------------ method files

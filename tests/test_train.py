@@ -51,7 +51,7 @@ def test_duplicates_run_writes_the_results_record(tmp_path):
     assert valid_steps(out / "log.jsonl") == [3, 6]
     assert (out / "checkpoint.pt").exists()
     ckpt = load_checkpoint(out / "checkpoint.pt")
-    assert ckpt["step"] == 6
+    assert ckpt["progress"]["step"] == 6
 
 
 def test_steps_zero_evaluates_the_untrained_model(tmp_path):
@@ -95,7 +95,7 @@ def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "metrics.json").exists(), "the run finished before it could be killed"
-    step = load_checkpoint(killed / "checkpoint.pt")["step"]
+    step = load_checkpoint(killed / "checkpoint.pt")["progress"]["step"]
     assert 0 < step < 400
     train(*args, "--out", str(killed), "--resume")
     train(*args, "--out", str(killed), "--resume")  # a resume of the finished run rewrites the same record
