@@ -47,18 +47,21 @@ print(json.dumps({"code": code, "help": text.getvalue(), "torch": "torch" in sys
     ("bench.scaling", "python -m bench.scaling"), ("bench.peers", "python -m bench.peers"),
     ("bench.approx_error", "python -m bench.approx_error"), ("bench.ssa_table", "python -m bench.ssa_table"),
     ("bench.grid", "python -m bench.grid"), ("bench.run_all", "./run_all.sh"),
-    ("bench.report", "python -m bench.report"), ("bench.claims", "python -m bench.claims")])
+    ("bench.report", "python -m bench.report"), ("bench.claims", "python -m bench.claims"),
+    ("bench.thread_cost", "python -m bench.thread_cost"), ("bench.step_time", "python -m bench.step_time")])
 def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module, prog):
     """--help exits 0 with the usage line a user types, before anything runs: nothing written (the working folder
-    stays empty), torch and numpy not imported (bench.approx_error's functions are torch throughout: it imports
-    torch, nothing more), and never "(default: None)"."""
+    stays empty), torch and numpy not imported where the tool's options need neither (bench.approx_error,
+    bench.thread_cost and bench.step_time measure torch code throughout: they import it), and never
+    "(default: None)"."""
+    heavy = module in ("bench.approx_error", "bench.thread_cost", "bench.step_time")
     result = subprocess.run([sys.executable, "-c", HELP, module], cwd=tmp_path, capture_output=True, text=True,
                             timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     shown = json.loads(result.stdout)
     assert shown["code"] == 0 and shown["help"].startswith(f"usage: {prog} ")
     assert "(default: None)" not in shown["help"] and "(default: False)" not in shown["help"]
     assert list(tmp_path.iterdir()) == []
-    assert shown["torch"] == (module == "bench.approx_error") and (not shown["numpy"] or module == "bench.approx_error")
+    assert heavy or not (shown["torch"] or shown["numpy"])
 
 
 def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
