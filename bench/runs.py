@@ -75,6 +75,9 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     try:
         if Path(path).stat().st_size == 0:
             raise refuse("is empty")
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":  # torch.save's archive begins with its first member
+                raise refuse("is damaged: not a torch archive (altered, or written by something else)")
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()  # reads every member against the CRC-32 its header records
     except OSError as exc:
