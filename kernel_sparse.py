@@ -28,6 +28,7 @@ global query and key indices are (b·H + h)·N + i and (b·H + h)·M + s.
 """
 import contextlib
 import importlib.util
+import itertools
 import math
 import statistics
 import sys
@@ -323,51 +324,79 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     query, kernel = block.view(-1, kernels).nonzero(as_tuple=True)  # (S,) grouped by query
     gk = (query // n % heads if columns.shape[0] > 1 else 0) * kernels + kernel  # (S,) group·K + kernel
     owner = torch.repeat_interleave(count[gk])  # (C,) candidates: every column of every selection
-    first = (count.cumsum(0) - count)[gk] - (count[gk].cumsum(0) - count[gk])  # (S,) listed index − candidate's
-    s = listed[first[owner] + torch.arange(len(owner), device=owner.device)]  # (C,) candidate keys
+    shift = (count.cumsum(0) - count)[gk] - (count[gk].cumsum(0) - count[gk])  # (S,) listed index − candidate's
+    s = listed[shift[owner] + torch.arange(len(owner), device=owner.device)]  # (C,) candidate keys
     query, kernel, gk, i = query[owner], kernel[owner], gk[owner], query[owner] % n  # (C,) each
-    keep = valid.view(-1)[query // (heads * n) * n + s] & ((s <= i) | (not causal))
+    keep = valid.reshape(-1)[query // (heads * n) * n + s] & ((s <= i) | (not causal))
     if len(slot):  # already a local key: offset s − i has a slot (else −1), set in the query's bitmap
         lookup = torch.full((2 * n - 1,), -1, device=s.device)
         at = lookup.index_copy_(0, slot, torch.arange(len(slot), device=s.device))[s - i + n - 1]  # (C,)
         keep &= ~((at >= 0) & (near[query, at.clamp_min(0)] != 0))
-    for j in range(kernels - 1):  # already a column of an earlier selected kernel j
+    for j in block.view(-1, kernels).any(0).nonzero().squeeze(1).tolist():  # already an earlier kernel j's column
         keep &= ~((kernel > j) & block.view(-1, kernels)[query, j] & columns.view(-1, n)[gk - kernel + j, s])
     far, far_col = query[keep], (query - i + s)[keep]  # (E₂,) grouped by query
-    # Merge the two lists, each grouped by query, by counting: a query's local edges, then its global ones.
+    # Merge the two lists, each grouped by query, by counting: each query's local edges, then its global ones.
     locals_, globals_ = torch.bincount(row, minlength=len(near)), torch.bincount(far, minlength=len(near))
-    at_local = torch.arange(len(row), device=row.device) + (globals_.cumsum(0) - globals_)[row]
-    at_global = torch.arange(len(far), device=row.device) + locals_.cumsum(0)[far]
-    rows, cols = row.new_empty(len(row) + len(far)), row.new_empty(len(row) + len(far))
-    rows[at_local], rows[at_global], cols[at_local], cols[at_global] = row, far, col, far_col
+    at = torch.cat([(globals_.cumsum(0) - globals_)[row], locals_.cumsum(0)[far] - len(row)])  # the other list's
+    at += torch.arange(len(at), device=at.device)  # edges before, + those of its own list
+    rows, cols = torch.empty_like(at), torch.empty_like(at)
+    rows[at], cols[at] = torch.cat([row, far]), torch.cat([col, far_col])
     return rows, cols
+
+
+def csr(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
+    """A sparse CSR matrix: row offsets, column indices, values."""
+    with warnings.catch_warnings():  # torch's notice, on first use, that sparse CSR support "is in beta"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
+class ListAttention(torch.autograd.Function):
+    """y_i = Σ_s keep_is·softmax_s(q_i·k_s/√D + bias_is) v_s on the (query, key) list as a CSR matrix (row offsets
+    `offsets`, in the sparse kernels' index type `crow`, keys `col`, the query of each edge `row`), O(E·D) time and
+    O(E) memory: SDDMM scores, segment reductions, CSR × dense. The backward uses the same products, the keys' side
+    (∂K, ∂V) on the transposed list (one sort of the keys)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, keep, offsets, crow, col, row):
+        shape = (q.shape[0], k.shape[0])
+        scores = csr(crow, col, q.new_zeros(len(col)), shape)  # written in place
+        s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=0.0, alpha=q.shape[-1] ** -0.5, out=scores).values()
+        s = s if bias is None else s + bias  # (E,)
+        top = torch.segment_reduce(s, "max", offsets=offsets, unsafe=True)  # (Rq,) a shift the softmax ignores
+        a = (s - top.index_select(0, row)).exp()  # (E,)
+        a = a / torch.segment_reduce(a, "sum", offsets=offsets, unsafe=True).index_select(0, row)  # softmax per query
+        w = a if keep is None else a * keep  # (E,) the weights, dropout's pairs at 0
+        ctx.save_for_backward(q, k, v, a, w, keep, offsets, crow, col, row)
+        return csr(crow, col, w, shape) @ v  # (Rq, D); a query without edges gets 0
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, a, w, keep, offsets, crow, col, row = ctx.saved_tensors
+        shape, scale, grad = (q.shape[0], k.shape[0]), q.shape[-1] ** -0.5, grad.contiguous()
+        dw = csr(crow, col, torch.zeros_like(a), shape)
+        da = torch.sparse.sampled_addmm(dw, grad, v.t(), beta=0.0, out=dw).values()  # (E,) ∂L/∂w = grad_i·v_s
+        da = da if keep is None else da * keep
+        ds = a * (da - torch.segment_reduce(a * da, "sum", offsets=offsets, unsafe=True).index_select(0, row))
+        order = col.argsort(stable=True)  # the transposed list: edges by key, queries ascending
+        key_offsets = torch.searchsorted(col.index_select(0, order), torch.arange(shape[1] + 1, device=col.device))
+        key_offsets, query = key_offsets.to(col.dtype), row.index_select(0, order).to(col.dtype)
+        dk = (csr(key_offsets, query, ds.index_select(0, order), shape[::-1]) @ q) * scale
+        dv = csr(key_offsets, query, w.index_select(0, order), shape[::-1]) @ grad
+        dq = (csr(crow, col, ds, shape) @ k) * scale
+        return dq, dk, dv, ds if ctx.needs_input_grad[3] else None, None, None, None, None, None
 
 
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, p_drop: float = 0.0,
                      generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
-    """masked_attention on the (query, key) list only, O(E·D) time and O(E) memory: q (Rq, D) all B·H·N queries,
-    k, v (Rk, D), row, col (E,) global indices grouped by query in ascending order, bias (E,) or None. The list is
-    a CSR matrix: scores by a sampled product (SDDMM), the softmax by segment reductions over each query's edges,
-    the output by a CSR × dense product; a query without edges gets 0."""
+    """masked_attention on the (query, key) list only (ListAttention), O(E·D) time and O(E) memory: q (Rq, D) all
+    B·H·N queries, k, v (Rk, D), row, col (E,) global indices grouped by query in ascending order, bias (E,) or
+    None; a query without edges gets 0."""
     offsets = torch.searchsorted(row, torch.arange(q.shape[0] + 1, device=row.device))  # (Rq + 1,) CSR rows
-    index = torch.int32 if len(col) < 2 ** 31 else torch.int64  # int32: the sparse kernels' own, no copies in them
-    crow, icol = offsets.to(index), col.to(index)
-
-    def csr(values: Tensor) -> Tensor:  # (Rq, Rk) with the list's pattern
-        with warnings.catch_warnings():  # torch's notice, on first use, that sparse CSR support "is in beta"
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            return torch.sparse_csr_tensor(crow, icol, values, (q.shape[0], k.shape[0]), check_invariants=False)
-
-    scores = csr(q.new_zeros(len(col)))  # written in place where no gradient is asked (its indices not copied)
-    inplace = {} if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) else {"out": scores}
-    s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=0.0, alpha=q.shape[-1] ** -0.5, **inplace).values()  # (E,)
-    if bias is not None:
-        s = s + bias
-    top = torch.segment_reduce(s.detach(), "max", offsets=offsets, unsafe=True)  # (Rq,) a shift the softmax ignores
-    w = (s - top.index_select(0, row)).exp()  # (E,)
-    total = torch.segment_reduce(w, "sum", offsets=offsets, unsafe=True)  # (Rq,) ≥ 1 on rows with edges
-    a = w / total.index_select(0, row)  # (E,) softmax per query
-    return csr(pair_dropout(a, row, col, p_drop, generator)) @ v  # (Rq, D)
+    index = torch.int32 if len(col) < 2 ** 31 else torch.int64  # the sparse kernels' own: no copies inside them
+    keep = pair_dropout(q.new_ones(len(col)), row, col, p_drop, generator) if p_drop > 0 else None  # (E,)
+    return ListAttention.apply(q, k, v, bias, keep, offsets, offsets.to(index), col.to(index), row)
 
 
 # ---------------------------------------------------------------------------------------- the attention module
@@ -781,18 +810,16 @@ def time_x_dense(model: nn.Module, forward: Callable[[], object], repeats: int =
                  synchronize: Callable[[], None] = lambda: None) -> float:
     """Wall-clock of an inference `forward()` with the model as installed ÷ with every layer dense (the teacher's
     SDPA): medians of `repeats` after a warm-up, the two alternating so that a shared machine's load falls on both."""
-    installed = [block.attn.sparse for block in model.blocks]
-    seconds = ([], [])  # as installed, dense
+    installed, seconds = [block.attn.sparse for block in model.blocks], ([], [])  # as installed, dense
     try:
-        for repeat in range(repeats + 1):
-            for dense, times in enumerate(seconds):
-                for block, sparse in zip(model.blocks, installed):
-                    block.attn.sparse = sparse and not dense
-                synchronize()
-                start = time.perf_counter()
-                forward()
-                synchronize()
-                times.extend([time.perf_counter() - start] if repeat else [])
+        for repeat, dense in itertools.product(range(repeats + 1), (0, 1)):
+            for block, sparse in zip(model.blocks, installed):
+                block.attn.sparse = sparse and not dense
+            synchronize()
+            start = time.perf_counter()
+            forward()
+            synchronize()
+            seconds[dense].extend([time.perf_counter() - start] if repeat else [])  # the first pair: a warm-up
     finally:
         for block, sparse in zip(model.blocks, installed):
             block.attn.sparse = sparse
@@ -865,8 +892,8 @@ def sweeps(model: nn.Module, predictors: List[KernelPredictor], cfg: KernelConfi
 @contextlib.contextmanager
 def reference_path(model: nn.Module):
     """Runs the sparse layers on the masked reference path; restored on exit."""
-    # Ours: fine-tuning runs on the reference path, which tests show equals the edge list in outputs and gradients,
-    # and is faster on CPU at these lengths; validation, test and FLOPs use the edge list.
+    # Ours: fine-tuning runs on the masked reference path, which tests show equals the edge list in outputs and
+    # gradients; validation, test, FLOPs and times use the edge list.
     paths = [block.attn.path for block in model.blocks]
     for block in model.blocks:
         block.attn.path = "reference"
