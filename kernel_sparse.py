@@ -326,15 +326,18 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     owner = torch.repeat_interleave(count[gk])  # (C,) candidates: every column of every selection
     shift = (count.cumsum(0) - count)[gk] - (count[gk].cumsum(0) - count[gk])  # (S,) listed index − candidate's
     s = listed[shift[owner] + torch.arange(len(owner), device=owner.device)]  # (C,) candidate keys
-    query, kernel, gk, i = query[owner], kernel[owner], gk[owner], query[owner] % n  # (C,) each
-    keep = valid.reshape(-1)[query // (heads * n) * n + s] & ((s <= i) | (not causal))
+    query, kernel, group = query[owner], kernel[owner], (gk - kernel)[owner]  # (C,) each; group = g·K
+    offset = s - query % n  # (C,) s − i
+    keep = (offset <= 0) | (not causal)
+    if not bool(valid.all()):
+        keep &= valid.reshape(-1)[query // (heads * n) * n + s]
     if len(slot):  # already a local key: offset s − i has a slot (else −1), set in the query's bitmap
         lookup = torch.full((2 * n - 1,), -1, device=s.device)
-        at = lookup.index_copy_(0, slot, torch.arange(len(slot), device=s.device))[s - i + n - 1]  # (C,)
+        at = lookup.index_copy_(0, slot, torch.arange(len(slot), device=s.device))[offset + (n - 1)]  # (C,)
         keep &= ~((at >= 0) & (near[query, at.clamp_min(0)] != 0))
     for j in block.view(-1, kernels).any(0).nonzero().squeeze(1).tolist():  # already an earlier kernel j's column
-        keep &= ~((kernel > j) & block.view(-1, kernels)[query, j] & columns.view(-1, n)[gk - kernel + j, s])
-    far, far_col = query[keep], (query - i + s)[keep]  # (E₂,) grouped by query
+        keep &= ~((kernel > j) & block.view(-1, kernels)[query, j] & columns.view(-1, n)[group + j, s])
+    far, far_col = query[keep], (query + offset)[keep]  # (E₂,) grouped by query
     # Merge the two lists, each grouped by query, by counting: each query's local edges, then its global ones.
     locals_, globals_ = torch.bincount(row, minlength=len(near)), torch.bincount(far, minlength=len(near))
     at = torch.cat([(globals_.cumsum(0) - globals_)[row], locals_.cumsum(0)[far] - len(row)])  # the other list's
