@@ -21,10 +21,12 @@ sparse model's numbers, the teacher's under kernel.teacher; kernel_report.md is 
     python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
     python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
+    python -m bench.kernel_time                                  # one layer's inference time, sparse beside dense
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model width, K kernels, G kernel groups
-(1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, E edges;
-global query and key indices are (b·H + h)·N + i and (b·H + h)·M + s.
+(1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, P offsets
+that local kernels hold, Z candidate (query, key) pairs, E edges; global query and key indices are (b·H + h)·N + i
+and (b·H + h)·M + s.
 """
 import contextlib
 import importlib.util
@@ -323,17 +325,17 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     listed = columns.view(-1, n).nonzero()[:, 1]  # every kernel's columns, kernel after kernel
     query, kernel = block.view(-1, kernels).nonzero(as_tuple=True)  # (S,) grouped by query
     gk = (query // n % heads if columns.shape[0] > 1 else 0) * kernels + kernel  # (S,) group·K + kernel
-    owner = torch.repeat_interleave(count[gk])  # (C,) candidates: every column of every selection
+    owner = torch.repeat_interleave(count[gk])  # (Z,) candidates: every column of every selection
     shift = (count.cumsum(0) - count)[gk] - (count[gk].cumsum(0) - count[gk])  # (S,) listed index − candidate's
-    s = listed[shift[owner] + torch.arange(len(owner), device=owner.device)]  # (C,) candidate keys
-    query, kernel, group = query[owner], kernel[owner], (gk - kernel)[owner]  # (C,) each; group = g·K
-    offset = s - query % n  # (C,) s − i
+    s = listed[shift[owner] + torch.arange(len(owner), device=owner.device)]  # (Z,) candidate keys
+    query, kernel, group = query[owner], kernel[owner], (gk - kernel)[owner]  # (Z,) each; group = g·K
+    offset = s - query % n  # (Z,) s − i
     keep = (offset <= 0) | (not causal)
     if not bool(valid.all()):
         keep &= valid.reshape(-1)[query // (heads * n) * n + s]
     if len(slot):  # already a local key: offset s − i has a slot (else −1), set in the query's bitmap
         lookup = torch.full((2 * n - 1,), -1, device=s.device)
-        at = lookup.index_copy_(0, slot, torch.arange(len(slot), device=s.device))[offset + (n - 1)]  # (C,)
+        at = lookup.index_copy_(0, slot, torch.arange(len(slot), device=s.device))[offset + (n - 1)]  # (Z,)
         keep &= ~((at >= 0) & (near[query, at.clamp_min(0)] != 0))
     for j in block.view(-1, kernels).any(0).nonzero().squeeze(1).tolist():  # already an earlier kernel j's column
         keep &= ~((kernel > j) & block.view(-1, kernels)[query, j] & columns.view(-1, n)[group + j, s])
@@ -381,7 +383,8 @@ class ListAttention(torch.autograd.Function):
         dw = csr(crow, col, torch.zeros_like(a), shape)
         da = torch.sparse.sampled_addmm(dw, grad, v.t(), beta=0.0, out=dw).values()  # (E,) ∂L/∂w = grad_i·v_s
         da = da if keep is None else da * keep
-        ds = a * (da - torch.segment_reduce(a * da, "sum", offsets=offsets, unsafe=True).index_select(0, row))
+        row_dot = torch.segment_reduce(a * da, "sum", offsets=offsets, unsafe=True)  # (Rq,) Σ_s a·∂L/∂w
+        ds = a * (da - row_dot.index_select(0, row))  # (E,) ∂L/∂s: the softmax's backward
         order = col.argsort(stable=True)  # the transposed list: edges by key, queries ascending
         key_offsets = torch.searchsorted(col.index_select(0, order), torch.arange(shape[1] + 1, device=col.device))
         key_offsets, query = key_offsets.to(col.dtype), row.index_select(0, order).to(col.dtype)
