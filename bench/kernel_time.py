@@ -6,8 +6,8 @@ module with sparse=False: the teacher's SDPA), side by side in one process.
     python -m bench.kernel_time --compare OLD/kernel_sparse.py     # another version's sparse path beside this one
 
 The layer: width 128, 4 heads of 32, ALiBi, the 17 standard kernels (kernel_sparse.py's CPU preset), a predictor
-at its seeded initialisation selecting the top-K kernels (K = 3 gives about 28 keys per query at n = 256, the
-density of the preset's trained model at its fine-tuned setting) or those above a threshold; batch = --tokens ÷ n,
+at its seeded initialisation selecting the top-K kernels (K = 3: 28.6 keys per query at n = 256, near the 25.7 of
+the preset's fine-tuned model, its trained predictor's top 8) or those above a threshold; batch = --tokens ÷ n,
 eval mode, no gradient. Per n: keys per query (edges ÷ valid queries, from the layer's reported density), then the
 wall time of each variant, called in turn (dense, sparse[, compared]) so that a shared machine's load falls on all
 alike: median and [min-max] of --repeats rounds after --warmup-iters. The ratio sparse ÷ dense is that of the
