@@ -21,16 +21,21 @@ sparse model's numbers, the teacher's under kernel.teacher; kernel_report.md is 
     python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
     python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
+    python -m bench.kernel_time                                  # one layer's inference time, sparse beside dense
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model width, K kernels, G kernel groups
-(1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, E edges;
-global query and key indices are (b·H + h)·N + i and (b·H + h)·M + s.
+(1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, P offsets
+that local kernels hold, Z candidate (query, key) pairs, E edges; global query and key indices are (b·H + h)·N + i
+and (b·H + h)·M + s.
 """
 import contextlib
 import importlib.util
+import itertools
 import math
+import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -288,56 +293,116 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p_drop: floa
 
 
 # ------------------------------------------------------------ fast path: the union as an edge list, attention on it
-def positions(flags: Tensor) -> Tuple[Tensor, Tensor]:
-    """(..., F) bool → (..., P) indices of the True entries, left-aligned, and (..., P) bool saying which are
-    real; P = the largest count. A kernel's 1-D index list (its offsets, columns) in padded form."""
-    count = flags.sum(-1)
-    width = int(count.max()) if flags.numel() else 0
-    order = flags.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[..., :width]
-    return order, torch.arange(width, device=flags.device) < count[..., None]
-
-
 def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> Tuple[Tensor, Tensor]:
-    """KernelBank.mask as (row, col) global indices, sorted by query and without repeats, built from the kernels'
-    index lists (offsets, global block): O(selected kernels × their ones), no N × M tensor."""
-    n, heads = sel.shape[1], sel.shape[2]
+    """KernelBank.mask as (row, col) global indices, grouped by query (ascending) without repeats, built from the
+    kernels' structure with no sort: a local kernel is a set of diagonals (offsets d = s − i), so a query's local
+    keys are the OR of its kernels' offset sets, a (B·H·N, P) bitmap over the P offsets some kernel holds; a
+    global block adds its columns to the queries of its rows, less those already there (a local offset or an
+    earlier kernel's column). O(B·H·N·P + K·global candidates), no N × M tensor."""
+    b, n, heads, kernels = sel.shape
+    chosen = (sel & valid[:, :, None, None]).transpose(1, 2).contiguous()  # (B, H, N, K); padded queries: none
     local = bank.local()[:, :, bank.max_len - n: bank.max_len - 1 + n] > 0.5  # (G, K, 2N−1): |s − i| < N
-    offsets, offset_ok = positions(local)  # (G, K, P) slots of offset + N − 1
-    offsets = offsets - (n - 1)  # (G, K, P) offsets s − i
-    columns, column_ok = positions(bank.col[:, :, :n] > 0.5)  # (G, K, C) keys of the global block
-    b, i, h, k = (sel & valid[:, :, None, None]).nonzero(as_tuple=True)  # (S,) one per selected kernel
-    g = h if bank.row.shape[0] > 1 else torch.zeros_like(h)
-    query = (b * heads + h) * n + i  # (S,) global query
-    near, slot = offset_ok[g, k].nonzero(as_tuple=True)  # local candidates: s = i + d
-    block = (bank.row[g, k, i] > 0.5).nonzero().squeeze(1)  # selections whose row is in the global block
-    far, column = column_ok[g[block], k[block]].nonzero(as_tuple=True)
-    far = block[far]  # global-block candidates: every key of the block
-    owner = torch.cat([query[near], query[far]])
-    keys = torch.cat([i[near] + offsets[g[near], k[near], slot], columns[g[far], k[far], column]])
-    keep = (keys >= 0) & (keys < n)
+    slot = local.any(1).any(0).nonzero().squeeze(1)  # (P,) offsets some kernel holds, + N − 1, ascending
+    d = slot - (n - 1)  # (P,) offsets s − i
+    key = torch.arange(n, device=d.device)[:, None] + d  # (N, P) the key of query i at slot p
+    allowed = (key >= 0) & (key < n) & ((d <= 0) | (not causal))  # (N, P)
     if not bool(valid.all()):  # padded keys never receive weight
-        keep &= valid.reshape(-1)[owner // (heads * n) * n + keys.clamp(0, n - 1)]
-    if causal:
-        keep &= keys <= owner % n
-    pair = torch.unique(owner[keep] * n + keys[keep])  # (E,) sorted: the OR drops repeats
-    row = pair // n
-    return row, row // n * n + pair % n
+        allowed = allowed & valid[:, None, key.clamp(0, n - 1)]  # (B, 1, N, P)
+    for first in range(0, kernels, 31):  # the OR over selected kernels as bit sets, 31 kernels to an int32
+        bit = torch.arange(min(31, kernels - first), dtype=torch.int32, device=d.device)
+        chose = (chosen[..., first:first + 31] << bit).sum(-1, keepdim=True, dtype=torch.int32)  # (B, H, N, 1)
+        held = (local[:, first:first + 31, slot] << bit[:, None]).sum(1, dtype=torch.int32)  # (G, P) kernels at p
+        held = torch.where(allowed, held[:, None], 0)  # (B|1, G, N, P) those whose offset p is a key here
+        near = chose & held if first == 0 else near | (chose & held)  # (B, H, N, P) ≠ 0: p is in the union
+    near = near.view(b * heads * n, len(slot))  # (B·H·N, P), row = global query
+    row, p = near.nonzero(as_tuple=True)  # (E₁,) row-major: grouped by query, keys ascending
+    col = row + d.index_select(0, p)  # same (batch, head) block: global key = global query + (s − i)
+    block = chosen & (bank.row[:, :, :n] > 0.5).transpose(1, 2)  # (B, H, N, K) selected, row i in the block
+    if not bool(block.any()):
+        return row, col
+    columns = bank.col[:, :, :n] > 0.5  # (G, K, M)
+    count = columns.sum(-1).view(-1)  # (G·K,) columns per kernel
+    listed = columns.view(-1, n).nonzero()[:, 1]  # every kernel's columns, kernel after kernel
+    query, kernel = block.view(-1, kernels).nonzero(as_tuple=True)  # (S,) grouped by query
+    gk = (query // n % heads if columns.shape[0] > 1 else 0) * kernels + kernel  # (S,) group·K + kernel
+    owner = torch.repeat_interleave(count[gk])  # (Z,) candidates: every column of every selection
+    shift = (count.cumsum(0) - count)[gk] - (count[gk].cumsum(0) - count[gk])  # (S,) listed index − candidate's
+    s = listed[shift[owner] + torch.arange(len(owner), device=owner.device)]  # (Z,) candidate keys
+    query, kernel, group = query[owner], kernel[owner], (gk - kernel)[owner]  # (Z,) each; group = g·K
+    offset = s - query % n  # (Z,) s − i
+    keep = (offset <= 0) | (not causal)
+    if not bool(valid.all()):
+        keep &= valid.reshape(-1)[query // (heads * n) * n + s]
+    if len(slot):  # already a local key: offset s − i has a slot (else −1), set in the query's bitmap
+        lookup = torch.full((2 * n - 1,), -1, device=s.device)
+        at = lookup.index_copy_(0, slot, torch.arange(len(slot), device=s.device))[offset + (n - 1)]  # (Z,)
+        keep &= ~((at >= 0) & (near[query, at.clamp_min(0)] != 0))
+    for j in block.view(-1, kernels).any(0).nonzero().squeeze(1).tolist():  # already an earlier kernel j's column
+        keep &= ~((kernel > j) & block.view(-1, kernels)[query, j] & columns.view(-1, n)[group + j, s])
+    far, far_col = query[keep], (query + offset)[keep]  # (E₂,) grouped by query
+    # Merge the two lists, each grouped by query, by counting: each query's local edges, then its global ones.
+    locals_, globals_ = torch.bincount(row, minlength=len(near)), torch.bincount(far, minlength=len(near))
+    at = torch.cat([(globals_.cumsum(0) - globals_)[row], locals_.cumsum(0)[far] - len(row)])  # the other list's
+    at += torch.arange(len(at), device=at.device)  # edges before, + those of its own list
+    rows, cols = torch.empty_like(at), torch.empty_like(at)
+    rows[at], cols[at] = torch.cat([row, far]), torch.cat([col, far_col])
+    return rows, cols
+
+
+def csr(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
+    """A sparse CSR matrix: row offsets, column indices, values."""
+    with warnings.catch_warnings():  # torch's notice, on first use, that sparse CSR support "is in beta"
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
+class ListAttention(torch.autograd.Function):
+    """y_i = Σ_s keep_is·softmax_s(q_i·k_s/√D + bias_is) v_s on the (query, key) list as a CSR matrix (row offsets
+    `offsets`, in the sparse kernels' index type `crow`, keys `col`, the query of each edge `row`), O(E·D) time and
+    O(E) memory: SDDMM scores, segment reductions, CSR × dense. The backward uses the same products, the keys' side
+    (∂K, ∂V) on the transposed list (one sort of the keys)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, keep, offsets, crow, col, row):
+        shape = (q.shape[0], k.shape[0])
+        scores = csr(crow, col, q.new_zeros(len(col)), shape)  # written in place
+        s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=0.0, alpha=q.shape[-1] ** -0.5, out=scores).values()
+        s = s if bias is None else s + bias  # (E,)
+        top = torch.segment_reduce(s, "max", offsets=offsets, unsafe=True)  # (Rq,) a shift the softmax ignores
+        a = (s - top.index_select(0, row)).exp()  # (E,)
+        a = a / torch.segment_reduce(a, "sum", offsets=offsets, unsafe=True).index_select(0, row)  # softmax per query
+        w = a if keep is None else a * keep  # (E,) the weights, dropout's pairs at 0
+        ctx.save_for_backward(q, k, v, a, w, keep, offsets, crow, col, row)
+        return csr(crow, col, w, shape) @ v  # (Rq, D); a query without edges gets 0
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, a, w, keep, offsets, crow, col, row = ctx.saved_tensors
+        shape, scale, grad = (q.shape[0], k.shape[0]), q.shape[-1] ** -0.5, grad.contiguous()
+        dw = csr(crow, col, torch.zeros_like(a), shape)
+        da = torch.sparse.sampled_addmm(dw, grad, v.t(), beta=0.0, out=dw).values()  # (E,) ∂L/∂w = grad_i·v_s
+        da = da if keep is None else da * keep
+        row_dot = torch.segment_reduce(a * da, "sum", offsets=offsets, unsafe=True)  # (Rq,) Σ_s a·∂L/∂w
+        ds = a * (da - row_dot.index_select(0, row))  # (E,) ∂L/∂s: the softmax's backward
+        order = col.argsort(stable=True)  # the transposed list: edges by key, queries ascending
+        key_offsets = torch.searchsorted(col.index_select(0, order), torch.arange(shape[1] + 1, device=col.device))
+        key_offsets, query = key_offsets.to(col.dtype), row.index_select(0, order).to(col.dtype)
+        dk = (csr(key_offsets, query, ds.index_select(0, order), shape[::-1]) @ q) * scale
+        dv = csr(key_offsets, query, w.index_select(0, order), shape[::-1]) @ grad
+        dq = (csr(crow, col, ds, shape) @ k) * scale
+        return dq, dk, dv, ds if ctx.needs_input_grad[3] else None, None, None, None, None, None
 
 
 def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, p_drop: float = 0.0,
                      generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
-    """masked_attention on the (query, key) list only, O(E·D) time and memory: q (Rq, D) all B·H·N queries, k, v
-    (Rk, D), row, col (E,) global indices, bias (E,) or None. A softmax per query by scatter reductions; a query
-    without edges gets 0."""
-    s = (q.mul(q.shape[-1] ** -0.5).index_select(0, row) * k.index_select(0, col)).sum(-1)  # (E,) scores
-    if bias is not None:
-        s = s + bias
-    top = torch.full((q.shape[0],), torch.finfo(s.dtype).min, dtype=s.dtype, device=s.device)
-    top = top.scatter_reduce(0, row, s.detach(), "amax")  # (Rq,) row maxima: a shift the softmax ignores
-    w = (s - top.index_select(0, row)).exp()  # (E,)
-    total = w.new_zeros(q.shape[0]).index_add(0, row, w)  # (Rq,) ≥ 1 on rows with edges
-    a = pair_dropout(w / total.index_select(0, row), row, col, p_drop, generator)  # (E,) softmax per query
-    return v.new_zeros(q.shape[0], v.shape[-1]).index_add(0, row, a[:, None] * v.index_select(0, col))
+    """masked_attention on the (query, key) list only (ListAttention), O(E·D) time and O(E) memory: q (Rq, D) all
+    B·H·N queries, k, v (Rk, D), row, col (E,) global indices grouped by query in ascending order, bias (E,) or
+    None; a query without edges gets 0."""
+    offsets = torch.searchsorted(row, torch.arange(q.shape[0] + 1, device=row.device))  # (Rq + 1,) CSR rows
+    index = torch.int32 if len(col) < 2 ** 31 else torch.int64  # the sparse kernels' own: no copies inside them
+    keep = pair_dropout(q.new_ones(len(col)), row, col, p_drop, generator) if p_drop > 0 else None  # (E,)
+    return ListAttention.apply(q, k, v, bias, keep, offsets, offsets.to(index), col.to(index), row)
 
 
 # ---------------------------------------------------------------------------------------- the attention module
@@ -435,14 +500,15 @@ class KernelSparseAttention(nn.Module):
                     counts = mask.sum((2, 3))
                 else:
                     row, col = self.predictor.bank.edges(sel, valid, causal)
-                    bias = None  # per edge: −m_h·|i − s|, h, i and s read off the global indices
+                    bias = None  # per edge: −m_h·|i − s|, with s − i = col − row (one (batch, head) block)
                     if self.slopes is not None:
-                        distance = (row % n - col % n).abs().to(q.dtype)
-                        bias = -self.slopes.to(q.dtype)[row // n % self.heads] * distance  # (E,)
+                        slope = self.slopes.to(q.dtype).repeat_interleave(n).repeat(b)  # (B·H·N,) per query
+                        bias = -slope.index_select(0, row) * (col - row).abs().to(q.dtype)  # (E,)
                     y = sparse_attention(q.reshape(-1, self.head_dim), k.reshape(-1, self.head_dim),
                                          v.reshape(-1, self.head_dim), row, col, p_drop, generator, bias)
                     y = y.view(b, self.heads, n, self.head_dim)
-                    counts = torch.bincount(row // n, minlength=b * self.heads).view(b, self.heads)
+                    blocks = torch.arange(b * self.heads + 1, device=row.device) * n  # first query of each block
+                    counts = torch.searchsorted(row, blocks).diff().view(b, self.heads)  # edges grouped by query
         y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim).to(x.dtype)  # (B, N, H·D)
         pairs = (valid.sum(1, dtype=torch.float64) ** 2).sum().clamp_min(1)  # valid queries × valid keys, batch-summed
         return self.out(y), {"density": (counts.sum(0, dtype=torch.float64) / pairs).float()}  # (H,) INTERFACE.md
@@ -745,14 +811,35 @@ def attention_flops(counts: dict, examples: int) -> dict:
             "predictor": total("predictor"), "core": total("attn") - projections - total("predictor")}
 
 
-def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int) -> dict:
-    """A validation result of the model as installed: perplexity (per scored token), density, keys per query and
-    FLOPs relative to the dense teacher's. Sparsity (§4.3.2) is reported as keys per query (density × N) and as
-    the density of INTERFACE.md."""
+@torch.no_grad()
+def time_x_dense(model: nn.Module, forward: Callable[[], object], repeats: int = 5,
+                 synchronize: Callable[[], None] = lambda: None) -> float:
+    """Wall-clock of an inference `forward()` with the model as installed ÷ with every layer dense (the teacher's
+    SDPA): medians of `repeats` after a warm-up, the two alternating so that a shared machine's load falls on both."""
+    installed, seconds = [block.attn.sparse for block in model.blocks], ([], [])  # as installed, dense
+    try:
+        for repeat, dense in itertools.product(range(repeats + 1), (0, 1)):
+            for block, sparse in zip(model.blocks, installed):
+                block.attn.sparse = sparse and not dense
+            synchronize()
+            start = time.perf_counter()
+            forward()
+            synchronize()
+            seconds[dense].extend([time.perf_counter() - start] if repeat else [])  # the first pair: a warm-up
+    finally:
+        for block, sparse in zip(model.blocks, installed):
+            block.attn.sparse = sparse
+    return statistics.median(seconds[0]) / statistics.median(seconds[1])
+
+
+def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int, seconds_x_dense: float) -> dict:
+    """A validation result of the model as installed: perplexity (per scored token), density, keys per query,
+    FLOPs relative to the dense teacher's and inference wall-clock relative to the same model run dense
+    (`time_x_dense`). Sparsity (§4.3.2) is reported as keys per query (density × N) and as INTERFACE.md's density."""
     return {"valid_ppl": math.exp(result["loss"]), "density": result["density"], "keys_per_query": result["density"] * n,
             "density_per_layer": result["density_per_layer"],
             **{f"{part}_flops_x_dense": flops[part] / dense_flops[part] for part in ("core", "attention", "model")},
-            "flops": flops}
+            "time_x_dense": seconds_x_dense, "flops": flops}
 
 
 @torch.no_grad()
@@ -786,7 +873,8 @@ def fit_variants(model: nn.Module, data: List[LayerData], cfg: KernelConfig, gen
         install(model, predictors[variant], select=cfg.select, threshold=cfg.threshold, top_k=cfg.top_k)
         records[variant] = result = {**fit, **measured(), **mask_quality(model, quality, cfg)}
         print(f"{variant}: predictor loss {result['train_loss']:.4f} | valid ppl {result['valid_ppl']:.3f} | "
-              f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f}", flush=True)
+              f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f} | time x dense "
+              f"{result['time_x_dense']:.2f}", flush=True)
     return predictors, records
 
 
@@ -810,8 +898,8 @@ def sweeps(model: nn.Module, predictors: List[KernelPredictor], cfg: KernelConfi
 @contextlib.contextmanager
 def reference_path(model: nn.Module):
     """Runs the sparse layers on the masked reference path; restored on exit."""
-    # Ours: fine-tuning runs on the reference path, which tests show equals the edge list in outputs and gradients,
-    # and is faster on CPU at these lengths; validation, test and FLOPs use the edge list.
+    # Ours: fine-tuning runs on the masked reference path, which tests show equals the edge list in outputs and
+    # gradients; validation, test, FLOPs and times use the edge list.
     paths = [block.attn.path for block in model.blocks]
     for block in model.blocks:
         block.attn.path = "reference"
@@ -894,8 +982,10 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
                 counts = measure.count_flops(lambda: model(**inputs), attention_parts(model), root=model)
                 return attention_flops(counts, len(inputs["tokens"]))
 
-            def measured(limit: int = cfg.eval_batches) -> dict:
-                return sparse_result(run.evaluate("valid", limit), flops(), dense, inputs["tokens"].shape[1])
+            def measured(limit: int = cfg.eval_batches) -> dict:  # inference time × dense timed on `inputs`
+                result = run.evaluate("valid", limit)
+                timed = time_x_dense(model, lambda: model(**inputs), 5, lambda: measure.synchronize(run.device))
+                return sparse_result(result, flops(), dense, inputs["tokens"].shape[1], timed)
 
             def fine_tune() -> List[float]:
                 with reference_path(model):

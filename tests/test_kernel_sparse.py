@@ -96,6 +96,51 @@ def reference_attention(attn: ks.KernelSparseAttention, x: torch.Tensor, mask: t
     return attn.out(y.transpose(1, 2).reshape(b, n, H * D))
 
 
+def union_edges_by_sort(bank: ks.KernelBank, sel: torch.Tensor, valid: torch.Tensor, causal: bool):
+    """The edge builder the fast path had before its sort-free one: every selected kernel's candidates (offsets,
+    global-block columns), then `unique` to drop repeats and sort by query; (row, col) global indices."""
+    def positions(flags):  # (..., F) bool → left-aligned indices of the True entries, and which are real
+        count = flags.sum(-1)
+        width = int(count.max()) if flags.numel() else 0
+        order = flags.to(torch.int8).argsort(dim=-1, descending=True, stable=True)[..., :width]
+        return order, torch.arange(width) < count[..., None]
+
+    n, heads = sel.shape[1], sel.shape[2]
+    local = bank.local()[:, :, bank.max_len - n: bank.max_len - 1 + n] > 0.5
+    offsets, offset_ok = positions(local)
+    offsets = offsets - (n - 1)
+    columns, column_ok = positions(bank.col[:, :, :n] > 0.5)
+    b, i, h, k = (sel & valid[:, :, None, None]).nonzero(as_tuple=True)
+    g = h if bank.row.shape[0] > 1 else torch.zeros_like(h)
+    query = (b * heads + h) * n + i
+    near, slot = offset_ok[g, k].nonzero(as_tuple=True)
+    block = (bank.row[g, k, i] > 0.5).nonzero().squeeze(1)
+    far, column = column_ok[g[block], k[block]].nonzero(as_tuple=True)
+    far = block[far]
+    owner = torch.cat([query[near], query[far]])
+    keys = torch.cat([i[near] + offsets[g[near], k[near], slot], columns[g[far], k[far], column]])
+    keep = (keys >= 0) & (keys < n)
+    if not bool(valid.all()):
+        keep &= valid.reshape(-1)[owner // (heads * n) * n + keys.clamp(0, n - 1)]
+    if causal:
+        keep &= keys <= owner % n
+    pair = torch.unique(owner[keep] * n + keys[keep])
+    row = pair // n
+    return row, row // n * n + pair % n
+
+
+def random_bank(generator: torch.Generator, groups: int, kernels: int, length: int) -> ks.KernelBank:
+    """Kernels of every kind at random densities: local offset sets, global columns, global rows, and mixes."""
+    def draw(*shape):
+        return (torch.rand(*shape, generator=generator) < torch.rand((), generator=generator)).float()
+
+    kind = torch.randint(4, (groups, kernels, 1), generator=generator)  # 0 local, 1 columns, 2 rows, 3 mixed
+    local = draw(groups, kernels, 2 * length - 1) * (kind != 1) * (kind != 2)
+    row = torch.where(kind == 1, 1.0, draw(groups, kernels, length)) * (kind != 0)
+    col = torch.where(kind == 2, 1.0, draw(groups, kernels, length)) * (kind != 0)
+    return ks.KernelBank(local, row, col)
+
+
 def handmade_bank(seed=0) -> ks.KernelBank:
     """Per head (G = H) four kernels of every kind: a local one, a global-column one (all queries see keys
     `col`), a global-row one (queries `row` see all keys) and one mixing a local part and a global block."""
@@ -199,6 +244,29 @@ def test_mask_and_edges_equal_the_union_of_random_selections(bank_name, causal):
     assert torch.equal(bank.mask(sel, valid, causal), expected)
     row, col = bank.edges(sel, valid, causal)
     assert torch.equal(edges_to_mask(row, col, b, H, N), expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sort_free_edges_equal_the_sorted_builders_edges(causal):
+    """The edge builder (diagonal bitmaps, global columns without repeats, a merge by counting) gives the pairs the
+    builder with `unique` gave, as sets, grouped by query without repeats: 200 random banks (shared by the heads or
+    one per head, every kernel kind) and selections at random rates, lengths and padding, the four test banks and
+    one of 70 kernels."""
+    g = seeded(12)
+    cases = [(BANKS[name](), N) for name in BANKS] + [(random_bank(g, 1, 70, 16), 12)]  # > 63 kernels too
+    for _ in range(200):
+        length = int(torch.randint(1, 24, (), generator=g))
+        groups = H if bool(torch.rand((), generator=g) < 0.5) else 1
+        kernels = int(torch.randint(1, 7, (), generator=g))
+        cases.append((random_bank(g, groups, kernels, length), int(torch.randint(1, length + 1, (), generator=g))))
+    for bank, n in cases:
+        b = int(torch.randint(1, 4, (), generator=g))
+        sel = torch.rand(b, n, H, bank.num_kernels, generator=g) < torch.rand((), generator=g)
+        valid = torch.rand(b, n, generator=g) < 0.8 if bool(torch.rand((), generator=g) < 0.5) else \
+            torch.ones(b, n, dtype=torch.bool)
+        old, new = union_edges_by_sort(bank, sel, valid, causal), bank.edges(sel, valid, causal)
+        assert torch.equal(edges_to_mask(*new, b, H, n), edges_to_mask(*old, b, H, n))  # checks grouping, repeats
+        assert torch.equal(torch.sort(new[0] * b * H * n + new[1]).values, old[0] * b * H * n + old[1])
 
 
 def test_global_kernels_reach_far_keys_and_rows():
@@ -402,22 +470,25 @@ def test_sparse_attention_equals_masked_attention_outputs_and_gradients(padded, 
     mask[0, 1, 4] = False  # a valid query whose mask is empty
     mask[1, 0, 2] = False
     upstream = torch.randn(b, H, N, D, generator=g, dtype=torch.float64)
+    bias0 = torch.randn(H, N, N, generator=g, dtype=torch.float64)  # an additive score bias (H, N, M), as ALiBi's
 
     def run(path):
-        q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+        q, k, v, bias = (t.clone().requires_grad_() for t in (q0, k0, v0, bias0))
         if path == "masked":
-            y = ks.masked_attention(q, k, v, mask)
+            y = ks.masked_attention(q, k, v, mask, bias=bias)
         elif path == "sparse":
             row, col = mask_to_edges(mask)
-            y = ks.sparse_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), row, col).view(b, H, N, D)
+            per_edge = bias[row // N % H, row % N, col % N]  # (E,)
+            y = ks.sparse_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), row, col,
+                                    bias=per_edge).view(b, H, N, D)
         else:  # an independent reference: −inf fills, NaN rows → 0
-            scores = (q @ k.transpose(-1, -2) / math.sqrt(D)).masked_fill(~mask, -math.inf)
+            scores = (q @ k.transpose(-1, -2) / math.sqrt(D) + bias).masked_fill(~mask, -math.inf)
             y = scores.softmax(-1).nan_to_num(0.0) @ v
         (y * upstream).sum().backward()
-        return y.detach(), q.grad, k.grad, v.grad
+        return y.detach(), q.grad, k.grad, v.grad, bias.grad
 
     reference, masked, sparse = run("reference"), run("masked"), run("sparse")
-    for name, r, m, s in zip("y q k v".split(), reference, masked, sparse):
+    for name, r, m, s in zip("y q k v bias".split(), reference, masked, sparse):
         assert torch.isfinite(m).all() and torch.isfinite(s).all(), name
         assert torch.allclose(m, r, atol=1e-12), name
         assert torch.allclose(s, r, atol=1e-12), name
@@ -426,6 +497,24 @@ def test_sparse_attention_equals_masked_attention_outputs_and_gradients(padded, 
     for y in (masked[0], sparse[0]):
         assert (y[empty] == 0).all()
     assert (sparse[1][empty] == 0).all()  # no gradient reaches an empty row's query
+
+
+def test_sparse_attention_forward_and_backward_cost_order_edges_times_width():
+    """The list's products and their gradients are sparse kernels: forward and backward FLOPs stay within a few
+    times E·D on a list of ~5% of R² pairs (a gradient formed as a dense R × R product would count 2·R²·D)."""
+    from bench.measure import count_flops
+    r, width = 600, 8
+    g = seeded(13)
+    mask = torch.rand(r, r, generator=g) < 0.05
+    row, col = mask.nonzero(as_tuple=True)
+    q, k, v = (torch.randn(r, width, generator=g, requires_grad=True) for _ in range(3))
+    bias = torch.randn(len(row), generator=g, requires_grad=True)
+    y = ks.sparse_attention(q, k, v, row, col, bias=bias)
+    forward = count_flops(lambda: ks.sparse_attention(q, k, v, row, col, bias=bias))["total"]
+    backward = count_flops(lambda: y.square().sum().backward())["total"]
+    assert 4 * len(row) * width <= forward <= 6 * len(row) * width
+    assert backward <= 12 * len(row) * width < 2 * r * r * width
+    assert all(t.grad is not None for t in (q, k, v, bias))
 
 
 def test_sparse_attention_without_edges_gives_zeros():
@@ -672,6 +761,17 @@ def test_fine_tuning_runs_the_reference_path_and_leaves_the_predictors_out():
     assert frozen and not trained & frozen and trained | frozen == {id(p) for p in model.parameters()}
 
 
+def test_time_x_dense_alternates_installed_and_dense_runs_and_restores_the_layers():
+    """The record's inference time × dense: forward() runs as installed and all dense in turn (a warm-up pair, then
+    `repeats` pairs), and every layer's setting is restored, here one sparse layer over one dense."""
+    model = tiny_model("token")
+    ks.install(model, layers=1)
+    seen = []
+    ratio = ks.time_x_dense(model, lambda: seen.append([block.attn.sparse for block in model.blocks]), repeats=3)
+    assert seen == [[False, True], [False, False]] * 4 and 0 < ratio < math.inf
+    assert [block.attn.sparse for block in model.blocks] == [False, True]
+
+
 def test_pair_dropout_keeps_pairs_independently_at_rate_one_minus_p():
     """Keep rate and pairwise independence over 40 seeds × 64² pairs: the mean keep rate's z-score, and the
     excess of adjacent pairs kept together over rate², within 4 standard errors of the sampling variance."""
@@ -779,13 +879,26 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
     assert kernel["fig6"][0]["density"] == pytest.approx(1.0)
     assert kernel["fig6"][-1]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
     assert kernel["fig5"][0]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
-    for v in kernel["variants"].values():
-        assert 0 < v["density"] <= 1 and math.isfinite(v["valid_ppl"])
+    for v in [*kernel["variants"].values(), *kernel["fig5"], kernel["finetune"]]:
+        assert 0 < v["density"] <= 1 and math.isfinite(v["valid_ppl"]) and 0 < v["time_x_dense"] < math.inf
         assert v["keys_per_query"] == pytest.approx(v["density"] * 32)
     final = kernel["finetune"]
     control = final["dense_control"]  # the teacher fine-tuned as long, densely: the fair reference
     assert math.isfinite(control["test_ppl"]) and final["ppl_x_dense_control"] == pytest.approx(
         final["test_ppl"] / control["test_ppl"])
-    assert "Dense control" in (out / "kernel_report.md").read_text()
+    report = (out / "kernel_report.md").read_text()
+    assert "Dense control" in report and f"model inference time {final['time_x_dense']:.2f} × dense" in report
     assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
     assert (out / "kernel_report.md").is_file() and (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
+
+
+def test_kernel_time_benchmark_runs_and_writes_its_record(tmp_path, capsys):
+    """bench.kernel_time (one layer, sparse beside dense, interleaved) at a tiny size: a row per length, with the
+    keys per query the layer reports and a compared copy of this file timed beside."""
+    from bench import kernel_time
+    assert kernel_time.main(["--lengths", "16,24", "--tokens", "32", "--repeats", "1", "--warmup-iters", "1",
+                             "--compare", ks.__file__, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "kernel_time.json").read_text())["rows"]
+    assert [(r["n"], r["batch"]) for r in rows] == [(16, 2), (24, 1)]
+    assert all(0 < r["keys_per_query"] <= r["n"] and r["compared"]["median_ms"] > 0 for r in rows)
+    assert "sparse ÷ dense" in capsys.readouterr().out
