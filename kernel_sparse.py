@@ -308,12 +308,13 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     allowed = (key >= 0) & (key < n) & ((d <= 0) | (not causal))  # (N, P)
     if not bool(valid.all()):  # padded keys never receive weight
         allowed = allowed & valid[:, None, key.clamp(0, n - 1)]  # (B, 1, N, P)
+    near = None
     for first in range(0, kernels, 31):  # the OR over selected kernels as bit sets, 31 kernels to an int32
         bit = torch.arange(min(31, kernels - first), dtype=torch.int32, device=d.device)
         chose = (chosen[..., first:first + 31] << bit).sum(-1, keepdim=True, dtype=torch.int32)  # (B, H, N, 1)
         held = (local[:, first:first + 31, slot] << bit[:, None]).sum(1, dtype=torch.int32)  # (G, P) kernels at p
         held = torch.where(allowed, held[:, None], 0)  # (B|1, G, N, P) those whose offset p is a key here
-        near = chose & held if first == 0 else near | (chose & held)  # (B, H, N, P) ≠ 0: p is in the union
+        near = chose & held if near is None else near | (chose & held)  # (B, H, N, P) ≠ 0: p is in the union
     near = near.view(b * heads * n, len(slot))  # (B·H·N, P), row = global query
     row, p = near.nonzero(as_tuple=True)  # (E₁,) row-major: grouped by query, keys ascending
     col = row + d.index_select(0, p)  # same (batch, head) block: global key = global query + (s − i)
