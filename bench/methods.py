@@ -66,7 +66,8 @@ REGISTRY = [
     Method("reformer", "baselines.reformer:ReformerAttention", cost=7.5),
     # the fixed-sparse patterns at a quarter of the pairs (Longformer's 512 of 4096 keys): a pattern, not full attention
     Method("window", "baselines.window:WindowAttention", cost=2.5, grid_budget={"density": 0.25}),
-    Method("bigbird", "baselines.bigbird:BigBirdAttention", cost=2.5, grid_budget={"density": 0.25, "block": 16}),
+    Method("bigbird", "baselines.bigbird:BigBirdAttention", cost=2.5,
+           grid_budget={"density": 0.25, "block": 8, "global_blocks": 1}),
     Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", cost=9.0),
     Method("ssa", "ssa:SSAttention", script="ssa.py"),
     Method("kernel", "kernel_sparse:KernelSparseAttention", script="kernel_sparse.py",
