@@ -964,7 +964,8 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     from bench.kernel_report import render
     from bench.tasks import get_task
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
-                            "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig)
+                            "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig,
+                            tasks=("wikitext2",))  # the pipeline is a masked LM (§4): no form for other tasks
     teacher_settings = ("window", "hidden", "hidden_layers", "alibi")  # shape the teacher's modules: must match
     with cli.one_line_errors():
         run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda layer: KernelSparseAttention(

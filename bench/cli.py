@@ -222,11 +222,14 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
 
 
 def parse(argv: Optional[List[str]], method: str, prog: str, description: str, settings: type,
-          profiles: Optional[Dict[str, Tuple[Callable, str]]] = None):
+          profiles: Optional[Dict[str, Tuple[Callable, str]]] = None, tasks: Optional[Tuple[str, ...]] = None):
     """A method file's command line → (RunConfig, the method's settings). ``profiles``: flags naming another
     constructor of the settings (SBM's --official); a field such a profile changes takes the profile's value
-    unless given. A bad setting (the dataclass's ValueError) is argparse's one-line error, exit 2."""
+    unless given. ``tasks``: the only tasks the method has a form for. A bad setting (the dataclass's ValueError)
+    is argparse's one-line error, exit 2."""
     p = run_parser(prog, description)
+    if tasks is not None:
+        p._option_string_actions["--task"].choices = list(tasks)
     add_settings(p, settings, f"{method} options", profiles or {})
     args = p.parse_args(argv)
     try:
