@@ -334,29 +334,32 @@ def _cdf_block(W: torch.Tensor, o0: int, o1: int) -> torch.Tensor:
 def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
     """Guide table of a CDF block (_cdf_block's) with G buckets per row, G a power of two ≤ L → (rows·(G + 1),).
 
-    guide[o·(G + 1) + c] is the flat index of the first entry of row o above c/G (c < G), and guide[o·(G + 1) + G]
-    that of the first entry equal to 1: a draw U ∈ [c/G, (c + 1)/G) lands in [guide[c], guide[c + 1]].
+    guide[o·(G + 1) + c] is the flat index of an entry of row o at or below the first entry above c/G (c < G), and
+    guide[o·(G + 1) + G] that of the first entry equal to 1: a draw U ∈ [c/G, (c + 1)/G) has its answer, the
+    first entry above U, in [guide[c], guide[c + 1]].
     """
     L = 1 << _bits(n)
     rows = len(cdf) // L
     table = cdf.view(rows, L)
-    last = torch.full((rows, 1), 1 - 2.0**-53, dtype=_WORK, device=cdf.device)  # the last level: first entry = 1
     dtype = _index_dtype(rows * L + 1)                               # an empty row's entries may point one past it
     if G == L:
-        # Counting: the first entry above c/L is the number of entries with ⌈CDF·L⌉ ≤ c (exact: L a power of
-        # two), one bincount for a range of rows (one thread, K = 128: 3.6-4.0× torch.searchsorted of the L levels).
+        # Counting: the first entry at or above c/L (c ≥ 1) is the number of entries with ⌊CDF·L⌋ < c (exact: L a
+        # power of two), one bincount for a range of rows; for c = 0 the first entry above 0 (a first entry at 0
+        # has zero weight, and may start a long run of them). One thread, K = 128: 3.6-4.0× torch.searchsorted
+        # of the L levels.
         guide = torch.empty(rows, L + 1, dtype=dtype, device=cdf.device)
         step = max(1, _GUIDE // L)
         for a in range(0, rows, step):
             z = min(a + step, rows)
-            bucket = (table[a:z, :n] * L).ceil_().long()             # (rows, N) ⌈CDF·L⌉ ∈ [0, L]
+            bucket = _scaled_floor(table[a:z, :n], L)                # (rows, N) ⌊CDF·L⌋ ∈ [0, L]
             bucket += torch.arange(0, (z - a) * (L + 1), L + 1, device=cdf.device).view(z - a, 1)
             counts = torch.bincount(bucket.view(-1), minlength=(z - a) * (L + 1)).view(z - a, L + 1)
-            torch.cumsum(counts[:, :L], 1, dtype=dtype, out=guide[a:z, :L])
-        guide[:, L:] = torch.searchsorted(table, last, right=True, out_int32=dtype == torch.int32)
+            torch.cumsum(counts[:, :L], 1, dtype=dtype, out=guide[a:z, 1:])
+        guide[:, :1] = torch.searchsorted(table, torch.zeros(rows, 1, dtype=_WORK, device=cdf.device), right=True,
+                                          out_int32=dtype == torch.int32)
     else:
         levels = torch.arange(G + 1, dtype=_WORK, device=cdf.device) / G  # c/G exact
-        levels[G] = last[0, 0]
+        levels[G] = 1 - 2.0**-53                                     # the last level: the first entry = 1
         guide = torch.searchsorted(table, levels.expand(rows, G + 1).contiguous(), right=True,
                                    out_int32=dtype == torch.int32)
     guide += torch.arange(0, rows * L, L, dtype=dtype, device=cdf.device)[:, None]  # flat indices
@@ -496,6 +499,15 @@ def _uniforms(generator: torch.Generator | None, device: torch.device):
         stream = np.random.default_rng(int(torch.randint(0, 2**63 - 1, (), generator=generator)))
         return lambda size: torch.from_numpy(stream.random(size))
     return lambda size: torch.rand(size, dtype=_WORK, device=device, generator=generator)
+
+
+def _scaled_floor(C: torch.Tensor, L: int) -> torch.Tensor:
+    """⌊C·L⌋ as int64 for C ≥ 0 (numpy's product cast in one pass: 2.3× torch's product and conversion)."""
+    if C.device.type == "cpu":
+        out = np.empty(C.shape, dtype=np.int64)
+        np.multiply(C.numpy(), L, out=out, casting="unsafe")         # a C cast truncates: ⌊·⌋ for C ≥ 0
+        return torch.from_numpy(out)
+    return (C * L).long()
 
 
 def _column_sums(W: torch.Tensor) -> torch.Tensor:
