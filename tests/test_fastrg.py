@@ -648,11 +648,30 @@ def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp
     assert [row["n"] for row in record["rows"]] == [64] and record["settings"]["clock"] == "cpu"
     row = record["rows"][0]
     assert float(row["fixed_ms"]) > 0 and "fixed ms" in out  # the one-edge call, timed beside the cells
+    assert float(row["tables_ms"]) > 0 and "slope_above_tables" in record and "igraph_ms" not in row
     assert fastrg_bench.above_fixed(10.0, 4.0, 1000) == "6000" and fastrg_bench.above_fixed(10.0, 9.5, 1000) == "–"
     for bad in (["--threads", "2", "--clock", "cpu"], ["--default-allocator"], ["--warmup-iters", "0"]):
         with pytest.raises(SystemExit) as exc:
             fastrg_bench.main(bad)
         assert exc.value.code == 2
+
+
+def test_benchmark_times_igraph_beside_when_asked(capsys, tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from bench import fastrg_bench
+    args = ["--lengths", "256", "--densities", "0.05", "--repeats", "1", "--threads", "1", "--igraph", "--out",
+            str(tmp_path)]
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "igraph", None)                  # not installed: a clear error, exit 2
+        with pytest.raises(SystemExit) as exc:
+            fastrg_bench.main(args)
+        assert exc.value.code == 2 and "pip install igraph" in capsys.readouterr().err
+    pytest.importorskip("igraph")
+    assert fastrg_bench.main(args) == 0
+    row = json.loads((tmp_path / "fastrg_bench.json").read_text())["rows"][0]
+    assert float(row["igraph_ms"]) > 0 and float(row["fastrg_over_igraph"]) > 0 and "igraph" in capsys.readouterr().out
 
 
 def test_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
