@@ -135,21 +135,22 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
     dedup=False, csr=False leaves them unsorted. All randomness comes from `generator` (on X's device) when
     given. Runs with one intra-op thread (one_thread).
     """
+    device = X.device
     if not (dedup or csr):
         R, n, m, X, Y, counts = _counts(X, S, Y, generator, key_needed=False)
         if counts is None:
-            return _empty(R, n, X.device, csr)
+            return _empty(R, n, device, csr)
         per_graph = counts.view(R, -1).sum(1)
         E = int(per_graph.sum())
-        r = repeat_interleave(torch.arange(R, device=X.device), per_graph, E)
+        r = repeat_interleave(torch.arange(R, device=device), per_graph, E)
         i, j = torch.empty_like(r), torch.empty_like(r)
-        streams = _uniforms(generator, X.device), _uniforms(generator, X.device)
+        streams = _uniforms(generator, device), _uniforms(generator, device)
         for r0, r1, e0, e1 in _chunks(per_graph):
             i[e0:e1], j[e0:e1] = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
         return r, i, j
     R, n, m, key = _sorted_key(X, S, Y, generator, dedup)
     if key is None:
-        return _empty(R, n, X.device, csr)
+        return _empty(R, n, device, csr)
     bn, bm = _bits(n), _bits(m)
     key = key.long()
     r = key >> (bn + bm)
