@@ -295,21 +295,17 @@ def _blocks(per_row: torch.Tensor, K: int, L: int):
     a block is cut to its runs of such rows, runs apart by fewer than _GAP entries of rows without draws kept
     together (a block costs about as much as building _GAP entries), so that a call with few edges builds few
     rows."""
-    size = max(_COPY_ROWS, _BLOCK // L)
-    total = len(per_row)
-    if size >= K:
-        starts = np.arange(0, total, size // K * K)
-    else:
-        step = -(-K // -(-K // size))                                # K in ⌈K / size⌉ near-equal parts
-        starts = (np.arange(0, total, K)[:, None] + np.arange(0, K, step)).reshape(-1)
-    used = nonzero(per_row > 0)
-    used = (used if used.device.type == "cpu" else used.cpu()).numpy()  # rows with draws, ascending
-    if len(used) == 0:
-        return
-    block = np.searchsorted(starts, used, side="right")              # the block of each
-    cut = np.flatnonzero((np.diff(used) > max(1, _GAP // L)) | (np.diff(block) != 0)) + 1
-    for run in np.split(used, cut):
-        yield int(run[0]), int(run[-1]) + 1
+    size, total = max(_COPY_ROWS, _BLOCK // L), len(per_row)
+    step = size // K * K if size >= K else -(-K // -(-K // size))    # whole graphs, or K in near-equal parts
+    used = np.flatnonzero((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())  # rows with draws
+    if len(used) == total and size >= K:                             # every row: the blocks as they are
+        yield from ((a, min(a + step, total)) for a in range(0, total, step))
+    elif len(used) == total:
+        yield from ((r + u, r + min(u + step, K)) for r in range(0, total, K) for u in range(0, K, step))
+    elif len(used):
+        block = used // step if size >= K else used // K * K + used % K // step
+        cut = np.flatnonzero((used[1:] - used[:-1] > max(1, _GAP // L)) | (block[1:] != block[:-1])) + 1
+        yield from zip(used[np.r_[0, cut]].tolist(), (used[np.r_[cut, len(used)] - 1] + 1).tolist())
 
 
 def _cdf_block(W: torch.Tensor, o0: int, o1: int) -> torch.Tensor:
@@ -328,7 +324,8 @@ def _cdf_block(W: torch.Tensor, o0: int, o1: int) -> torch.Tensor:
     # Round-off: from the first index where C reaches its total the entry is exactly 1 (C/C = 1), trailing zero
     # weights included, and dividing by one positive total keeps the row non-decreasing.
     C.div_(torch.where(totals > 0, totals, torch.ones_like(totals)))
-    cdf[:, n:] = 1.0
+    if L > n:
+        cdf[:, n:] = 1.0
     return cdf.view(-1)
 
 

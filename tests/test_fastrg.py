@@ -769,6 +769,11 @@ def test_blocks_cover_the_rows_with_draws_only(monkeypatch):
     monkeypatch.setattr(fastrg, "_BLOCK", 1)                         # at least one row a block
     assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
     assert list(fastrg._blocks(torch.zeros(8, dtype=torch.int64), 4, 16)) == []
+    every = torch.ones(12, dtype=torch.int64)                        # every row drawn from
+    monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)
+    assert list(fastrg._blocks(every, 4, 16)) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
+    monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)
+    assert list(fastrg._blocks(every, 4, 16)) == [(0, 8), (8, 12)]
 
 
 @pytest.mark.parametrize("per_row", [0.5, 200.0])
