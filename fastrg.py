@@ -10,8 +10,8 @@ are flattened into R graphs. With λ = X S Yᵀ, λ_ij = Σ_uv X_iu S_uv Y_jv:
 How: split each count by cluster pair (u, v) (Poisson splitting). Pair (u, v) has Poisson(B̄_uv) edges,
 B̄ = diag(1ᵀX) S diag(1ᵀY), each with source i ~ column u of X̄ = X diag(1ᵀX)⁻¹ and destination j ~ column v
 of Ȳ = Y diag(1ᵀY)⁻¹. `sample_reference` is exactly that, line by line; `sample` draws the same law, batched.
-Cost per graph, E edges drawn: O((n + m)K + K² + E) memory and O((n + m)K + K² + E log n) time, plus one sort
-of the edges for dedup/CSR; no n × m matrix is formed.
+Cost per graph, E edges drawn: O((n + m)K + K² + E log n) time, plus one sort of the edges for dedup/CSR, and
+O(K² + E) memory beside one block of CDF rows (at most a graph's n × K), graphs a chunk at a time; no n × m matrix.
 
     python fastrg.py                                # a short self-check of the law; prints what it verified
     python -m pytest -q tests/test_fastrg.py        # the law (5σ Monte Carlo), structure, edge cases, errors
@@ -33,7 +33,7 @@ import torch
 __all__ = ["sample_reference", "sample", "sample_block_csr", "expected_edges", "edge_probability", "one_thread",
            "repeat_interleave", "nonzero", "sort_integers"]
 
-_WORK = torch.float64  # rates and CDFs: a float32 prefix sum over 16384 rows may drift by up to n·2⁻²⁴ ≈ 1e-3
+_WORK = torch.float64  # rates, CDFs: float32 running sums drift (n = 16384: 2% of an even entry's mass, +33% on a tail)
 
 
 # ------------------------------------------------------------------------------ reference: Algorithm 1
@@ -86,17 +86,21 @@ def expected_edges(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor) -> torch.T
 
 # ------------------------------------------------------------------------------------------- fast path
 # The same law for all R graphs at once, in time linear in the edges:
-#   1. the counts N[r, u, v] ~ Poisson(B̄[r, u, v]) of every graph and cluster pair, in one call;
-#   2. sources by inverse-CDF sampling of column u of X[r], the edges in (r, u, v) order (grouped by CDF row),
-#      through a guide table and a bisection (_draw); destinations likewise from column v of Y[r], drawn in
+#   1. the counts N[r, u, v] ~ Poisson(B̄[r, u, v]) of every graph and cluster pair, in one call (_counts);
+#   2. graphs a chunk at a time, about _EDGES edges a chunk (_chunks), so that per-edge buffers stay bounded;
+#   3. in a chunk, sources by inverse-CDF sampling of column u of X[r], the edges in (r, u, v) order, a block of
+#      CDF rows at a time (_blocks: a graph's K columns, or a few small graphs; rows that no edge draws from are
+#      not built), so that no (R, K, N) table is formed; destinations likewise from column v of Y[r], drawn in
 #      (r, v, u) order and moved to their source's place (_uv_shift);
-#   3. with dedup or csr, one sort of integer keys (r, i, j) (_sorted_key).
+#   4. with dedup or csr, one sort of integer keys (r, i, j) a chunk (_sorted_key).
 # The draws are a fixed function of the generator's state: same generator, same graph, on any thread count.
 _MAX_EXPECTED_EDGES = 2.0**53  # Poisson counts are drawn as float64 and must be exact integers
-# Draws looked up at a time (_draw): bounded temporaries (~40 bytes a draw), and a chunk's CDF rows stay in
-# cache through its bisection rounds (2^17: 5-13% faster than 2^20 at n = 4096-16384 on one core).
-_CHUNK = 1 << 17
-_TILE = 64  # rows of X a time in the CPU transposing copy (_columns): 64·K floats stay in the L1 cache
+_EDGES = 1 << 20  # edges a chunk of graphs (at least one graph): ~20 bytes of temporaries an edge
+_BLOCK = 1 << 21  # CDF entries a block (16 MiB of float64): a graph's whole table up to n = 16384, K = 128
+_COPY_ROWS = 64  # fewest CDF rows a block: the transposing copy is fastest over all of a graph's K = 128 columns
+_GAP = 1 << 16  # CDF entries of rows without draws between two rows with draws above which a block is cut
+_GUIDE = 1 << 18  # CDF entries counted at a time in a full guide table: bounded temporaries
+_CHUNK = 1 << 17  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
 
 
 @contextlib.contextmanager
@@ -131,15 +135,22 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
     dedup=False, csr=False leaves them unsorted. All randomness comes from `generator` (on X's device) when
     given. Runs with one intra-op thread (one_thread).
     """
+    device = X.device
     if not (dedup or csr):
-        R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=False)
-        if i is None:
-            return _empty(R, n, X.device, csr)
-        r = repeat_interleave(torch.arange(R, device=i.device), counts.view(R, -1).sum(1), len(i))
-        return r, (i & ((1 << _bits(n)) - 1)).long(), (j & ((1 << _bits(m)) - 1)).long()
+        R, n, m, X, Y, counts = _counts(X, S, Y, generator, key_needed=False)
+        if counts is None:
+            return _empty(R, n, device, csr)
+        per_graph = counts.view(R, -1).sum(1)
+        E = int(per_graph.sum())
+        r = repeat_interleave(torch.arange(R, device=device), per_graph, E)
+        i, j = torch.empty_like(r), torch.empty_like(r)
+        streams = _uniforms(generator, device), _uniforms(generator, device)
+        for r0, r1, e0, e1 in _chunks(per_graph):
+            i[e0:e1], j[e0:e1] = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
+        return r, i, j
     R, n, m, key = _sorted_key(X, S, Y, generator, dedup)
     if key is None:
-        return _empty(R, n, X.device, csr)
+        return _empty(R, n, device, csr)
     bn, bm = _bits(n), _bits(m)
     key = key.long()
     r = key >> (bn + bm)
@@ -176,21 +187,19 @@ def sample_block_csr(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *,
     return row_ptr, col
 
 
-def _draw_edges(X, S, Y, generator, key_needed: bool):
-    """The multigraph of `sample` before any sort: (R, n, m, counts (R, K, K) N[r, u, v], i, j), where i (E,)
-    are flat source indices (r·K + u)·2^bn + i and j flat destination indices (r·K + v)·2^bm + j, both in
-    (r, u, v) group order; counts, i, j are None when no edge is drawn."""
-    lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed)
-    device = X.device
-    if generator is not None and generator.device.type != device.type:
-        raise ValueError(f"generator is on {generator.device}, inputs on {device}")
+def _counts(X, S, Y, generator, key_needed: bool):
+    """Inputs checked and flattened, and the edge counts of every graph and cluster pair: (R, n, m, X (R, N, K),
+    Y (R, M, K), counts (R, K, K) N[r, u, v]); X, Y, counts are None when no edge is drawn."""
+    lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed, high=False)
+    if generator is not None and generator.device.type != X.device.type:
+        raise ValueError(f"generator is on {generator.device}, inputs on {X.device}")
     if R * n * m * K == 0:
         return R, n, m, None, None, None
     X, Y = _flat(X, lead), _flat(Y, lead)
-    # One side's CDF table lives at a time (8·K·n bytes a graph), each built just before its draws (fresh in
-    # cache). X's comes first: its prefix sums' totals are the column sums cx that the rates need.
-    cdf, cx = _cdf_table(X)                                          # (R·K·L,), (R, K)
-    cy = _column_sums(Y)                                             # (R, K)
+    cx, cy = _column_sums(X), _column_sums(Y)                        # (R, K) 1ᵀX, 1ᵀY
+    for name, t, sums in (("X", X, cx), ("Y", Y, cy)):
+        if not bool(torch.isfinite(sums).all()):                    # +inf (a NaN or −inf raised already)
+            _check_values(name, t)
     rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
     total = float(rates.sum())
     if not total < _MAX_EXPECTED_EDGES:
@@ -201,41 +210,38 @@ def _draw_edges(X, S, Y, generator, key_needed: bool):
     counts = torch.poisson(rates, generator=generator).to(torch.int64)  # (R, K, K) N[r, u, v]
     if int(counts.sum()) == 0:
         return R, n, m, None, None, None
-    # Sources in (r, u, v) order and destinations in (r, v, u) order: each side's draws go row by row through
-    # its CDF table (one row stays in cache). The edges of one (r, u, v) group are exchangeable, so pairing the
-    # group's k-th source with its k-th destination keeps each edge's own (u, v), as the reference does.
-    i = _draw(cdf, n, counts.sum(2).view(-1), generator)
-    del cdf
-    j = _draw(_cdf_table(Y)[0], m, counts.sum(1).view(-1), generator, shift=_uv_shift(counts))
-    return R, n, m, counts, i, j
+    return R, n, m, X, Y, counts
 
 
-def _cdf_table(W: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse-CDF table of every column of W (R, n, K) → (cdf (R·K·L,), totals (R, K) of the prefix sums).
-
-    Rows are L = 2^b ≥ n entries apart (b = bits of n − 1), so a flat index o·L + i splits into CDF row
-    o = r·K + u and entry i with a shift and a mask. Row o is the CDF of column u of graph r, float64, padded
-    with 1 past n.
-    """
-    R, n, K = W.shape
-    L = 1 << _bits(n)
-    C = _columns(W).cumsum_(2)                                       # (R, K, N) prefix sums of each column
-    totals = C[:, :, -1].clone()                                     # (R, K) column sums cx
-    safe = torch.where(totals > 0, totals, torch.ones_like(totals))  # empty columns draw no edge; avoid 0/0
-    # Round-off: from the first index where C reaches its total the entry is exactly 1 (C/C = 1), trailing zero
-    # weights included, and dividing by one positive total keeps the row non-decreasing.
-    if L == n:
-        return C.div_(safe[:, :, None]).view(-1), totals
-    cdf = torch.ones(R, K, L, dtype=_WORK, device=W.device)          # (R, K, L), 1 past n
-    torch.div(C, safe[:, :, None], out=cdf[:, :, :n])
-    return cdf.view(-1), totals
+def _chunks(per_graph: torch.Tensor):
+    """Consecutive graph ranges [r0, r1) of about _EDGES edges (at least one graph each, none without edges),
+    with their edge ranges [e0, e1) in graph order: yields (r0, r1, e0, e1)."""
+    ends = per_graph.cumsum(0)                                       # (R,)
+    R, r0, e0 = len(per_graph), 0, 0
+    while r0 < R:
+        r1 = max(r0 + 1, int(torch.searchsorted(ends, e0 + _EDGES, right=True)))
+        e1 = int(ends[r1 - 1])
+        if e1 > e0:
+            yield r0, r1, e0, e1
+        r0, e0 = r1, e1
 
 
-def _draw(cdf: torch.Tensor, n: int, per_row: torch.Tensor, generator: torch.Generator | None,
-          shift: torch.Tensor | None = None) -> torch.Tensor:
-    """One inverse-CDF draw per edge from the rows of a CDF table (_cdf_table's, of columns of n entries),
-    per_row[o] edges from row o = r·K + u, in that order → flat indices (E,) o·L + i (i = flat & (L − 1)). With
-    `shift` (E,), draw e is stored at position e + shift[e].
+def _draw_chunk(X: torch.Tensor, Y: torch.Tensor, counts: torch.Tensor, sources, destinations):
+    """The multigraph of graphs X (c, n, K), Y (c, m, K) with counts (c, K, K) N[r, u, v]: sources i and
+    destinations j, (E,) int32 each, edges in (r, u, v) group order. Sources are drawn in (r, u) order, column by
+    column, and destinations in (r, v) order; the edges of one (r, u, v) group are exchangeable, so pairing the
+    group's k-th source with its k-th destination keeps each edge's own (u, v), as the reference does. Each side
+    reads its own stream of uniforms (_uniforms), chunk after chunk: chunks change no draw."""
+    i = _draw(X, counts.sum(2).view(-1), sources)
+    j = _draw(Y, counts.sum(1).view(-1), destinations, shift=_uv_shift(counts))
+    return i, j
+
+
+def _draw(W: torch.Tensor, per_row: torch.Tensor, uniforms, shift: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse-CDF draws from the columns of W (R, n, K): per_row[o] draws (R·K,) from CDF row o = r·K + u, the
+    CDF of column u of W[r], in that order → indices i (E,) int32. With `shift` (E,), draw e is stored at
+    position e + shift[e]. A block of rows at a time (_blocks): its CDF (_cdf_block), its guide table and its
+    draws.
 
     The rule is torch.searchsorted(cdf[o], U, right=True) for U ∈ [0, 1) on the 2⁻⁵³ grid: the first entry
     strictly above U. It is always in range (the row's last entry is 1 > U) and never an index of zero weight
@@ -246,51 +252,116 @@ def _draw(cdf: torch.Tensor, n: int, per_row: torch.Tensor, generator: torch.Gen
     full guide (G = L, a counting pass) pays once draws are at least half the entries; below that, G ≈ draws /
     (rows·(b + 1)) buckets.
     """
+    n, K = W.shape[1:]
     b = _bits(n)
-    rows, E = len(per_row), int(per_row.sum())
     L = 1 << b
-    G = L if 2 * E >= rows * L else max(1, min(L // 2, 1 << (max(E // (rows * (b + 1)), 1).bit_length() - 1)))
-    guide = _guide_table(cdf, n, G)                                  # (rows·(G + 1),)
-    start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
-    start = repeat_interleave(start, per_row, E)                     # (E,) the guide of each edge's row
-    uniforms, drawn = _uniforms(generator, cdf.device), torch.empty_like(start)
-    for a in range(0, E, _CHUNK):
-        end = min(a + _CHUNK, E)
-        U = uniforms(end - a)                                        # (chunk,)
-        slot = (U * G).long().add_(start[a:end])                     # bucket ⌊U·G⌋ (exact: G a power of two)
-        found = _search(cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L, steps=G == L)
-        if shift is None:
-            drawn[a:end] = found
-        else:
-            drawn[shift[a:end] + torch.arange(a, end, dtype=shift.dtype, device=shift.device)] = found
+    ends = per_row.cumsum(0)                                         # (R·K,) each row's last draw + 1
+    drawn = torch.empty(int(ends[-1]), dtype=torch.int32, device=W.device)
+    for o0, o1 in _blocks(per_row, K, L):
+        e0, e1 = int(ends[o0 - 1]) if o0 else 0, int(ends[o1 - 1])
+        _draw_rows(W, o0, o1, per_row[o0:o1], uniforms, drawn, e0, None if shift is None else shift[e0:e1])
     return drawn
 
 
-def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
-    """Guide table of a CDF table (_cdf_table's) with G buckets per row, G a power of two ≤ L → (rows·(G + 1),).
+def _draw_rows(W: torch.Tensor, o0: int, o1: int, per_row: torch.Tensor, uniforms, drawn: torch.Tensor, e0: int,
+               shift: torch.Tensor | None) -> None:
+    """The draws of CDF rows o0..o1 − 1 of W's columns (_draw): per_row[o − o0] from row o, in order, into
+    drawn[e0:], each at its position + shift when shift is given."""
+    n = W.shape[1]
+    b = _bits(n)
+    L = 1 << b
+    rows, E = o1 - o0, int(per_row.sum())
+    G = L if 2 * E >= rows * L else max(1, min(L // 2, 1 << (max(E // (rows * (b + 1)), 1).bit_length() - 1)))
+    cdf = _cdf_block(W, o0, o1)                                      # (rows·L,)
+    guide = _guide_table(cdf, n, G)                                  # (rows·(G + 1),)
+    start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
+    start = repeat_interleave(start, per_row, E)                     # (E,) the guide of each draw's row
+    for a in range(0, E, _CHUNK):
+        z = min(a + _CHUNK, E)
+        U = uniforms(z - a)                                          # (chunk,)
+        slot = (U * G).to(guide.dtype).add_(start[a:z])              # bucket ⌊U·G⌋ (exact: G a power of two)
+        found = _search(cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L,
+                        steps=G == L).bitwise_and_(L - 1)            # (chunk,) entry i in its row
+        if shift is None:
+            drawn[e0 + a:e0 + z] = found
+        else:
+            at = torch.arange(e0 + a, e0 + z, dtype=shift.dtype, device=shift.device)
+            drawn[at.add_(shift[a:z])] = found.to(torch.int32)
 
-    guide[o·(G + 1) + c] is the flat index of the first entry of row o above c/G (c < G), and guide[o·(G + 1) + G]
-    that of the first entry equal to 1: a draw U ∈ [c/G, (c + 1)/G) lands in [guide[c], guide[c + 1]].
+
+def _blocks(per_row: torch.Tensor, K: int, L: int):
+    """Row ranges [o0, o1) of a CDF table with rows o = r·K + u of L entries, about _BLOCK entries each: whole
+    graphs when a graph's K rows fit, else a graph's columns in near-equal parts. Only rows with draws are built:
+    a block is cut to its runs of such rows, runs apart by fewer than _GAP entries of rows without draws kept
+    together (a block costs about as much as building _GAP entries), so that a call with few edges builds few
+    rows."""
+    size, total = max(_COPY_ROWS, _BLOCK // L), len(per_row)
+    step = size // K * K if size >= K else -(-K // -(-K // size))    # whole graphs, or K in near-equal parts
+    used = np.flatnonzero((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())  # rows with draws
+    if len(used) == total and size >= K:                             # every row: the blocks as they are
+        yield from ((a, min(a + step, total)) for a in range(0, total, step))
+    elif len(used) == total:
+        yield from ((r + u, r + min(u + step, K)) for r in range(0, total, K) for u in range(0, K, step))
+    elif len(used):
+        block = used // step if size >= K else used // K * K + used % K // step
+        cut = np.flatnonzero((used[1:] - used[:-1] > max(1, _GAP // L)) | (block[1:] != block[:-1])) + 1
+        yield from zip(used[np.r_[0, cut]].tolist(), (used[np.r_[cut, len(used)] - 1] + 1).tolist())
+
+
+def _cdf_block(W: torch.Tensor, o0: int, o1: int) -> torch.Tensor:
+    """Inverse-CDF rows o0..o1 − 1 of the columns of W (R, n, K), row o = r·K + u the CDF of column u of W[r]
+    → (rows·L,) float64, L = 2^b ≥ n (b = bits of n − 1), so a flat index o·L + i splits into row and entry i with
+    a shift and a mask; padded with 1 past n. An empty column reads 0 (it is never drawn from)."""
+    R, n, K = W.shape
+    L = 1 << _bits(n)
+    cdf = torch.empty(o1 - o0, L, dtype=_WORK, device=W.device)      # (rows, L)
+    for r in range(o0 // K, (o1 - 1) // K + 1):                      # the columns, graph by graph
+        a, z = max(o0, r * K), min(o1, r * K + K)
+        _columns(W[r], a - r * K, z - r * K, cdf[a - o0:z - o0, :n])
+    C = cdf[:, :n]
+    C.cumsum_(1)                                                     # prefix sums, float64 (see _WORK)
+    totals = C[:, -1:].clone()
+    # Round-off: from the first index where C reaches its total the entry is exactly 1 (C/C = 1), trailing zero
+    # weights included, and dividing by one positive total keeps the row non-decreasing.
+    C.div_(torch.where(totals > 0, totals, torch.ones_like(totals)))
+    if L > n:
+        cdf[:, n:] = 1.0
+    return cdf.view(-1)
+
+
+def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
+    """Guide table of a CDF block (_cdf_block's) with G buckets per row, G a power of two ≤ L → (rows·(G + 1),).
+
+    guide[o·(G + 1) + c] is the flat index of an entry of row o at or below the first entry above c/G (c < G), and
+    guide[o·(G + 1) + G] that of the first entry equal to 1: a draw U ∈ [c/G, (c + 1)/G) has its answer, the
+    first entry above U, in [guide[c], guide[c + 1]].
     """
     L = 1 << _bits(n)
     rows = len(cdf) // L
     table = cdf.view(rows, L)
-    last = torch.full((rows, 1), 1 - 2.0**-53, dtype=_WORK, device=cdf.device)  # the last level: first entry = 1
+    dtype = _index_dtype(rows * L + 1)                               # an empty row's entries may point one past it
     if G == L:
-        # Counting: the first entry above c/L is the number of entries with ⌈CDF·L⌉ ≤ c (exact: L a power of
-        # two), one bincount for all rows (one thread, K = 128: 3.6-4.0× torch.searchsorted of the L levels).
-        bucket = (table[:, :n] * L).ceil_().long()                   # (rows, N) ⌈CDF·L⌉ ∈ [0, L]
-        bucket += torch.arange(0, rows * (L + 1), L + 1, device=cdf.device).view(rows, 1)
-        counts = torch.bincount(bucket.view(-1), minlength=rows * (L + 1)).view(rows, L + 1)
-        guide = torch.empty(rows, L + 1, dtype=torch.int64, device=cdf.device)
-        torch.cumsum(counts[:, :L], 1, out=guide[:, :L])
-        guide[:, L:] = torch.searchsorted(table, last, right=True)
+        # Counting: the first entry at or above c/L (c ≥ 1) is the number of entries with ⌊CDF·L⌋ < c (exact: L a
+        # power of two), one bincount for a range of rows; for c = 0 the first entry above 0 (a first entry at 0
+        # has zero weight, and may start a long run of them). One thread, K = 128: 3.6-4.0× torch.searchsorted
+        # of the L levels.
+        guide = torch.empty(rows, L + 1, dtype=dtype, device=cdf.device)
+        step = max(1, _GUIDE // L)
+        for a in range(0, rows, step):
+            z = min(a + step, rows)
+            bucket = _scaled_floor(table[a:z, :n], L)                # (rows, N) ⌊CDF·L⌋ ∈ [0, L]
+            bucket += torch.arange(0, (z - a) * (L + 1), L + 1, device=cdf.device).view(z - a, 1)
+            counts = torch.bincount(bucket.view(-1), minlength=(z - a) * (L + 1)).view(z - a, L + 1)
+            torch.cumsum(counts[:, :L], 1, dtype=dtype, out=guide[a:z, 1:])
+        guide[:, :1] = torch.searchsorted(table, torch.zeros(rows, 1, dtype=_WORK, device=cdf.device), right=True,
+                                          out_int32=dtype == torch.int32)
     else:
         levels = torch.arange(G + 1, dtype=_WORK, device=cdf.device) / G  # c/G exact
-        levels[G] = last[0, 0]
-        guide = torch.searchsorted(table, levels.expand(rows, G + 1).contiguous(), right=True)
-    guide += torch.arange(0, rows * L, L, device=cdf.device)[:, None]  # flat indices
-    return guide.to(_index_dtype(rows * L + 1)).view(-1)  # an empty row's entries may point one past it
+        levels[G] = 1 - 2.0**-53                                     # the last level: the first entry = 1
+        guide = torch.searchsorted(table, levels.expand(rows, G + 1).contiguous(), right=True,
+                                   out_int32=dtype == torch.int32)
+    guide += torch.arange(0, rows * L, L, dtype=dtype, device=cdf.device)[:, None]  # flat indices
+    return guide.view(-1)
 
 
 def _search(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tensor, L: int, steps: bool):
@@ -332,24 +403,38 @@ def _uv_shift(counts: torch.Tensor) -> torch.Tensor:
 
 
 def _sorted_key(X, S, Y, generator, dedup: bool):
-    """(R, n, m, key): the edges of `_draw_edges` as sorted integer keys r·2^(bn+bm) + i·2^bm + j (None when no
-    edge is drawn), built in place of the draws: one sort groups them by (r, i), then j; dedup merges repeats.
+    """(R, n, m, key): the edges as sorted integer keys r·2^(bn+bm) + i·2^bm + j (None when no edge is drawn), a
+    chunk of graphs at a time: one sort groups a chunk's edges by (r, i), then j; dedup merges repeats. Chunks
+    are in graph order, so their keys follow one another in order.
 
     bn, bm are the bits of n − 1, m − 1: power-of-two fields decode with shifts, not divisions. The key is int32
     when it fits (half the bytes to sort), else int64; `_validate` raises when even int64 is too small."""
-    R, n, m, counts, i, j = _draw_edges(X, S, Y, generator, key_needed=True)
-    if i is None:
+    R, n, m, X, Y, counts = _counts(X, S, Y, generator, key_needed=True)
+    if counts is None:
         return R, n, m, None
     bn, bm = _bits(n), _bits(m)
     dtype = _index_dtype(R << (bn + bm))
-    graph = torch.arange(R, dtype=dtype, device=i.device) << (bn + bm)
-    key = repeat_interleave(graph, counts.view(R, -1).sum(1), len(i))  # (E,) in (r, u, v) order
-    key |= i.to(dtype).bitwise_and_((1 << bn) - 1).bitwise_left_shift_(bm)
-    del i
-    key |= j.to(dtype).bitwise_and_((1 << bm) - 1)
-    del j
-    key = sort_integers(key)                                         # the one sort
-    return R, n, m, (torch.unique_consecutive(key) if dedup else key)
+    per_graph = counts.view(R, -1).sum(1)                            # (R,) edges of each graph
+    total, out, at = int(per_graph.sum()), None, 0
+    streams = _uniforms(generator, X.device), _uniforms(generator, X.device)  # of sources, of destinations
+    for r0, r1, e0, e1 in _chunks(per_graph):
+        i, j = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
+        graph = torch.arange(r0, r1, dtype=dtype, device=i.device) << (bn + bm)
+        key = repeat_interleave(graph, per_graph[r0:r1], e1 - e0)    # (E,) in (r, u, v) order
+        key |= i.to(dtype).bitwise_left_shift_(bm)
+        del i
+        key |= j.to(dtype)
+        del j
+        key = sort_integers(key)                                     # the one sort
+        if dedup:
+            key = torch.unique_consecutive(key)
+        if e1 - e0 == total:                                         # one chunk: no copy
+            return R, n, m, key
+        if out is None:                                              # room for every chunk's keys
+            out = torch.empty(total, dtype=dtype, device=key.device)
+        out[at:at + len(key)] = key
+        at += len(key)
+    return R, n, m, out[:at]
 
 
 def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
@@ -414,6 +499,15 @@ def _uniforms(generator: torch.Generator | None, device: torch.device):
     return lambda size: torch.rand(size, dtype=_WORK, device=device, generator=generator)
 
 
+def _scaled_floor(C: torch.Tensor, L: int) -> torch.Tensor:
+    """⌊C·L⌋ as int64 for C ≥ 0 (numpy's product cast in one pass: 2.3× torch's product and conversion)."""
+    if C.device.type == "cpu":
+        out = np.empty(C.shape, dtype=np.int64)
+        np.multiply(C.numpy(), L, out=out, casting="unsafe")         # a C cast truncates: ⌊·⌋ for C ≥ 0
+        return torch.from_numpy(out)
+    return (C * L).long()
+
+
 def _column_sums(W: torch.Tensor) -> torch.Tensor:
     """(R, n, K) → (R, K) float64 column sums (numpy's adds rows in one pass: 1.9-3.2× torch's sum over the
     middle dim at R·n = 8192-65536, K = 128)."""
@@ -422,18 +516,17 @@ def _column_sums(W: torch.Tensor) -> torch.Tensor:
     return W.sum(1, dtype=_WORK)
 
 
-def _columns(W: torch.Tensor) -> torch.Tensor:
-    """(R, n, K) → its columns as rows, (R, K, n) float64 contiguous: one transposing, converting copy. On CPU
-    numpy's, _TILE rows of a graph at a time, so that a tile's source and destination stay in the L1 cache
+def _columns(W: torch.Tensor, u0: int, u1: int, out: torch.Tensor) -> None:
+    """Columns u0..u1 − 1 of W (n, K) as rows: out (u1 − u0, n) float64 ← W[:, u0:u1]ᵀ, one transposing, converting
+    copy. On CPU numpy's, a tile of rows at a time so that its source and destination stay in the L1 cache
     (K = 128: 3.1× torch's strided copy at n = 8192, 1.3× at 8 graphs of 1024; 0.8× at one of 1024, 0.03 ms)."""
     if W.device.type == "cpu" and W.dtype in (torch.float32, torch.float64):
-        R, n, K = W.shape
-        source, columns = W.numpy(), np.empty((R, K, n), dtype=np.float64)
-        for r in range(R):
-            for a in range(0, n, _TILE):
-                columns[r, :, a:a + _TILE] = source[r, a:a + _TILE].T
-        return torch.from_numpy(columns)
-    return torch.empty(W.shape[0], W.shape[2], W.shape[1], dtype=_WORK, device=W.device).copy_(W.transpose(1, 2))
+        n, tile = W.shape[0], max(64, 8192 // (u1 - u0))            # 64 rows of 128 columns: 32 KiB of float32
+        source, target = W.numpy(), out.numpy()
+        for a in range(0, n, tile):
+            target[:, a:a + tile] = source[a:a + tile, u0:u1].T
+    else:
+        out.copy_(W[:, u0:u1].t())
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -447,19 +540,28 @@ def _check_factor(name: str, t) -> None:
         raise ValueError(f"{name} must have at least 2 dims (..., rows, K), got shape {tuple(t.shape)}")
 
 
-def _check_values(name: str, t: torch.Tensor) -> None:
-    """One pass (aminmax): a NaN propagates to both ends, an infinity shows at one of them."""
+def _check_values(name: str, t: torch.Tensor, high: bool = True) -> None:
+    """One pass (aminmax): a NaN propagates to both ends, an infinity shows at one of them. With high=False the
+    minimum alone, for a caller whose column sums show a +inf (numpy's on CPU: 1.6× torch.aminmax's speed at
+    8192 × 128 float32)."""
     if t.dtype == torch.bool or t.numel() == 0:
         return
-    low, high = torch.aminmax(t.detach())
-    if t.is_floating_point() and not bool(torch.isfinite(low) & torch.isfinite(high)):
+    t = t.detach()
+    if high:
+        low, top = (float(v) for v in torch.aminmax(t))
+    elif t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64):
+        low, top = float(t.numpy().min()), 0.0
+    else:
+        low, top = float(t.min()), 0.0
+    if not (math.isfinite(low) and math.isfinite(top)):
         raise ValueError(f"{name} must be finite, found NaN or inf")
-    if bool(low < 0):
+    if low < 0:
         raise ValueError(f"{name} must be non-negative, found a negative entry")
 
 
-def _validate(X, S, Y, key_needed: bool) -> tuple[tuple[int, ...], int, int, int, int]:
-    """Check all inputs; return (leading shape, R, n, m, K)."""
+def _validate(X, S, Y, key_needed: bool, high: bool = True) -> tuple[tuple[int, ...], int, int, int, int]:
+    """Check all inputs (with high=False, X and Y for NaN, −inf and negative entries only); return (leading
+    shape, R, n, m, K)."""
     for name, t in (("X", X), ("S", S), ("Y", Y)):
         _check_factor(name, t)
     K = X.shape[-1]
@@ -481,7 +583,7 @@ def _validate(X, S, Y, key_needed: bool) -> tuple[tuple[int, ...], int, int, int
             raise ValueError(f"R·n·m too large for the int64 sort key of dedup/csr (R={R}, n={n}, m={m} need "
                              f"{bits} bits > 63); split the batch or use dedup=False, csr=False")
     for name, t in (("X", X), ("S", S), ("Y", Y)):
-        _check_values(name, t)
+        _check_values(name, t, high or name == "S")
     return lead, R, n, m, K
 
 

@@ -11,11 +11,18 @@ then scaled so that Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
 Time (wall clock, or with --clock cpu the process's CPU time, for a shared machine): one warm-up, then the
 median of --repeats calls (CUDA synchronised), the naive draw and the fastRG cells of one n interleaved call
 by call, so that load from other processes falls on all of them alike. "edges" is the number of edges fastRG
-returned in the last timed call. Beside them, per n, a call with one expected edge gives the fixed cost every
-draw pays before its edges: fastRG's O((n + m)K) tables and K² Poisson counts (Rohe et al. 2018's bound is
-O((n + m)K + E)). It is timed in a second such call, as the first follows the naive draw, whose n·m buffers
-leave the cache cold. The log-log slope of fastRG time against edges is the least-squares fit over the cells with
-E ≥ 1e5, given for the whole time and for the time above the fixed cost.
+returned in the last timed call. Beside them, per n, two calls give what a draw pays before its edges (Rohe et al.
+2018's bound is O((n + m)K + E)): "fixed", a call with one expected edge (the checks and column sums of X and Y,
+O((n + m)K), and the K² Poisson counts; fastRG builds the CDF rows of the columns drawn from only), timed in a
+second such call, as the first follows the naive draw, whose n·m buffers leave the cache cold; "tables", a call
+with 8K expected edges, about 8 draws from each column of X and of Y, so that all (n + m)K CDF entries are built:
+the floor of a draw from every column. The log-log slope of fastRG time against edges is the least-squares fit over
+the cells with E ≥ 1e5, given for the whole time and for the time above the fixed cost and above the tables.
+With --igraph (python-igraph installed, not a requirement of this repository), igraph's C generator of
+stochastic block models, `igraph.Graph.SBM` (directed, self-loops allowed, simple graph: a Bernoulli draw per
+pair, like fastRG's dedup), is timed in the same rounds: K blocks of n/K nodes, preference matrix S/mean(S) times
+the density, so the same expected edges; the fixed cell gives it one expected edge. Its model has hard clusters,
+fastRG's mixed memberships: the same edge counts, not the same law.
 
 By default (--allocator keep) glibc is told to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD =
 2^31 − 1) so that large buffers are not page-faulted back on
@@ -27,6 +34,7 @@ The cost or gain of a second thread, beside busy processes: `python -m bench.thr
     python -m bench.fastrg_bench
     python -m bench.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
     python -m bench.fastrg_bench --threads 1 --clock cpu      # on a shared machine
+    python -m bench.fastrg_bench --threads 1 --igraph         # beside igraph (pip install igraph)
 """
 import argparse
 import ctypes
@@ -104,6 +112,17 @@ def above_fixed(ms: float, fixed_ms: float, edges: int) -> str:
     return f"{(ms - fixed_ms) * 1e6 / max(edges, 1):.0f}" if ms - fixed_ms >= 0.1 * ms else "–"
 
 
+def igraph_sbm(n: int, density: float, S: torch.Tensor):
+    """A function drawing igraph's stochastic block model of n nodes in K = len(S) near-equal blocks, preference
+    matrix density · S / mean(S) (capped at 1), directed with self-loops: the number of edges drawn."""
+    import igraph
+
+    k = len(S)
+    sizes = [n // k + (b < n % k) for b in range(k)]
+    pref = (S.double().cpu() * (density / float(S.double().mean()))).clamp(max=1.0).tolist()
+    return lambda: igraph.Graph.SBM(pref, sizes, directed=True, allowed_edge_types="loops").ecount()
+
+
 def loglog_slope(edges: list[float], ms: list[float]) -> float:
     x, y = np.log(np.asarray(edges)), np.log(np.asarray(ms))
     return float(np.polyfit(x, y, 1)[0])
@@ -140,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="wall time, or the process's CPU time (with --threads 1: time other processes hold the "
                          "core is not counted, for a shared machine)")
+    ap.add_argument("--igraph", action="store_true",
+                    help="time igraph's C stochastic block model generator beside fastRG (needs python-igraph)")
     ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench",
                     help="folder for fastrg_bench.json (the table's rows, slope and settings)")
     args = ap.parse_args(argv)
@@ -153,13 +174,18 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     if any(d > 1 for d in args.densities):
         ap.error("--densities must be in (0, 1]")
+    if args.igraph:
+        try:
+            import igraph  # noqa: F401
+        except ImportError:
+            ap.error("--igraph needs python-igraph: pip install igraph")
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: CUDA is not available")
     allocator = "glibc defaults" if args.allocator == "default" or device.type == "cuda" else keep_freed_memory()
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    rows, fit_e, fit_ms, fit_above = [], [], [], []
+    rows, fit_e, fit_ms, fit_above, fit_tables = [], [], [], [], []
     for n in args.lengths:
         g = torch.Generator(device).manual_seed(args.seed)
         X = torch.rand(n, K, device=device, generator=g)
@@ -168,23 +194,31 @@ def main(argv=None) -> int:
         base = float(fastrg.expected_edges(X, S0, Y))
         scaled = [S0 * (density * n * n / base) for density in args.densities]
         fns = [lambda: naive_draw(X, S0 * (0.01 * n * n / base), Y, g).shape[0]]
-        # one expected edge: what a call costs before its edges, the O((n + m)K) tables and the K² Poisson counts;
-        # it runs twice, and the first call, right after the naive draw's n·m buffers, is not reported: it pays for
-        # the cache they leave cold, which no fastRG call reported here should
+        # one expected edge: what a call costs before its edges (the O((n + m)K) checks and column sums, the K²
+        # Poisson counts, the CDF rows of the columns drawn from); it runs twice, and the first call, right after
+        # the naive draw's n·m buffers, is not reported: it pays for the cache they leave cold, which no fastRG call
+        # reported here should. 8K expected edges: every CDF row is built
         fns += [lambda S=S: len(fastrg.sample(X, S, Y, generator=g, csr=True)[0])
-                for S in [S0 / base, S0 / base, *scaled]]
+                for S in [S0 / base, S0 / base, S0 * (8 * K / base), *scaled]]
+        if args.igraph:
+            fns += [igraph_sbm(n, density, S0) for density in [1 / (n * n), *args.densities]]
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        (naive_ms, _, fixed_ms, *fast_ms), outs = timed(fns, device, args.repeats, clock, args.warmup_iters)
-        edges = outs[3:]
-        for density, ms, E in zip(args.densities, fast_ms, edges):
+        times, outs = timed(fns, device, args.repeats, clock, args.warmup_iters)
+        naive_ms, _, fixed_ms, tables_ms = times[:4]
+        fast_ms, edges = times[4:4 + len(args.densities)], outs[4:4 + len(args.densities)]
+        graph_ms = times[4 + len(args.densities):] or [None] * (1 + len(args.densities))
+        for density, ms, E, ig in zip(args.densities, fast_ms, edges, graph_ms[1:]):
             rows.append([n, f"{density:.1%}", E, f"{ms:.1f}", f"{naive_ms:.1f}", f"{naive_ms / ms:.1f}",
-                         f"{ms * 1e6 / max(E, 1):.0f}", f"{fixed_ms:.1f}", above_fixed(ms, fixed_ms, E)])
+                         f"{ms * 1e6 / max(E, 1):.0f}", f"{fixed_ms:.1f}", above_fixed(ms, fixed_ms, E),
+                         f"{tables_ms:.1f}"]
+                        + ([f"{ig:.1f}", f"{graph_ms[0]:.1f}", f"{ms / ig:.2f}"] if args.igraph else []))
             if E >= 1e5:
                 fit_e.append(E)
                 fit_ms.append(ms)
                 fit_above.append(max(ms - fixed_ms, 1e-6))
-            print(f"  n={n} density={density:g}: {E} edges, fastRG {ms:.1f} ms, naive {naive_ms:.1f} ms",
-                  file=sys.stderr, flush=True)
+                fit_tables.append(max(ms - tables_ms, 1e-6))
+            print(f"  n={n} density={density:g}: {E} edges, fastRG {ms:.1f} ms, naive {naive_ms:.1f} ms"
+                  + (f", igraph {ig:.1f} ms" if args.igraph else ""), file=sys.stderr, flush=True)
 
     end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"fastRG vs naive dense Bernoulli, K = {K}, torch {torch.__version__}, device {device} "
@@ -192,28 +226,35 @@ def main(argv=None) -> int:
           f"median of {args.repeats} after {args.warmup_iters} warm-up, calls interleaved; load average {load:.2f} at "
           f"start, {end_load:.2f} at end")
     print("fastRG = sample(..., dedup=True, csr=True); naive = P = X S Yᵀ and rand < P (one cell per n)")
-    print("fixed ms: a call with one expected edge at that n (the O((n + m)K) tables and K² Poisson counts that "
-          "any draw costs); ns/edge above fixed: (fastRG − fixed) / edges, – where the edges take under a tenth "
+    print("fixed ms: a call with one expected edge at that n (the O((n + m)K) checks and column sums and the K² "
+          "Poisson counts that any draw costs); tables ms: a call with 8K expected edges (all (n + m)K CDF "
+          "entries built); ns/edge above fixed: (fastRG − fixed) / edges, – where the edges take under a tenth "
           "of the call")
-    print(tabulate(rows, headers=["n", "density", "edges", "fastRG ms", "naive ms", "speed-up", "ns/edge",
-                                  "fixed ms", "ns/edge above fixed"],
-                   tablefmt="github", colalign=("right",) * 9))
-    slope = loglog_slope(fit_e, fit_ms) if len(fit_e) >= 2 else None
-    slope_above = loglog_slope(fit_e, fit_above) if len(fit_e) >= 2 else None
+    headers = ["n", "density", "edges", "fastRG ms", "naive ms", "speed-up", "ns/edge", "fixed ms",
+               "ns/edge above fixed", "tables ms"] + (["igraph ms", "igraph fixed ms", "fastRG/igraph"]
+                                                       if args.igraph else [])
+    if args.igraph:
+        print("igraph ms: igraph.Graph.SBM, hard clusters of n/K nodes, the same expected edges; igraph fixed ms: "
+              "one expected edge; fastRG/igraph: the ratio of the two times")
+    print(tabulate(rows, headers=headers, tablefmt="github", colalign=("right",) * len(headers)))
+    fits = [loglog_slope(fit_e, y) if len(fit_e) >= 2 else None for y in (fit_ms, fit_above, fit_tables)]
+    slope, slope_above, slope_tables = fits
     if slope is not None:
         print(f"log-log slope of fastRG time vs edges over {len(fit_e)} cells with E >= 1e5: {slope:.2f} "
-              f"(target 0.8-1.2); of the time above the fixed cost: {slope_above:.2f}")
+              f"(target 0.8-1.2); of the time above the fixed cost: {slope_above:.2f}; above the tables: "
+              f"{slope_tables:.2f}")
     else:
         print("log-log slope: fewer than 2 cells with E >= 1e5")
     path = cli.out_file(args.out, "fastrg_bench.json")
-    headers = ["n", "density", "edges", "fastrg_ms", "naive_ms", "speed_up", "ns_per_edge", "fixed_ms",
-               "ns_per_edge_above_fixed"]
+    keys = ["n", "density", "edges", "fastrg_ms", "naive_ms", "speed_up", "ns_per_edge", "fixed_ms",
+            "ns_per_edge_above_fixed", "tables_ms"] + (["igraph_ms", "igraph_fixed_ms", "fastrg_over_igraph"]
+                                                       if args.igraph else [])
     settings = {k: v for k, v in vars(args).items() if k != "out"}  # where it was written is no setting
     path.write_text(json.dumps({"settings": {**settings, "device": str(device),
                                              "threads": torch.get_num_threads(), "allocator": allocator,
                                              "load_average": [load, end_load]},
-                                "rows": [dict(zip(headers, row)) for row in rows], "slope": slope,
-                                "slope_above_fixed": slope_above}, indent=2))
+                                "rows": [dict(zip(keys, row)) for row in rows], "slope": slope,
+                                "slope_above_fixed": slope_above, "slope_above_tables": slope_tables}, indent=2))
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -6,6 +6,7 @@ law, computed from Poisson or binomial variances (a two-sided 5σ normal tail is
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,6 +87,30 @@ def test_dedup_pair_frequencies_match_one_minus_exp():
     big = lam > 0.5
     assert big.any()
     assert bool((((c - T * lam.clamp(max=1)) / sd).abs() > Z)[big].all())
+
+
+def test_long_uneven_column_has_no_prefix_sum_drift():
+    # n = 16384 sources: 16 of weight 1, then 16368 of weight w = 0.75·2⁻¹⁹ (exact in float32), one key. Summed in
+    # float32, the running sum sits in [16, 32), whose unit in the last place is 2⁻¹⁹: every w rounds up to it,
+    # +33%, so a float32 CDF would give the tail a third more edges. Edges per row-block over 8 graphs (about 5.2M
+    # proposals) against edge_probability's Σp with variance Σp(1 − p), the head and 4 tail blocks; and the drift
+    # such a CDF would show, computed, is beyond 2Z in every tail block: the test would catch it.
+    n, head, graphs = 16384, 16, 8
+    w = torch.full((n, 1), 0.75 * 2.0**-19)
+    w[:head] = 1.0
+    S = torch.tensor([[5.2e6 / graphs / float(w.double().sum())]])
+    Y = torch.ones(1, 1)
+    p = edge_probability(w, S, Y)[0, :, 0]                           # (n,) P(edge i → 0)
+    row_ptr, _ = fastrg.sample_block_csr(w.expand(graphs, n, 1), S, Y, generator=torch.Generator().manual_seed(54))
+    per_row = row_ptr.diff().view(graphs, n).sum(0).double()         # (n,) over the graphs
+    bounds = [0, head] + [head + k * (n - head) // 4 for k in range(1, 5)]
+    w32 = torch.from_numpy(np.diff(np.cumsum(w[:, 0].numpy()), prepend=0)).double()  # float32 running sum
+    p32 = -torch.expm1(-w32 / w32.sum() * float(S) * float(w.double().sum()))
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        mean, sd = graphs * float(p[a:b].sum()), math.sqrt(graphs * float((p[a:b] * (1 - p[a:b])).sum()))
+        assert abs(float(per_row[a:b].sum()) - mean) <= Z * max(sd, 1e-9)
+        if a >= head:
+            assert graphs * float(p32[a:b].sum()) - mean > 2 * Z * sd
 
 
 def test_joint_pairing_zero_diagonal_never_within_cluster():
@@ -269,14 +294,83 @@ def test_cpu_primitives_match_torch():
     assert abs(float(U.mean()) - 0.5) < Z * math.sqrt(1 / 12 / len(U))
 
 
-def test_chunked_draws_give_the_same_graph(monkeypatch):
-    # Draws are looked up a chunk at a time from one stream of uniforms: the chunk size changes nothing.
+@pytest.mark.parametrize("setting", [dict(_CHUNK=777), dict(_EDGES=700), dict(_EDGES=1),
+                                     dict(_BLOCK=64, _COPY_ROWS=1), dict(_BLOCK=128, _COPY_ROWS=1, _GUIDE=64)],
+                         ids=["draws", "graphs", "graph", "rows", "guide"])
+def test_chunks_and_blocks_change_no_draw(monkeypatch, setting):
+    # Draws looked up a chunk at a time, graphs drawn a chunk at a time (several graphs a chunk, 8 not a multiple
+    # of them; one graph a chunk), CDF rows built a block at a time (one column; two, the guide counted a row at
+    # a time): each side reads one stream of uniforms in the same order and the search's answer does not depend
+    # on the guide, so the graph is the same, in every form.
     X, S, Y = _random_factors(34, n=60, m=50, K=4, scale=0.2)
     X, Y = X.expand(8, 60, 4), Y.expand(8, 50, 4)
-    whole = sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True)
-    monkeypatch.setattr(fastrg, "_CHUNK", 777)
-    chunked = sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True)
-    assert len(whole[0]) > 5 * 777 and all(torch.equal(a, b) for a, b in zip(whole, chunked))
+    def draws():
+        return [sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True),
+                sample(X, S, Y, generator=torch.Generator().manual_seed(35), dedup=False),
+                fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(35))]
+    whole = draws()
+    for name, value in setting.items():
+        monkeypatch.setattr(fastrg, name, value)
+    chunked = draws()
+    assert len(whole[1][0]) > 5 * 777
+    assert all(torch.equal(a, b) for w, c in zip(whole, chunked) for a, b in zip(w, c))
+
+
+def test_chunked_draw_has_the_law(monkeypatch):
+    # Graphs drawn a few hundred at a time (about 80 chunks): pair frequencies over T graphs against 1 − e^{−λ},
+    # and against an unchunked draw of another seed (the difference of two independent counts of one law has
+    # twice the variance).
+    X, S, Y = _random_factors(48, n=6, m=4, K=3, scale=1.5)
+    p = edge_probability(X, S, Y)[0]
+    mean, var = T * p, T * p * (1 - p)
+    counts = []
+    for edges, seed in ((1 << 20, 49), (5000, 50)):
+        monkeypatch.setattr(fastrg, "_EDGES", edges)
+        _, i, j = sample(*_batch(X, S, Y), generator=torch.Generator().manual_seed(seed))
+        counts.append(_pair_counts(i, j, 6, 4))
+        assert float(((counts[-1] - mean) / var.sqrt()).abs().max()) <= Z
+    assert float(((counts[0] - counts[1]) / (2 * var).sqrt()).abs().max()) <= Z
+    assert float(expected_edges(X, S, Y)) * T > 50 * 5000                # many chunks
+
+
+def test_chunks_of_graphs_edge_cases(monkeypatch):
+    # One graph larger than a chunk; 7 graphs in chunks of about 3 (7 is not a multiple); graphs without edges
+    # first, inside and last (chunks skip them); no edge at all. Each form against the unchunked draw, and the
+    # CSR offsets against the edges.
+    g = torch.Generator().manual_seed(51)
+    X, Y = torch.rand(7, 30, 5, generator=g), torch.rand(7, 20, 5, generator=g)
+    S = torch.rand(5, 5, generator=g) * 0.2
+    X[[0, 3, 6]] = 0                                                 # graphs 0, 3, 6 have no edge
+    cases = [(X[1:2], S, Y[1:2], 10), (X, S, Y, 150), (X, S, Y, 1), (X, S * 0, Y, 1)]
+    for Xc, Sc, Yc, edges in cases:
+        R = Xc.shape[0]
+        monkeypatch.setattr(fastrg, "_EDGES", 1 << 20)
+        whole = sample(Xc, Sc, Yc, generator=torch.Generator().manual_seed(52), csr=True)
+        monkeypatch.setattr(fastrg, "_EDGES", edges)
+        chunked = sample(Xc, Sc, Yc, generator=torch.Generator().manual_seed(52), csr=True)
+        assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
+        r, i, j, row_ptr = chunked
+        assert int(row_ptr[-1]) == len(r) and torch.equal(torch.repeat_interleave(torch.arange(R * 30),
+                                                                                  row_ptr.diff()), r * 30 + i)
+        if Sc.any():
+            assert len(r) > 4 * edges if edges > 1 else len(r) > 100
+        if R == 7:
+            assert not bool(torch.isin(r, torch.tensor([0, 3, 6])).any())
+    assert len(chunked[0]) == 0                                      # the last case: no edge
+
+
+def test_calls_with_few_edges_build_few_cdf_rows(monkeypatch):
+    # The fixed cost of a call: CDF rows are built only in runs of rows with draws (_GAP: 8 rows of 8192 entries
+    # apart at most), so a call with a handful of edges builds a handful of rows, not K per graph and side.
+    built = []
+    block = fastrg._cdf_block
+    monkeypatch.setattr(fastrg, "_cdf_block", lambda W, o0, o1: built.append(o1 - o0) or block(W, o0, o1))
+    g = torch.Generator().manual_seed(53)
+    X, Y, S = torch.rand(2, 8192, 64, generator=g), torch.rand(2, 8192, 64, generator=g), torch.rand(64, 64,
+                                                                                                     generator=g)
+    S *= 3 / float(expected_edges(X, S, Y).sum())                    # about 3 edges in all
+    r, _, _ = sample(X, S, Y, generator=g)
+    assert 0 < len(r) <= 10 and sum(built) <= 4 * len(r)
 
 
 def test_draws_are_pinned_to_the_generator():
@@ -325,7 +419,7 @@ def test_reproducible_with_generator():
 
 
 def _locate(cdf, rows, U, n):
-    """Entry index i of the inverse-CDF draw U from CDF row `rows` of a _cdf_table table, the same through guide
+    """Entry index i of the inverse-CDF draw U from CDF row `rows` of a _cdf_block table, the same through guide
     tables of every size (one bucket; a few, built by torch.searchsorted; L buckets, by counting) and through
     both searches (two steps, then a bisection; a bisection alone)."""
     b = fastrg._bits(n)
@@ -342,6 +436,11 @@ def _locate(cdf, rows, U, n):
     return (found[0] & ((1 << b) - 1)).long()
 
 
+def _cdf(W):
+    """The CDF rows of every column of W (R, n, K), as one block (R·K·L,)."""
+    return fastrg._cdf_block(W, 0, W.shape[0] * W.shape[2])
+
+
 def _widest(cdf, n):
     """The most entries an interval of the full guide spans."""
     L = 1 << fastrg._bits(n)
@@ -353,8 +452,8 @@ def test_inverse_cdf_tails_never_pick_zero_weight():
     # many columns. Uniforms at the extremes of [0, 1) on the 2⁻⁵³ grid, at the step 1/3 and on a grid.
     K, n = 1 << 12, 8
     w = torch.tensor([0.0, 0.0, 1.0, 0.0, 1e-300, 2.0, 0.0, 0.0], dtype=torch.float64)
-    cdf, totals = fastrg._cdf_table(w[None, :, None].expand(1, n, K))
-    assert torch.equal(totals, torch.full((1, K), 3.0, dtype=torch.float64))
+    cdf = _cdf(w[None, :, None].expand(1, n, K))
+    assert torch.equal(cdf[:n], torch.tensor([0, 0, 1 / 3, 1 / 3, 1 / 3, 1, 1, 1], dtype=torch.float64))  # C/C = 1
     third = float(cdf[2])                                            # CDF after index 2: 1/3 rounded
     grid = torch.linspace(0, 1 - 2.0**-53, 1001, dtype=torch.float64)
     U = torch.cat([torch.tensor([0.0, 2.0**-53, third - 2.0**-54, third, 1 - 2.0**-52, 1 - 2.0**-53],
@@ -378,10 +477,10 @@ def test_guide_table_lookup_equals_search(n):
     W[1, :, 2] = 0
     W[1, n // 2, 2] = 5.0                                            # a single non-zero entry
     W[:, :, 3] = 1.0
-    cdf, _ = fastrg._cdf_table(W)
+    cdf = _cdf(W)
     L = 1 << fastrg._bits(n)
     assert n == 1 or _widest(cdf, n) > 8                             # skewed weights: wide intervals
-    even, _ = fastrg._cdf_table(W[:, :, 3:4])
+    even = _cdf(W[:, :, 3:4])
     assert _widest(even, n) <= 2                                     # an even column: at most two steps
     rows = torch.randint(0, 2 * K, (20000,), generator=g)
     U = torch.rand(20000, generator=g, dtype=torch.float64)
@@ -399,7 +498,7 @@ def test_trailing_zero_weights_do_not_widen_the_guide():
     W = torch.ones(3, n, 2, dtype=torch.float64)
     W[:, n // 2:, 0] = 0                                             # right padding
     W[:, :n // 2, 1] = 0                                             # left padding
-    cdf, _ = fastrg._cdf_table(W)
+    cdf = _cdf(W)
     assert _widest(cdf, n) <= 1
     g = torch.Generator().manual_seed(33)
     rows = torch.randint(0, 6, (5000,), generator=g)
@@ -453,11 +552,13 @@ def _assert_empty(out, R, n, csr):
         assert torch.equal(out[3], torch.zeros(R * n + 1, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("csr", [False, True, "reference"])
+@pytest.mark.parametrize("csr", [False, True, "multigraph", "reference"])
 def test_empty_cases(csr):
     g = torch.Generator().manual_seed(22)
     X, S, Y = torch.rand(3, 5, 4, generator=g), torch.rand(4, 4, generator=g), torch.rand(3, 6, 4, generator=g)
-    draw = fastrg.sample_reference if csr == "reference" else lambda *a, **kw: sample(*a, csr=csr, **kw)
+    draw = (fastrg.sample_reference if csr == "reference" else
+            (lambda *a, **kw: sample(*a, dedup=False, **kw)) if csr == "multigraph" else
+            (lambda *a, **kw: sample(*a, csr=csr, **kw)))
     csr = csr is True
     _assert_empty(draw(X, torch.zeros(4, 4), Y, generator=g), 3, 5, csr)  # all-zero S
     _assert_empty(draw(torch.zeros_like(X), S, Y, generator=g), 3, 5, csr)
@@ -549,11 +650,30 @@ def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp
     assert [row["n"] for row in record["rows"]] == [64] and record["settings"]["clock"] == "cpu"
     row = record["rows"][0]
     assert float(row["fixed_ms"]) > 0 and "fixed ms" in out  # the one-edge call, timed beside the cells
+    assert float(row["tables_ms"]) > 0 and "slope_above_tables" in record and "igraph_ms" not in row
     assert fastrg_bench.above_fixed(10.0, 4.0, 1000) == "6000" and fastrg_bench.above_fixed(10.0, 9.5, 1000) == "–"
     for bad in (["--threads", "2", "--clock", "cpu"], ["--default-allocator"], ["--warmup-iters", "0"]):
         with pytest.raises(SystemExit) as exc:
             fastrg_bench.main(bad)
         assert exc.value.code == 2
+
+
+def test_benchmark_times_igraph_beside_when_asked(capsys, tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from bench import fastrg_bench
+    args = ["--lengths", "256", "--densities", "0.05", "--repeats", "1", "--threads", "1", "--igraph", "--out",
+            str(tmp_path)]
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "igraph", None)                  # not installed: a clear error, exit 2
+        with pytest.raises(SystemExit) as exc:
+            fastrg_bench.main(args)
+        assert exc.value.code == 2 and "pip install igraph" in capsys.readouterr().err
+    pytest.importorskip("igraph")
+    assert fastrg_bench.main(args) == 0
+    row = json.loads((tmp_path / "fastrg_bench.json").read_text())["rows"][0]
+    assert float(row["igraph_ms"]) > 0 and float(row["fastrg_over_igraph"]) > 0 and "igraph" in capsys.readouterr().out
 
 
 def test_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
@@ -605,22 +725,55 @@ def test_cuda_matches_structure_and_is_reproducible():
     assert int(i.max()) < 64 and int(j.max()) < 48
 
 
-@pytest.mark.parametrize("shape", [(1, 200, 3), (3, 64, 129), (2, 1, 5)])
-def test_tiled_column_copy_equals_the_transpose(shape):
-    # The CPU copy goes _TILE rows at a time: n not a multiple of the tile (200), exactly one tile (64), one
-    # row, several graphs; float32 in, float64 out, bit for bit the plain transposing conversion.
+@pytest.mark.parametrize("shape, u0, u1", [((200, 3), 0, 3), ((64, 129), 0, 129), ((1, 5), 1, 4),
+                                           ((300, 128), 5, 37)])
+def test_tiled_column_copy_equals_the_transpose(shape, u0, u1):
+    # The CPU copy goes a tile of rows at a time: n not a multiple of the tile (200, 300), exactly one tile (64),
+    # one row, a range of columns into a strided target (rows of 512 for n = 300); float32 in, float64 out, bit
+    # for bit the plain transposing conversion.
     W = torch.rand(*shape, generator=torch.Generator().manual_seed(41))
-    columns = fastrg._columns(W)
-    assert columns.dtype == torch.float64 and columns.is_contiguous()
-    assert torch.equal(columns, W.transpose(1, 2).double())
+    out = torch.full((u1 - u0, 512), -1.0, dtype=torch.float64)
+    fastrg._columns(W, u0, u1, out[:, :shape[0]])
+    assert torch.equal(out[:, :shape[0]], W[:, u0:u1].T.double()) and bool((out[:, shape[0]:] == -1).all())
 
 
-def test_cdf_totals_are_the_column_sums_of_the_rates():
-    # _draw_edges takes X's column sums cx from its CDF table's totals (the prefix sums' last entries) rather
-    # than summing X again: they must be the column sums, to float64 round-off.
-    X = torch.rand(3, 1000, 7, generator=torch.Generator().manual_seed(43))
-    _, totals = fastrg._cdf_table(X)
-    assert torch.allclose(totals, X.sum(1, dtype=torch.float64), rtol=1e-12, atol=0)
+@pytest.mark.parametrize("n", [1000, 1024])
+def test_cdf_block_rows_are_normalised_prefix_sums(n):
+    # Any row range, across graphs: each row is column u of graph r, its prefix sums over their total, exactly 1
+    # from the last entry on (padding past n = 1000 to 1024 too); an empty column (never drawn from) reads 0.
+    W = torch.rand(3, n, 7, generator=torch.Generator().manual_seed(43)) ** 4
+    W[1, :, 2] = 0
+    L = 1024
+    for o0, o1 in ((0, 21), (5, 16), (9, 10)):
+        cdf = fastrg._cdf_block(W, o0, o1).view(o1 - o0, L)
+        for k, o in enumerate(range(o0, o1)):
+            col = W[o // 7, :, o % 7].double()
+            prefix = col.cumsum(0)
+            expected = prefix / prefix[-1] if prefix[-1] > 0 else torch.zeros(n, dtype=torch.float64)
+            assert torch.equal(cdf[k, :n], expected) and bool((cdf[k, n:] == 1).all())
+            assert float(cdf[k, n - 1]) == (1.0 if prefix[-1] > 0 else 0.0)
+
+
+def test_blocks_cover_the_rows_with_draws_only(monkeypatch):
+    # Blocks of whole graphs or of columns of one graph (in near-equal parts), cut to runs of rows with draws;
+    # rows without draws inside a run are built (and never drawn from), blocks without draws are skipped.
+    per_row = torch.tensor([0, 2, 0, 1, 0, 0, 0, 0, 0, 4, 0, 5])    # R = 3 graphs of K = 4 columns
+    monkeypatch.setattr(fastrg, "_COPY_ROWS", 1)
+    monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)                    # 8 rows of L = 16: two whole graphs
+    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 4), (9, 12)]  # a gap of one row stays in its run
+    monkeypatch.setattr(fastrg, "_GAP", 16)                          # ... unless one row is too many
+    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
+    monkeypatch.setattr(fastrg, "_GAP", 64)
+    monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)                    # 3 rows: a graph's 4 columns in parts of 2
+    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
+    monkeypatch.setattr(fastrg, "_BLOCK", 1)                         # at least one row a block
+    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
+    assert list(fastrg._blocks(torch.zeros(8, dtype=torch.int64), 4, 16)) == []
+    every = torch.ones(12, dtype=torch.int64)                        # every row drawn from
+    monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)
+    assert list(fastrg._blocks(every, 4, 16)) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
+    monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)
+    assert list(fastrg._blocks(every, 4, 16)) == [(0, 8), (8, 12)]
 
 
 @pytest.mark.parametrize("per_row", [0.5, 200.0])
