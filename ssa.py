@@ -260,6 +260,7 @@ class SSAttention(nn.Module):
                 allowed = allowed.expand(-1, -1, query_pos.shape[1], -1)  # (B|1, W, Nw, K)
                 density = self.density(allowed, valid[:, query_pos], valid, b)
                 empty = ~allowed.any(-1, keepdim=True)  # (B|1, W, Nw, 1): rows with no admissible source
+                allowed = allowed | empty  # every source a dummy for such a row: no row all −inf; zeroed below
         qw = q.reshape(b, self.heads, windows, -1, self.head_dim)  # (B, H, W, Nw, D)
         if sample:  # Alg. 2 lines 3, 9–10: the sources of every window, in their drawn order. Alg. 1/2 gather X,
             # then project; we project, then gather: the same result with one fused QKV
@@ -314,9 +315,9 @@ class SSAttention(nn.Module):
         """The same through SDPA, the windows folded into the head axis (CPU SDPA's fast kernels are 4-D)."""
         b, h, w, nw, d = q.shape
         mask = None if bias is None else bias.to(q.dtype)[None]  # (1, H, W, Nw, K)
-        if allowed is not None:  # finfo.min, finite: a row with nothing admissible stays NaN-free
-            base = torch.zeros((), dtype=q.dtype, device=q.device) if mask is None else mask
-            mask = base.masked_fill(~allowed[:, None], torch.finfo(q.dtype).min)  # (B|1, H|1, W, Nw, K)
+        if allowed is not None:  # −inf, not finfo.min: a float16 score can pass finfo(float16).min = −65504 in
+            # size and let a masked source through; every row keeps a source (a dummy one for an empty row)
+            mask = allowed[:, None] if mask is None else mask.masked_fill(~allowed[:, None], -math.inf)
         if mask is not None:
             mask = mask.expand(-1, h, -1, -1, -1).reshape(mask.shape[0], h * w, nw, -1)  # (B|1, H·W, Nw, K)
         y = F.scaled_dot_product_attention(q.reshape(b, h * w, nw, d), k.reshape(b, h * w, -1, d),
