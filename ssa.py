@@ -86,8 +86,8 @@ class SSAConfig:
             raise ValueError(f"layers must be >= 0, got {self.layers}")
         if self.windows < 1:
             raise ValueError(f"windows must be >= 1, got {self.windows}")
-        if min(self.sigma) < 0:
-            raise ValueError(f"sigma must be >= 0, got {self.sigma}")
+        if not all(math.isfinite(s) and s >= 0 for s in self.sigma):
+            raise ValueError(f"sigma must be finite and >= 0, got {self.sigma}")
         if self.unbiased is not None and not 0.0 < self.unbiased <= 1.0:
             raise ValueError(f"unbiased keep fraction must be in (0, 1], got {self.unbiased}")
         if not 0.0 <= self.finetune_fraction <= 1.0:
@@ -175,8 +175,8 @@ class SSAttention(nn.Module):
         super().__init__()
         if min(dim, heads, head_dim, windows) < 1:
             raise ValueError(f"dim, heads, head_dim, windows must be positive, got {dim, heads, head_dim, windows}")
-        if sigma < 0 or (unbiased is not None and not 0.0 < unbiased <= 1.0):
-            raise ValueError(f"need sigma >= 0 and unbiased in (0, 1], got {sigma}, {unbiased}")
+        if not (math.isfinite(sigma) and sigma >= 0) or (unbiased is not None and not 0.0 < unbiased <= 1.0):
+            raise ValueError(f"need a finite sigma >= 0 and unbiased in (0, 1], got {sigma}, {unbiased}")
         if grid is not None and (len(grid) != 2 or grid[0] % windows != 0):
             raise ValueError(f"grid (rows, cols) needs rows divisible by windows={windows}, got {grid}")
         if path not in PATHS or sampling not in SAMPLING:

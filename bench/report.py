@@ -18,6 +18,7 @@ where they differ, peak memory and median step time — then the attention scali
 With --readme, the Markdown between <!-- results:start --> and <!-- results:end --> is replaced.
 """
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -465,6 +466,8 @@ def main(argv=None) -> int:
     results = Path(args.results)
     if not results.is_dir():
         p.error(f"--results: no folder {results}")
+    if args.readme and not (Path(args.readme).is_file() and os.access(args.readme, os.R_OK | os.W_OK)):
+        p.error(f"--readme: {args.readme} is not a file this process can read and write")
     plot_dir = results / "plots" if args.readme else None
     if plot_dir is not None and plots.available():
         plot_dir.mkdir(exist_ok=True)
