@@ -87,8 +87,8 @@ def bounded_int(low: int, high: int, what: str):
     return checked_number(int, lambda v: low <= v <= high, f"{what} from {low:,} to {high:,}")
 
 
-positive_int = bounded_int(1, MAX_COUNT, "an integer")
-non_negative_int = bounded_int(0, MAX_COUNT, "an integer")
+positive_int = bounded_int(1, MAX_COUNT, "a positive integer")
+non_negative_int = bounded_int(0, MAX_COUNT, "a non-negative integer")
 length = bounded_int(1, MAX_LENGTH, "a length")
 width = bounded_int(1, MAX_WIDTH, "a size")
 layers = bounded_int(1, MAX_LAYERS, "a count")

@@ -279,7 +279,7 @@ def test_an_out_that_cannot_be_a_run_folder_is_one_line_before_anything(tmp_path
 @pytest.mark.parametrize("entry, args, message", [
     (harness.main, ["--seq-len", str(2 ** 20 + 1)], "argument --seq-len: must be a length from 1 to 1,048,576"),
     (harness.main, ["--depth", "100000000000000000000"], "argument --depth: must be a count from 1 to 1,024"),
-    (harness.main, ["--steps", "100000000000000000000"], "argument --steps: must be an integer from 0 to"),
+    (harness.main, ["--steps", "100000000000000000000"], "argument --steps: must be a non-negative integer from 0 to"),
     (harness.main, ["--batch-size", "100000000"], "argument --batch-size: must be a batch size from 1 to 1,048,576"),
     (harness.main, ["--seed", str(10 ** 23)], "argument --seed: must be a seed from 0 to 4,294,967,295"),
     (kernel_sparse.main, ["--predictor-steps", "100000000000000000000"],
