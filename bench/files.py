@@ -58,7 +58,7 @@ def folder_problem(path) -> Optional[str]:
     except OSError as exc:  # a component too long for the file system, a loop of links
         return f"cannot be used: {exc.strerror}"
     if not existing.is_dir():
-        return (f"is a file, not a folder" if existing == path else f"cannot be made: {existing} is a file")
+        return ("is a file, not a folder" if existing == path else f"cannot be made: {existing} is a file")
     try:
         name_limit = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):

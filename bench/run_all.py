@@ -30,9 +30,8 @@ SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-co
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.Parser(prog="./run_all.sh", description=" ".join(__doc__.split("\n\n")[0].split()),
-                                epilog="Environment: SPARSE_ATTN_DATA (data folder); run_all.sh sets the glibc "
-                                       "allocator for every CPU timing (MALLOC_MMAP_MAX_=0 "
-                                       "MALLOC_TRIM_THRESHOLD_=68719476736).")
+                   epilog="Environment: SPARSE_ATTN_DATA (data folder); run_all.sh sets the glibc allocator for every "
+                          "CPU timing (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736).")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--quick", dest="budget", action="store_const", const="quick",
                        help="the quick grid: per-task CPU budgets, one seed (the default)")
