@@ -86,8 +86,8 @@ class SSAConfig:
             raise ValueError(f"layers must be >= 0, got {self.layers}")
         if self.windows < 1:
             raise ValueError(f"windows must be >= 1, got {self.windows}")
-        if min(self.sigma) < 0:
-            raise ValueError(f"sigma must be >= 0, got {self.sigma}")
+        if not all(math.isfinite(s) and s >= 0 for s in self.sigma):
+            raise ValueError(f"sigma must be finite and >= 0, got {self.sigma}")
         if self.unbiased is not None and not 0.0 < self.unbiased <= 1.0:
             raise ValueError(f"unbiased keep fraction must be in (0, 1], got {self.unbiased}")
         if not 0.0 <= self.finetune_fraction <= 1.0:
@@ -175,8 +175,8 @@ class SSAttention(nn.Module):
         super().__init__()
         if min(dim, heads, head_dim, windows) < 1:
             raise ValueError(f"dim, heads, head_dim, windows must be positive, got {dim, heads, head_dim, windows}")
-        if sigma < 0 or (unbiased is not None and not 0.0 < unbiased <= 1.0):
-            raise ValueError(f"need sigma >= 0 and unbiased in (0, 1], got {sigma}, {unbiased}")
+        if not (math.isfinite(sigma) and sigma >= 0) or (unbiased is not None and not 0.0 < unbiased <= 1.0):
+            raise ValueError(f"need a finite sigma >= 0 and unbiased in (0, 1], got {sigma}, {unbiased}")
         if grid is not None and (len(grid) != 2 or grid[0] % windows != 0):
             raise ValueError(f"grid (rows, cols) needs rows divisible by windows={windows}, got {grid}")
         if path not in PATHS or sampling not in SAMPLING:
@@ -260,6 +260,7 @@ class SSAttention(nn.Module):
                 allowed = allowed.expand(-1, -1, query_pos.shape[1], -1)  # (B|1, W, Nw, K)
                 density = self.density(allowed, valid[:, query_pos], valid, b)
                 empty = ~allowed.any(-1, keepdim=True)  # (B|1, W, Nw, 1): rows with no admissible source
+                allowed = allowed | empty  # every source a dummy for such a row: no row all −inf; zeroed below
         qw = q.reshape(b, self.heads, windows, -1, self.head_dim)  # (B, H, W, Nw, D)
         if sample:  # Alg. 2 lines 3, 9–10: the sources of every window, in their drawn order. Alg. 1/2 gather X,
             # then project; we project, then gather: the same result with one fused QKV
@@ -314,9 +315,9 @@ class SSAttention(nn.Module):
         """The same through SDPA, the windows folded into the head axis (CPU SDPA's fast kernels are 4-D)."""
         b, h, w, nw, d = q.shape
         mask = None if bias is None else bias.to(q.dtype)[None]  # (1, H, W, Nw, K)
-        if allowed is not None:  # finfo.min, finite: a row with nothing admissible stays NaN-free
-            base = torch.zeros((), dtype=q.dtype, device=q.device) if mask is None else mask
-            mask = base.masked_fill(~allowed[:, None], torch.finfo(q.dtype).min)  # (B|1, H|1, W, Nw, K)
+        if allowed is not None:  # −inf, not finfo.min: a float16 score can pass finfo(float16).min = −65504 in
+            # size and let a masked source through; every row keeps a source (a dummy one for an empty row)
+            mask = allowed[:, None] if mask is None else mask.masked_fill(~allowed[:, None], -math.inf)
         if mask is not None:
             mask = mask.expand(-1, h, -1, -1, -1).reshape(mask.shape[0], h * w, nw, -1)  # (B|1, H·W, Nw, K)
         y = F.scaled_dot_product_attention(q.reshape(b, h * w, nw, d), k.reshape(b, h * w, -1, d),

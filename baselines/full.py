@@ -10,8 +10,10 @@ with multi-head projections (§3.2.2). Two execution paths with the same semanti
   ``finfo.min``, takes the softmax in float32 and multiplies by V. Readable; O(N·M) memory.
 - fast (``path="fast"``, the default): ``torch.nn.functional.scaled_dot_product_attention`` (SDPA),
   which picks a flash / memory-efficient kernel where one applies. SDPA's attention dropout cannot take a
-  ``generator``, so a training forward with dropout and a generator runs the reference path. tests/test_full.py shows the two agree
-  in outputs and gradients, with padding and causal masks.
+  ``generator``, so a training forward with dropout and a generator runs the reference path. Its additive
+  mask (with ALiBi) is −inf on inadmissible pairs, not finfo.min: under float16 autocast a score can pass
+  finfo(float16).min = −65504 in size, and a masked key would get weight. tests/test_full.py shows the two
+  agree in outputs and gradients, with padding and causal masks.
 
 Admissible pairs: key j is admissible for query i when j is not padding and (not causal or j ≤ i).
 A query with no admissible key outputs zeros (never NaN): SDPA would give NaN on a fully masked row, so
@@ -127,11 +129,13 @@ class FullAttention(nn.Module):
     @staticmethod
     def fast_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
                    p_drop: float, is_causal: bool) -> Tensor:
-        """The same computation through SDPA. A boolean mask becomes an additive one when ALiBi is on."""
+        """The same computation through SDPA. A boolean mask becomes an additive one when ALiBi is on: −inf on
+        the inadmissible pairs, not finfo.min, since a float16 score can exceed finfo(float16).min's 65504 in
+        size and would let a masked key through; every row keeps an admissible (or dummy) key, so none is all −inf."""
         if bias is None:
             mask = allowed
         else:
             mask = bias.to(q.dtype)
             if allowed is not None:
-                mask = mask.masked_fill(~allowed, torch.finfo(q.dtype).min)
+                mask = mask.masked_fill(~allowed, -math.inf)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=is_causal)

@@ -12,11 +12,19 @@ flag: ``--field-name``; its metadata may give ``flag``, ``help``, ``metavar``, `
 ``choices``; a bool that defaults to true is ``--name/--no-name``). It returns the ``RunConfig`` and the
 settings. ``one_line_errors()`` turns a DataError into exit 1 and a SetupError into exit 2, one line each.
 The module imports only the standard library at the top, so that ``--help`` of the light tools stays fast.
+
+Bad input is refused while the options parse, before anything is made: every ``--out`` of a ``parser()`` is a
+folder that exists or can be made and written (``out_folder``: not a file, not under a file, not read-only,
+no name too long; a probe folder is made and removed to know); sizes have bounds (``--seq-len`` at most
+2^20, counts at most 10^9) and a run whose activations alone would not fit in the memory there is refused
+(``memory_problem``); a float setting of a method is finite. An OS error while a run writes (no space left,
+a file over the size limit) ends it in one line, exit 1: the files written before are whole (bench/files.py).
 """
 import argparse
 import contextlib
 import dataclasses
 import math
+import os
 import sys
 import typing
 from pathlib import Path
@@ -39,9 +47,19 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return text + " (default: %(default)s)"
 
 
+class Parser(argparse.ArgumentParser):
+    """``--out`` is always a folder (one vocabulary across the entry points): an ``--out`` added without a type
+    of its own is checked as one (``out_folder``), its default included."""
+
+    def add_argument(self, *names, **kwargs):
+        if "--out" in names and "type" not in kwargs and kwargs.get("action", "store") == "store":
+            kwargs["type"] = out_folder
+        return super().add_argument(*names, **kwargs)
+
+
 def parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
     """An ArgumentParser whose usage line is how a user calls the tool (``python -m bench.X``)."""
-    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
+    return Parser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ option types
@@ -58,10 +76,26 @@ def checked_number(cast, accept, requirement: str):
     return parse_number
 
 
-positive_int = checked_number(int, lambda v: v >= 1, "a positive integer")
-non_negative_int = checked_number(int, lambda v: v >= 0, "a non-negative integer")
+MAX_COUNT = 10 ** 9  # steps, batches, repetitions: more is never meant, and C++ sizes overflow far above it
+MAX_LENGTH = 2 ** 20  # a sequence length (--seq-len, --lengths): 1M tokens
+MAX_WIDTH = 2 ** 16  # a model width, MLP width or head dimension
+MAX_LAYERS = 2 ** 10  # layers or heads
+
+
+def bounded_int(low: int, high: int, what: str):
+    """An argparse type: an integer in [low, high], else 'must be WHAT from LOW to HIGH'."""
+    return checked_number(int, lambda v: low <= v <= high, f"{what} from {low:,} to {high:,}")
+
+
+positive_int = bounded_int(1, MAX_COUNT, "a positive integer")
+non_negative_int = bounded_int(0, MAX_COUNT, "a non-negative integer")
+length = bounded_int(1, MAX_LENGTH, "a length")
+width = bounded_int(1, MAX_WIDTH, "a size")
+layers = bounded_int(1, MAX_LAYERS, "a count")
+any_int = bounded_int(-MAX_COUNT, MAX_COUNT, "an integer")  # a method's integer setting: its own check follows
 positive_float = checked_number(float, lambda v: v > 0, "a positive number")
 non_negative_float = checked_number(float, lambda v: v >= 0, "a non-negative number")
+finite_float = checked_number(float, lambda v: True, "a finite number")
 unit_fraction = checked_number(float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
 dropout_rate = checked_number(float, lambda v: 0 <= v < 1, "a rate in [0, 1)")
 
@@ -91,14 +125,24 @@ def device_option(text: str) -> str:
 
 
 def positive_ints(text: str) -> List[int]:
-    """A comma-separated list of positive integers (--lengths)."""
+    """A comma-separated list of lengths, each from 1 to MAX_LENGTH (--lengths)."""
     try:
         values = [int(v) for v in text.split(",") if v]
     except ValueError:
         values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"must be comma-separated positive integers, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be comma-separated lengths from 1 to {MAX_LENGTH:,}, got {text!r}")
     return values
+
+
+def out_folder(text: str) -> str:
+    """An argparse type for ``--out DIR``: a folder that exists or can be made, and written
+    (bench.files.folder_problem)."""
+    from bench.files import folder_problem
+    problem = folder_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}" if text else problem)
+    return text
 
 
 def attn_item(text: str) -> str:
@@ -161,7 +205,7 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = parser(prog, description, epilog=preset_tables(), allow_abbrev=False)
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--seed", type=bounded_int(0, 2 ** 32 - 1, "a seed"), default=0, help="random seed")
     p.add_argument("--device", default="auto", type=device_option, help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")
@@ -187,38 +231,95 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from which a run "
                         "that differs only later can --resume (repeatable)")
     group = p.add_argument_group("preset overrides (default: the task preset's value, in the tables below)")
-    group.add_argument("--seq-len", type=positive_int, help="sequence length")
-    group.add_argument("--dim", type=positive_int, help="model width")
-    group.add_argument("--depth", type=positive_int, help="number of layers")
-    group.add_argument("--heads", type=positive_int, help="attention heads")
-    group.add_argument("--head-dim", type=positive_int, help="dimension per head")
-    group.add_argument("--mlp-dim", type=positive_int, help="MLP hidden width")
+    group.add_argument("--seq-len", type=length, help="sequence length")
+    group.add_argument("--dim", type=width, help="model width")
+    group.add_argument("--depth", type=layers, help="number of layers")
+    group.add_argument("--heads", type=layers, help="attention heads")
+    group.add_argument("--head-dim", type=width, help="dimension per head")
+    group.add_argument("--mlp-dim", type=width, help="MLP hidden width")
     group.add_argument("--dropout", type=dropout_rate, help="dropout rate")
     group.add_argument("--attn-dropout", type=dropout_rate, help="attention dropout rate")
     group.add_argument("--pos-emb", type=boolean, metavar="BOOL", help="learned positional embeddings")
     group.add_argument("--steps", type=non_negative_int, help="training steps (0: evaluate the untrained model)")
-    group.add_argument("--batch-size", type=positive_int, help="batch size per process")
+    group.add_argument("--batch-size", type=bounded_int(1, MAX_LENGTH, "a batch size"), help="batch size per process")
     group.add_argument("--lr", type=positive_float, help="peak learning rate")
     group.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay")
     group.add_argument("--warmup", type=non_negative_int, help="linear warm-up steps")
     group.add_argument("--eval-every", type=positive_int, help="steps between evaluations and checkpoints")
     group.add_argument("--eval-batches", type=positive_int, help="batches per periodic evaluation")
     group.add_argument("--final-eval-batches", type=positive_int, help="batches per final evaluation")
-    group.add_argument("--eval-context", type=non_negative_int, help="LM: context bytes between eval windows")
+    group.add_argument("--eval-context", type=bounded_int(0, MAX_LENGTH - 1, "a length"),
+                       help="LM: context bytes between eval windows")
     return p
 
 
 def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optional[dict] = None):
-    """The RunConfig of parsed arguments: the task's preset with the overrides given, and the run's options."""
-    from bench.config import PRESET_FIELDS, RunConfig
+    """The RunConfig of parsed arguments: the task's preset with the overrides given, and the run's options. A run
+    folder that cannot be made or written (the default one too), or sizes whose activations alone would not fit
+    in the memory there, are a SetupError."""
+    from bench.config import PRESET_FIELDS, RunConfig, SetupError
     from bench.tasks import get_task
     overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
-    return RunConfig.of(get_task(args.task).presets[args.preset], overrides, method=method, task=args.task,
-                        preset=args.preset, seed=args.seed, device=args.device, out=args.out, resume=args.resume,
-                        overwrite=args.overwrite, data_dir=args.data_dir, data_file=args.data_file,
-                        no_download=args.no_download, grad_clip=args.grad_clip, lr_decay=args.lr_decay,
-                        lr_floor=args.lr_floor, log_every=args.log_every, no_amp=args.no_amp,
-                        snapshot_at=tuple(args.snapshot_at), attn=attn or {}, settings=settings)
+    cfg = RunConfig.of(get_task(args.task).presets[args.preset], overrides, method=method, task=args.task,
+                       preset=args.preset, seed=args.seed, device=args.device, out=args.out, resume=args.resume,
+                       overwrite=args.overwrite, data_dir=args.data_dir, data_file=args.data_file,
+                       no_download=args.no_download, grad_clip=args.grad_clip, lr_decay=args.lr_decay,
+                       lr_floor=args.lr_floor, log_every=args.log_every, no_amp=args.no_amp,
+                       snapshot_at=tuple(args.snapshot_at), attn=attn or {}, settings=settings)
+    from bench.files import folder_problem
+    problem = folder_problem(cfg.folder)
+    if problem:
+        raise SetupError(f"--out {cfg.folder}: {problem}")
+    problem = memory_problem(cfg)
+    if problem:
+        raise SetupError(problem)
+    return cfg
+
+
+def available_memory(device: str) -> Tuple[int, str]:
+    """(bytes, where) a run on ``device`` may use: the GPU's memory on CUDA, else the memory Linux reports
+    available (MemAvailable), else the machine's RAM."""
+    import torch
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        try:
+            index = torch.device(device).index if device.startswith("cuda") else None
+            return torch.cuda.get_device_properties(index or 0).total_memory, "on the GPU"
+        except (RuntimeError, AssertionError, ValueError):
+            pass  # no such device: refused as the run starts (bench.config.resolve_device)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "available on this machine"
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"
+    except (OSError, ValueError):
+        return 2 ** 62, "on this machine"
+
+
+def activation_bytes(cfg) -> int:
+    """A lower bound of a training step's memory: the tokens and targets (int64), the embeddings (float32), and
+    per layer what any attention keeps for the backward — the two LayerNorm inputs and outputs, the query and
+    key projections, the attention's output and the MLP's hidden layer — at 2 bytes a value (bf16). A run
+    needs more (values, scores, gradients, optimizer state): above this, it cannot fit."""
+    tokens = cfg.batch_size * cfg.seq_len
+    per_layer = 4 * cfg.dim + 3 * cfg.heads * cfg.head_dim + cfg.mlp_dim
+    return tokens * (16 + 4 * cfg.dim + (2 * per_layer * cfg.depth if cfg.steps > 0 else 0))
+
+
+def memory_problem(cfg) -> Optional[str]:
+    """Why a run's sizes cannot fit in the memory it would run in (``activation_bytes``), or None."""
+    need = activation_bytes(cfg)
+    if need < 2 ** 30:  # a GiB: every machine this runs on has that; nothing to look up
+        return None
+    have, where = available_memory(cfg.device)
+    if need <= have:
+        return None
+    return (f"--batch-size {cfg.batch_size} × --seq-len {cfg.seq_len} (depth {cfg.depth}, width {cfg.dim}) needs at "
+            f"least {need / 2 ** 30:,.1f} GiB for the activations alone, more than the "
+            f"{have / 2 ** 30:,.1f} GiB {where}; lower --batch-size or --seq-len")
 
 
 def parse(argv: Optional[List[str]], method: str, prog: str, description: str, settings: type,
@@ -232,10 +333,11 @@ def parse(argv: Optional[List[str]], method: str, prog: str, description: str, s
         p._option_string_actions["--task"].choices = list(tasks)
     add_settings(p, settings, f"{method} options", profiles or {})
     args = p.parse_args(argv)
+    from bench.config import SetupError
     try:
         chosen = settings_of(args, settings, profiles or {})
         return run_config(args, method, chosen), chosen
-    except ValueError as exc:
+    except (ValueError, SetupError) as exc:
         p.error(str(exc))
 
 
@@ -260,7 +362,8 @@ def settings_flags(settings: type, profiles: Dict[str, tuple]):
         elif hints[f.name] is bool:
             kwargs.update(action="store_true", help=meta.get("help", "") + default_text)
         else:
-            kwargs.update(type=meta.get("type", plain_type(hints[f.name])),
+            kind = meta.get("type", plain_type(hints[f.name]))
+            kwargs.update(type={float: finite_float, int: any_int}.get(kind, kind),
                           default=NOT_GIVEN if f.name in profiled else default,
                           help=meta.get("help", "") + ("" if default is None else default_text))
             kwargs.update({k: meta[k] for k in ("metavar", "nargs", "choices") if k in meta})
@@ -308,11 +411,15 @@ def plain_type(declared):
 @contextlib.contextmanager
 def one_line_errors():
     """A DataError (missing or corrupt data) ends the process with exit 1, a SetupError (a setting that cannot
-    work) with exit 2, a Diverged run with exit 3, each as one line on stderr."""
+    work) with exit 2, a Diverged run with exit 3, an OS error (a disk full, a file over the size limit, a
+    folder gone read-only while the run writes) with exit 1, each as one line on stderr."""
     from bench.config import Diverged, SetupError
-    from bench.files import DataError
+    from bench.files import DataError, os_error_line
     try:
         yield
     except (DataError, SetupError, Diverged) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit({DataError: 1, SetupError: 2, Diverged: 3}[type(exc)]) from None
+    except OSError as exc:
+        print(f"error: {os_error_line(exc)}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -5,6 +5,7 @@ A file is written into a temporary file beside it, synced and renamed over it, s
 at any instant) sees the old file or the whole new one, never a part. Standard library only: the command
 lines' ``--help`` stays light.
 """
+import errno
 import fcntl
 import json
 import os
@@ -17,9 +18,61 @@ class DataError(RuntimeError):
     """A dataset is missing, corrupt or cannot be fetched; the message says what to do (exit 1)."""
 
 
+class WriteError(OSError):
+    """A file that could not be written (no space left, over the file-size limit, read-only): which, and why.
+    What was there before is untouched (the write was to a temporary file)."""
+
+    def __str__(self):
+        return f"cannot write {self.filename}: {self.strerror}; what was there before is kept"
+
+
+def os_error_line(exc: OSError) -> str:
+    """An OSError as one line: what failed, on which file."""
+    if isinstance(exc, WriteError) or not exc.strerror:
+        return str(exc)
+    return exc.strerror + (f": {exc.filename}" if exc.filename else "")
+
+
 def default_data_dir() -> Path:
     """$SPARSE_ATTN_DATA, else ./data."""
     return Path(os.environ.get("SPARSE_ATTN_DATA", "data"))
+
+
+def folder_problem(path) -> Optional[str]:
+    """What stops ``path`` from being an output folder, or None: a file there or above it, a name or path too
+    long, a folder that cannot be written. A missing folder is probed by making and removing a folder in its
+    nearest existing parent (permissions alone do not tell: root, read-only file systems), so nothing is left."""
+    if str(path) == "":  # a str; Path("") is "."
+        return "must name a folder (use . for the current one)"
+    path = Path(os.path.abspath(path))
+    try:
+        limit = os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        limit = 4096
+    if len(os.fsencode(str(path))) >= limit:
+        return f"the path is longer than the {limit} bytes this system allows"
+    existing = path
+    try:
+        while not existing.exists():
+            existing = existing.parent
+    except OSError as exc:  # a component too long for the file system, a loop of links
+        return f"cannot be used: {exc.strerror}"
+    if not existing.is_dir():
+        return ("is a file, not a folder" if existing == path else f"cannot be made: {existing} is a file")
+    try:
+        name_limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_limit = 255
+    too_long = [part for part in path.relative_to(existing).parts if len(os.fsencode(part)) > name_limit]
+    if too_long:
+        return f"the name {too_long[0][:40]}... is longer than the {name_limit} bytes this file system allows"
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".write-probe-"))
+    except OSError as exc:
+        where = "" if existing == path else f" in {existing}"
+        reason = "read-only" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else exc.strerror
+        return f"cannot be written{where}: {reason}" + (f" ({exc.strerror})" if reason != exc.strerror else "")
+    return None
 
 
 def plain_mode(mode: int) -> int:
@@ -37,16 +90,22 @@ def temporary_file(path: Path) -> Tuple[int, str]:
 
 
 def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(file)`` into a temporary file, synced and renamed over ``path``."""
-    fd, tmp = temporary_file(Path(path))
+    """``write(file)`` into a temporary file, synced and renamed over ``path``. An OS error (no space, a file
+    over the size limit) is a WriteError naming ``path``; the temporary file is removed, ``path`` untouched."""
+    try:
+        fd, tmp = temporary_file(Path(path))
+    except OSError as exc:
+        raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not isinstance(exc, WriteError):
+            raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise
 
 

@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 
 from bench import cli
 from bench import methods as registry
-from bench.files import DataError, FolderLock, default_data_dir, read_json, write_json
+from bench.files import DataError, FolderLock, default_data_dir, folder_problem, read_json, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "retrieval", "wikitext2"]
@@ -328,9 +328,12 @@ def describe(grid: dict, jobs: int) -> str:
 
 
 def parse_list(text: str, known: List[str], what: str) -> List[str]:
+    """A comma-separated list of names from ``known``; an empty list is refused, not read as the default."""
     items = [x for x in text.split(",") if x]
+    if not items:
+        raise ValueError(f"--{what} names none (leave the option out for the default); known: {', '.join(known)}")
     unknown = [x for x in items if x not in known]
-    if unknown or not items:
+    if unknown:
         raise ValueError(f"unknown {what} {unknown}; known: {', '.join(known)}")
     return items
 
@@ -371,13 +374,23 @@ def selection(args) -> tuple:
     """(methods, tasks, seeds) named by the options, checked against the registries."""
     from bench.tasks import TASKS
     landed = list(registry.available())
-    methods = parse_list(args.methods, landed, "methods") if args.methods else landed
+    methods = parse_list(args.methods, landed, "methods") if args.methods is not None else landed
     tasks = parse_list(args.tasks, [t for t in GRID_TASKS if t in TASKS], "tasks")
     try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else list(BUDGETS[args.budget].seeds)
+        seeds = ([int(s) for s in args.seeds.split(",") if s] if args.seeds is not None
+                 else list(BUDGETS[args.budget].seeds))
     except ValueError:
-        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+        seeds = None
+    if not seeds or not all(0 <= s < 2 ** 32 for s in seeds):
+        raise ValueError(f"--seeds takes comma-separated integers from 0 to 4,294,967,295, got {args.seeds!r}")
     return methods, tasks, seeds
+
+
+def check_device(device: str) -> None:
+    """A CUDA device this machine lacks is refused once, up front (ValueError), not by every cell."""
+    if device.startswith("cuda"):
+        from bench.config import resolve_device
+        resolve_device(device)
 
 
 def main(argv=None) -> int:
@@ -385,9 +398,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         methods, tasks, seeds = selection(args)
+        check_device(args.device)
+        out = Path(args.out or f"runs/grid-{args.budget}")
+        problem = folder_problem(out)
+        if problem:
+            raise ValueError(f"--out {out}: {problem}")
     except ValueError as exc:
         p.error(str(exc))
-    out = Path(args.out or f"runs/grid-{args.budget}")
     out.mkdir(parents=True, exist_ok=True)
     with cli.one_line_errors(), grid_lock(out):
         grid = plan(args.budget, methods, tasks, seeds, common_settings(args))

@@ -15,6 +15,7 @@ targets of bench/grid.py and the cells that did not run, the cost per task, the 
 """
 import json
 import math
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -559,6 +560,8 @@ def main(argv=None) -> int:
         print(write_run_report(Path(args.run)))
         return 0
     results = Path(args.results)
+    if args.readme and not (Path(args.readme).is_file() and os.access(args.readme, os.R_OK | os.W_OK)):
+        p.error(f"--readme: {args.readme} is not a file this process can read and write")
     if not args.readme:
         print(results_readme(results, {}))
         return 0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench import cli
 from bench import methods as registry  # light: the grid, report and torch are imported once options parse
-from bench.files import read_json, write_json
+from bench.files import folder_problem, read_json, write_json
 
 SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,8192"}
 SCALING_REPEATS = {"quick": dict(warmup_iters=2, repeats=5), "smoke": dict(warmup_iters=0, repeats=1),
@@ -29,10 +29,9 @@ SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-co
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="./run_all.sh", description=" ".join(__doc__.split("\n\n")[0].split()),
-                                epilog="Environment: SPARSE_ATTN_DATA (data folder); run_all.sh sets the glibc "
-                                       "allocator for every CPU timing (MALLOC_MMAP_MAX_=0 "
-                                       "MALLOC_TRIM_THRESHOLD_=68719476736).")
+    p = cli.Parser(prog="./run_all.sh", description=" ".join(__doc__.split("\n\n")[0].split()),
+                   epilog="Environment: SPARSE_ATTN_DATA (data folder); run_all.sh sets the glibc allocator for every "
+                          "CPU timing (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736).")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--quick", dest="budget", action="store_const", const="quick",
                        help="the quick grid: per-task CPU budgets, one seed (the default)")
@@ -46,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default=None, help="comma-separated (default: every grid task)")
     p.add_argument("--seeds", default=None, help="comma-separated (default: the budget's)")
     p.add_argument("--jobs", type=cli.positive_int, default=None, help="cells side by side (default: cores; 1 for --full)")
-    p.add_argument("--lengths", default=None, help="scaling table lengths (default: the budget's: quick "
+    p.add_argument("--lengths", default=None, type=lengths_option,
+                   help="scaling table lengths (default: the budget's: quick "
                    f"{SCALING['quick']}, smoke {SCALING['smoke']}, full {SCALING['full']})")
     p.add_argument("--no-scaling", action="store_true", help="skip the attention scaling table")
     p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
@@ -55,14 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def lengths_option(text: str) -> str:
+    """--lengths: comma-separated lengths (cli.positive_ints), kept as the text scaling.main takes."""
+    return ",".join(map(str, cli.positive_ints(text)))
+
+
 def scaling_methods(methods) -> str:
     chosen = [m for m in methods if registry.get(m).scaling]
     return ",".join(chosen + (["full-ref"] if "full" in chosen else []))
 
 
-def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> None:
+def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
     """OUT/scaling.json, kept when it was measured with the same settings (a resumed run); a table of other
-    methods, lengths or repetitions, or one an older version wrote with other setting names, is measured anew."""
+    methods, lengths or repetitions, or one an older version wrote with other setting names, is measured anew.
+    Returns how many of its cells failed."""
     from bench import grid, scaling
     path = out / "scaling.json"
     wanted = scaling_methods(methods)
@@ -70,10 +76,11 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> N
     previous = (read_json(path) or {}).get("args", {})
     if all(previous.get(key) == value for key, value in settings.items()):
         print(f"scaling: {path} was measured with these settings; kept", flush=True)
-        return
-    print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
-    scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device, *grid.flags(SCALING_REPEATS[budget]),
-                  "--out", str(out)])
+    else:
+        print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
+        scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device,
+                      *grid.flags(SCALING_REPEATS[budget]), "--out", str(out)])
+    return sum("error" in row for row in (read_json(path) or {}).get("rows", []))
 
 
 def source_commit() -> str:
@@ -95,15 +102,18 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from bench import grid, report
     jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
-    args.tasks = args.tasks or ",".join(grid.GRID_TASKS)
+    if args.tasks is None:
+        args.tasks = ",".join(grid.GRID_TASKS)
+    lengths = args.lengths if args.lengths is not None else SCALING[args.budget]
+    out = Path(args.out or f"runs/grid-{args.budget}")
     try:
         methods, tasks, seeds = grid.selection(args)
-        lengths = args.lengths or SCALING[args.budget]
-        if any(int(n) < 1 for n in lengths.split(",")):
-            raise ValueError(f"--lengths must be positive integers, got {lengths}")
+        grid.check_device(args.device)
+        problem = folder_problem(out)
+        if problem:
+            raise ValueError(f"--out {out}: {problem}")
     except ValueError as exc:
         p.error(str(exc))
-    out = Path(args.out or f"runs/grid-{args.budget}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with cli.one_line_errors(), grid.grid_lock(out):
@@ -118,8 +128,8 @@ def main(argv=None) -> int:
               f"report and plots; estimated total {cli.clock(estimate)}", flush=True)
         failures = grid.run_cells(out, plan["cells"], jobs)
         if not args.no_scaling:
-            run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda") else
-                        args.device)
+            failures += run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda")
+                                    else args.device)
         wall = time.time() - start
         previous = read_json(out / "run.json") or {}
         write_json(out / "run.json", {"command": ["./run_all.sh", *(argv if argv is not None else sys.argv[1:])],
@@ -127,7 +137,8 @@ def main(argv=None) -> int:
                                            "budget": args.budget, "jobs": jobs, "commit": source_commit()})
         text = report.write_run_report(out)
     print(text)
-    print(f"\n./run_all.sh finished in {cli.clock(wall)} ({failures} failed cells): report {out / 'REPORT.md'}",
+    print(f"\n./run_all.sh finished in {cli.clock(wall)} ({failures} failed cells, grid and scaling): report "
+          f"{out / 'REPORT.md'}",
           flush=True)
     return 1 if failures else 0
 

@@ -22,6 +22,7 @@ import inspect
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Dict, List
 from tabulate import tabulate
 
 from bench import cli
+from bench.files import write_json
 
 ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}, "default": {}}
 ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its own: a second setting of full
@@ -102,7 +104,9 @@ def measure_cell(cell: dict) -> dict:
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "bench.scaling") -> dict:
     """Measure one cell in a fresh process (`python -m MODULE --cell JSON`), so peak memory is its own and
-    no allocator state carries over; the row, or {"error": reason}."""
+    no allocator state carries over; the row, or {"error": reason}. The cell dies with this process (on Linux
+    even by SIGKILL: bench.grid.die_with_parent), so a killed table leaves no measurement running."""
+    from bench.grid import die_with_parent
     env = dict(os.environ, **ALLOCATORS[allocator])
     for key in ALLOCATORS["keep"]:
         if allocator == "default":
@@ -110,9 +114,11 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "bench.scal
     try:
         proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env,
                               capture_output=True, text=True, timeout=timeout,
-                              cwd=Path(__file__).resolve().parents[1])
+                              cwd=Path(__file__).resolve().parents[1], preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
+    if proc.returncode < 0:  # killed: by the kernel for memory, most often
+        return {"error": f"killed by {signal.Signals(-proc.returncode).name} (out of memory?)"}
     if proc.returncode != 0:
         lines = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()
         return {"error": lines[-1][:200]}
@@ -122,18 +128,21 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "bench.scal
 def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
                               out: str) -> None:
     """The options every scaling benchmark shares (shapes, device, repetitions, allocator, output folder)."""
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward")
-    p.add_argument("--heads", type=int, default=2, help="attention heads")
-    p.add_argument("--head-dim", type=int, default=32, help="size of each head")
+    p.add_argument("--batch-size", type=cli.bounded_int(1, cli.MAX_LENGTH, "a batch size"), default=1,
+                   help="sequences per forward")
+    p.add_argument("--heads", type=cli.layers, default=2, help="attention heads")
+    p.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")
     p.add_argument("--device", default="auto", type=cli.device_option,
                    help="auto (CUDA when present), cpu, cuda or cuda:N")
-    p.add_argument("--warmup-iters", type=int, default=warmup_iters, help="untimed iterations before the timed ones")
-    p.add_argument("--repeats", type=int, default=repeats, help="timed iterations (the median is reported)")
+    p.add_argument("--warmup-iters", type=cli.non_negative_int, default=warmup_iters,
+                   help="untimed iterations before the timed ones")
+    p.add_argument("--repeats", type=cli.positive_int, default=repeats, help="timed iterations (the median is reported)")
     p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep",
                    help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
                         "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's")
-    p.add_argument("--timeout", type=int, default=timeout, help="seconds per cell")
-    p.add_argument("--out", metavar="DIR", default=out, help="folder for the JSON of the measurements")
+    p.add_argument("--timeout", type=cli.positive_int, default=timeout, help="seconds per cell")
+    p.add_argument("--out", metavar="DIR", default=out, type=cli.out_folder,
+                   help="folder for the JSON of the measurements")
     p.add_argument("--cell", help=argparse.SUPPRESS)
 
 
@@ -223,10 +232,14 @@ def main(argv=None) -> int:
     result = {"device": where, "torch": torch.__version__, "allocator": allocator, "memory": memory,
               "args": settings, "rows": rows}
     print(render(result))
-    path = cli.out_file(args.out, "scaling.json")
-    path.write_text(json.dumps(result, indent=2))
+    with cli.one_line_errors():
+        path = cli.out_file(args.out, "scaling.json")
+        write_json(path, result)
     print(f"wrote {path}", file=sys.stderr, flush=True)
-    return 0
+    failed = sum("error" in row for row in rows)
+    if failed:
+        print(f"error: {failed} of {len(rows)} cells failed (their rows say why)", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 def render(result: dict) -> str:

@@ -26,7 +26,8 @@ evaluation; FLOPs of a training step's forward per example (for +FT the mean ove
 10 % dense); peak memory of training; median training step time. The targets are checked and
 printed: S-L4 step time ≤ 0.65 × S0's; S-L4+FT within 2 % of S0's bits per byte; S-L4 better than S-U75.
 """
-import json
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from bench import cli
+from bench.files import default_data_dir, read_json, write_atomic, write_json
+from bench.grid import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 FT_FRACTION = 0.1  # §3.4: "the last 10% of the training epochs"
@@ -54,9 +57,10 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int, branch: in
     """Runs one setting in its own process (or skips it if complete). `branch` > 0: the step at which S-L4+FT
     leaves S-L4 — S-L4 keeps a checkpoint there and S-L4+FT resumes from it."""
     record_path = folder / "metrics.json"
-    if record_path.exists() and json.loads(record_path.read_text()).get("status") == "complete":
+    done = read_json(record_path) or {}
+    if done.get("status") == "complete":
         print(f"{name}: complete, skipped", flush=True)
-        return json.loads(record_path.read_text())
+        return done
     folder.mkdir(parents=True, exist_ok=True)
     extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
     header = ""
@@ -75,11 +79,27 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int, branch: in
     with open(folder / "train.log", "w") as log:
         log.write(header)
         log.flush()
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)  # dies with us
     if code != 0:
-        tail = (folder / "train.log").read_text().strip().splitlines()[-3:]
-        raise SystemExit(f"{name} failed (exit {code}): " + " | ".join(tail))
-    return json.loads(record_path.read_text())
+        tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
+        raise SystemExit(f"error: {name} failed (exit {code}): " + " | ".join(tail))
+    return read_json(record_path)
+
+
+def check_settings(p, names: list, common: list, out: Path):
+    """Every setting's command line parsed as ssa.py parses it, before anything runs: a bad option is refused in
+    one line (exit 2) with this tool's usage, not after earlier settings have trained. Returns S0's RunConfig."""
+    from ssa import SSAConfig
+    configs = []
+    for name in names:
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                configs.append(cli.parse([*common, *SETTINGS[name], "--out", str(out / name)], "ssa", p.prog, "",
+                                         SSAConfig)[0])
+        except SystemExit:
+            p.error(said.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1])
+    return configs[0]
 
 
 def training_flops(record: dict) -> dict:
@@ -138,11 +158,13 @@ def main(argv=None) -> int:
     p = cli.parser("python -m bench.ssa_table", __doc__.splitlines()[0],
                    epilog="Other options (e.g. --batch-size, --lr, --data-dir) go to every run.")
     p.add_argument("--task", default="bytes", help="an LM task (bytes, enwik8)")
-    p.add_argument("--seq-len", type=int, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")
+    p.add_argument("--seq-len", type=cli.length, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="the task preset of every run")
-    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the preset's)")
+    p.add_argument("--steps", type=cli.non_negative_int, default=None,
+                   help="training steps of every run (default: the preset's)")
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, from " + ",".join(SETTINGS))
-    p.add_argument("--ensemble-samples", type=int, default=16, help="Fig. 7 curve up to this many sub-models")
+    p.add_argument("--ensemble-samples", type=cli.non_negative_int, default=16,
+                   help="Fig. 7 curve up to this many sub-models")
     p.add_argument("--out", metavar="DIR", default="runs/ssa_table",
                    help="folder: one sub-folder per setting, table.md")
     args, extra = p.parse_known_args(argv)
@@ -161,10 +183,16 @@ def main(argv=None) -> int:
     branch = fine_tune_start(steps, FT_FRACTION) if {BRANCH_FROM, BRANCHED} <= set(names) else 0
     branch = branch if 0 < branch < steps else 0  # no dense tail (tiny runs): nothing to share
     out = Path(args.out)
+    cfg = check_settings(p, names, common, out)
+    with cli.one_line_errors():  # the data, before any setting's folder is made
+        task = get_task(args.task)
+        task.data_file, task.download_allowed = cfg.data_file, not cfg.no_download
+        task.setup(args.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), 0)
     records = {name: run_setting(out / name, name, common, args.ensemble_samples, branch) for name in names}
     text = render(records)
-    (out / "table.md").write_text(text)
-    (out / "table.json").write_text(json.dumps(records, indent=2))
+    with cli.one_line_errors():
+        write_atomic(out / "table.md", text.encode())
+        write_json(out / "table.json", records)
     print(text)
     print(f"wrote {out / 'table.md'} and {out / 'table.json'}", file=sys.stderr, flush=True)
     return 0

@@ -2,7 +2,7 @@
 other settings; a fresh run never replaces a run unasked and, with --overwrite, never leaves a folder that looks
 finished; a torn log line or a leftover of a killed write is recovered from; a damaged checkpoint is refused in
 one line; the method files refuse another --method; bad settings give one line, exit 2, and create nothing."""
-import json
+import errno
 import os
 import shutil
 import signal
@@ -17,6 +17,7 @@ import kernel_sparse
 import sbm_transformer
 import ssa
 from bench import train as harness
+from bench.files import folder_problem
 from bench.runs import load_checkpoint
 from conftest import ROOT, valid_steps
 from test_train import TINY, env, record, train
@@ -254,3 +255,82 @@ def test_cuda_asked_for_on_a_machine_without_it_is_one_line(tmp_path):
     line = one_line_error(train(*RUN, "--device", "cuda", "--out", str(tmp_path / "out"), check=False))
     assert line == "error: --device cuda was asked for, but CUDA is not available on this machine"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("out, message", [
+    ("{file}", "argument --out: '{file}' is a file, not a folder"),
+    ("{file}/run", "argument --out: '{file}/run' cannot be made: {file} is a file"),
+    ("{tmp}/" + "n" * 300, "cannot be used: File name too long"),
+    ("", "argument --out: must name a folder"),
+    ("/sys/sparse-attn-run", "argument --out: '/sys/sparse-attn-run' cannot be written in /sys: read-only"),
+], ids=["a file", "under a file", "a name too long", "empty", "read-only"])
+def test_an_out_that_cannot_be_a_run_folder_is_one_line_before_anything(tmp_path, capsys, out, message):
+    """Before: a file, a path under a file, an over-long name or a read-only place ended in a traceback after the
+    whole set-up; --out '' trained into the current folder."""
+    if out.startswith("/sys") and folder_problem(out) is None:
+        pytest.skip("/sys is writable here")
+    (tmp_path / "file").write_text("a file")
+    out = out.format(file=tmp_path / "file", tmp=tmp_path)
+    before, here = tree(tmp_path), sorted(Path.cwd().iterdir())
+    line = refused(capsys, *RUN, "--out", out)
+    assert message.format(file=tmp_path / "file") in line, line
+    assert tree(tmp_path) == before and sorted(Path.cwd().iterdir()) == here
+
+
+@pytest.mark.parametrize("entry, args, message", [
+    (harness.main, ["--seq-len", str(2 ** 20 + 1)], "argument --seq-len: must be a length from 1 to 1,048,576"),
+    (harness.main, ["--depth", "100000000000000000000"], "argument --depth: must be a count from 1 to 1,024"),
+    (harness.main, ["--steps", "100000000000000000000"], "argument --steps: must be a non-negative integer from 0 to"),
+    (harness.main, ["--batch-size", "100000000"], "argument --batch-size: must be a batch size from 1 to 1,048,576"),
+    (harness.main, ["--seed", str(10 ** 23)], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    (kernel_sparse.main, ["--predictor-steps", "100000000000000000000"],
+     "argument --predictor-steps: must be an integer from"),
+    (ssa.main, ["--sigma", "nan"], "argument --sigma: must be a finite number, got nan"),
+    (ssa.main, ["--sigma", "0.1", "inf"], "argument --sigma: must be a finite number, got inf"),
+    (sbm_transformer.main, ["--density-weight", "nan"], "argument --density-weight: must be a finite number"),
+    (kernel_sparse.main, ["--threshold", "inf"], "argument --threshold: must be a finite number, got inf"),
+])
+def test_sizes_out_of_range_and_non_finite_settings_are_one_line(tmp_path, capsys, entry, args, message):
+    """Before: sizes of 1e20 gave C++ stack traces or hung, --batch-size 1e8 was killed for memory at 18 GB, and
+    NaN / inf were taken by the methods' float settings."""
+    line = refused(capsys, *RUN, *args, "--out", str(tmp_path / "run"), entry=entry)
+    assert message in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_settings_dataclass_refuses_a_non_finite_sigma():
+    for sigma in [(float("nan"),), (0.1, float("inf"))]:
+        with pytest.raises(ValueError, match="sigma must be finite"):
+            ssa.SSAConfig(sigma=sigma)
+
+
+def test_a_run_whose_activations_cannot_fit_in_memory_is_refused_up_front(tmp_path, capsys):
+    line = refused(capsys, *RUN, "--seq-len", "4096", "--batch-size", "1048576", "--out", str(tmp_path / "run"))
+    assert "--batch-size 1048576 × --seq-len 4096 (depth 1, width 16) needs at least" in line
+    assert "GiB for the activations alone, more than the" in line and list(tmp_path.iterdir()) == []
+
+
+def test_no_space_left_while_writing_a_checkpoint_is_one_line_and_keeps_the_folder_whole(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """Before: a traceback. Now one line, exit 1; the checkpoint's temporary file is gone, the log intact."""
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    out = tmp_path / "run"
+    line = refused(capsys, *RUN, "--out", str(out), code=1)
+    assert line == f"error: cannot write {out / 'checkpoint.pt'}: No space left on device; what was there before is kept"
+    assert sorted(p.name for p in out.iterdir()) == ["log.jsonl", "run.lock"]
+    assert valid_steps(out / "log.jsonl") == [3]
+
+
+def test_a_checkpoint_over_the_file_size_limit_is_one_line(tmp_path):
+    """EFBIG (a file-size limit, ulimit -f) while the checkpoint is written: one line, exit 1, no partial file."""
+    import resource
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "bench.train", *RUN, "--out", str(out)], cwd=ROOT, env=env(),
+                            capture_output=True, text=True, timeout=300,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000)))
+    line = one_line_error(result, code=1)
+    assert line == f"error: cannot write {out / 'checkpoint.pt'}: File too large; what was there before is kept"
+    assert not list(out.glob("*.tmp")) and not (out / "checkpoint.pt").exists()

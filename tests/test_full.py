@@ -98,3 +98,31 @@ def test_causal_holds_when_a_generator_dropout_draw_takes_the_reference_path():
     y, _ = module(x, causal=True, generator=torch.Generator().manual_seed(1))
     (grad,) = torch.autograd.grad(y[:, :4].sum(), x)
     assert grad[:, 4:].abs().max() == 0 and grad[:, :4].abs().max() > 0
+
+
+def float16_leaks(module, seed: int, scale: float = 1000.0):
+    """Under float16 autocast (what a GPU without bf16 runs): the largest gradient from the outputs before t to the
+    inputs from t on (causal), and from the valid outputs to the padded inputs."""
+    g = torch.Generator().manual_seed(seed)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[:, 5:] = True
+    leaks = []
+    for causal, mask in ((True, None), (False, pad)):
+        x = (scale * torch.randn(2, 7, 16, generator=g)).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.float16):
+            y, _ = module(x, mask, causal)
+        seen, hidden = ((slice(None), slice(0, 3)), (slice(None), slice(3, None))) if causal else (~pad, pad)
+        (grad,) = torch.autograd.grad(y[seen].float().sum(), x)
+        leaks.append(grad[hidden].abs().max().item())
+    return leaks
+
+
+@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_float16_autocast_lets_no_masked_key_through(path, alibi):
+    """Before: the fast path's additive mask (ALiBi) was finfo(float16).min = −65504, which a float16 score passes
+    in size, so the future and padded keys got weight (gradients of 1e3 through them)."""
+    torch.manual_seed(0)
+    module = FullAttention(16, 2, 8, path=path, alibi=alibi)
+    for seed in range(4):
+        assert float16_leaks(module, seed) == [0.0, 0.0], seed

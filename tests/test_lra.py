@@ -468,6 +468,52 @@ def test_pathfinder_task_generates_caches_and_batches(cache):
     assert not np.array_equal(again.splits["train"][0][:100], task.splits["test"][0][:100])
 
 
+def test_a_cache_of_other_keys_or_cut_short_is_rebuilt_not_trained_on(tmp_path, monkeypatch, capsys):
+    """Before: a cache holding other arrays was a KeyError traceback (text, pathfinder), and one cut to a fraction
+    of its images trained on what was left, silently."""
+    monkeypatch.setenv("SPARSE_ATTN_CACHE", str(tmp_path / "cache"))
+    sizes = {"train": 40, "valid": 10, "test": 10}
+    task = get_task("pathfinder")
+    task.sizes = sizes
+    task.setup(256, 0, tmp_path)
+    (path,) = (tmp_path / "cache").glob("pathfinder-*.npz")
+    good = dict(np.load(path))
+    for damage in ({"other": np.zeros(3)}, {k: v[: len(v) // 10] for k, v in good.items()},
+                   {**good, "train_x": good["train_x"].reshape(40, -1)}):
+        np.savez(path, **damage)
+        again = get_task("pathfinder")
+        again.sizes = sizes
+        again.setup(256, 0, tmp_path)
+        assert [again.split_size(s) for s in sizes] == [40, 10, 10]
+        assert np.array_equal(again.splits["test"][0], task.splits["test"][0])
+        assert f"the cache {path} " in capsys.readouterr().out and np.load(path)["train_x"].shape == (40, 16, 16)
+    monkeypatch.setattr(lra.Text, "PER_FOLDER", 10)
+    text = get_task("text")
+    text.data_file = str(_imdb_tree(tmp_path / "imdb", 10))
+    text.setup(12, 0, tmp_path)
+    (path,) = (tmp_path / "cache").glob("imdb-bytes-*.npz")
+    np.savez(path, bytes=np.zeros(5, np.uint8))
+    text.setup(12, 0, tmp_path)
+    assert [text.split_size(s) for s in ("train", "valid", "test")] == [18, 2, 20]
+    assert "lacks the arrays" in capsys.readouterr().out
+
+
+def test_with_no_writable_cache_folder_the_data_are_used_and_not_kept(tmp_path, monkeypatch, capsys):
+    """Before: a read-only data folder and no writable cache folder failed only after the whole archive was
+    decoded. The cache folder is probed first; without one the decoded data are used, and the run says so."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPARSE_ATTN_CACHE", str(blocker / "cache"))  # under a file: nothing can be made there
+    monkeypatch.setattr(lra.Text, "PER_FOLDER", 10)
+    folder = _imdb_tree(tmp_path / "imdb", 10)
+    before = sorted(tmp_path.rglob("*"))
+    task = get_task("text")
+    task.data_file = str(folder)
+    task.setup(12, 0, tmp_path)
+    assert [task.split_size(s) for s in ("train", "valid", "test")] == [18, 2, 20]
+    assert "no writable cache folder" in capsys.readouterr().out and sorted(tmp_path.rglob("*")) == before
+
+
 # --------------------------------------------------------------------------------------------- retrieval
 def _aan(folder: Path, rows=12):
     folder.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,10 @@ passed, so a refused archive leaves no members behind.
 Caches: decoded data are kept as uncompressed ``.npz`` files keyed by the source's sha256 (archives) or by a
 listing of names, sizes and modification times (folders), written atomically, under ``$SPARSE_ATTN_CACHE``,
 else ``<data-dir>/cache`` when it is writable, else ``~/.cache/sparse-attn`` (a cache found in any of them is
-read; the folder is made only when a cache is written, after the data were read successfully).
+read; the folder is made only when a cache is written, after the data were read successfully). A cache is
+checked before use against what its task expects (its arrays, their shapes and counts): one of another
+version, cut short or damaged is rebuilt, never trained on. With no writable cache folder (a read-only data
+folder and home) the data are decoded and used without being kept, said in one line.
 """
 import contextlib
 import hashlib
@@ -32,7 +35,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Callable, Collection, Dict, Iterator, List, Optional, Tuple
 
-from bench.files import DataError, plain_mode, write_atomic_with
+from bench.files import DataError, folder_problem, plain_mode, write_atomic_with
 
 if TYPE_CHECKING:  # numpy is imported where a cache is read or written: the command lines' --help stays light
     import numpy as np
@@ -211,7 +214,7 @@ def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md
             # a browser's User-Agent: some hosts (WikiText's) answer urllib's default with 403
             request = urllib.request.Request(url, headers={"User-Agent": "Mozilla/5.0 (compatible; sparse-attn)"})
             with urllib.request.urlopen(request, timeout=60) as response, open(partial, "wb") as out:
-                size = getattr(response, "headers", {}).get("Content-Length")
+                size = getattr(response, "headers", {}).get("Content-Length")  # a test's file-like has none
                 size = f"{int(size) / 2 ** 20:.0f} MiB" if size and size.isdigit() else "size unknown"
                 print(f"downloading {url} ({size}) to {path} ...", flush=True)
                 for block in iter(lambda: response.read(1 << 20), b""):
@@ -241,17 +244,10 @@ def cache_folders(data_dir: Path) -> List[Path]:
     return [Path(data_dir) / "cache", Path.home() / ".cache" / "sparse-attn"]
 
 
-def writable_cache_folder(data_dir: Path) -> Path:
-    """The first of ``cache_folders`` that exists or can be made, and can be written."""
-    folders = cache_folders(data_dir)
-    for folder in folders:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if os.access(folder, os.W_OK):
-                return folder
-        except OSError:
-            pass
-    raise DataError(f"no writable cache folder: set SPARSE_ATTN_CACHE (tried {', '.join(map(str, folders))})")
+def writable_cache_folder(data_dir: Path) -> Optional[Path]:
+    """The first of ``cache_folders`` that exists or can be made, and can be written (probed, nothing made:
+    bench.files.folder_problem), or None."""
+    return next((folder for folder in cache_folders(data_dir) if folder_problem(folder) is None), None)
 
 
 def load_cache(path: Path) -> Optional[Dict[str, "np.ndarray"]]:
@@ -282,13 +278,61 @@ def source_key(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"]]) -> Dict[str, "np.ndarray"]:
-    """The cache ``name`` from the first cache folder that holds a readable one, else ``build()``, saved; the
-    cache folder is made only then, so a build that fails leaves none."""
+def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"]],
+           check: Optional[Callable[[Dict[str, "np.ndarray"]], Optional[str]]] = None) -> Dict[str, "np.ndarray"]:
+    """The cache ``name`` from the first cache folder that holds a readable one that ``check`` (what is wrong
+    with its arrays, or None) accepts, else ``build()``, saved. A cache that fails the check (other keys, cut
+    short, another shape) is said and rebuilt, never trained on. Where the cache will go is found before the
+    build; with no writable cache folder the data are built and used, not kept (said in one line). The folder is
+    made only once the build succeeded, so a build that fails leaves none."""
     for folder in cache_folders(data_dir):
-        arrays = load_cache(folder / f"{name}.npz")
-        if arrays is not None:
+        path = folder / f"{name}.npz"
+        arrays = load_cache(path)
+        if arrays is None:
+            continue
+        try:
+            problem = check(arrays) if check is not None else None
+        except (KeyError, IndexError, ValueError, TypeError) as exc:
+            problem = f"does not hold the arrays expected ({type(exc).__name__}: {exc})"
+        if problem is None:
             return arrays
+        print(f"the cache {path} {problem}; it is rebuilt", flush=True)
+    target = writable_cache_folder(data_dir)
     arrays = build()
-    save_cache(writable_cache_folder(data_dir) / f"{name}.npz", arrays)
+    if target is None:
+        print(f"no writable cache folder (tried {', '.join(map(str, cache_folders(data_dir)))}): the decoded data are "
+              f"used but not kept; set SPARSE_ATTN_CACHE to a writable folder to keep them", flush=True)
+        return arrays
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        save_cache(target / f"{name}.npz", arrays)
+    except OSError as exc:
+        print(f"the cache {target / f'{name}.npz'} could not be written ({exc}); the data are used but not kept",
+              flush=True)
     return arrays
+
+
+def array_problem(arrays: Dict[str, "np.ndarray"], shapes: Dict[str, tuple], dtypes: Dict[str, str] = None
+                  ) -> Optional[str]:
+    """What is wrong with a cache's ``arrays`` against the expected ``shapes`` ({key: shape}, None where any size
+    goes) and dtype kinds ({key: "u", "i", "b", ...}), or None."""
+    missing = sorted(set(shapes) - set(arrays))
+    if missing:
+        return f"lacks the arrays {missing} (holds {sorted(arrays)})"
+    for key, shape in shapes.items():
+        actual = arrays[key].shape
+        if len(actual) != len(shape) or any(want is not None and want != got for want, got in zip(shape, actual)):
+            return f"has {key} of shape {actual}, expected {tuple('any' if d is None else d for d in shape)}"
+        if dtypes and key in dtypes and arrays[key].dtype.kind != dtypes[key]:
+            return f"has {key} of dtype {arrays[key].dtype}"
+    return None
+
+
+def ragged_problem(arrays: Dict[str, "np.ndarray"], data: str, offsets: str, count: int) -> Optional[str]:
+    """What is wrong with ``count`` ragged documents stored as bytes ``data`` and ``count + 1`` ``offsets``, or None."""
+    problem = array_problem(arrays, {data: (None,), offsets: (count + 1,)}, {data: "u", offsets: "i"})
+    if problem is None:
+        o = arrays[offsets]
+        if o[0] != 0 or o[-1] != len(arrays[data]) or (len(o) > 1 and (o[1:] < o[:-1]).any()):
+            problem = f"has offsets {offsets} that do not cover {data}"
+    return problem

@@ -62,7 +62,8 @@ import torch
 
 from bench.config import Preset
 from bench.tasks.base import Task
-from bench.tasks.data_files import DataError, cached, fetch, iter_archive, offline, safe_extract, source_key
+from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, offline, ragged_problem,
+                                    safe_extract, source_key)
 from bench.tasks.pathfinder import PathfinderParams, generate_pathfinder
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
@@ -214,13 +215,23 @@ class Text(LRATask):
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         self.seq_len = seq_len
         source = self.locate(Path(data_dir))
-        arrays = cached(data_dir, f"imdb-bytes-{source_key(source)[:20]}", lambda: self.read(source))
+        arrays = cached(data_dir, f"imdb-bytes-{source_key(source)[:20]}", lambda: self.read(source),
+                        self.cache_problem)
         docs = Docs(arrays["bytes"], arrays["offsets"])
         train, test = np.flatnonzero(~arrays["test"]), np.flatnonzero(arrays["test"])
         train = train[fixed_permutation(len(train))]
         n_valid = int(round(len(train) * self.VALID_FRACTION))
         order = {"train": train[n_valid:], "valid": train[:n_valid], "test": test[fixed_permutation(len(test), 1)]}
         self.splits = {split: (docs, idx, arrays["label"][idx]) for split, idx in order.items()}
+
+    def cache_problem(self, arrays) -> Optional[str]:
+        """What ``read`` makes: every review of the four folders, half of them the test split."""
+        n = 4 * self.PER_FOLDER
+        problem = (array_problem(arrays, {"label": (n,), "test": (n,)}, {"label": "i", "test": "b"})
+                   or ragged_problem(arrays, "bytes", "offsets", n))
+        if problem is None and int(arrays["test"].sum()) != n // 2:
+            problem = f"has {int(arrays['test'].sum())} test reviews, expected {n // 2}"
+        return problem
 
     def split_size(self, split):
         return len(self.splits[split][1])
@@ -397,6 +408,13 @@ class Image(LRATask):
                 "test_x": np.stack([r[1] for r in rows["test"]]),
                 "test_y": np.array([r[2] for r in rows["test"]], np.int64)}
 
+    def cache_problem(self, arrays) -> Optional[str]:
+        """What ``read`` makes: 32x32 grayscale images and labels, split 45,000 / 5,000 / 10,000."""
+        counts = {"train": self.COUNTS["train"] - self.VALID, "valid": self.VALID, "test": self.COUNTS["test"]}
+        return array_problem(arrays, {**{f"{s}_x": (n, 1024) for s, n in counts.items()},
+                                      **{f"{s}_y": (n,) for s, n in counts.items()}},
+                             {**{f"{s}_x": "u" for s in counts}, **{f"{s}_y": "i" for s in counts}})
+
     def _check_counts(self, source, train, test):
         if (train, test) != (self.COUNTS["train"], self.COUNTS["test"]):
             raise DataError(f"image: {source} has {train} training and {test} test images, expected "
@@ -406,7 +424,8 @@ class Image(LRATask):
         side = square_side(seq_len, "image", sides=(32, 16, 8, 4))
         source = self.locate(Path(data_dir))
         kind = "py" if source.name.startswith("cifar-10") else "img"
-        arrays = cached(data_dir, f"cifar10-gray-{kind}-{source_key(source)[:20]}", lambda: self.read(source))
+        arrays = cached(data_dir, f"cifar10-gray-{kind}-{source_key(source)[:20]}", lambda: self.read(source),
+                        self.cache_problem)
         self.splits = {}
         for salt, split in enumerate(("train", "valid", "test")):
             # a fixed shuffle of each split, so that any evaluation prefix mixes the classes
@@ -446,9 +465,17 @@ class Pathfinder(LRATask):
         params = PathfinderParams.for_side(side)
         sizes = self.sizes or self.default_sizes(side)
         key = hashlib.sha256(repr((self.GENERATOR_VERSION, asdict(params), sorted(sizes.items()), seed)).encode())
-        arrays = cached(data_dir, f"pathfinder-{key.hexdigest()[:20]}", lambda: self.generate(params, sizes, seed))
+        arrays = cached(data_dir, f"pathfinder-{key.hexdigest()[:20]}", lambda: self.generate(params, sizes, seed),
+                        lambda arrays: self.cache_problem(arrays, side, sizes))
         self.splits = {split: (arrays[f"{split}_x"].reshape(-1, side * side), arrays[f"{split}_y"])
                        for split in ("train", "valid", "test")}
+
+    @staticmethod
+    def cache_problem(arrays, side: int, sizes: Dict[str, int]) -> Optional[str]:
+        """What ``generate`` makes: ``sizes[split]`` images of side × side pixels and their labels per split."""
+        return array_problem(arrays, {**{f"{s}_x": (n, side, side) for s, n in sizes.items()},
+                                      **{f"{s}_y": (n,) for s, n in sizes.items()}},
+                             {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}})
 
     @staticmethod
     def generate(params, sizes, seed):
@@ -540,13 +567,24 @@ class Retrieval(LRATask):
         for name in self.FILES.values():
             stat = (folder / name).stat()
             key.update(f"{name}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-        arrays = cached(data_dir, f"aan-bytes-{key.hexdigest()[:20]}", lambda: self.read(folder))
+        arrays = cached(data_dir, f"aan-bytes-{key.hexdigest()[:20]}", lambda: self.read(folder), self.cache_problem)
         self.splits = {}
         for split in self.FILES:
             a = Docs(arrays[f"{split}_a_bytes"], arrays[f"{split}_a_offsets"])
             b = Docs(arrays[f"{split}_b_bytes"], arrays[f"{split}_b_offsets"])
             order = np.arange(len(a)) if split == "train" else fixed_permutation(len(a), 2)
             self.splits[split] = (a, b, order, arrays[f"{split}_y"])
+
+    def cache_problem(self, arrays) -> Optional[str]:
+        """What ``read`` makes: per split, labels and two ragged byte documents per pair."""
+        for split in self.FILES:
+            problem = array_problem(arrays, {f"{split}_y": (None,)}, {f"{split}_y": "i"})
+            for side in "ab":
+                problem = problem or ragged_problem(arrays, f"{split}_{side}_bytes", f"{split}_{side}_offsets",
+                                                    len(arrays.get(f"{split}_y", ())))
+            if problem:
+                return problem
+        return None
 
     def split_size(self, split):
         return len(self.splits[split][2])
