@@ -121,6 +121,11 @@ class KernelConfig:
                      "analysis_sequences", "predictor_batch", "predictor_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        floats = (self.threshold, self.target_threshold, self.predictor_lr, self.finetune_lr, self.flops_budget,
+                  *self.thresholds)
+        if not all(math.isfinite(v) for v in floats):
+            raise ValueError("threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget "
+                             "must be finite")
         if min(self.predictor_steps, self.finetune_steps) < 0 or min(self.top_ks, default=1) < 1:
             raise ValueError("steps must be >= 0 and top-K values >= 1")
 

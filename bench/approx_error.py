@@ -148,7 +148,7 @@ def build_cases(heads: int, d: int, n: int):
 def main(argv=None) -> int:
     parser = cli.parser("python -m bench.approx_error", "Relative error of the approximating baselines to exact "
                                                         "softmax attention, by budget, at two temperatures.")
-    parser.add_argument("--seq-len", type=int, default=1024, help="sequence length")
+    parser.add_argument("--seq-len", type=cli.length, default=1024, help="sequence length")
     parser.add_argument("--head-dim", type=int, default=32, help="size of each head")
     parser.add_argument("--heads", type=int, default=4, help="independent heads per draw")
     parser.add_argument("--draws", type=int, default=4, help="draws of (Q, K, V) and of each method's randomness")

@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     run = sub.add_parser("run", help="run a claim into its folder: training runs resumably, benchmarks anew")
     run.add_argument("claim", choices=[c.name for c in CLAIMS])
     run.add_argument("--jobs", type=int, default=1, help="runs side by side")
-    run.add_argument("--out", metavar="DIR", default=None, help="folder (default results/CLAIM)")
+    run.add_argument("--out", metavar="DIR", default=None, type=cli.out_folder, help="folder (default results/CLAIM)")
     run.add_argument("--cells", default="*", metavar="PATTERN",
                      help="runs only the cells whose names match this shell pattern (e.g. '*-s0')")
     args = p.parse_args(argv)

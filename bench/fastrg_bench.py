@@ -161,7 +161,7 @@ def main(argv=None) -> int:
                          "core is not counted, for a shared machine)")
     ap.add_argument("--igraph", action="store_true",
                     help="time igraph's C stochastic block model generator beside fastRG (needs python-igraph)")
-    ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench",
+    ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench", type=cli.out_folder,
                     help="folder for fastrg_bench.json (the table's rows, slope and settings)")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.warmup_iters < 1:
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         ap.error("--densities must be in (0, 1]")
     if args.igraph:
         try:
-            import igraph  # noqa: F401
+            import igraph  # noqa: F401 (only whether it is installed)
         except ImportError:
             ap.error("--igraph needs python-igraph: pip install igraph")
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)

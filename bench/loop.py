@@ -150,8 +150,9 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
             for layer in range(model_cfg.depth):
                 factory(layer).to(device).train()(torch.zeros(1, cfg.seq_len, cfg.dim, device=device),
                                                   causal=task.head == "lm")
-    except ValueError as exc:
-        raise ValueError(f"{cfg.method} cannot run task {cfg.task} with these settings: {exc}") from None
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: a size the constructor cannot allocate
+        raise ValueError(f"{cfg.method} cannot run task {cfg.task} with these settings: "
+                         f"{str(exc).splitlines()[0]}") from None
     task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
     # the data set the vocabulary (duplicates: seq_len + 1); the attention depends on none of these fields
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,

@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="4096", type=cli.positive_ints,
                    help="comma-separated sequence lengths (multiples of 128)")
     p.add_argument("--methods", default=",".join(PEERS), help="comma-separated, from " + ",".join(PEERS))
-    p.add_argument("--batch-size", type=int, default=1, help="sequences per forward")
+    p.add_argument("--batch-size", type=cli.positive_int, default=1, help="sequences per forward")
     p.add_argument("--heads", type=int, default=2, help="attention heads")
     p.add_argument("--head-dim", type=int, default=32, help="size of each head")
     p.add_argument("--warmup-iters", type=int, default=2, help="untimed repetitions first")

@@ -73,6 +73,8 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
                           f"(or resume from a good copy)")
 
     try:
+        if not Path(path).is_file():  # a device or a link to one would be read without bound
+            raise refuse("is not a regular file")
         if Path(path).stat().st_size == 0:
             raise refuse("is empty")
         with open(path, "rb") as f:
