@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from bench import cli, grid
+from bench.files import read_json
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -36,6 +37,22 @@ class Setting:
 
 
 @dataclass(frozen=True)
+class LearnedDensity:
+    """An ``--attn density=`` budget read from the claim's own records: ``factor`` × the mean test density, over
+    the claim's seeds, of the runs of the setting named ``source`` (method and tag, e.g. "sbm-lambda0.01"). A fixed
+    pattern so runs at the density SBM learned; its cells wait until those runs are complete."""
+    source: str
+    factor: float
+
+    def resolve(self, runs: Path, task: str, preset: str, seeds: Tuple[int, ...]):
+        """"density=ρ", or None while a source run is missing."""
+        records = [read_json(runs / f"{self.source}-{task}-{preset}-s{seed}" / "metrics.json") for seed in seeds]
+        if any(r is None or r.get("status") != "complete" for r in records):
+            return None
+        return f"density={min(1.0, self.factor * sum(r['density'] for r in records) / len(records)):.4g}"
+
+
+@dataclass(frozen=True)
 class Claim:
     name: str  # the folder under results/
     title: str
@@ -44,13 +61,25 @@ class Claim:
     runs: Tuple[Setting, ...] = ()
     seeds: Tuple[int, ...] = (0,)
     once: Tuple[Setting, ...] = ()  # settings run at the first seed only (costs of untrained models)
-    commands: Tuple[str, ...] = ()  # kind output/scaling: the commands that wrote the folder's files
+    commands: Tuple[str, ...] = ()  # benchmarks whose output the claim keeps (a runs claim: after its runs)
     notes: List[str] = field(default_factory=list)
 
-    def cells(self) -> List[dict]:
-        return [grid.make_cell(s.method, s.task, seed, s.preset, s.options, s.tag)
-                for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]
-                for seed in seeds]
+    def cells(self, runs: Path = None) -> List[dict]:
+        """Every run as a grid cell. A setting whose budget is a LearnedDensity gets it from the records under
+        ``runs`` (the claim's runs/ folder); until they are complete its cells carry ``"waiting"`` (the source)
+        and a placeholder in their command."""
+        cells = []
+        for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]:
+            learned = [v for v in s.options.get("attn", []) if isinstance(v, LearnedDensity)]
+            resolved = [v.resolve(runs, s.task, s.preset, self.seeds) if runs else None for v in learned]
+            values = iter(value or f"density=<{v.factor:g}× the test density of {v.source}>"
+                          for v, value in zip(learned, resolved))
+            options = dict(s.options, **({"attn": [next(values) if isinstance(v, LearnedDensity) else v
+                                                   for v in s.options["attn"]]} if learned else {}))
+            waiting = [v.source for v, value in zip(learned, resolved) if value is None]
+            cells += [dict(grid.make_cell(s.method, s.task, seed, s.preset, options, s.tag),
+                           **({"waiting": waiting[0]} if waiting else {})) for seed in seeds]
+        return cells
 
 
 # SBM Table 3 at LRA length on CPU: the paper preset's model and lengths (Table 7's columns: ListOps 2K, Image 1K),
@@ -77,6 +106,11 @@ PAPER_TABLE3 = {
               "linformer": (0.66, 0.34), "nystromformer": (2.37, 0.70), "sbm λ=0.1": (0.27, 0.39)},
 }
 FIG4 = dict(eval_every=250)
+# adaptive-vs-fixed: duplicates at 1024 tokens (vocabulary 1024). One model and recipe for every method, calibrated
+# on full attention (results/adaptive-vs-fixed/calibration.md): one layer of 2 heads × 32 dims.
+LONG_DUPLICATES = dict(seq_len=1024, dim=64, heads=2, head_dim=32, mlp_dim=64, batch_size=32, steps=2000, lr="2e-3",
+                       warmup=100, eval_every=250, eval_batches=2, final_eval_batches=8)
+FIXED = {"-at-sbm-density": 1, "-at-4x-sbm-density": 4}  # fixed patterns at SBM λ = 1e-2's learned density and 4×
 CLAIMS = [
     Claim("sbm-fig4", "SBM-Transformer Fig. 4: duplicates, every method, the paper's recipe", "runs",
           paper="Fig. 4 (§5.1): full attention quickly converges to 100% accuracy; SBM-Transformer converges "
@@ -113,15 +147,43 @@ CLAIMS = [
           once=tuple(run for task in TABLE3_TASKS for run in (
               table3_cost("full", task, "-path-reference", attn=["path=reference"]),
               *(table3_cost(m, task) for m in ("linear", "reformer", "performer", "linformer", "nystromformer")))),
+          commands=tuple(
+              f"python -m bench.step_time --task {task} --preset paper --batch-size 8 --methods full,sbm,linear,"
+              f"reformer,performer,linformer,nystromformer --sbm-density " + ",".join(
+                  f"results/sbm-table3/runs/sbm-lambda{w}-{task}-paper-s0" for w in ("0.1", "0.01"))
+              + f" --out results/sbm-table3/step_time-{task}" for task in TABLE3_TASKS),
           notes=["FLOPs: forward per example, bench/measure.py's convention (SDPA and the explicit path count the "
                  "same). Memory: peak above the weights and inputs of one inference call on 4 test examples, "
                  "per example; on CPU the resident set's high-water mark. The `path=reference` row is full "
                  "attention's explicit path (materialised scores, the paper's \"full attention\"); the untrained "
                  "rows are fixed-cost methods, whose cost does not depend on their weights.",
+                 "Train step ÷ fair full: `bench.step_time` times every setting's training step side by side in one "
+                 "process (its output below), SBM at each λ's trained test density (seed 0). Fair full attention is "
+                 "what a user would run: no attention dropout and each batch trimmed to its longest sequence. The "
+                 "paper's recipe (the `full` row) keeps attention dropout 0.1, which moves CPU SDPA from its flash "
+                 "kernel to its math path, and pads every batch to the full length.",
                  "With δ in eval: the SBM recipe's second pass over the same test examples, keeping δ's random "
                  "edges (δ = 0.01) in evaluation as the official code does (`--explore-in-eval`); our default drops "
                  "them. The paper's λ = 1e-1 densities on four LRA tasks (1.15-2.61%; Text 10.62%) sit just above "
                  "δ's 1%, as such an evaluation gives."]),
+    Claim("adaptive-vs-fixed", "Does data-adaptive sparsity pay? Duplicates at 1024 tokens against fixed sparse "
+          "patterns at the same density", "runs",
+          paper="SBM §5.1 and Fig. 4: in duplicates a token's label depends on the other occurrences of its value, "
+                "placed by content, not position; a learned, input-dependent graph can find them at a density near "
+                "1/N, a window of half-width w only when they lie within w, a random pattern with the probability of "
+                "its density. Longformer's window and BigBird (Zaheer et al. 2020, §2) are the fixed patterns.",
+          runs=(Setting("sbm", "duplicates", options=dict(LONG_DUPLICATES, density_weight="0.01"), tag="-lambda0.01"),
+                Setting("sbm", "duplicates", options=LONG_DUPLICATES),
+                *(Setting(m, "duplicates", options=LONG_DUPLICATES)
+                  for m in ("full", "ssa", "linear", "linformer", "performer", "nystromformer", "reformer")),
+                *(Setting(m, "duplicates", options=dict(LONG_DUPLICATES, attn=[LearnedDensity("sbm-lambda0.01", f)]),
+                          tag=tag) for m in ("window", "bigbird") for tag, f in FIXED.items())),
+          seeds=(0, 1),
+          notes=["Every method trains with the same model, recipe and seeds (the command in each row); nothing is tuned "
+                 "per method. Window and BigBird take their budget as a density (`--attn density=ρ`), ρ the mean test "
+                 "density of SBM λ = 1e-2 over the seeds, and ×4: their cells run once those SBM runs are complete.",
+                 "Ratios are per seed against full attention of the same seed, then averaged. Step times come from the "
+                 "runs themselves, two side by side on the 2 cores: compare them as rough ratios."]),
     Claim("ssa-table", "SSA Tables 1 and 8, Fig. 7: subsampled training, dense fine-tuning, self-ensembling",
           "output", paper="Table 1 (Enwik8, 16 layers): S0 1.028 test bpb; S16-L4 1.058 at 0.70 compute, 0.51 "
                           "memory and 1.64× speed; +FT 1.029. Table 8: locally biased beats unbiased SSA. Table 4 and "
@@ -149,6 +211,27 @@ CLAIMS = [
 BY_NAME = {c.name: c for c in CLAIMS}
 
 
+def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
+    """Runs a claim's cells that match ``pattern``; a cell waiting on other runs' records (LearnedDensity) runs
+    once they are complete. Returns how many cells failed or could not run."""
+    done, failures = set(), 0
+    while True:
+        cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], pattern) and c["name"] not in done]
+        ready = [c for c in cells if "waiting" not in c]
+        if not ready:
+            break
+        failures += grid.run_cells(out, ready, jobs)
+        done |= {c["name"] for c in ready}
+    for cell in cells:
+        print(f"{cell['name']}: not run, it needs the complete runs of {cell['waiting']}", flush=True)
+    return failures + len(cells)
+
+
+def script_name(words: List[str]) -> str:
+    """bench.step_time for ["python", "-m", "bench.step_time", ...], kernel_sparse for ["python", "kernel_sparse.py"]."""
+    return words[2].split(".")[-1] if words[1] == "-m" else Path(words[1]).stem
+
+
 def run_output(claim: Claim, out: Path) -> int:
     """Runs a benchmark claim's commands one after another, each saved as OUT/<script>.md: the command and the
     wall time it took on this machine on the first line, then what it printed."""
@@ -156,10 +239,11 @@ def run_output(claim: Claim, out: Path) -> int:
     import shlex
     import subprocess
     import time
-    failures = 0
+    failures, scripts = 0, [script_name(shlex.split(c)) for c in claim.commands]
     for command in claim.commands:
         words = shlex.split(command)
-        name = (words[2].split(".")[-1] if words[1] == "-m" else Path(words[1]).stem)
+        name = script_name(words) + (f"-{words[words.index('--task') + 1]}" if scripts.count(script_name(words)) > 1
+                                     else "")  # one script run per task: step_time-listops.md
         print(f"{claim.name}: {command} ...", flush=True)
         start = time.time()
         result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True)
@@ -188,21 +272,21 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.verb == "list":
         for claim in CLAIMS:
-            commands = [" ".join(["python", *c["command"]]) for c in claim.cells()] or list(claim.commands)
+            commands = [" ".join(["python", *c["command"]]) for c in claim.cells()] + list(claim.commands)
             print(f"{claim.name} ({claim.kind}): {claim.title}\n  " + "\n  ".join(commands))
         return 0
     if args.jobs < 1:
         run.error("--jobs must be at least 1")
     claim = BY_NAME[args.claim]
-    cells = [c for c in claim.cells() if fnmatch.fnmatch(c["name"], args.cells)]
+    out = Path(args.out) if args.out else RESULTS / args.claim
+    cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], args.cells)]
     if claim.kind == "runs" and not cells:
         run.error(f"no cell of {claim.name} matches {args.cells!r}: " + ", ".join(c["name"] for c in claim.cells()))
-    out = Path(args.out) if args.out else RESULTS / args.claim
     out.mkdir(parents=True, exist_ok=True)
     with cli.one_line_errors(), grid.grid_lock(out):
         if claim.kind == "runs":
             print(f"{claim.name}: {len(cells)} runs into {out}, {args.jobs} side by side", flush=True)
-            failures = grid.run_cells(out, cells, args.jobs)
+            failures = run_claim(claim, out, args.cells, args.jobs) + (run_output(claim, out) if claim.commands else 0)
         else:
             failures = run_output(claim, out)
     return 1 if failures else 0

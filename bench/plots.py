@@ -25,9 +25,11 @@ def matplotlib_ticker():
     return matplotlib.ticker
 
 
-def save(fig, path: Path, axes, xlabel: str, ylabels: List[str]) -> None:
-    for ax, ylabel in zip(axes, ylabels):
-        ax.set_xlabel(xlabel, fontsize=8)
+def save(fig, path: Path, axes, xlabel, ylabels: List[str]) -> None:
+    """Labels (``xlabel``: one for every panel, or a list of one per panel), grid, layout, PNG; closes the figure."""
+    axes = list(axes)
+    for ax, x, ylabel in zip(axes, [xlabel] * len(axes) if isinstance(xlabel, str) else xlabel, ylabels):
+        ax.set_xlabel(x, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -114,3 +116,20 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
     save(fig, path, [ax], "sub-models averaged", ["validation bits per byte"])
     return ("SSA Fig. 7's shape: validation bits per byte (lower is better) of S-L4's self-ensemble against the number "
             "of sampled sub-models averaged, beside dense (renormalised) inference of the same model.")
+
+
+def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path) -> str:
+    """Test accuracy against attention density (left) and training step time (right), one point per run.
+    ``points``: setting → [(density, step ms, accuracy %)], one tuple per seed."""
+    fig, axes = figure(2)
+    for index, (setting, runs) in enumerate(points.items()):
+        style = dict(color=f"C{index % 10}", marker="osD^v<>ph*"[index // 10 % 10], label=setting)
+        for ax, x in zip(axes[0], (0, 1)):
+            ax.scatter([run[x] for run in runs], [run[2] for run in runs], **style)
+    for ax in axes[0]:
+        ax.set_xscale("log")
+    axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot, off the points
+    save(fig, path, axes[0], ["attention density on the test split (log)", "median training step time, ms (log)"],
+         ["test token accuracy (%)", "test token accuracy (%)"])
+    return ("Adaptive vs fixed sparsity on duplicates at 1024 tokens: each run's test token accuracy against its "
+            "attention density (left) and its median training step time (right), one point per method and seed.")

@@ -338,17 +338,30 @@ def accuracy_line(recs: List[dict]) -> str:
             + ("; at the base rate: " + ", ".join(base) if base else ""))
 
 
-def table3(recs: List[dict]) -> str:
+def table3(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> str:
     """SBM Table 3 from a claim's records, one table per task (the paper's columns): per-example inference FLOPs
     and memory relative to full attention (fused SDPA, and the explicit path), beside the paper's figures, with
-    accuracy, density and step time, under a line of what the task's accuracy says (accuracy_line)."""
+    accuracy, density and the training step time against fair full attention (``step_times``: task → the JSON
+    of bench.step_time, which timed the settings side by side in one process), under a line of what the task's
+    accuracy says (accuracy_line)."""
     tasks = by(recs, "task")
     order = [t for t in claim_list.PAPER_TABLE3 if t in tasks] + sorted(set(tasks) - set(claim_list.PAPER_TABLE3))
     return "\n\n".join(f"{task} ({tasks[task][0]['config']['seq_len']} tokens): {accuracy_line(tasks[task])}\n\n"
-                       + table3_task(tasks[task], claim_list.PAPER_TABLE3.get(task, {})) for task in order)
+                       + table3_task(tasks[task], claim_list.PAPER_TABLE3.get(task, {}), (step_times or {}).get(task))
+                       for task in order)
 
 
-def table3_task(recs: List[dict], paper_column: Dict[str, tuple]) -> str:
+def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
+    """bench.step_time's medians ÷ fair full attention's, by Table 3's setting labels ("full": as the recipe runs)."""
+    if not step_time or "full (fair)" not in step_time["step_ms"]:
+        return {}
+    fair = statistics.median(step_time["step_ms"]["full (fair)"])
+    names = {"full (as run)": "full", "sbm λ=0": "sbm"}  # Table 3 labels SBM without a regulariser "sbm"
+    return {names.get(label, label): statistics.median(ms) / fair
+            for label, ms in step_time["step_ms"].items() if label != "full (fair)"}
+
+
+def table3_task(recs: List[dict], paper_column: Dict[str, tuple], step_time: Optional[dict] = None) -> str:
     groups = settings(recs)
     full, explicit = groups.get("full"), groups.get("full (explicit path)")
     if not full:
@@ -361,7 +374,8 @@ def table3_task(recs: List[dict], paper_column: Dict[str, tuple]) -> str:
         return "–" if None in passes else (fmt([e["metric"] for e in passes], "accuracy")
                                            + f" ({100 * mean(passes, lambda e: e['density']):.1f}%)")
 
-    order, rows = ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")], []
+    order, rows, steps = ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")], [], \
+        fair_step_ratios(step_time)
     for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else len(order), g)):
         rs = sorted(groups[label], key=lambda r: r["seed"])
         trained, paper = rs[0]["steps"] > 0, paper_column.get(label)
@@ -374,12 +388,80 @@ def table3_task(recs: List[dict], paper_column: Dict[str, tuple]) -> str:
                      explored(rs), ratio(rs, full, lambda r: r["flops_per_example"]["model"]),
                      ratio(rs, full, lambda r: r["flops_per_example"]["attention"]), ratio(rs, explicit, memory),
                      ratio(rs, full, memory), f"{mean(rs, memory) / 2 ** 20:.1f}",
-                     ratio(rs, full, lambda r: r["median_step_ms"]) if trained else "–",
+                     f"{steps[label]:.3f}" if label in steps else "–",
                      f"{paper[0]:.2f} / {paper[1]:.2f}" if paper else "–"])
     return table(rows, ["setting", "seeds", "test acc %", "test density (per layer %)",
                         "with δ in eval: acc % (density)", "FLOPs ÷ full", "attention FLOPs ÷ full",
-                        "memory ÷ explicit full", "memory ÷ SDPA full", "MiB per example", "train step ÷ full",
-                        "paper FLOPs / memory"])
+                        "memory ÷ explicit full", "memory ÷ SDPA full", "MiB per example",
+                        "train step ÷ fair full", "paper FLOPs / memory"])
+
+
+# ------------------------------------------------------------------------------------------------ adaptive vs fixed
+LEARNED = "sbm-lambda0.01"  # the adaptive setting whose test density the fixed patterns are matched to
+FIXED_AT = {"": "-at-sbm-density", "4× ": "-at-4x-sbm-density"}
+
+
+def setting_name(r: dict) -> str:
+    """A claim record's setting: its folder's name without task, preset and seed (e.g. window-at-sbm-density)."""
+    return r["folder"].name.rsplit(f"-{r['task']}-", 1)[0]
+
+
+def per_seed_ratio(rs: List[dict], refs: Dict[int, dict], get) -> Optional[float]:
+    """Mean over seeds of get(run) ÷ get(full attention's run of the same seed), each ratio from one pair."""
+    pairs = [(get(r), get(refs[r["seed"]])) for r in rs if r["seed"] in refs]
+    return statistics.mean(a / b for a, b in pairs) if pairs and all(a and b for a, b in pairs) else None
+
+
+def adaptive_rows(recs: List[dict]) -> Dict[str, dict]:
+    """Per setting: its records and, against full attention of the same seed, its costs."""
+    groups = by([dict(r, setting=setting_name(r)) for r in recs], "setting")
+    refs = {r["seed"]: r for r in groups.get(REFERENCE, [])}
+    costs = {"attention FLOPs": lambda r: r["flops_per_example"]["attention"], "step time": COSTS["step time"],
+             "peak memory": COSTS["peak memory"]}
+    return {name: {"recs": sorted(rs, key=lambda r: r["seed"]), "density": mean(rs, lambda r: r["density"]),
+                   **{k: per_seed_ratio(rs, refs, get) for k, get in costs.items()}}
+            for name, rs in sorted(groups.items(), key=lambda kv: mean(kv[1], lambda r: r["density"]))}
+
+
+def adaptive_table(recs: List[dict]) -> str:
+    ratio = lambda v: "–" if v is None else f"{v:.3g}"  # noqa: E731
+    rows = [[name, ", ".join(str(r["seed"]) for r in row["recs"]), tests(row["recs"]),
+             " / ".join(tests([r]) for r in row["recs"]), f"{100 * row['density']:.2f}%", ratio(row["attention FLOPs"]),
+             ratio(row["step time"]), ratio(row["peak memory"]),
+             " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in row["recs"])]
+            for name, row in adaptive_rows(recs).items()]
+    return table(rows, ["setting", "seeds", "test acc % (mean ± std)", "per seed", "test density",
+                        "attention FLOPs ÷ full", "train step ÷ full", "peak memory ÷ full", "wall per seed"])
+
+
+def adaptive_verdict(recs: List[dict]) -> str:
+    """Whether adaptivity paid: SBM against the fixed patterns at its own density and at 4×, in words."""
+    rows = adaptive_rows(recs)
+    acc = lambda name: mean(rows[name]["recs"], lambda r: r["test"])  # noqa: E731
+    pct = lambda name: f"{name} {tests(rows[name]['recs'], True)}"  # noqa: E731
+    said = [f"Full attention reaches {tests(rows[REFERENCE]['recs'], True)}" if REFERENCE in rows else
+            "Full attention has no record yet"]
+    if LEARNED in rows:
+        sbm, density = acc(LEARNED), rows[LEARNED]["density"]
+        said.append(f"SBM with λ = 1e-2 learns a test density of {100 * density:.2f}% and reaches "
+                    f"{tests(rows[LEARNED]['recs'], True)}")
+        for times, suffix in FIXED_AT.items():
+            fixed = [f"{m}{suffix}" for m in ("window", "bigbird") if f"{m}{suffix}" in rows]
+            if not fixed:
+                continue
+            margin = 100 * (sbm - max(acc(f) for f in fixed))
+            said.append(f"at {times}that density the fixed patterns reach " + " and ".join(pct(f) for f in fixed) + (
+                f": adaptivity paid, {margin:.1f} points above the better of them" if margin > 1 else
+                f": adaptivity did not pay, {-margin:.1f} points below the better of them" if margin < -1 else
+                ": within a point of SBM, adaptivity bought nothing here"))
+        cost = rows[LEARNED]
+        said.append(f"SBM λ = 1e-2 spends {cost['attention FLOPs']:.3g}× full attention's attention FLOPs, "
+                    f"{cost['step time']:.3g}× its training step time and {cost['peak memory']:.3g}× its peak memory"
+                    if None not in (cost["attention FLOPs"], cost["step time"], cost["peak memory"]) else "")
+    others = [n for n in rows if n not in (REFERENCE, LEARNED) and not any(n.endswith(f) for f in FIXED_AT.values())]
+    if others:
+        said.append("the other settings: " + ", ".join(pct(n) for n in others))
+    return "; ".join(filter(None, said)) + "."
 
 
 def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
@@ -392,7 +474,10 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
         out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in {link}; `python -m bench.claims "
                    f"list` prints each run's command, to run one with `--seed S --out DIR`).")
         out += [fig4_check(recs)] if recs and claim.name == "sbm-fig4" else []
-        out += [table3(recs) if claim.name == "sbm-table3" else runs_table(recs)] if recs else []
+        out += [adaptive_verdict(recs), adaptive_table(recs)] if recs and claim.name == "adaptive-vs-fixed" else []
+        step_times = {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/*.json")}
+        out += [table3(recs, step_times) if claim.name == "sbm-table3" else runs_table(recs)] if recs else []
+        out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
         out += ["Not yet run: " + ", ".join(f"`{name}`" for name in missing) + "."] if missing else []
     else:
         out.append("Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).")
@@ -414,7 +499,7 @@ def results_readme(results: Path, captions: Dict[str, str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ plots
-FIGURES = {"sbm-fig4": ["sbm_fig4"], "ssa-table": ["ssa_fig7"], "scaling": ["scaling", "sbm_scaling"],
+FIGURES = {"sbm-fig4": ["sbm_fig4"], "adaptive-vs-fixed": ["adaptive_vs_fixed"], "ssa-table": ["ssa_fig7"], "scaling": ["scaling", "sbm_scaling"],
            "quick": ["accuracy_vs_cost"]}
 SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
     "scaling": "every method at its default budget (SBM untrained, at its initial density; full is the fused SDPA, "
@@ -456,6 +541,11 @@ def draw_plots(results: Path, plot_dir: Path) -> Dict[str, str]:
         if (results / "scaling" / f"{name}.json").exists():
             result = read_json(results / "scaling" / f"{name}.json")
             captions[name] = plots.scaling(result, plot_dir / f"{name}.png", what)
+    adaptive = load(results / "adaptive-vs-fixed")[0]
+    if adaptive:
+        points = {name: [(r["density"], r["median_step_ms"], 100 * r["test"]) for r in row["recs"]]
+                  for name, row in adaptive_rows(adaptive).items()}
+        captions["adaptive_vs_fixed"] = plots.adaptive_vs_fixed(points, plot_dir / "adaptive_vs_fixed.png")
     if quick:
         captions["accuracy_vs_cost"] = plots.accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png")
     return captions

@@ -1,19 +1,22 @@
 """Training-step time of a table's methods side by side in one process, full attention timed as a user runs it.
 
     python -m bench.step_time --task listops --preset paper --batch-size 8                # SBM Table 3's ListOps 2K
-    python -m bench.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016
+    python -m bench.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016,0.04
+    python -m bench.step_time --task listops --preset paper --batch-size 8 \
+        --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
 
 One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it), the same
 batches for all, one training step (forward, loss, backward, AdamW) of each variant in turn, round after round;
 the median and [min-max] over --repeats rounds after a warm-up, and each variant's ratio to full attention as
-the paper's recipe runs it. The variants:
+the paper's recipe runs it and as a user would run it (fair). The variants:
 - `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel for its math
   path (`torch._fused_sdp_choice`: 0 = math, 1 = flash; printed), and every batch is padded to the preset's length.
 - `full (fair)`: the same weights and batches without attention dropout (the flash kernel) and each batch trimmed
   to its longest sequence: what a user would time. Dropout's own cost is the ratio of the two rows.
 - each other method of --methods, untrained (their costs do not depend on the weights), and SBM with each layer's
-  membership logits shifted by one constant so that its expected density is --sbm-density (a trained model's:
-  the claim's record), as bench.sbm_scaling calibrates one module.
+  membership logits shifted by one constant so that its expected density is each of --sbm-density (a trained
+  model's: a number, or a run folder whose record's test density is taken, labelled with its λ), as
+  bench.sbm_scaling calibrates one module.
 A benchmark, not a test: the figures depend on the machine; the ratios are what one process on it measured.
 """
 import json
@@ -27,7 +30,7 @@ from tabulate import tabulate
 
 from bench import cli
 from bench import methods as registry
-from bench.config import RunConfig, derive_seed
+from bench.config import RunConfig, SetupError, derive_seed
 from bench.loop import model_inputs, task_loss
 from bench.model import Model, ModelConfig
 from bench.tasks import default_data_dir, get_task
@@ -73,23 +76,44 @@ def shift_sbm(model: Model, inputs: dict, density: float) -> None:
                     low = attn.shift
 
 
-def variants(cfg: RunConfig, task, names: list, sbm_density: float, example: dict) -> dict:
+def sbm_densities(text: str) -> dict:
+    """--sbm-density: label → density, from numbers ("sbm@1.10%") or run folders (their test density, "sbm λ=W")."""
+    from bench.files import read_json
+    densities = {}
+    for item in filter(None, text.split(",")):
+        if Path(item).is_dir():
+            record = read_json(Path(item) / "metrics.json")
+            if not record or record.get("method") != "sbm" or record.get("density") is None:
+                raise SetupError(f"--sbm-density: {item} holds no SBM record with a test density")
+            densities[f"sbm λ={float(record['config'].get('density_weight') or 0):g}"] = record["density"]
+        else:
+            try:
+                density = float(item)
+            except ValueError:
+                raise SetupError(f"--sbm-density: {item!r} is neither a density nor a run folder") from None
+            if not 0 < density <= 1:
+                raise SetupError(f"--sbm-density: {density} is not a density in (0, 1]")
+            densities[f"sbm@{density:.2%}"] = density
+    return densities
+
+
+def variants(cfg: RunConfig, task, names: list, sbm_density: dict, example: dict) -> dict:
     """label → (model, whether its batches are trimmed), the models built on the same initialisation seed."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     built = {}
     for name in names:
-        spec = registry.get(name)
         if name == "sbm":
             from sbm_transformer import SBMConfig, make_attention_factory
-            factory = make_attention_factory(SBMConfig(), cfg.dim, cfg.heads, cfg.head_dim, cfg.attn_dropout,
-                                             cfg.depth)
-        else:
-            factory = registry.same_in_every_layer(spec.load(), model_cfg, {})
+            for label, density in sbm_density.items():
+                torch.manual_seed(derive_seed(cfg.seed, "init"))
+                model = Model(model_cfg, make_attention_factory(SBMConfig(), cfg.dim, cfg.heads, cfg.head_dim,
+                                                                cfg.attn_dropout, cfg.depth))
+                shift_sbm(model, model_inputs(example, torch.device("cpu")), density)
+                built[label] = (model, False)
+            continue
         torch.manual_seed(derive_seed(cfg.seed, "init"))
-        model = Model(model_cfg, factory)
-        if name == "sbm":
-            shift_sbm(model, model_inputs(example, torch.device("cpu")), sbm_density)
+        model = Model(model_cfg, registry.same_in_every_layer(registry.get(name).load(), model_cfg, {}))
         built[f"{name} (as run)" if name == "full" else name] = (model, False)
     if "full" in names:
         fair = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
@@ -103,8 +127,9 @@ def variants(cfg: RunConfig, task, names: list, sbm_density: float, example: dic
 def main(argv=None) -> int:
     p = cli.run_parser("python -m bench.step_time", __doc__.splitlines()[0])
     p.add_argument("--methods", default="full,sbm", help="comma-separated registry names (full adds its fair row)")
-    p.add_argument("--sbm-density", type=cli.unit_fraction, default=0.011,
-                   help="SBM's density in every layer (a trained model's, from the claim's record)")
+    p.add_argument("--sbm-density", default="0.011", metavar="D,...",
+                   help="SBM's density in every layer, one variant each: numbers, or run folders whose record's test "
+                        "density is taken (a trained model's)")
     p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed rounds (median)")
     p.add_argument("--warmup-iters", type=cli.positive_int, default=1, help="untimed rounds first")
     args = p.parse_args(argv)
@@ -115,10 +140,11 @@ def main(argv=None) -> int:
     cfg = cli.run_config(args, "full")
     task = get_task(cfg.task)
     with cli.one_line_errors():
+        densities = sbm_densities(args.sbm_density) if "sbm" in names else {}
         task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
         batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(derive_seed(cfg.seed, i, "data")))
                    for i in range(args.warmup_iters + args.repeats)]
-        built = variants(cfg, task, names, args.sbm_density, batches[0])
+        built = variants(cfg, task, names, densities, batches[0])
     optimizers = {label: torch.optim.AdamW(model.parameters(), lr=cfg.lr) for label, (model, _) in built.items()}
     times, kernel, density = {label: [] for label in built}, {}, {label: [] for label in built}
     for round_, batch in enumerate(batches):
@@ -139,18 +165,18 @@ def main(argv=None) -> int:
                 q = torch.zeros(1, 1, inputs["tokens"].shape[1], 8)
                 kernel[label] = {0: "math", 1: "flash"}.get(
                     int(torch._fused_sdp_choice(q, q, q, None, model.cfg.attn_dropout, False)), "other")
-    reference = statistics.median(times["full (as run)"]) if "full (as run)" in times else None
+    as_run, fair = (statistics.median(times[k]) if k in times else None for k in ("full (as run)", "full (fair)"))
     rows = [[label, f"{statistics.median(t):.0f} [{min(t):.0f}-{max(t):.0f}]",
-             f"{statistics.median(t) / reference:.2f}" if reference else "–", f"{statistics.mean(density[label]):.2%}",
-             kernel.get(label, "–")]
+             *(f"{statistics.median(t) / ref:.3f}" if ref else "–" for ref in (fair, as_run)),
+             f"{statistics.mean(density[label]):.2%}", kernel.get(label, "–")]
             for label, t in times.items()]
     masks = [b["key_padding_mask"] for b in batches if b.get("key_padding_mask") is not None]
     valid = statistics.mean(float((~m).sum(1).float().mean()) for m in masks) if masks else cfg.seq_len
     print(f"{cfg.task} ({cfg.preset} preset): a training step of batch {cfg.batch_size} padded to {cfg.seq_len} "
           f"(mean valid length {valid:.0f}), attention dropout {cfg.attn_dropout} as run, {torch.get_num_threads()} "
-          f"threads; median [min-max] ms of {args.repeats} interleaved rounds; SBM at density {args.sbm_density:.2%}")
-    print(tabulate(rows, headers=["variant", "step ms", "÷ full (as run)", "density computed", "CPU SDPA kernel"], tablefmt="github",
-                   disable_numparse=True))
+          f"threads; median [min-max] ms of {args.repeats} interleaved rounds")
+    print(tabulate(rows, headers=["variant", "step ms", "÷ full (fair)", "÷ full (as run)", "density computed",
+                                  "CPU SDPA kernel"], tablefmt="github", disable_numparse=True))
     path = cli.out_file(cfg.out or "runs/step_time", "step_time.json")
     path.write_text(json.dumps({"settings": vars(args), "step_ms": times, "sdpa_kernel": kernel,
                                 "mean_valid_length": valid}, indent=2, default=str))

@@ -64,6 +64,28 @@ def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module
     assert heavy or not (shown["torch"] or shown["numpy"])
 
 
+def test_step_time_times_full_as_run_and_fair_beside_sbm_at_each_density(tmp_path):
+    """bench.step_time: one row per variant with its ratio to fair and to as-run full attention; SBM once per
+    --sbm-density item, a run folder giving its record's test density under its λ."""
+    record = tmp_path / "sbm-run"
+    record.mkdir()
+    (record / "metrics.json").write_text(json.dumps({"method": "sbm", "density": 0.3,
+                                                     "config": {"density_weight": 0.01}}))
+    result = run("bench.step_time", "--task", "listops", "--seq-len", "64", "--batch-size", "2", "--dim", "16",
+                 "--heads", "1", "--head-dim", "16", "--mlp-dim", "16", "--depth", "1", "--attn-dropout", "0.1",
+                 "--methods", "full,sbm,linear", "--sbm-density", f"0.5,{record}", "--repeats", "2",
+                 "--out", str(tmp_path / "out"))
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in result.stdout.splitlines() if line.startswith("| ") and "variant" not in line}
+    assert list(rows) == ["full (as run)", "sbm@50.00%", "sbm λ=0.01", "linear", "full (fair)"]
+    assert rows["full (fair)"][1] == "1.000" and rows["full (as run)"][2] == "1.000"
+    assert rows["full (as run)"][4] == "math" and rows["full (fair)"][4] == "flash"  # attention dropout 0.1 as run
+    times = json.loads((tmp_path / "out" / "step_time.json").read_text())["step_ms"]
+    assert set(times) == set(rows) and all(len(t) == 2 for t in times.values())
+    bad = run("bench.step_time", "--task", "listops", "--sbm-density", str(tmp_path), check=False)
+    assert bad.returncode == 2 and "holds no SBM record with a test density" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
     result = run("bench.scaling", "--methods", "full,full-ref", "--lengths", "32,64", "--repeats", "1",
                  "--warmup-iters", "1", "--out", str(tmp_path))

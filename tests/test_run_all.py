@@ -158,7 +158,9 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
                       inference_memory_per_example_bytes=memory * 2 ** 20, median_step_ms=step_ms,
                       density_per_layer=[0.5, 0.25], steps=0 if step_ms is None else 600)
         (folder / "metrics.json").write_text(json.dumps(record))
-    title, table = report.table3(report.load(tmp_path / claim.name)[0]).split("\n\n", 1)
+    step_time = {"step_ms": {"full (as run)": [250.0, 260.0, 240.0], "full (fair)": [100.0, 90.0, 110.0],
+                             "sbm λ=0.1": [250.0] * 3, "performer": [120.0] * 3}}  # bench.step_time's JSON
+    title, table = report.table3(report.load(tmp_path / claim.name)[0], {"listops": step_time}).split("\n\n", 1)
     assert title.startswith("listops (")  # one table per task; only ListOps records here
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
     assert list(rows) == ["full", "full (explicit path)", "sbm λ=0.1", "performer"]
@@ -166,8 +168,9 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
     assert (seeds, acc, density, explored) == ("0, 1", "31.00 ± 1.41", "50.0% (50.0 / 25.0)", "–")
     assert (flops, attention) == (f"{85 / 1005:.3f}", "0.080")  # model FLOPs averaged over the seeds first
     assert (vs_explicit, vs_sdpa, mib, step, paper) == ("0.150", "1.500", "30.0", "2.500", "0.07 / 0.19")
-    assert rows["performer"][1] == "untrained" and rows["performer"][9] == "–"
+    assert rows["performer"][1] == "untrained" and rows["performer"][9] == "1.200" and rows["full"][9] == "2.500"
     assert rows["performer"][-1] == "0.18 / 0.76" and rows["full (explicit path)"][7] == "10.000"
+    assert rows["full (explicit path)"][9] == "–"  # step_time timed no explicit path
 
 
 def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
@@ -344,3 +347,64 @@ def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path)
     changed = sh([*args, "--set", "steps=2", "--set", "final_eval_batches=1"])
     assert "made with another command" in changed.stdout and "redone" in changed.stdout
     assert json.loads(record.read_text())["steps"] == 2
+
+
+def test_fixed_patterns_wait_for_sbm_and_then_run_at_its_learned_density(tmp_path, monkeypatch):
+    """adaptive-vs-fixed: the window and BigBird cells are planned with SBM λ = 1e-2's mean test density (and 4×)
+    once both seeds of it are complete; bench.claims runs them in a second round."""
+    from bench import claims, grid
+    claim, runs = claims.BY_NAME["adaptive-vs-fixed"], tmp_path / "runs"
+    waiting = [c for c in claim.cells(runs) if "waiting" in c]
+    assert {c["method"] for c in waiting} == {"window", "bigbird"} and len(waiting) == 8
+    assert all("density=<" in " ".join(c["command"]) for c in waiting)
+    rounds = []
+
+    def run_cells(out, cells, jobs):  # the grid, writing each cell's record with a density of 1% or 3% by seed
+        rounds.append(sorted(c["name"] for c in cells))
+        for cell in cells:
+            folder = out / "runs" / cell["name"]
+            write_record(folder, cell, 0.9)
+            record = json.loads((folder / "metrics.json").read_text())
+            (folder / "metrics.json").write_text(json.dumps(dict(record, density=0.01 + 0.02 * cell["seed"])))
+        return 0
+
+    monkeypatch.setattr(grid, "run_cells", run_cells)
+    assert claims.run_claim(claim, tmp_path, "*", 2) == 0
+    assert len(rounds) == 2 and all(name.startswith(("window", "bigbird")) for name in rounds[1])
+    commands = {c["name"]: " ".join(c["command"]) for c in claim.cells(runs)}
+    assert "--attn density=0.02 " in commands["window-at-sbm-density-duplicates-cpu-s0"] + " "
+    assert "--attn density=0.08 " in commands["bigbird-at-4x-sbm-density-duplicates-cpu-s1"] + " "
+
+
+def test_fixed_patterns_do_not_run_while_sbm_has_no_record(tmp_path, monkeypatch, capsys):
+    from bench import claims, grid
+    monkeypatch.setattr(grid, "run_cells", lambda out, cells, jobs: 0)  # SBM's runs fail to leave a record
+    assert claims.run_claim(claims.BY_NAME["adaptive-vs-fixed"], tmp_path, "*", 2) == 8
+    assert "window-at-sbm-density-duplicates-cpu-s0: not run, it needs the complete runs of sbm-lambda0.01" \
+        in capsys.readouterr().out
+
+
+def test_the_adaptive_verdict_says_whether_adaptivity_paid(tmp_path):
+    from bench import claims, report
+    claim = claims.BY_NAME["adaptive-vs-fixed"]
+    results = {"full": (0.99, 1.0, 100.0, 200), "sbm-lambda0.01": (0.97, 0.01, 300.0, 100),
+               "window-at-sbm-density": (0.70, 0.01, 20.0, 20), "bigbird-at-sbm-density": (0.75, 0.012, 30.0, 30),
+               "window-at-4x-sbm-density": (0.72, 0.04, 25.0, 25), "bigbird-at-4x-sbm-density": (0.975, 0.04, 40.0, 40)}
+    for cell in claim.cells(tmp_path / claim.name / "runs"):
+        setting = cell["name"].rsplit("-duplicates", 1)[0]
+        if setting not in results:
+            continue
+        test, density, step_ms, memory = results[setting]
+        folder = tmp_path / claim.name / "runs" / cell["name"]
+        write_record(folder, cell, test + 0.01 * cell["seed"])
+        record = json.loads((folder / "metrics.json").read_text())
+        record.update(task="duplicates", density=density, median_step_ms=step_ms, peak_memory_bytes=memory,
+                      flops_per_example={"model": 2 * density, "attention": density})
+        (folder / "metrics.json").write_text(json.dumps(record))
+    text = report.claim_section(claim, tmp_path, {})
+    assert "SBM with λ = 1e-2 learns a test density of 1.00% and reaches 97.50 ± 0.71%" in text
+    assert "adaptivity paid, 22.0 points above the better of them" in text
+    assert "within a point of SBM, adaptivity bought nothing here" in text  # BigBird at 4× the density
+    assert "spends 0.01× full attention's attention FLOPs, 3× its training step time and 0.5× its peak memory" in text
+    row = next(line for line in text.splitlines() if line.startswith("| window-at-sbm-density "))
+    assert "| 70.50 ± 0.71 " in row and "| 1.00% " in row and "| 0.2 " in row
