@@ -118,7 +118,7 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
             "of sampled sub-models averaged, beside dense (renormalised) inference of the same model.")
 
 
-def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path) -> str:
+def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -> str:
     """Test accuracy against attention density (left) and training step time (right), one point per run.
     ``points``: setting → [(density, step ms, accuracy %)], one tuple per seed."""
     fig, axes = figure(2)
@@ -131,5 +131,5 @@ def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path) -> str:
     axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot, off the points
     save(fig, path, axes[0], ["attention density on the test split (log)", "median training step time, ms (log)"],
          ["test token accuracy (%)", "test token accuracy (%)"])
-    return ("Adaptive vs fixed sparsity on duplicates at 1024 tokens: each run's test token accuracy against its "
+    return (f"Adaptive vs fixed sparsity on duplicates at {length} tokens: each run's test token accuracy against its "
             "attention density (left) and its median training step time (right), one point per method and seed.")

@@ -545,7 +545,8 @@ def draw_plots(results: Path, plot_dir: Path) -> Dict[str, str]:
     if adaptive:
         points = {name: [(r["density"], r["median_step_ms"], 100 * r["test"]) for r in row["recs"]]
                   for name, row in adaptive_rows(adaptive).items()}
-        captions["adaptive_vs_fixed"] = plots.adaptive_vs_fixed(points, plot_dir / "adaptive_vs_fixed.png")
+        captions["adaptive_vs_fixed"] = plots.adaptive_vs_fixed(points, plot_dir / "adaptive_vs_fixed.png",
+                                                                adaptive[0]["config"]["seq_len"])
     if quick:
         captions["accuracy_vs_cost"] = plots.accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png")
     return captions
