@@ -592,8 +592,12 @@ def cost_sentence(costs: dict, result: dict) -> str:
 def claim_sentences(results: Path) -> List[str]:
     """Where the claims' records agree with the papers and where they differ."""
     out, fig4, listops = [], load(results / "sbm-fig4")[0], load(results / "sbm-listops")[0]
+    adaptive = load(results / "adaptive-vs-fixed")[0]
     if fig4:
         out.append(f"SBM Fig. 4 (duplicates, the paper's recipe): {fig4_check(fig4)}")
+    if adaptive:
+        out.append(f"Adaptive vs fixed sparsity (duplicates at {adaptive[0]['config']['seq_len']} tokens, "
+                   f"{len({r['seed'] for r in adaptive})} seeds): {adaptive_verdict(adaptive)}")
     groups = by([dict(r, weight=float(r["config"].get("density_weight") or 0)) for r in listops], "method", "weight")
     sbm = {w: rs for (m, w), rs in sorted(groups.items()) if m == "sbm" and w in PAPER_LISTOPS_DENSITY}
     if sbm and (REFERENCE, 0.0) in groups:
