@@ -12,9 +12,10 @@ with queries Q, keys K, values V and k cluster embeddings C (§4.1-4.2):
     loss += λ · mean density, density = edges / (valid queries × valid keys)  (§5.2)
 
 Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
-forms P and a dense mask, O(N²k), as the official code does; `path="fast"` (default) draws the edges with fastRG
-(fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor anywhere. Each
-departure from the paper or from the official code is named in a comment beside the code it concerns.
+forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges with fastRG (fastrg.py,
+Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor anywhere; `path="auto"`
+(default) takes, per call, whichever costs less for the expected number of edges. Each departure from the paper or
+from the official code is named in a comment beside the code it concerns.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
@@ -41,7 +42,7 @@ from torch import Tensor, nn
 
 import fastrg
 
-PATHS = ("fast", "reference")
+PATHS = ("auto", "fast", "reference")
 STE_FORMS = ("paper", "official")
 
 
@@ -55,8 +56,9 @@ class SBMConfig:
         "metavar": "LAMBDA", "help": "λ of the density regulariser (§5.2; Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1; "
                                      "Table 1 is λ = 0)"})
     self_loops: bool = field(default=False, metadata={"help": "the (+I) variant: M_ii = 1 (Table 8)"})
-    path: str = field(default="fast", metadata={"choices": PATHS,
-                                                "help": "fast (sparse, fastRG) or reference (dense masks; the same law)"})
+    path: str = field(default="auto", metadata={
+        "choices": PATHS, "help": "fast (sparse, fastRG), reference (dense masks; the same law) or auto (the one that "
+                                  "costs less for the expected edges, per call)"})
     ste: str = field(default="paper", metadata={"choices": STE_FORMS,
                                                 "help": "the straight-through estimator: paper (Eq. 9) or official "
                                                         "(hardtanh)"})
@@ -93,6 +95,7 @@ class SBMAttention(nn.Module):
         self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
         self.delta, self.density_weight, self.self_loops = delta, density_weight, self_loops
         self.path, self.ste, self.explore_in_eval, self.shared_mlp = path, ste, explore_in_eval, shared_mlp
+        self.last_path = None  # the path the last forward took (path="auto" chooses per call)
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         # The node MLP d → d → d of Eq. 6-7, for queries and keys alike: one per head, as §4.1 says ("each attention
@@ -126,7 +129,7 @@ class SBMAttention(nn.Module):
         # scores, softmax and sampling in float32 (≥); the fast path's many mid-sized ops on one thread (fastrg.py's
         # one_thread: on a shared CPU a second thread's barrier waits cost more than it gives)
         with torch.autocast(x.device.type, enabled=False), \
-                (fastrg.one_thread() if self.path == "fast" else contextlib.nullcontext()):
+                (fastrg.one_thread() if self.path != "reference" else contextlib.nullcontext()):
             dtype = torch.promote_types(q.dtype, torch.float32)
             q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
             # M is sampled in evaluation too, as in the official code and Table 1's test-time densities
@@ -152,7 +155,8 @@ class SBMAttention(nn.Module):
         with _part("block matrix"):
             s = self.block_matrix()  # (H, K, K) Ŝ
             w = z @ s.transpose(1, 2)  # (B, H, M, K) K̂Ŝᵀ
-        if self.path == "reference":
+        self.last_path = self.path if self.path != "auto" else cheaper_path(x, w, self.exploration())
+        if self.last_path == "reference":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
@@ -257,6 +261,23 @@ class StraightThrough(torch.autograd.Function):
 # FLOPs than full attention).
 PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
+
+
+AUTO_DENSE_PAIRS = 1 << 26  # path="auto" never forms more (B·H·N·M) pairs: ~50 bytes each in training, 3 GiB
+
+
+def cheaper_path(x: Tensor, w: Tensor, delta: float) -> str:
+    """path="auto": "reference" where the dense path costs less than the sparse one for the expected number of
+    edges, else "fast"; both draw the same law of M. Per graph, in units of one dense pair (O(N·M·(K + D))), the
+    sparse path costs about K² (fastRG's block counts) + (N + M)·K/2 (its tables, thinning) + 4 per edge, fitted to
+    both paths' forward+backward on this CPU at N = 64-2048, K = 128, densities 2-50%: the dense path wins above
+    ~20% density at long lengths and at every density on short ones (N·M ≲ K²)."""
+    B, H, N, K = x.shape
+    M = w.shape[2]
+    if B * H * N * M > AUTO_DENSE_PAIRS:
+        return "fast"
+    edges = float((x.sum(2) * w.sum(2)).sum().detach()) / (B * H) + delta * N * M  # Σ_ij p_ij + δ per graph (Eq. 8)
+    return "reference" if N * M <= K * K + (N + M) * K / 2 + 4 * edges else "fast"
 
 
 def _part(name: str):
@@ -380,6 +401,7 @@ def _zeros(edges: Edges, like: Tensor) -> Tensor:
     return like.new_zeros(edges.E)
 
 
+@torch.compiler.disable  # data-dependent sizes (the number of edges): torch.compile runs the sampler eagerly
 def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, generator) -> Edges:
     """M_ij ~ Bernoulli(min(1, π_ij)), π = p + δ, p = x_i · w_j = Q̂_iŜK̂_jᵀ, from a fastRG proposal thinned to exact.
 
@@ -522,6 +544,7 @@ class StraightThroughEdges(torch.autograd.Function):
         return edges.csr(grad) @ w, edges.csc(grad) @ x, None
 
 
+@torch.compiler.disable  # sparse CSR products on a data-dependent graph: eager under torch.compile
 def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool, generator):
     """SBMAttention.attend on the fast path: y (B, H, N, D) by EdgeAttention, and the (B, H) edge counts Σ_e M_e
     with the STE's gradient path (StraightThroughEdges), as the reference path computes them on a mask."""

@@ -20,7 +20,7 @@ H, D, DIM = 2, 8, 16
 
 def make(dtype=torch.float64, **kwargs) -> sbm.SBMAttention:
     torch.manual_seed(0)
-    return sbm.SBMAttention(DIM, H, D, **{"clusters": 6, **kwargs}).to(dtype).train()
+    return sbm.SBMAttention(DIM, H, D, **{"clusters": 6, "path": "fast", **kwargs}).to(dtype).train()
 
 
 def padding(batch=3, n=10):
@@ -314,6 +314,27 @@ def test_never_nan_on_extreme_inputs_and_same_generator_same_draw(path):
     assert torch.equal(y, y2)
 
 
+@pytest.mark.parametrize("n, shift, path", [(8, 0.0, "reference"), (512, 0.0, "reference"), (512, -8.0, "fast")])
+def test_auto_path_takes_the_cheaper_path_and_draws_as_it(n, shift, path):
+    """path="auto" takes the dense path on short sequences and at the initial ~25% density, the sparse one where
+    the expected density is low (memberships shifted down); on either side of the switch it gives the outputs,
+    density and gradients of the path it took, draw for draw (the paths' laws agree: the tests above)."""
+    x = torch.randn(2, n, DIM, dtype=torch.float64)
+    results = {}
+    for chosen in ("auto", path):
+        module = make(path=chosen, clusters=16)
+        if shift:  # memberships σ(·) pushed towards 0: density ≈ δ
+            module.memberships = lambda t, m=module: torch.sigmoid(
+                (torch.relu(t @ m.mlp_w[0] + m.mlp_b[0]) @ m.mlp_w[1] + m.mlp_b[1]) @ m.centers.transpose(1, 2) + shift)
+        inputs = x.clone().requires_grad_()
+        y, stats = module(inputs, causal=True, generator=seeded(3))
+        (y.square().sum() + stats["density"].sum()).backward()
+        results[chosen] = (y, stats["density"], inputs.grad, module.last_path)
+    assert results["auto"][3] == path
+    for a, b in zip(results["auto"][:3], results[path][:3]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_density_reports_per_head_and_the_regulariser_has_a_gradient():
     module = make(density_weight=0.2)
     x = torch.randn(2, 8, DIM, dtype=torch.float64)
@@ -358,7 +379,8 @@ def test_factory_splits_lambda_over_layers_and_official_preset():
     assert module.exploration() == 0.01 and module.mlp_w.shape[1] == 1
 
 
-@pytest.mark.parametrize("extra, path", [([], "fast"), (["--official", "--self-loops"], "reference")])
+@pytest.mark.parametrize("extra, path", [([], "auto"), (["--path", "fast"], "fast"),
+                                         (["--official", "--self-loops"], "reference")])
 def test_command_line_trains_and_records_density_per_layer_and_head(tmp_path, extra, path):
     out = tmp_path / "run"
     argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "3", "--batch-size", "4", "--eval-every", "3",
