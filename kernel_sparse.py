@@ -395,21 +395,24 @@ class ListAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, keep, offsets, crow, col, row):
         shape = (q.shape[0], k.shape[0])
-        scores = csr(crow, col, q.new_zeros(len(col)), shape)  # written in place
-        s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=0.0, alpha=q.shape[-1] ** -0.5, out=scores).values()
-        s = s if bias is None else s + bias  # (E,)
+        start = q.new_zeros(len(col)) if bias is None else bias.to(q.dtype, copy=True)  # SDDMM adds it: beta = 1
+        scores = csr(crow, col, start, shape)  # written in place
+        s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=float(bias is not None), alpha=q.shape[-1] ** -0.5,
+                                       out=scores).values()  # (E,) q_i·k_s/√D + bias_is
         top = torch.segment_reduce(s, "max", offsets=offsets, unsafe=True)  # (Rq,) a shift the softmax ignores
-        a = (s - top.index_select(0, row)).exp()  # (E,)
-        a = a / torch.segment_reduce(a, "sum", offsets=offsets, unsafe=True).index_select(0, row)  # softmax per query
-        w = a if keep is None else a * keep  # (E,) the weights, dropout's pairs at 0
-        ctx.save_for_backward(q, k, v, a, w, keep, offsets, crow, col, row)
-        return csr(crow, col, w, shape) @ v  # (Rq, D); a query without edges gets 0
+        a = s.sub_(top.index_select(0, row)).exp_()  # (E,) unnormalised, in the scores' place
+        total = torch.segment_reduce(a, "sum", offsets=offsets, unsafe=True)  # (Rq,) ≥ e⁰ = 1 where a row has edges
+        ctx.save_for_backward(q, k, v, a, total, keep, offsets, crow, col, row)
+        y = csr(crow, col, a if keep is None else a * keep, shape) @ v  # (Rq, D); a query without edges gets 0
+        return y / total.clamp_min(1.0)[:, None]  # the softmax's division per query (Rq·D), not per edge (E)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, k, v, a, w, keep, offsets, crow, col, row = ctx.saved_tensors
+        q, k, v, a, total, keep, offsets, crow, col, row = ctx.saved_tensors
         shape, scale, grad = (q.shape[0], k.shape[0]), q.shape[-1] ** -0.5, grad.contiguous()
+        a = a / total.index_select(0, row)  # (E,) the softmax
+        w = a if keep is None else a * keep  # (E,) the weights, dropout's pairs at 0
         dw = csr(crow, col, torch.zeros_like(a), shape)
         da = torch.sparse.sampled_addmm(dw, grad, v.t(), beta=0.0, out=dw).values()  # (E,) ∂L/∂w = grad_i·v_s
         da = da if keep is None else da * keep
@@ -429,7 +432,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, 
     """masked_attention on the (query, key) list only (ListAttention), O(E·D) time and O(E) memory: q (Rq, D) all
     B·H·N queries, k, v (Rk, D), row, col (E,) global indices grouped by query in ascending order, bias (E,) or
     None; a query without edges gets 0."""
-    offsets = torch.searchsorted(row, torch.arange(q.shape[0] + 1, device=row.device))  # (Rq + 1,) CSR rows
+    offsets = F.pad(torch.bincount(row, minlength=q.shape[0]).cumsum(0), (1, 0))  # (Rq + 1,) CSR rows: row sorted
     index = torch.int32 if len(col) < 2 ** 31 else torch.int64  # the sparse kernels' own: no copies inside them
     keep = pair_dropout(q.new_ones(len(col)), row, col, p_drop, generator) if p_drop > 0 else None  # (E,)
     return ListAttention.apply(q, k, v, bias, keep, offsets, offsets.to(index), col.to(index), row)
@@ -532,8 +535,8 @@ class KernelSparseAttention(nn.Module):
                     row, col = self.predictor.bank.edges(sel, valid, causal)
                     bias = None  # per edge: −m_h·|i − s|, with s − i = col − row (one (batch, head) block)
                     if self.slopes is not None:
-                        slope = self.slopes.to(q.dtype).repeat_interleave(n).repeat(b)  # (B·H·N,) per query
-                        bias = -slope.index_select(0, row) * (col - row).abs().to(q.dtype)  # (E,)
+                        slope = -self.slopes.to(q.dtype).repeat_interleave(n).repeat(b)  # (B·H·N,) per query
+                        bias = slope.index_select(0, row).mul_((col - row).abs_())  # (E,)
                     y = sparse_attention(q.reshape(-1, self.head_dim), k.reshape(-1, self.head_dim),
                                          v.reshape(-1, self.head_dim), row, col, p_drop, generator, bias)
                     y = y.view(b, self.heads, n, self.head_dim)
