@@ -1045,7 +1045,9 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
                                                     lambda: math.exp(run.evaluate("test", final)["loss"]))  # (5)
             torch.save({"model": model.state_dict(), "setting": f["setting"]}, cfg.folder / "finetuned.pt")
             report["seconds"] = time.time() - start
-            (cfg.folder / "kernel_report.md").write_text(render(report))
+            text = render(report)  # also printed: the claim's saved output holds the tables, time beside FLOPs
+            (cfg.folder / "kernel_report.md").write_text(text)
+            print(text, flush=True)
             record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
                           valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]), density=f["density"],
                           density_per_layer=f["density_per_layer"],

@@ -891,6 +891,7 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
         final["test_ppl"] / control["test_ppl"])
     report = (out / "kernel_report.md").read_text()
     assert "Dense control" in report and f"model inference time {final['time_x_dense']:.2f} × dense" in report
+    assert report in capsys.readouterr().out and "core FLOPs × dense | model time × dense" in report  # printed too
     assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
     assert (out / "kernel_report.md").is_file() and (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
 
