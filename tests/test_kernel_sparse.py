@@ -905,4 +905,5 @@ def test_kernel_time_benchmark_runs_and_writes_its_record(tmp_path, capsys):
     rows = json.loads((tmp_path / "kernel_time.json").read_text())["rows"]
     assert [(r["n"], r["batch"]) for r in rows] == [(16, 2), (24, 1)]
     assert all(0 < r["keys_per_query"] <= r["n"] and r["compared"]["median_ms"] > 0 for r in rows)
-    assert "sparse ÷ dense" in capsys.readouterr().out
+    assert all(r[v]["cpu_median_ms"] >= 0 for r in rows for v in ("dense", "sparse", "compared"))
+    assert "sparse ÷ dense, CPU time" in capsys.readouterr().out
