@@ -307,8 +307,8 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     less those already there (a local offset or an earlier kernel's column). O(B·H·N·K + U·P + E) for U distinct
     selections and P offsets some kernel holds; no N × M tensor, no per-query bitmap over the P offsets."""
     b, n, heads, kernels = sel.shape
-    queries, device = b * heads * n, sel.device
-    chosen = (sel if bool(valid.all()) else sel & valid[:, :, None, None]).transpose(1, 2)  # (B, H, N, K)
+    queries, device, padded = b * heads * n, sel.device, not bool(valid.all())
+    chosen = (sel & valid[:, :, None, None] if padded else sel).transpose(1, 2)  # (B, H, N, K)
     chosen = chosen.reshape(queries, kernels)  # (B·H·N, K); padded queries select nothing
     local = bank.local()[:, :, bank.max_len - n: bank.max_len - 1 + n] > 0.5  # (G, K, 2N−1): |s − i| < N
     slot = local.any(1).any(0).nonzero().squeeze(1)  # (P,) offsets some kernel holds, + N − 1, ascending
@@ -340,7 +340,7 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     row = torch.repeat_interleave(near)  # (E₁,) grouped by query, keys ascending
     at = shift.index_select(0, row).add_(torch.arange(len(row), device=device))  # (E₁,) the edge's offset in `listed`
     col = listed.index_select(0, at).add_(row)  # global key: query + d
-    if not bool(valid.all()):  # padded keys never receive weight
+    if padded:  # padded keys never receive weight
         kept = valid.reshape(-1)[row // (heads * n) * n + col % n]  # (E₁,)
         row, col = row[kept], col[kept]
         near = torch.bincount(row, minlength=queries)
@@ -361,7 +361,7 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     query, kernel, group = query[owner], kernel[owner], (gk - kernel)[owner]  # (Z,) each; group = g·K
     offset = s - query % n  # (Z,) s − i
     keep = (offset <= 0) | (not causal)
-    if not bool(valid.all()):
+    if padded:
         keep &= valid.reshape(-1)[query // (heads * n) * n + s]
     if len(slot):  # already a local key: offset s − i has a slot (else −1) in the union of the query's code
         lookup = torch.full((2 * n - 1,), -1, device=s.device)
