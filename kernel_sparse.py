@@ -300,30 +300,54 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p_drop: floa
 # ------------------------------------------------------------ fast path: the union as an edge list, attention on it
 def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> Tuple[Tensor, Tensor]:
     """KernelBank.mask as (row, col) global indices, grouped by query (ascending) without repeats, built from the
-    kernels' structure with no sort: a local kernel is a set of diagonals (offsets d = s − i), so a query's local
-    keys are the OR of its kernels' offset sets, a (B·H·N, P) bitmap over the P offsets some kernel holds; a
-    global block adds its columns to the queries of its rows, less those already there (a local offset or an
-    earlier kernel's column). O(B·H·N·P + K·global candidates), no N × M tensor."""
+    kernels' structure with no sort of the edges: a local kernel is a set of diagonals (offsets d = s − i), so the
+    queries that select the same kernels (in the same head group) share one ascending list of offsets, the OR of
+    their kernels' sets, and query i's local keys are the run of that list inside [−i, N − 1 − i] (≤ 0 when causal),
+    found from prefix counts and written out directly; a global block adds its columns to the queries of its rows,
+    less those already there (a local offset or an earlier kernel's column). O(B·H·N·K + U·P + E) for U distinct
+    selections and P offsets some kernel holds; no N × M tensor, no per-query bitmap over the P offsets."""
     b, n, heads, kernels = sel.shape
-    chosen = (sel & valid[:, :, None, None]).transpose(1, 2).contiguous()  # (B, H, N, K); padded queries: none
+    queries, device, padded = b * heads * n, sel.device, not bool(valid.all())
+    chosen = (sel & valid[:, :, None, None] if padded else sel).transpose(1, 2)  # (B, H, N, K)
+    chosen = chosen.reshape(queries, kernels)  # (B·H·N, K); padded queries select nothing
     local = bank.local()[:, :, bank.max_len - n: bank.max_len - 1 + n] > 0.5  # (G, K, 2N−1): |s − i| < N
     slot = local.any(1).any(0).nonzero().squeeze(1)  # (P,) offsets some kernel holds, + N − 1, ascending
     d = slot - (n - 1)  # (P,) offsets s − i
-    key = torch.arange(n, device=d.device)[:, None] + d  # (N, P) the key of query i at slot p
-    allowed = (key >= 0) & (key < n) & ((d <= 0) | (not causal))  # (N, P)
-    if not bool(valid.all()):  # padded keys never receive weight
-        allowed = allowed & valid[:, None, key.clamp(0, n - 1)]  # (B, 1, N, P)
-    near = None
-    for first in range(0, kernels, 31):  # the OR over selected kernels as bit sets, 31 kernels to an int32
-        bit = torch.arange(min(31, kernels - first), dtype=torch.int32, device=d.device)
-        chose = (chosen[..., first:first + 31] << bit).sum(-1, keepdim=True, dtype=torch.int32)  # (B, H, N, 1)
-        held = (local[:, first:first + 31, slot] << bit[:, None]).sum(1, dtype=torch.int32)  # (G, P) kernels at p
-        held = torch.where(allowed, held[:, None], 0)  # (B|1, G, N, P) those whose offset p is a key here
-        near = chose & held if near is None else near | (chose & held)  # (B, H, N, P) ≠ 0: p is in the union
-    near = near.view(b * heads * n, len(slot))  # (B·H·N, P), row = global query
-    row, p = near.nonzero(as_tuple=True)  # (E₁,) row-major: grouped by query, keys ascending
-    col = row + d.index_select(0, p)  # same (batch, head) block: global key = global query + (s − i)
-    block = chosen & (bank.row[:, :, :n] > 0.5).transpose(1, 2)  # (B, H, N, K) selected, row i in the block
+    groups, head = bank.row.shape[0], torch.arange(queries, device=device) // n % heads  # (B·H·N,)
+    # Each query's selection as a code, 31 kernels to a number (then its head, where heads have their own kernels),
+    # renumbered 0 … U − 1: a sort of B·H·N codes, not of the E edges; selections repeat (top 3 of 17: ≤ 680 codes).
+    bits = torch.arange(31, device=device)
+    numbers = [(chosen[:, first:first + 31].long() << bits[:kernels - first]).sum(1) for first in range(0, kernels, 31)]
+    code = numbers[0]
+    for number in numbers[1:] + ([head] if groups > 1 else []):
+        code = torch.unique(code, return_inverse=True)[1] * 2 ** 31 + number  # < B·H·N·2³¹: no overflow
+    code = torch.unique(code, return_inverse=True)[1]  # (B·H·N,)
+    codes = int(code.max()) + 1 if queries else 0  # U
+    first = torch.full((codes,), queries, device=device).scatter_reduce_(
+        0, code, torch.arange(queries, device=device), "amin")  # (U,) a query of each code
+    pick = torch.zeros(codes, groups, kernels, device=device)  # (U, G, K) the code's kernels, in its head's group
+    pick[torch.arange(codes, device=device), head[first] % groups] = chosen[first].float()  # group: 0, or the head
+    union = pick.flatten(1) @ local[:, :, slot].flatten(0, 1).float() > 0  # (U, P): offset p is in code u's union
+    before = F.pad(union.cumsum(1), (1, 0))  # (U, P + 1) the code's offsets in slots before p
+    i = torch.arange(n, device=device)
+    lo = torch.searchsorted(d, -i).repeat(b * heads)  # (B·H·N,) the first slot whose key i + d is ≥ 0
+    last = torch.zeros_like(i) if causal else n - 1 - i  # (N,) the largest offset whose key is admissible
+    hi = torch.searchsorted(d, last, right=True).repeat(b * heads)  # (B·H·N,) past the last slot ≤ it
+    lo, hi = before[code, lo], before[code, hi]  # (B·H·N,) the query's run in its code's list
+    near = hi - lo  # (B·H·N,) local keys per query
+    listed = d.expand(codes, -1)[union]  # every code's offsets, code after code, ascending
+    shift = (before[:, -1].cumsum(0) - before[:, -1])[code] + lo - (near.cumsum(0) - near)  # list index − edge's
+    row = torch.repeat_interleave(near)  # (E₁,) grouped by query, keys ascending
+    at = shift.index_select(0, row).add_(torch.arange(len(row), device=device))  # (E₁,) the edge's offset in `listed`
+    col = listed.index_select(0, at).add_(row)  # global key: query + d
+    if padded:  # padded keys never receive weight
+        kept = valid.reshape(-1)[row // (heads * n) * n + col % n]  # (E₁,)
+        row, col = row[kept], col[kept]
+        near = torch.bincount(row, minlength=queries)
+    in_block = (bank.row[:, :, :n] > 0.5).transpose(1, 2)  # (G, N, K) query i is in kernel κ's global block
+    if not bool(in_block.any()):  # local kernels only
+        return row, col
+    block = chosen.view(b, heads, n, kernels) & in_block  # (B, H, N, K) selected, row i in the block
     if not bool(block.any()):
         return row, col
     columns = bank.col[:, :, :n] > 0.5  # (G, K, M)
@@ -337,18 +361,18 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     query, kernel, group = query[owner], kernel[owner], (gk - kernel)[owner]  # (Z,) each; group = g·K
     offset = s - query % n  # (Z,) s − i
     keep = (offset <= 0) | (not causal)
-    if not bool(valid.all()):
+    if padded:
         keep &= valid.reshape(-1)[query // (heads * n) * n + s]
-    if len(slot):  # already a local key: offset s − i has a slot (else −1), set in the query's bitmap
+    if len(slot):  # already a local key: offset s − i has a slot (else −1) in the union of the query's code
         lookup = torch.full((2 * n - 1,), -1, device=s.device)
         at = lookup.index_copy_(0, slot, torch.arange(len(slot), device=s.device))[offset + (n - 1)]  # (Z,)
-        keep &= ~((at >= 0) & (near[query, at.clamp_min(0)] != 0))
+        keep &= ~((at >= 0) & union[code[query], at.clamp_min(0)])
     for j in block.view(-1, kernels).any(0).nonzero().squeeze(1).tolist():  # already an earlier kernel j's column
         keep &= ~((kernel > j) & block.view(-1, kernels)[query, j] & columns.view(-1, n)[group + j, s])
     far, far_col = query[keep], (query + offset)[keep]  # (E₂,) grouped by query
     # Merge the two lists, each grouped by query, by counting: each query's local edges, then its global ones.
-    locals_, globals_ = torch.bincount(row, minlength=len(near)), torch.bincount(far, minlength=len(near))
-    at = torch.cat([(globals_.cumsum(0) - globals_)[row], locals_.cumsum(0)[far] - len(row)])  # the other list's
+    globals_ = torch.bincount(far, minlength=queries)
+    at = torch.cat([(globals_.cumsum(0) - globals_)[row], near.cumsum(0)[far] - len(row)])  # the other list's
     at += torch.arange(len(at), device=at.device)  # edges before, + those of its own list
     rows, cols = torch.empty_like(at), torch.empty_like(at)
     rows[at], cols[at] = torch.cat([row, far]), torch.cat([col, far_col])
@@ -371,21 +395,24 @@ class ListAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, keep, offsets, crow, col, row):
         shape = (q.shape[0], k.shape[0])
-        scores = csr(crow, col, q.new_zeros(len(col)), shape)  # written in place
-        s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=0.0, alpha=q.shape[-1] ** -0.5, out=scores).values()
-        s = s if bias is None else s + bias  # (E,)
+        start = q.new_zeros(len(col)) if bias is None else bias.to(q.dtype, copy=True)  # SDDMM adds it: beta = 1
+        scores = csr(crow, col, start, shape)  # written in place
+        s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=float(bias is not None), alpha=q.shape[-1] ** -0.5,
+                                       out=scores).values()  # (E,) q_i·k_s/√D + bias_is
         top = torch.segment_reduce(s, "max", offsets=offsets, unsafe=True)  # (Rq,) a shift the softmax ignores
-        a = (s - top.index_select(0, row)).exp()  # (E,)
-        a = a / torch.segment_reduce(a, "sum", offsets=offsets, unsafe=True).index_select(0, row)  # softmax per query
-        w = a if keep is None else a * keep  # (E,) the weights, dropout's pairs at 0
-        ctx.save_for_backward(q, k, v, a, w, keep, offsets, crow, col, row)
-        return csr(crow, col, w, shape) @ v  # (Rq, D); a query without edges gets 0
+        a = s.sub_(top.index_select(0, row)).exp_()  # (E,) unnormalised, in the scores' place
+        total = torch.segment_reduce(a, "sum", offsets=offsets, unsafe=True)  # (Rq,) ≥ e⁰ = 1 where a row has edges
+        ctx.save_for_backward(q, k, v, a, total, keep, offsets, crow, col, row)
+        y = csr(crow, col, a if keep is None else a * keep, shape) @ v  # (Rq, D); a query without edges gets 0
+        return y / total.clamp_min(1.0)[:, None]  # the softmax's division per query (Rq·D), not per edge (E)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, k, v, a, w, keep, offsets, crow, col, row = ctx.saved_tensors
+        q, k, v, a, total, keep, offsets, crow, col, row = ctx.saved_tensors
         shape, scale, grad = (q.shape[0], k.shape[0]), q.shape[-1] ** -0.5, grad.contiguous()
+        a = a / total.index_select(0, row)  # (E,) the softmax
+        w = a if keep is None else a * keep  # (E,) the weights, dropout's pairs at 0
         dw = csr(crow, col, torch.zeros_like(a), shape)
         da = torch.sparse.sampled_addmm(dw, grad, v.t(), beta=0.0, out=dw).values()  # (E,) ∂L/∂w = grad_i·v_s
         da = da if keep is None else da * keep
@@ -405,7 +432,7 @@ def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, 
     """masked_attention on the (query, key) list only (ListAttention), O(E·D) time and O(E) memory: q (Rq, D) all
     B·H·N queries, k, v (Rk, D), row, col (E,) global indices grouped by query in ascending order, bias (E,) or
     None; a query without edges gets 0."""
-    offsets = torch.searchsorted(row, torch.arange(q.shape[0] + 1, device=row.device))  # (Rq + 1,) CSR rows
+    offsets = F.pad(torch.bincount(row, minlength=q.shape[0]).cumsum(0), (1, 0))  # (Rq + 1,) CSR rows: row sorted
     index = torch.int32 if len(col) < 2 ** 31 else torch.int64  # the sparse kernels' own: no copies inside them
     keep = pair_dropout(q.new_ones(len(col)), row, col, p_drop, generator) if p_drop > 0 else None  # (E,)
     return ListAttention.apply(q, k, v, bias, keep, offsets, offsets.to(index), col.to(index), row)
@@ -508,8 +535,8 @@ class KernelSparseAttention(nn.Module):
                     row, col = self.predictor.bank.edges(sel, valid, causal)
                     bias = None  # per edge: −m_h·|i − s|, with s − i = col − row (one (batch, head) block)
                     if self.slopes is not None:
-                        slope = self.slopes.to(q.dtype).repeat_interleave(n).repeat(b)  # (B·H·N,) per query
-                        bias = -slope.index_select(0, row) * (col - row).abs().to(q.dtype)  # (E,)
+                        slope = -self.slopes.to(q.dtype).repeat_interleave(n).repeat(b)  # (B·H·N,) per query
+                        bias = slope.index_select(0, row).mul_((col - row).abs_())  # (E,)
                     y = sparse_attention(q.reshape(-1, self.head_dim), k.reshape(-1, self.head_dim),
                                          v.reshape(-1, self.head_dim), row, col, p_drop, generator, bias)
                     y = y.view(b, self.heads, n, self.head_dim)
@@ -1018,7 +1045,9 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
                                                     lambda: math.exp(run.evaluate("test", final)["loss"]))  # (5)
             torch.save({"model": model.state_dict(), "setting": f["setting"]}, cfg.folder / "finetuned.pt")
             report["seconds"] = time.time() - start
-            (cfg.folder / "kernel_report.md").write_text(render(report))
+            text = render(report)  # also printed: the claim's saved output holds the tables, time beside FLOPs
+            (cfg.folder / "kernel_report.md").write_text(text)
+            print(text, flush=True)
             record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
                           valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]), density=f["density"],
                           density_per_layer=f["density_per_layer"],

@@ -11,8 +11,10 @@ the preset's fine-tuned model, its trained predictor's top 8) or those above a t
 eval mode, no gradient. Per n: keys per query (edges ÷ valid queries, from the layer's reported density), then the
 wall time of each variant, called in turn (dense, sparse[, compared]) so that a shared machine's load falls on all
 alike: median and [min-max] of --repeats rounds after --warmup-iters. The ratio sparse ÷ dense is that of the
-medians. --compare loads another copy of kernel_sparse.py (an earlier version, say) and times its sparse path with
-the same weights. A benchmark, not a test: the figures depend on the machine.
+medians; beside it, the same ratio of the process's CPU time per call, which leaves out the time spent waiting for
+a core and so moves less with a shared machine's load. --compare loads another copy of kernel_sparse.py (an
+earlier version, say) and times its sparse path with the same weights. A benchmark, not a test: the figures depend
+on the machine.
 """
 import importlib.util
 import json
@@ -45,17 +47,19 @@ def measure(n: int, args, compared=None) -> dict:
     if compared is not None:
         variants["compared"] = layer(compared, n, args)
         variants["compared"].load_state_dict(sparse.state_dict())
-    times = {name: [] for name in variants}
+    times, cpu = {name: [] for name in variants}, {name: [] for name in variants}
     with torch.no_grad():
         density = float(sparse(x)[1]["density"].mean())
         for repeat in range(args.warmup_iters + args.repeats):
             for name, module in variants.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 module(x)
                 if repeat >= args.warmup_iters:
                     times[name].append((time.perf_counter() - start) * 1e3)
+                    cpu[name].append((time.process_time() - start_cpu) * 1e3)
     return {"n": n, "batch": len(x), "keys_per_query": density * n,
-            **{name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t)} for name, t in times.items()}}
+            **{name: {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t),
+                      "cpu_median_ms": statistics.median(cpu[name])} for name, t in times.items()}}
 
 
 def main(argv=None) -> int:
@@ -89,9 +93,11 @@ def main(argv=None) -> int:
           f"{torch.__version__}, {torch.get_num_threads()} thread(s); wall clock, median [min-max] of {args.repeats} "
           f"interleaved rounds; load average {load:.2f} at start")
     print(tabulate([[r["n"], r["batch"], f"{r['keys_per_query']:.1f}", *(span(r[v]) for v in names),
-                     *(f"{r[v]['median_ms'] / r['dense']['median_ms']:.2f}" for v in names[1:])] for r in rows],
+                     *(f"{r[v]['median_ms'] / r['dense']['median_ms']:.2f}" for v in names[1:]),
+                     *(f"{r[v]['cpu_median_ms'] / r['dense']['cpu_median_ms']:.2f}" for v in names[1:])] for r in rows],
                    headers=["n", "batch", "keys per query", *(f"{v} ms" for v in names),
-                            *(f"{v} ÷ dense" for v in names[1:])], tablefmt="github", disable_numparse=True))
+                            *(f"{v} ÷ dense" for v in names[1:]), *(f"{v} ÷ dense, CPU time" for v in names[1:])],
+                   tablefmt="github", disable_numparse=True))
     path = cli.out_file(args.out, "kernel_time.json")
     path.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "out"},
                                 "threads": torch.get_num_threads(), "load_average": load, "rows": rows}, indent=2))

@@ -247,13 +247,14 @@ def test_mask_and_edges_equal_the_union_of_random_selections(bank_name, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_sort_free_edges_equal_the_sorted_builders_edges(causal):
-    """The edge builder (diagonal bitmaps, global columns without repeats, a merge by counting) gives the pairs the
-    builder with `unique` gave, as sets, grouped by query without repeats: 200 random banks (shared by the heads or
-    one per head, every kernel kind) and selections at random rates, lengths and padding, the four test banks and
-    one of 70 kernels."""
+def test_sort_free_edges_equal_the_dense_mask_and_the_sorted_builders_edges(causal):
+    """The edge builder (offset lists per distinct selection, global columns without repeats, a merge by counting)
+    gives the pairs of the dense mask (KernelBank.mask) and of the builder with `unique`, grouped by query without
+    repeats: 200 random banks (shared by the heads or one per head, every kernel kind) and selections at random
+    rates, lengths, with and without padding, the four test banks and two of more than 31 kernels (a selection's
+    code spans several numbers), one shared, one per head."""
     g = seeded(12)
-    cases = [(BANKS[name](), N) for name in BANKS] + [(random_bank(g, 1, 70, 16), 12)]  # > 63 kernels too
+    cases = [(BANKS[name](), N) for name in BANKS] + [(random_bank(g, 1, 70, 16), 12), (random_bank(g, H, 40, 9), 9)]
     for _ in range(200):
         length = int(torch.randint(1, 24, (), generator=g))
         groups = H if bool(torch.rand((), generator=g) < 0.5) else 1
@@ -265,7 +266,8 @@ def test_sort_free_edges_equal_the_sorted_builders_edges(causal):
         valid = torch.rand(b, n, generator=g) < 0.8 if bool(torch.rand((), generator=g) < 0.5) else \
             torch.ones(b, n, dtype=torch.bool)
         old, new = union_edges_by_sort(bank, sel, valid, causal), bank.edges(sel, valid, causal)
-        assert torch.equal(edges_to_mask(*new, b, H, n), edges_to_mask(*old, b, H, n))  # checks grouping, repeats
+        assert torch.equal(edges_to_mask(*new, b, H, n), bank.mask(sel, valid, causal))  # checks grouping, repeats
+        assert torch.equal(edges_to_mask(*new, b, H, n), edges_to_mask(*old, b, H, n))
         assert torch.equal(torch.sort(new[0] * b * H * n + new[1]).values, old[0] * b * H * n + old[1])
 
 
@@ -889,6 +891,7 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
         final["test_ppl"] / control["test_ppl"])
     report = (out / "kernel_report.md").read_text()
     assert "Dense control" in report and f"model inference time {final['time_x_dense']:.2f} × dense" in report
+    assert report in capsys.readouterr().out and "core FLOPs × dense | model time × dense" in report  # printed too
     assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
     assert (out / "kernel_report.md").is_file() and (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
 
@@ -902,4 +905,5 @@ def test_kernel_time_benchmark_runs_and_writes_its_record(tmp_path, capsys):
     rows = json.loads((tmp_path / "kernel_time.json").read_text())["rows"]
     assert [(r["n"], r["batch"]) for r in rows] == [(16, 2), (24, 1)]
     assert all(0 < r["keys_per_query"] <= r["n"] and r["compared"]["median_ms"] > 0 for r in rows)
-    assert "sparse ÷ dense" in capsys.readouterr().out
+    assert all(r[v]["cpu_median_ms"] >= 0 for r in rows for v in ("dense", "sparse", "compared"))
+    assert "sparse ÷ dense, CPU time" in capsys.readouterr().out
