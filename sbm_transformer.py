@@ -77,7 +77,15 @@ class SBMConfig:
 class SBMAttention(nn.Module):
     """Multi-head SBM attention (INTERFACE.md). Budget: clusters (k), delta (δ), density_weight (λ of this layer),
     self_loops; options: path, ste, explore_in_eval, shared_mlp (SBMConfig). The methods below are the reference
-    path; `path="fast"` replaces the mask by a graph of edges (sample_sparse, attend_edges: the fast path)."""
+    path; `path="fast"` replaces the mask by a graph of edges (sample_sparse, attend_edges: the fast path).
+
+    Learning rate. Eq. 9 gives a sampled edge ∂L/∂s_e · s_e, positive wherever the loss asks for smaller scores
+    (flatter attention, as early in training), so it lowers every sampled edge's probability at once, λ = 0
+    included; Adam turns that steady pull into steps of about lr. In a model of one such layer (k = 16, causal,
+    the README's) on a toy task the density fell from 13% to 1-3% within 300 AdamW steps at lr 1e-3 and 3e-3 (λ = 0
+    and 1e-2 alike) while the loss rose, and held at 3e-4 (tests: the probe). Take lr ≤ 3e-4 with Adam in a new
+    model (the paper: 1e-4 to 1e-3 at batches of 32-1024, Table 7), or ste="official" (its clipped ∂L/∂s_e sums to
+    ~0 over a query's edges), whose density held at 3e-3 with λ = 0."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
                  clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
@@ -266,6 +274,7 @@ CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with
 AUTO_DENSE_PAIRS = 1 << 26  # path="auto" never forms more (B·H·N·M) pairs: ~50 bytes each in training, 3 GiB
 
 
+@torch.compiler.disable  # a data-dependent choice: torch.compile makes it eagerly
 def cheaper_path(x: Tensor, w: Tensor, delta: float) -> str:
     """path="auto": "reference" where the dense path costs less than the sparse one for the expected number of
     edges, else "fast"; both draw the same law of M. Per graph, in units of one dense pair (O(N·M·(K + D))), the

@@ -432,3 +432,34 @@ def test_a_forward_and_backward_emit_no_warning():
     ran = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                          text=True, timeout=120)
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, "ok\n", ""), ran.stderr
+
+
+def density_after_training(lr: float, steps: int, **options) -> tuple:
+    """The learning-rate probe of SBMAttention's docstring: the README's block (k = 16, λ as given, causal) on a
+    causal toy task (each token's label: whether 1s are the majority so far, which any attention that keeps a
+    share of the past can learn), AdamW; the layer's density at the start and after `steps` steps."""
+    torch.manual_seed(0)
+    attention = sbm.SBMAttention(64, 2, 32, clusters=16, path="reference", **options)
+    embed, norm, head = torch.nn.Embedding(2, 64), torch.nn.LayerNorm(64), torch.nn.Linear(64, 2)
+    params = [p for m in (attention, embed, norm, head) for p in m.parameters()]
+    optimizer, generator, densities = torch.optim.AdamW(params, lr=lr), seeded(0), []
+    for _ in range(steps + 1):
+        tokens = (torch.rand(32, 64, generator=generator) < torch.rand(32, 1, generator=generator)).long()
+        labels = (tokens.cumsum(1) * 2 > torch.arange(1, 65)).long()
+        x = embed(tokens)
+        y, stats = attention(norm(x), causal=True, generator=generator)
+        loss = torch.nn.functional.cross_entropy(head(x + y).flatten(0, 1), labels.flatten())
+        densities.append(float(stats["density"].mean()))
+        optimizer.zero_grad()
+        (loss + stats.get("aux_loss", 0)).backward()
+        optimizer.step()
+    return densities[0], densities[-1]
+
+
+@pytest.mark.parametrize("lr, options, holds", [
+    (3e-4, dict(density_weight=1e-2), True),  # the stated working range
+    (3e-3, dict(density_weight=0.0), False),  # Eq. 9 at a high rate: the density collapses, λ = 0 included
+    (3e-3, dict(density_weight=0.0, ste="official"), True)])  # the clipped estimator holds it
+def test_learning_rate_probe_of_the_docstring(lr, options, holds):
+    start, end = density_after_training(lr, 100, **options)
+    assert (end > 0.7 * start) == holds, (start, end)
