@@ -180,11 +180,15 @@ CLAIMS = [
                 *(Setting(m, "duplicates", options=dict(LONG_DUPLICATES, attn=[LearnedDensity("sbm-lambda0.01", f)]),
                           tag=tag) for m in ("window", "bigbird") for tag, f in FIXED.items())),
           seeds=(0, 1),
+          commands=("python -m bench.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0' "
+                    "--repeats 5 --out results/adaptive-vs-fixed/step_time-duplicates",),
           notes=["Every method trains with the same model, recipe and seeds (the command in each row); nothing is tuned "
                  "per method. Window and BigBird take their budget as a density (`--attn density=ρ`), ρ the mean test "
                  "density of SBM λ = 1e-2 over the seeds, and ×4: their cells run once those SBM runs are complete.",
-                 "Ratios are per seed against full attention of the same seed, then averaged. Step times come from the "
-                 "runs themselves, two side by side on the 2 cores: compare them as rough ratios."]),
+                 "FLOP and memory ratios are per seed against full attention of the same seed, then averaged. Train "
+                 "step ÷ fair full: `bench.step_time` times every seed-0 setting's training step side by side in one "
+                 "process (SBM at its learned test density; its output below); the runs' own step times, two runs "
+                 "side by side on 2 shared cores, are in each record."]),
     Claim("ssa-table", "SSA Tables 1 and 8, Fig. 7: subsampled training, dense fine-tuning, self-ensembling",
           "output", paper="Table 1 (Enwik8, 16 layers): S0 1.028 test bpb; S16-L4 1.058 at 0.70 compute, 0.51 "
                           "memory and 1.64× speed; +FT 1.029. Table 8: locally biased beats unbiased SSA. Table 4 and "

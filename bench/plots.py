@@ -120,7 +120,7 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
 
 def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -> str:
     """Test accuracy against attention density (left) and training step time (right), one point per run.
-    ``points``: setting → [(density, step ms, accuracy %)], one tuple per seed."""
+    ``points``: setting → [(density, step time ÷ full, accuracy %)], one tuple per seed."""
     fig, axes = figure(2)
     for index, (setting, runs) in enumerate(points.items()):
         style = dict(color=f"C{index % 10}", marker="osD^v<>ph*"[index // 10 % 10], label=setting)
@@ -129,7 +129,9 @@ def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -
     for ax in axes[0]:
         ax.set_xscale("log")
     axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot, off the points
-    save(fig, path, axes[0], ["attention density on the test split (log)", "median training step time, ms (log)"],
+    save(fig, path, axes[0], ["attention density on the test split (log)",
+                              "training step time ÷ full attention's (log)"],
          ["test token accuracy (%)", "test token accuracy (%)"])
     return (f"Adaptive vs fixed sparsity on duplicates at {length} tokens: each run's test token accuracy against its "
-            "attention density (left) and its median training step time (right), one point per method and seed.")
+            "attention density (left) and its setting's training step time relative to fair full attention, timed "
+            "side by side in one process (right), one point per method and seed.")

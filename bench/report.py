@@ -412,31 +412,38 @@ def per_seed_ratio(rs: List[dict], refs: Dict[int, dict], get) -> Optional[float
     return statistics.mean(a / b for a, b in pairs) if pairs and all(a and b for a, b in pairs) else None
 
 
-def adaptive_rows(recs: List[dict]) -> Dict[str, dict]:
-    """Per setting: its records and, against full attention of the same seed, its costs."""
+def adaptive_rows(recs: List[dict], step_time: Optional[dict] = None) -> Dict[str, dict]:
+    """Per setting: its records and, against full attention of the same seed, its costs; its training step ÷ fair
+    full attention's from ``step_time`` (bench.step_time's JSON, the settings timed side by side in one
+    process), else from the runs' own step times."""
     groups = by([dict(r, setting=setting_name(r)) for r in recs], "setting")
     refs = {r["seed"]: r for r in groups.get(REFERENCE, [])}
     costs = {"attention FLOPs": lambda r: r["flops_per_example"]["attention"], "step time": COSTS["step time"],
              "peak memory": COSTS["peak memory"]}
-    return {name: {"recs": sorted(rs, key=lambda r: r["seed"]), "density": mean(rs, lambda r: r["density"]),
+    fair = fair_step_ratios(step_time)
+    rows = {name: {"recs": sorted(rs, key=lambda r: r["seed"]), "density": mean(rs, lambda r: r["density"]),
                    **{k: per_seed_ratio(rs, refs, get) for k, get in costs.items()}}
             for name, rs in sorted(groups.items(), key=lambda kv: mean(kv[1], lambda r: r["density"]))}
+    for name, row in rows.items():
+        row["timed"] = name in fair
+        row["step time"] = fair.get(name, row["step time"])
+    return rows
 
 
-def adaptive_table(recs: List[dict]) -> str:
+def adaptive_table(recs: List[dict], step_time: Optional[dict] = None) -> str:
     ratio = lambda v: "–" if v is None else f"{v:.3g}"  # noqa: E731
     rows = [[name, ", ".join(str(r["seed"]) for r in row["recs"]), tests(row["recs"]),
              " / ".join(tests([r]) for r in row["recs"]), f"{100 * row['density']:.2f}%", ratio(row["attention FLOPs"]),
-             ratio(row["step time"]), ratio(row["peak memory"]),
+             ratio(row["step time"]) + ("" if row["timed"] else " (runs)"), ratio(row["peak memory"]),
              " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in row["recs"])]
-            for name, row in adaptive_rows(recs).items()]
+            for name, row in adaptive_rows(recs, step_time).items()]
     return table(rows, ["setting", "seeds", "test acc % (mean ± std)", "per seed", "test density",
-                        "attention FLOPs ÷ full", "train step ÷ full", "peak memory ÷ full", "wall per seed"])
+                        "attention FLOPs ÷ full", "train step ÷ fair full", "peak memory ÷ full", "wall per seed"])
 
 
-def adaptive_verdict(recs: List[dict]) -> str:
+def adaptive_verdict(recs: List[dict], step_time: Optional[dict] = None) -> str:
     """Whether adaptivity paid: SBM against the fixed patterns at its own density and at 4×, in words."""
-    rows = adaptive_rows(recs)
+    rows = adaptive_rows(recs, step_time)
     acc = lambda name: mean(rows[name]["recs"], lambda r: r["test"])  # noqa: E731
     pct = lambda name: f"{name} {tests(rows[name]['recs'], True)}"  # noqa: E731
     said = [f"Full attention reaches {tests(rows[REFERENCE]['recs'], True)}" if REFERENCE in rows else
@@ -474,8 +481,10 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
         out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in {link}; `python -m bench.claims "
                    f"list` prints each run's command, to run one with `--seed S --out DIR`).")
         out += [fig4_check(recs)] if recs and claim.name == "sbm-fig4" else []
-        out += [adaptive_verdict(recs), adaptive_table(recs)] if recs and claim.name == "adaptive-vs-fixed" else []
         step_times = {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/*.json")}
+        if recs and claim.name == "adaptive-vs-fixed":
+            timed = step_times.get(recs[0]["task"])
+            out += [adaptive_verdict(recs, timed), adaptive_table(recs, timed)]
         out += [table3(recs, step_times) if claim.name == "sbm-table3" else runs_table(recs)] if recs else []
         out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
         out += ["Not yet run: " + ", ".join(f"`{name}`" for name in missing) + "."] if missing else []
@@ -543,8 +552,9 @@ def draw_plots(results: Path, plot_dir: Path) -> Dict[str, str]:
             captions[name] = plots.scaling(result, plot_dir / f"{name}.png", what)
     adaptive = load(results / "adaptive-vs-fixed")[0]
     if adaptive:
-        points = {name: [(r["density"], r["median_step_ms"], 100 * r["test"]) for r in row["recs"]]
-                  for name, row in adaptive_rows(adaptive).items()}
+        timed = read_json(results / "adaptive-vs-fixed" / f"step_time-{adaptive[0]['task']}" / "step_time.json")
+        points = {name: [(r["density"], row["step time"], 100 * r["test"]) for r in row["recs"]]
+                  for name, row in adaptive_rows(adaptive, timed).items() if row["step time"] is not None}
         captions["adaptive_vs_fixed"] = plots.adaptive_vs_fixed(points, plot_dir / "adaptive_vs_fixed.png",
                                                                 adaptive[0]["config"]["seq_len"])
     if quick:

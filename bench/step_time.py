@@ -4,6 +4,7 @@
     python -m bench.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016,0.04
     python -m bench.step_time --task listops --preset paper --batch-size 8 \
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
+    python -m bench.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0'   # a claim's settings
 
 One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it), the same
 batches for all, one training step (forward, loss, backward, AdamW) of each variant in turn, round after round;
@@ -17,20 +18,26 @@ the paper's recipe runs it and as a user would run it (fair). The variants:
   membership logits shifted by one constant so that its expected density is each of --sbm-density (a trained
   model's: a number, or a run folder whose record's test density is taken, labelled with its λ), as
   bench.sbm_scaling calibrates one module.
+With --runs, the variants are the settings of those run folders instead (their task and model from the records,
+which must agree): each run's method with its options and budget (a fixed pattern at the density it trained at),
+SBM at its record's test density, full attention as run and fair; labels are the folders' setting names.
 A benchmark, not a test: the figures depend on the machine; the ratios are what one process on it measured.
 """
+import dataclasses
+import inspect
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 from tabulate import tabulate
 
 from bench import cli
 from bench import methods as registry
-from bench.config import RunConfig, SetupError, derive_seed
+from bench.config import PRESET_FIELDS, RunConfig, SetupError, derive_seed
 from bench.loop import model_inputs, task_loss
 from bench.model import Model, ModelConfig
 from bench.tasks import default_data_dir, get_task
@@ -124,12 +131,65 @@ def variants(cfg: RunConfig, task, names: list, sbm_density: dict, example: dict
     return built
 
 
+def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str]) -> tuple:
+    """--runs: (RunConfig of the records' task and model, {folder name: record}) for the complete runs in the
+    folders matching ``pattern``; they must share task and model."""
+    import glob
+    from bench.files import read_json
+    records = {Path(f).name: read_json(Path(f) / "metrics.json") for f in sorted(glob.glob(pattern))}
+    records = {name: r for name, r in records.items() if r and r.get("status") == "complete"}
+    if not records:
+        raise SetupError(f"--runs: no complete run matches {pattern!r}")
+    first = next(iter(records.values()))["config"]
+    model = [f for f in PRESET_FIELDS if f not in ("steps", "lr", "warmup", "eval_every", "eval_batches",
+                                                   "final_eval_batches", "eval_context", "attn_dropout")]
+    differ = [n for n, r in records.items() if r["task"] != task.name or any(r["config"][f] != first[f] for f in model)]
+    if differ:
+        raise SetupError(f"--runs: {', '.join(differ)} differ from the first run in task or model")
+    return RunConfig(**{f: first[f] for f in PRESET_FIELDS}, method="full", task=task.name, seed=first["seed"],
+                     out=out, data_dir=data_dir), records
+
+
+def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
+    """label → (model, trimmed): one variant per run record, built as the run was (its method, its settings, its
+    --attn budget) on the same initialisation seed; SBM at the record's test density."""
+    model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
+                               max_len=cfg.seq_len)
+    built = {}
+    for name, record in records.items():
+        label, method = name.rsplit(f"-{task.name}-", 1)[0], registry.get(record["method"])
+        if method.tasks is not None:
+            continue  # a pipeline of its own (the kernel method): no one training step to time
+        run_cfg = dataclasses.replace(model_cfg, attn_dropout=record["config"]["attn_dropout"])
+        if method.script:  # a method file: its settings dataclass, as the record keeps it, through its own factory
+            factory = method.module().make_attention_factory
+            settings = inspect.signature(factory).parameters["cfg"].annotation
+            kept = {f.name: record["config"][f.name] for f in dataclasses.fields(settings)
+                    if record["config"].get(f.name) is not None}
+            make = factory(settings(**kept), cfg.dim, cfg.heads, cfg.head_dim, run_cfg.attn_dropout, cfg.depth)
+        else:  # a baseline: its --attn budget
+            make = registry.same_in_every_layer(method.load(), run_cfg, record["config"].get("attn") or {})
+        torch.manual_seed(derive_seed(cfg.seed, "init"))
+        model = Model(run_cfg, make)
+        if record["method"] == "sbm":
+            shift_sbm(model, model_inputs(example, torch.device("cpu")), record["density"])
+        built[f"{label} (as run)" if label == "full" else label] = (model, False)
+    if "full (as run)" in built:
+        fair = dataclasses.replace(model_cfg, attn_dropout=0.0)
+        torch.manual_seed(derive_seed(cfg.seed, "init"))
+        built["full (fair)"] = (Model(fair, registry.same_in_every_layer(registry.get("full").load(), fair, {})), True)
+    return built
+
+
 def main(argv=None) -> int:
     p = cli.run_parser("python -m bench.step_time", __doc__.splitlines()[0])
     p.add_argument("--methods", default="full,sbm", help="comma-separated registry names (full adds its fair row)")
     p.add_argument("--sbm-density", default="0.011", metavar="D,...",
                    help="SBM's density in every layer, one variant each: numbers, or run folders whose record's test "
                         "density is taken (a trained model's)")
+    p.add_argument("--runs", metavar="PATTERN", default=None,
+                   help="time the settings of the run folders matching this pattern (quoted: the tool expands it) "
+                        "instead of --methods: their task and model from the records, SBM at its test density")
     p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed rounds (median)")
     p.add_argument("--warmup-iters", type=cli.positive_int, default=1, help="untimed rounds first")
     args = p.parse_args(argv)
@@ -140,11 +200,14 @@ def main(argv=None) -> int:
     cfg = cli.run_config(args, "full")
     task = get_task(cfg.task)
     with cli.one_line_errors():
-        densities = sbm_densities(args.sbm_density) if "sbm" in names else {}
+        if args.runs:
+            cfg, records = runs_config(args.runs, task, cfg.out, cfg.data_dir)  # the records' task and model
+        densities = sbm_densities(args.sbm_density) if "sbm" in names and not args.runs else {}
         task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
         batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(derive_seed(cfg.seed, i, "data")))
                    for i in range(args.warmup_iters + args.repeats)]
-        built = variants(cfg, task, names, densities, batches[0])
+        built = run_variants(cfg, task, records, batches[0]) if args.runs else \
+            variants(cfg, task, names, densities, batches[0])
     optimizers = {label: torch.optim.AdamW(model.parameters(), lr=cfg.lr) for label, (model, _) in built.items()}
     times, kernel, density = {label: [] for label in built}, {}, {label: [] for label in built}
     for round_, batch in enumerate(batches):

@@ -86,6 +86,37 @@ def test_step_time_times_full_as_run_and_fair_beside_sbm_at_each_density(tmp_pat
     assert bad.returncode == 2 and "holds no SBM record with a test density" in bad.stderr.strip().splitlines()[-1]
 
 
+def test_step_time_of_runs_times_each_run_s_own_setting(tmp_path):
+    """--runs: one variant per complete run folder, named by its setting, built with the run's own budget (a
+    window at the density it trained at) and SBM at its record's test density; runs of another model refused."""
+    from bench.config import RunConfig
+    from bench.tasks import get_task
+    from sbm_transformer import SBMConfig
+    preset = get_task("duplicates").presets["cpu"]
+    tiny = dict(seq_len=64, dim=16, heads=2, head_dim=8, mlp_dim=16, batch_size=2)
+
+    def record(name, method, density, **options):  # a complete run's metrics.json as the loop writes it
+        folder = tmp_path / "runs" / f"{name}-duplicates-cpu-s0"
+        folder.mkdir(parents=True)
+        cfg = RunConfig.of(preset, {**tiny, **options.pop("model", {})}, method=method, task="duplicates", **options)
+        (folder / "metrics.json").write_text(json.dumps({"status": "complete", "method": method, "task": "duplicates",
+                                                         "seed": 0, "density": density, "config": cfg.as_record()}))
+
+    record("full", "full", 1.0)
+    record("window-at-x", "window", 0.3, attn={"density": 0.3})
+    record("sbm-lambda0.01", "sbm", 0.05, settings=SBMConfig(density_weight=0.01))
+    result = run("bench.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"), "--repeats",
+                 "2", "--out", str(tmp_path / "out"))
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in result.stdout.splitlines() if line.startswith("| ") and "variant" not in line}
+    assert list(rows) == ["full (as run)", "sbm-lambda0.01", "window-at-x", "full (fair)"], rows
+    assert abs(float(rows["window-at-x"][3].rstrip("%")) - 30) < 5  # the window trained at 30% of the pairs
+    assert abs(float(rows["sbm-lambda0.01"][3].rstrip("%")) - 5) < 2  # SBM at its record's test density
+    record("wider", "full", 1.0, model={"dim": 32})
+    bad = run("bench.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"), check=False)
+    assert bad.returncode == 2 and "differ from the first run in task or model" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
     result = run("bench.scaling", "--methods", "full,full-ref", "--lengths", "32,64", "--repeats", "1",
                  "--warmup-iters", "1", "--out", str(tmp_path))
