@@ -61,8 +61,10 @@ def lengths_option(text: str) -> str:
 
 
 def scaling_methods(methods) -> str:
+    """The scaling table's methods: the grid's, full attention's explicit path beside its fused one, and SBM at a
+    trained model's 1% density beside its untrained ~25% (Table 2's densities at λ = 1e-2: 1-4%)."""
     chosen = [m for m in methods if registry.get(m).scaling]
-    return ",".join(chosen + (["full-ref"] if "full" in chosen else []))
+    return ",".join(chosen + (["full-ref"] if "full" in chosen else []) + (["sbm@0.01"] if "sbm" in chosen else []))
 
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:

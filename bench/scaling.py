@@ -5,7 +5,9 @@
     python -m bench.scaling --methods ... --out results/scaling                   # the published table
 
 A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
-option of one of them. ``full-ref`` is full attention on its reference path (materialised scores). The table
+option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is
+SBM-Transformer at density D, as a trained model samples (its membership logits shifted by one constant,
+bench.sbm_scaling), where ``sbm`` is an untrained one at its initial ~25%. The table
 is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
 cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
 first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
@@ -26,7 +28,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from tabulate import tabulate
 
@@ -38,9 +40,22 @@ ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its 
 
 
 def resolve_method(method: str, options: Dict[str, str]):
-    """A --methods name (an alias included) and its --attn texts → (registry name, {key: value text})."""
-    name, preset = ALIASES.get(method, (method, {}))
+    """A --methods name (an alias or sbm@D included) and its --attn texts → (registry name, {key: value text})."""
+    name, preset = ALIASES.get(method, (method.split("@")[0] if method.startswith("sbm@") else method, {}))
     return name, {**preset, **options}
+
+
+def trained_density(method: str) -> Optional[float]:
+    """D of ``sbm@D`` (a density in (0, 1]), None for any other name; ValueError for a bad D."""
+    if not method.startswith("sbm@"):
+        return None
+    try:
+        density = float(method[4:])
+    except ValueError:
+        density = None
+    if density is None or not 0 < density <= 1:
+        raise ValueError(f"{method}: sbm@D takes a density D in (0, 1], e.g. sbm@0.01")
+    return density
 
 
 def attn_options(items: List[str], methods: List[str]) -> Dict[str, Dict[str, str]]:
@@ -69,8 +84,13 @@ def measure_cell(cell: dict) -> dict:
     if "max_len" in inspect.signature(cls).parameters:
         options.setdefault("max_len", cell["n"])
     dim = cell["heads"] * cell["head_dim"]
-    module = cls(dim, cell["heads"], cell["head_dim"], 0.0, **options).to(device)
     x = torch.randn(cell["batch"], cell["n"], dim, device=device, requires_grad=True)
+    if trained_density(cell["method"]) is not None:
+        from bench.sbm_scaling import shifted_module
+        module = shifted_module(dim, cell["heads"], cell["head_dim"], x, trained_density(cell["method"]),
+                                options.get("path", "auto"))
+    else:
+        module = cls(dim, cell["heads"], cell["head_dim"], 0.0, **options).to(device)
     grad = torch.randn(cell["batch"], cell["n"], dim, device=device)
     generator = torch.Generator(device).manual_seed(0)
 
@@ -203,6 +223,7 @@ def main(argv=None) -> int:
         options = attn_options(args.attn, methods)
         from bench.methods import attention_options, available
         for method in methods:
+            trained_density(method)
             name, texts = resolve_method(method, options[method])
             if name not in available():
                 raise ValueError(f"unknown method {method!r}; available: {sorted(available())}")
