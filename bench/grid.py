@@ -364,6 +364,19 @@ def cell_option(text: str) -> tuple:
     return name.lstrip("-").replace("-", "_"), value
 
 
+def check_options(options: List[tuple]) -> None:
+    """--set's options parsed as every training entry point parses them (bench.cli.run_parser), so that an unknown
+    name or a bad value is refused once, up front (ValueError), rather than by every cell."""
+    parser = cli.run_parser("--set", "")
+    parser.exit_on_error = False
+    try:
+        _, unknown = parser.parse_known_args(["--task", "duplicates", *flags(dict(options))])
+    except argparse.ArgumentError as exc:
+        raise ValueError(f"--set: {exc}") from None
+    if unknown:
+        raise ValueError(f"--set: {unknown[0]} is not an option every cell takes (python -m bench.train --help)")
+
+
 def common_settings(args) -> Dict[str, object]:
     """The options every cell gets: its device, the data folder when given, and those of --set."""
     return {"device": args.device, **({"data_dir": args.data_dir} if args.data_dir else {}),
@@ -399,6 +412,7 @@ def main(argv=None) -> int:
     try:
         methods, tasks, seeds = selection(args)
         check_device(args.device)
+        check_options(args.options)
         out = Path(args.out or f"runs/grid-{args.budget}")
         problem = folder_problem(out)
         if problem:
