@@ -52,6 +52,10 @@ CASES = [
     ("bench.scaling", ["--device", "cuda"], NO_CUDA),
     ("bench.sbm_scaling", ["--out", ""], "argument --out: must name a folder"),
     ("bench.sbm_scaling", ["--heads", "0"], "argument --heads: must be a count from 1 to 1,024"),
+    ("bench.sbm_scaling", ["--lengths", str(10 ** 20)], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("bench.sbm_scaling", ["--densities", ""], "--densities must be comma-separated densities in (0, 1), got ''"),
+    ("bench.claims", ["run", "sbm-listops", "--jobs", str(10 ** 20), "--cells", "none", "--out", "{tmp}/claim"],
+     "argument --jobs: must be a positive integer from 1 to 1,000,000,000"),
     ("bench.thread_cost", ["--out", ""], "argument --out: must name a folder"),
     ("bench.approx_error", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
     ("bench.peers", ["--out", ""], "argument --out: must name a folder"),
@@ -157,3 +161,12 @@ def test_a_scaling_table_whose_every_cell_failed_exits_1(tmp_path, capsys):
                          "--repeats", "1", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 1 and "error: 1 of 1 cells failed" in err and (tmp_path / "scaling.json").is_file()
+
+
+def test_an_sbm_scaling_table_with_a_failed_cell_exits_1(tmp_path, monkeypatch, capsys):
+    """Before: exit 0 with a table of failures (at --lengths 1e20, every cell)."""
+    from bench import sbm_scaling
+    monkeypatch.setattr(sbm_scaling, "run_cell", lambda cell, allocator, timeout: {"error": "failed (test)"})
+    code = sbm_scaling.main(["--lengths", "16", "--kinds", "full,core", "--densities", "0.5", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: 2 of 2 cells failed" in err and (tmp_path / "sbm_scaling.json").is_file()
