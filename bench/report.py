@@ -648,16 +648,16 @@ def main(argv=None) -> int:
                    help="rewrite this file's results section, RESULTS/README.md and the plots in RESULTS/plots")
     p.add_argument("--run", default=None, help="a run folder: write its REPORT.md and plots there instead")
     args = p.parse_args(argv)
-    for option, path in (("--run", args.run), ("--results", args.results)):
-        if path and not Path(path).is_dir():
-            p.error(f"{option}: no folder {path}")
-    if args.run:
+    for option, path in (("--run", args.run), ("--results", args.results)):  # '' is refused, not taken for '.'
+        if path is not None and not (path and Path(path).is_dir()):
+            p.error(f"{option}: no folder {path or repr(path)}")
+    if args.run is not None:
         print(write_run_report(Path(args.run)))
         return 0
     results = Path(args.results)
-    if args.readme and not (Path(args.readme).is_file() and os.access(args.readme, os.R_OK | os.W_OK)):
-        p.error(f"--readme: {args.readme} is not a file this process can read and write")
-    if not args.readme:
+    if args.readme is not None and not (Path(args.readme).is_file() and os.access(args.readme, os.R_OK | os.W_OK)):
+        p.error(f"--readme: {args.readme or repr(args.readme)} is not a file this process can read and write")
+    if args.readme is None:
         print(results_readme(results, {}))
         return 0
     readme = Path(args.readme)
