@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 
 NO_CUDA = "--device cuda was asked for, but CUDA is not available on this machine"
+BIG = str(10 ** 20)  # a size or seed of 1e20
 # (module whose main() is the entry point, its arguments, words of the one-line message). {file} is a regular
 # file, {tmp} the test's folder, {root} the repository.
 CASES = [
@@ -33,7 +34,7 @@ CASES = [
     ("bench.grid", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
     ("bench.grid", ["--set", "bogus=1", "--plan-only"], "--set: --bogus is not an option every cell takes"),
     ("bench.grid", ["--set", "lr=nan", "--plan-only"], "--set: argument --lr: must be a positive number, got nan"),
-    ("bench.grid", ["--set", f"seq_len={10 ** 20}", "--plan-only"],
+    ("bench.grid", ["--set", f"seq_len={BIG}", "--plan-only"],
      "--set: argument --seq-len: must be a length from 1 to"),
     ("bench.run_all", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
     ("bench.run_all", ["--methods", ""], "--methods names none"),
@@ -55,17 +56,33 @@ CASES = [
     ("bench.scaling", ["--device", "cuda"], NO_CUDA),
     ("bench.sbm_scaling", ["--out", ""], "argument --out: must name a folder"),
     ("bench.sbm_scaling", ["--heads", "0"], "argument --heads: must be a count from 1 to 1,024"),
-    ("bench.sbm_scaling", ["--lengths", str(10 ** 20)], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("bench.sbm_scaling", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
     ("bench.sbm_scaling", ["--densities", ""], "--densities must be comma-separated densities in (0, 1), got ''"),
-    ("bench.claims", ["run", "sbm-listops", "--jobs", str(10 ** 20), "--cells", "none", "--out", "{tmp}/claim"],
+    ("bench.claims", ["run", "sbm-listops", "--jobs", BIG, "--cells", "none", "--out", "{tmp}/claim"],
      "argument --jobs: must be a positive integer from 1 to 1,000,000,000"),
     ("bench.thread_cost", ["--out", ""], "argument --out: must name a folder"),
     ("bench.approx_error", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("bench.approx_error", ["--draws", BIG], "argument --draws: must be a positive integer from 1 to 1,000,000,000"),
+    ("bench.approx_error", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.fastrg_bench", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("bench.fastrg_bench", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
+    ("bench.fastrg_bench", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.fastrg_bench", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
+    ("bench.fastrg_bench", ["--densities", "nan"], "--densities must be in (0, 1], got [nan]"),
+    ("bench.kernel_time", ["--threshold", "nan"], "argument --threshold: must be a finite number, got nan"),
+    ("bench.kernel_time", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.thread_cost", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.thread_cost", ["--competitors", BIG], "argument --competitors: must be a count from 1 to 1,024"),
+    ("bench.peers", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
+    ("bench.peers", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
     ("bench.peers", ["--out", ""], "argument --out: must name a folder"),
     ("bench.ssa_table", ["--out", ""], "argument --out: must name a folder"),
     ("bench.ssa_table", ["--seq-len", "0"], "argument --seq-len: must be a length from 1"),
     ("bench.ssa_table", ["--steps", "2", "--batch-size", "0"], "argument --batch-size: must be a batch size from 1"),
     ("bench.ssa_table", ["--steps", "2", "--sigma", "nan"], "argument --sigma: must be a finite number, got nan"),
+    ("bench.ssa_table", ["--steps", "2", "--device", "cuda"], NO_CUDA),
+    ("bench.step_time", ["--task", "duplicates", "--device", "cuda"],
+     "--device cuda: this tool times training steps on the CPU only"),
 ]
 
 
