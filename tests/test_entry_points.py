@@ -32,7 +32,7 @@ CASES = [
     ("bench.grid", ["--device", "cuda"], NO_CUDA),
     ("bench.grid", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
     ("bench.grid", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
-    ("bench.grid", ["--set", "bogus=1", "--plan-only"], "--set: --bogus is not an option every cell takes"),
+    ("bench.grid", ["--set", "bogus=1", "--plan-only"], "--set: --bogus 1 is not an option of python -m bench.train, which trains full, linear"),
     ("bench.grid", ["--set", "lr=nan", "--plan-only"], "--set: argument --lr: must be a positive number, got nan"),
     ("bench.grid", ["--set", f"seq_len={BIG}", "--plan-only"],
      "--set: argument --seq-len: must be a length from 1 to"),
