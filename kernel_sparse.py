@@ -390,7 +390,8 @@ class ListAttention(torch.autograd.Function):
     """y_i = Σ_s keep_is·softmax_s(q_i·k_s/√D + bias_is) v_s on the (query, key) list as a CSR matrix (row offsets
     `offsets`, in the sparse kernels' index type `crow`, keys `col`, the query of each edge `row`), O(E·D) time and
     O(E) memory: SDDMM scores, segment reductions, CSR × dense. The backward uses the same products, the keys' side
-    (∂K, ∂V) on the transposed list (one sort of the keys)."""
+    (∂K, ∂V) on the transposed list (one sort of the keys); its products have no derivative of their own, so a
+    double backward (create_graph=True: a gradient penalty, gradgradcheck) raises."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, keep, offsets, crow, col, row):
@@ -407,8 +408,12 @@ class ListAttention(torch.autograd.Function):
         return y / total.clamp_min(1.0)[:, None]  # the softmax's division per query (Rq·D), not per edge (E)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
+        # Grad mode is on here only under create_graph=True; once_differentiable's error node would hang off detached
+        # copies, which torch.autograd.grad never reaches: a second derivative without this function's part.
+        if torch.is_grad_enabled():
+            raise RuntimeError("ListAttention has no second derivative: a double backward (create_graph=True) is "
+                               "refused; the masked reference path (path='reference') has one")
         q, k, v, a, total, keep, offsets, crow, col, row = ctx.saved_tensors
         shape, scale, grad = (q.shape[0], k.shape[0]), q.shape[-1] ** -0.5, grad.contiguous()
         a = a / total.index_select(0, row)  # (E,) the softmax

@@ -491,8 +491,8 @@ class EdgeAttention(torch.autograd.Function):
     binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves α_e and s_e (E,): O(E)
     memory, never (E, D). Every product is a sparse kernel over the edges: SDDMM for scores and ∂L/∂α, CSR
     products for the output and dQ, and for dK, dV the same products on the key-major copy of the graph.
-    The backward is once-differentiable: its sparse products are not differentiated again, so a double backward
-    (a gradient penalty, gradgradcheck) raises instead of returning a wrong second derivative.
+    The backward's sparse products have no derivative of their own: a double backward (create_graph=True: a
+    gradient penalty, gradgradcheck) raises at once instead of returning a wrong second derivative.
     """
 
     @staticmethod
@@ -509,9 +509,14 @@ class EdgeAttention(torch.autograd.Function):
         return edges.csr(weights) @ v  # (R·N, D); a query without edges gets 0
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     @fastrg.one_thread()
     def backward(ctx, grad_out):
+        # Grad mode is on here only under create_graph=True. once_differentiable would not do: its error node hangs
+        # off detached copies, so torch.autograd.grad never reaches it and returns the second derivative without
+        # this function's part (gradgradcheck: a mismatch, not an error).
+        if torch.is_grad_enabled():
+            raise RuntimeError("EdgeAttention has no second derivative: a double backward (create_graph=True) is "
+                               "refused; SBMAttention's reference path (path='reference') has one")
         q, k, v, alpha, s, keep = ctx.saved_tensors
         edges, scale = ctx.edges, q.shape[-1] ** -0.5
         grad_out = grad_out.contiguous()

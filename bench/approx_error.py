@@ -149,15 +149,14 @@ def main(argv=None) -> int:
     parser = cli.parser("python -m bench.approx_error", "Relative error of the approximating baselines to exact "
                                                         "softmax attention, by budget, at two temperatures.")
     parser.add_argument("--seq-len", type=cli.length, default=1024, help="sequence length")
-    parser.add_argument("--head-dim", type=int, default=32, help="size of each head")
-    parser.add_argument("--heads", type=int, default=4, help="independent heads per draw")
-    parser.add_argument("--draws", type=int, default=4, help="draws of (Q, K, V) and of each method's randomness")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the one generator every draw uses")
+    parser.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")
+    parser.add_argument("--heads", type=cli.layers, default=4, help="independent heads per draw")
+    parser.add_argument("--draws", type=cli.positive_int, default=4,
+                        help="draws of (Q, K, V) and of each method's randomness")
+    parser.add_argument("--seed", type=cli.seed, default=0, help="seed of the one generator every draw uses")
     parser.add_argument("--out", metavar="DIR", default="runs/approx_error",
                         help="folder for the table (approx_error.md)")
     args = parser.parse_args(argv)
-    if min(args.seq_len, args.head_dim, args.heads, args.draws) < 1:
-        parser.error("--seq-len, --head-dim, --heads and --draws must be positive")
 
     started = time.perf_counter()
     g = torch.Generator().manual_seed(args.seed)

@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="every claim, its folder and commands")
     run = sub.add_parser("run", help="run a claim into its folder: training runs resumably, benchmarks anew")
     run.add_argument("claim", choices=[c.name for c in CLAIMS])
-    run.add_argument("--jobs", type=int, default=1, help="runs side by side")
+    run.add_argument("--jobs", type=cli.positive_int, default=1, help="runs side by side")
     run.add_argument("--out", metavar="DIR", default=None, type=cli.out_folder, help="folder (default results/CLAIM)")
     run.add_argument("--cells", default="*", metavar="PATTERN",
                      help="runs only the cells whose names match this shell pattern (e.g. '*-s0')")
@@ -280,8 +280,6 @@ def main(argv=None) -> int:
             commands = [" ".join(["python", *c["command"]]) for c in claim.cells()] + list(claim.commands)
             print(f"{claim.name} ({claim.kind}): {claim.title}\n  " + "\n  ".join(commands))
         return 0
-    if args.jobs < 1:
-        run.error("--jobs must be at least 1")
     claim = BY_NAME[args.claim]
     out = Path(args.out) if args.out else RESULTS / args.claim
     cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], args.cells)]

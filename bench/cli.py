@@ -93,6 +93,8 @@ length = bounded_int(1, MAX_LENGTH, "a length")
 width = bounded_int(1, MAX_WIDTH, "a size")
 layers = bounded_int(1, MAX_LAYERS, "a count")
 any_int = bounded_int(-MAX_COUNT, MAX_COUNT, "an integer")  # a method's integer setting: its own check follows
+seed = bounded_int(0, 2 ** 32 - 1, "a seed")  # what torch.manual_seed and numpy's generators take
+threads = bounded_int(0, MAX_LAYERS, "a thread count (0: torch's default)")
 positive_float = checked_number(float, lambda v: v > 0, "a positive number")
 non_negative_float = checked_number(float, lambda v: v >= 0, "a non-negative number")
 finite_float = checked_number(float, lambda v: True, "a finite number")
@@ -205,7 +207,7 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = parser(prog, description, epilog=preset_tables(), allow_abbrev=False)
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
-    p.add_argument("--seed", type=bounded_int(0, 2 ** 32 - 1, "a seed"), default=0, help="random seed")
+    p.add_argument("--seed", type=seed, default=0, help="random seed")
     p.add_argument("--device", default="auto", type=device_option, help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")

@@ -144,16 +144,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fastrg_bench", allow_abbrev=False,
                                  description="fastRG sampling time vs edges, beside a naive dense Bernoulli draw.",
                                  formatter_class=cli.HelpFormatter)
-    ap.add_argument("--lengths", type=parse_list(int), default="1024,2048,4096,8192,16384",
+    ap.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192,16384",
                     help="comma-separated n = m values")
     ap.add_argument("--densities", type=parse_list(float), default="0.001,0.01,0.1",
                     help="comma-separated expected densities Σλ/(n·m), each in (0, 1]")
-    ap.add_argument("--warmup-iters", type=int, default=1, help="untimed calls of each function first (at least 1)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed calls per cell (median)")
+    ap.add_argument("--warmup-iters", type=cli.positive_int, default=1,
+                    help="untimed calls of each function first (at least 1)")
+    ap.add_argument("--repeats", type=cli.positive_int, default=5, help="timed calls per cell (median)")
     ap.add_argument("--device", default="auto", type=cli.device_option,
                     help="auto (CUDA when present), cpu, cuda or cuda:N")
-    ap.add_argument("--seed", type=int, default=0, help="seed of inputs and draws")
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--seed", type=cli.seed, default=0, help="seed of inputs and draws")
+    ap.add_argument("--threads", type=cli.threads, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--allocator", choices=["default", "keep"], default="keep",
                     help="glibc's memory setting in this process (keep: freed memory stays in the process)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
@@ -164,16 +165,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench", type=cli.out_folder,
                     help="folder for fastrg_bench.json (the table's rows, slope and settings)")
     args = ap.parse_args(argv)
-    if args.repeats < 1 or args.warmup_iters < 1:
-        ap.error("--repeats and --warmup-iters must be at least 1")
-    if args.threads < 0:
-        ap.error("--threads must be >= 0")
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu adds up the CPU time of every thread: use it with --threads 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if any(d > 1 for d in args.densities):
-        ap.error("--densities must be in (0, 1]")
+    if not all(0 < d <= 1 for d in args.densities):  # NaN included
+        ap.error(f"--densities must be in (0, 1], got {args.densities}")
     if args.igraph:
         try:
             import igraph  # noqa: F401 (only whether it is installed)

@@ -364,6 +364,24 @@ def cell_option(text: str) -> tuple:
     return name.lstrip("-").replace("-", "_"), value
 
 
+def check_options(options: List[tuple], methods: List[str]) -> None:
+    """--set's options checked once, up front (ValueError), rather than by every cell: parsed as python -m bench.train
+    parses them, a bad value of an option every training entry point takes is refused, and so is a name it does not
+    take when a baseline (which bench.train trains) is among ``methods``; a method file's own settings are its
+    cells' to check."""
+    from bench.train import build_parser
+    parser = build_parser("--set")
+    parser.exit_on_error = False
+    try:
+        _, unknown = parser.parse_known_args(["--task", "duplicates", *flags(dict(options))])
+    except argparse.ArgumentError as exc:
+        raise ValueError(f"--set: {exc}") from None
+    baselines = [m for m in methods if not registry.get(m).script]
+    if unknown and baselines:
+        raise ValueError(f"--set: {' '.join(unknown)} is not an option of python -m bench.train, which trains "
+                         f"{', '.join(baselines)}")
+
+
 def common_settings(args) -> Dict[str, object]:
     """The options every cell gets: its device, the data folder when given, and those of --set."""
     return {"device": args.device, **({"data_dir": args.data_dir} if args.data_dir else {}),
@@ -399,6 +417,7 @@ def main(argv=None) -> int:
     try:
         methods, tasks, seeds = selection(args)
         check_device(args.device)
+        check_options(args.options, methods)
         out = Path(args.out or f"runs/grid-{args.budget}")
         problem = folder_problem(out)
         if problem:

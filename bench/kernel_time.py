@@ -67,11 +67,12 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", type=cli.positive_ints, default="256,1024,4096", help="comma-separated n")
     p.add_argument("--tokens", type=cli.positive_int, default=4096, help="batch × n (batch = tokens ÷ n, at least 1)")
     p.add_argument("--top-k", type=cli.positive_int, default=3, help="kernels each query takes (top-K selection)")
-    p.add_argument("--threshold", type=float, default=None, help="select the kernels above it instead of the top-K")
+    p.add_argument("--threshold", type=cli.finite_float, default=None,
+                   help="select the kernels above it instead of the top-K")
     p.add_argument("--repeats", type=cli.positive_int, default=9, help="timed rounds (median)")
     p.add_argument("--warmup-iters", type=cli.positive_int, default=2, help="untimed rounds first")
     p.add_argument("--compare", metavar="FILE", default=None, help="another kernel_sparse.py to time beside")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs")
+    p.add_argument("--seed", type=cli.seed, default=0, help="seed of the weights and inputs")
     p.add_argument("--out", metavar="DIR", default="runs/kernel_time", help="folder for kernel_time.json")
     args = p.parse_args(argv)
     compared = None

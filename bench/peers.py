@@ -120,11 +120,11 @@ def main(argv=None) -> int:
                    help="comma-separated sequence lengths (multiples of 128)")
     p.add_argument("--methods", default=",".join(PEERS), help="comma-separated, from " + ",".join(PEERS))
     p.add_argument("--batch-size", type=cli.positive_int, default=1, help="sequences per forward")
-    p.add_argument("--heads", type=int, default=2, help="attention heads")
-    p.add_argument("--head-dim", type=int, default=32, help="size of each head")
-    p.add_argument("--warmup-iters", type=int, default=2, help="untimed repetitions first")
-    p.add_argument("--repeats", type=int, default=21, help="timed repetitions (interleaved)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--heads", type=cli.layers, default=2, help="attention heads")
+    p.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")
+    p.add_argument("--warmup-iters", type=cli.non_negative_int, default=2, help="untimed repetitions first")
+    p.add_argument("--repeats", type=cli.positive_int, default=21, help="timed repetitions (interleaved)")
+    p.add_argument("--threads", type=cli.threads, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--out", metavar="DIR", default="runs/peers", help="folder for the table (peers.md)")
     args = p.parse_args(argv)
     lengths = args.lengths
@@ -133,8 +133,6 @@ def main(argv=None) -> int:
         p.error("--lengths: each must be a positive multiple of 128 (reformer-pytorch needs 2 × bucket_size)")
     if not args.methods or set(args.methods) - set(PEERS):
         p.error(f"--methods: choose from {sorted(PEERS)}")
-    if min(args.batch_size, args.heads, args.head_dim, args.repeats) < 1 or args.warmup_iters < 0 or args.threads < 0:
-        p.error("--batch-size, --heads, --head-dim and --repeats must be positive; --warmup-iters and --threads >= 0")
     missing = [m for m in PEER_PACKAGES if importlib.util.find_spec(m) is None]
     if missing:
         p.error(f"the peer packages {missing} are not installed: pip install -r requirements-peers.txt")

@@ -165,12 +165,12 @@ def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_res
     cells, by_task, costs = by(recs, "method", "task"), by(recs, "task"), relative_costs(recs)
     cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
-    failed, rows = {(f["method"], f["task"]) for f in failures}, []
+    failed, rows = {(f["method"], f["task"]): f["status"] for f in failures}, []  # "failed" or "diverged"
     names = [*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)]
     for m in method_order(names):
         row = [m] + [tests(cells[(m, t)]) + (" (base rate)" if at_base_rate(cells[(m, t)]) else "")
                      if (m, t) in cells else f"n/a ({refused[(m, t)]})" if (m, t) in refused else
-                     "failed (below)" if (m, t) in failed else
+                     f"{failed[(m, t)]} (below)" if (m, t) in failed else
                      "–" if m in registry.METHODS and not registry.applicable(m, t) else "not run yet" for t in tasks]
         ran = any(k[0] == m for k in cells)
         row += [f"{costs[m][k]:.2f}" if k in costs.get(m, {}) else "–" if ran else "not run yet"
@@ -225,7 +225,7 @@ def run_section(folder: Path, preview: bool = False) -> str:
     notes += [f"no data: {task}: {message}" for task, message in plan.get("missing_data", {}).items()]
     notes += [f"left out of the {plan.get('budget')} budget: {task}: {reason}"
               for task, reason in plan.get("left_out", {}).items()]
-    notes += [f"failed: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
+    notes += [f"{f['status']}: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
     scaling_result = read_json(folder / "scaling.json")
     return "\n\n".join([
         ("**Quick preview**: a smoke-level comparison on a CPU budget; the claim sections above measure the papers' "
@@ -658,16 +658,16 @@ def main(argv=None) -> int:
                    help="rewrite this file's results section, RESULTS/README.md and the plots in RESULTS/plots")
     p.add_argument("--run", default=None, help="a run folder: write its REPORT.md and plots there instead")
     args = p.parse_args(argv)
-    for option, path in (("--run", args.run), ("--results", args.results)):
-        if path and not Path(path).is_dir():
-            p.error(f"{option}: no folder {path}")
-    if args.run:
+    for option, path in (("--run", args.run), ("--results", args.results)):  # '' is refused, not taken for '.'
+        if path is not None and not (path and Path(path).is_dir()):
+            p.error(f"{option}: no folder {path or repr(path)}")
+    if args.run is not None:
         print(write_run_report(Path(args.run)))
         return 0
     results = Path(args.results)
-    if args.readme and not (Path(args.readme).is_file() and os.access(args.readme, os.R_OK | os.W_OK)):
-        p.error(f"--readme: {args.readme} is not a file this process can read and write")
-    if not args.readme:
+    if args.readme is not None and not (Path(args.readme).is_file() and os.access(args.readme, os.R_OK | os.W_OK)):
+        p.error(f"--readme: {args.readme or repr(args.readme)} is not a file this process can read and write")
+    if args.readme is None:
         print(results_readme(results, {}))
         return 0
     readme = Path(args.readme)

@@ -252,7 +252,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sbm_scaling", allow_abbrev=False,
                                 description=__doc__.split(", beside")[0] + ".",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--lengths", default="1024,2048,4096,8192", help="comma-separated sequence lengths")
+    p.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192",
+                   help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
     p.add_argument("--kinds", default="full,full-ref,core,sbm,sbm-dense", help="which cells (see the docstring)")
     p.add_argument("--rounds", type=int, default=1,
@@ -263,11 +264,10 @@ def main(argv=None) -> int:
         print(json.dumps(measure_cell(json.loads(args.cell))))
         return 0
     try:
-        lengths = [int(v) for v in args.lengths.split(",") if v]
         densities = [float(v) for v in args.densities.split(",") if v]
         kinds = [v for v in args.kinds.split(",") if v]
-        if not lengths or min(lengths) < 1 or not all(0 < v < 1 for v in densities):
-            raise ValueError("lengths must be positive and densities in (0, 1)")
+        if not densities or not all(0 < v < 1 for v in densities):
+            raise ValueError(f"--densities must be comma-separated densities in (0, 1), got {args.densities!r}")
         if set(kinds) - set(KINDS):
             raise ValueError(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
         if min(args.rounds, args.repeats, args.batch_size, args.heads, args.head_dim, args.timeout) < 1 or \
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
             "warmup": args.warmup_iters, "repeats": args.repeats}
     cells = []
-    for n in lengths:
+    for n in args.lengths:
         specs = [(kind, kind, None)
                  for kind in kinds if kind in ("full", "full-ref")]
         specs += [(kind, None, dens) for kind in kinds if kind in ("core", "sbm") for dens in densities]
@@ -320,9 +320,13 @@ def main(argv=None) -> int:
         print(parts_table(rows, profiled))
     path = cli.out_file(args.out, "sbm_scaling.json")
     path.write_text(json.dumps({"device": where, "allocator": allocator, "load_average": [load, end_load],
-                                "args": vars(args), "rows": rows}, indent=2))
+                                "args": {**vars(args), "lengths": ",".join(map(str, args.lengths))}, "rows": rows},
+                               indent=2))
     print(f"wrote {path}", file=sys.stderr, flush=True)
-    return 0
+    failed = sum("error" in row for row in rows)
+    if failed:
+        print(f"error: {failed} of {len(rows)} cells failed (their rows say why)", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -87,8 +87,9 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int, branch: in
 
 
 def check_settings(p, names: list, common: list, out: Path):
-    """Every setting's command line parsed as ssa.py parses it, before anything runs: a bad option is refused in
-    one line (exit 2) with this tool's usage, not after earlier settings have trained. Returns S0's RunConfig."""
+    """Every setting's command line parsed as ssa.py parses it, and the device looked for, before anything runs: a
+    bad option is refused in one line (exit 2) with this tool's usage, not after earlier settings have trained.
+    Returns S0's RunConfig."""
     from ssa import SSAConfig
     configs = []
     for name in names:
@@ -99,6 +100,11 @@ def check_settings(p, names: list, common: list, out: Path):
                                          SSAConfig)[0])
         except SystemExit:
             p.error(said.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1])
+    from bench.config import resolve_device
+    try:  # a CUDA device this machine lacks: refused once, not by the first setting's run
+        resolve_device(configs[0].device)
+    except ValueError as exc:
+        p.error(str(exc))
     return configs[0]
 
 

@@ -193,6 +193,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed rounds (median)")
     p.add_argument("--warmup-iters", type=cli.positive_int, default=1, help="untimed rounds first")
     args = p.parse_args(argv)
+    if args.device not in ("auto", "cpu"):  # the steps below run on the CPU: another device would be ignored
+        p.error(f"--device {args.device}: this tool times training steps on the CPU only")
     names = [m for m in args.methods.split(",") if m]
     unknown = [m for m in names if m not in registry.available() or m == "kernel"]
     if unknown or not names:

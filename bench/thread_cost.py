@@ -84,9 +84,9 @@ def main(argv=None) -> int:
     p.add_argument("--densities", default="0.001,0.01", help="comma-separated expected densities in (0, 1)")
     p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed calls per variant (median)")
     p.add_argument("--warmup-iters", type=cli.positive_int, default=1, help="untimed calls of each variant first")
-    p.add_argument("--competitors", type=cli.positive_int, default=os.cpu_count() or 1,
+    p.add_argument("--competitors", type=cli.layers, default=os.cpu_count() or 1,
                    help="busy processes of the second load (one per core)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the inputs and draws")
+    p.add_argument("--seed", type=cli.seed, default=0, help="seed of the inputs and draws")
     p.add_argument("--out", metavar="DIR", default="runs/thread_cost", help="folder for thread_cost.json")
     args = p.parse_args(argv)
     try:

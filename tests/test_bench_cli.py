@@ -166,15 +166,16 @@ def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_p
     second = run("bench.grid", "--methods", "full", "--tasks", "duplicates", "--out", str(out),
                  "--data-dir", str(tmp_path / "no-data"), *as_set(TINY))  # the same command: the cell is kept
     assert "complete, kept" in second.stdout and record.stat().st_mtime_ns == stamp
-    failing = run("bench.grid", "--methods", "full", "--tasks", "listops", "--out", str(out), *as_set(TINY), "--set", "lr=x",
-                  check=False)
-    assert failing.returncode == 1 and "full-listops-cpu-s0: FAILED" in failing.stdout
+    # a cell whose loss is not finite: kept as diverged by the grid, shown as diverged by the report
+    failing = run("bench.grid", "--methods", "full", "--tasks", "listops", "--out", str(out), *as_set(TINY),
+                  "--set", "lr=1e20", check=False)
+    assert failing.returncode == 1 and "full-listops-cpu-s0: DIVERGED: error: the run diverged" in failing.stdout
     failure = json.loads((out / "runs" / "full-listops-cpu-s0" / "failed.json").read_text())
-    assert failure["exit_code"] == 2 and failure["reason"].strip()
+    assert failure["status"] == "diverged" and failure["exit_code"] == 3
 
     from bench import report
     text = report.write_run_report(out)
-    assert "| full " in text and "failed: full on listops (exit 2): " + failure["reason"] in text
+    assert "| full " in text and "diverged: full on listops (exit 3): " + failure["reason"] in text
     assert "seeds [0]" in text
 
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 
 NO_CUDA = "--device cuda was asked for, but CUDA is not available on this machine"
+BIG = str(10 ** 20)  # a size or seed of 1e20
 # (module whose main() is the entry point, its arguments, words of the one-line message). {file} is a regular
 # file, {tmp} the test's folder, {root} the repository.
 CASES = [
@@ -31,6 +32,10 @@ CASES = [
     ("bench.grid", ["--device", "cuda"], NO_CUDA),
     ("bench.grid", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
     ("bench.grid", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
+    ("bench.grid", ["--set", "bogus=1", "--plan-only"], "--set: --bogus 1 is not an option of python -m bench.train, which trains full, linear"),
+    ("bench.grid", ["--set", "lr=nan", "--plan-only"], "--set: argument --lr: must be a positive number, got nan"),
+    ("bench.grid", ["--set", f"seq_len={BIG}", "--plan-only"],
+     "--set: argument --seq-len: must be a length from 1 to"),
     ("bench.run_all", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
     ("bench.run_all", ["--methods", ""], "--methods names none"),
     ("bench.run_all", ["--lengths", ""], "argument --lengths: must be comma-separated lengths from 1 to 1,048,576"),
@@ -41,6 +46,9 @@ CASES = [
     ("bench.report", ["--results", "{root}/results", "--readme", "{tmp}/missing.md"],
      "--readme: {tmp}/missing.md is not a file this process can read and write"),
     ("bench.report", ["--results", "{root}/results", "--readme", "{tmp}"], "is not a file this process can read"),
+    ("bench.report", ["--results", ""], "--results: no folder ''"),
+    ("bench.report", ["--run", ""], "--run: no folder ''"),
+    ("bench.report", ["--results", "{root}/results", "--readme", ""], "--readme: '' is not a file this process can"),
     ("bench.scaling", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
     ("bench.scaling", ["--lengths", "2000000"], "argument --lengths: must be comma-separated lengths from 1 to"),
     ("bench.scaling", ["--batch-size", "0"], "argument --batch-size: must be a batch size from 1"),
@@ -48,13 +56,33 @@ CASES = [
     ("bench.scaling", ["--device", "cuda"], NO_CUDA),
     ("bench.sbm_scaling", ["--out", ""], "argument --out: must name a folder"),
     ("bench.sbm_scaling", ["--heads", "0"], "argument --heads: must be a count from 1 to 1,024"),
+    ("bench.sbm_scaling", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("bench.sbm_scaling", ["--densities", ""], "--densities must be comma-separated densities in (0, 1), got ''"),
+    ("bench.claims", ["run", "sbm-listops", "--jobs", BIG, "--cells", "none", "--out", "{tmp}/claim"],
+     "argument --jobs: must be a positive integer from 1 to 1,000,000,000"),
     ("bench.thread_cost", ["--out", ""], "argument --out: must name a folder"),
     ("bench.approx_error", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("bench.approx_error", ["--draws", BIG], "argument --draws: must be a positive integer from 1 to 1,000,000,000"),
+    ("bench.approx_error", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.fastrg_bench", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("bench.fastrg_bench", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
+    ("bench.fastrg_bench", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.fastrg_bench", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
+    ("bench.fastrg_bench", ["--densities", "nan"], "--densities must be in (0, 1], got [nan]"),
+    ("bench.kernel_time", ["--threshold", "nan"], "argument --threshold: must be a finite number, got nan"),
+    ("bench.kernel_time", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.thread_cost", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("bench.thread_cost", ["--competitors", BIG], "argument --competitors: must be a count from 1 to 1,024"),
+    ("bench.peers", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
+    ("bench.peers", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
     ("bench.peers", ["--out", ""], "argument --out: must name a folder"),
     ("bench.ssa_table", ["--out", ""], "argument --out: must name a folder"),
     ("bench.ssa_table", ["--seq-len", "0"], "argument --seq-len: must be a length from 1"),
     ("bench.ssa_table", ["--steps", "2", "--batch-size", "0"], "argument --batch-size: must be a batch size from 1"),
     ("bench.ssa_table", ["--steps", "2", "--sigma", "nan"], "argument --sigma: must be a finite number, got nan"),
+    ("bench.ssa_table", ["--steps", "2", "--device", "cuda"], NO_CUDA),
+    ("bench.step_time", ["--task", "duplicates", "--device", "cuda"],
+     "--device cuda: this tool times training steps on the CPU only"),
 ]
 
 
@@ -153,3 +181,12 @@ def test_a_scaling_table_whose_every_cell_failed_exits_1(tmp_path, capsys):
                          "--repeats", "1", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 1 and "error: 1 of 1 cells failed" in err and (tmp_path / "scaling.json").is_file()
+
+
+def test_an_sbm_scaling_table_with_a_failed_cell_exits_1(tmp_path, monkeypatch, capsys):
+    """Before: exit 0 with a table of failures (at --lengths 1e20, every cell)."""
+    from bench import sbm_scaling
+    monkeypatch.setattr(sbm_scaling, "run_cell", lambda cell, allocator, timeout: {"error": "failed (test)"})
+    code = sbm_scaling.main(["--lengths", "16", "--kinds", "full,core", "--densities", "0.5", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 1 and "error: 2 of 2 cells failed" in err and (tmp_path / "sbm_scaling.json").is_file()

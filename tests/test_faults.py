@@ -3,6 +3,8 @@ other settings; a fresh run never replaces a run unasked and, with --overwrite, 
 finished; a torn log line or a leftover of a killed write is recovered from; a damaged checkpoint is refused in
 one line; the method files refuse another --method; bad settings give one line, exit 2, and create nothing."""
 import errno
+import json
+import math
 import os
 import shutil
 import signal
@@ -17,7 +19,7 @@ import kernel_sparse
 import sbm_transformer
 import ssa
 from bench import train as harness
-from bench.files import folder_problem
+from bench.files import folder_problem, write_json
 from bench.runs import load_checkpoint
 from conftest import ROOT, valid_steps
 from test_train import TINY, env, record, train
@@ -167,7 +169,7 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
 
 
 # ------------------------------------------------------------------------------------ damaged checkpoints
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "not an archive"])
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "not an archive", "a link to /dev/zero"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finished, capsys, damage):
     out = copy_of(finished, tmp_path)
     path = out / "checkpoint.pt"
@@ -179,13 +181,17 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finishe
         data = data[:len(data) // 2]
     elif damage == "empty":
         data = b""
-    else:
+    elif damage == "not an archive":
         data = b"bench.train checkpoint, sha256 of the rest: 0123\n" + data  # an older checkpoint format
-    path.write_bytes(bytes(data))
+    if damage == "a link to /dev/zero":  # before: read without bound
+        path.unlink()
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes(bytes(data))
     line = refused(capsys, *RUN, "--out", str(out), "--resume")
     assert line.startswith(f"error: the checkpoint {path} ") and "weights_only" not in line
     assert {"flipped": "fails its CRC-32", "truncated": "is damaged", "empty": "is empty",
-            "not an archive": "is damaged"}[damage] in line
+            "not an archive": "is damaged", "a link to /dev/zero": "is not a regular file"}[damage] in line
 
 
 def test_a_checkpoint_is_a_plain_torch_file(finished):
@@ -302,6 +308,17 @@ def test_sizes_out_of_range_and_non_finite_settings_are_one_line(tmp_path, capsy
     line = refused(capsys, *run_of(entry), *args, "--out", str(tmp_path / "run"), entry=entry)
     assert message in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_record_holds_no_nan_or_infinity(tmp_path):
+    """JSON has no NaN: a non-finite number in a record is written as null, so that a strict parser reads it."""
+    write_json(tmp_path / "metrics.json", {"loss": math.nan, "per_layer": [math.inf, 1.0], "lr": {"peak": -math.inf}})
+
+    def strict(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    text = (tmp_path / "metrics.json").read_text()
+    assert json.loads(text, parse_constant=strict) == {"loss": None, "per_layer": [None, 1.0], "lr": {"peak": None}}
 
 
 def test_settings_dataclass_refuses_a_non_finite_sigma():

@@ -519,6 +519,20 @@ def test_sparse_attention_forward_and_backward_cost_order_edges_times_width():
     assert all(t.grad is not None for t in (q, k, v, bias))
 
 
+def test_sparse_attention_refuses_a_double_backward():
+    """Before: torch.autograd.grad of a gradient penalty left ListAttention's part out, and gradgradcheck reported a
+    mismatch (False) rather than a refusal."""
+    g = seeded(5)
+    row, col = (torch.rand(6, 6, generator=g) < 0.5).nonzero(as_tuple=True)
+    q, k, v = (torch.randn(6, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    attend = lambda a, b, c: ks.sparse_attention(a, b, c, row, col)  # noqa: E731
+    with pytest.raises(RuntimeError, match="ListAttention has no second derivative"):
+        torch.autograd.grad(attend(q, k, v).square().sum(), [q, k, v], create_graph=True)
+    with pytest.raises(RuntimeError, match="ListAttention has no second derivative"):
+        torch.autograd.gradgradcheck(attend, (q, k, v), raise_exception=False)
+    assert torch.autograd.gradcheck(attend, (q, k, v))
+
+
 def test_sparse_attention_without_edges_gives_zeros():
     q = torch.randn(6, D)
     empty = torch.zeros(0, dtype=torch.long)

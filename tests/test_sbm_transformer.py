@@ -159,15 +159,29 @@ def test_gradcheck_edge_attention(dropout):
 
 
 def test_edge_attention_double_backward_is_refused():
-    """A second derivative through EdgeAttention's sparse products would be silently wrong (gradgradcheck False);
-    its backward is once-differentiable, so differentiating it again raises."""
+    """A second derivative through EdgeAttention's sparse products would be silently wrong: torch.autograd.grad of
+    a gradient penalty left out EdgeAttention's part, and gradgradcheck found a mismatch rather than a refusal.
+    Now create_graph=True through it raises, gradgradcheck included; the reference path, dense, differentiates twice."""
     torch.manual_seed(0)
     edges = sbm.Edges.from_mask(torch.rand(2, 7, 7) < 0.4)
     q, k, v = (torch.randn(14, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    y = sbm.EdgeAttention.apply(q, k, v, torch.rand(edges.E, dtype=torch.float64), edges, None, 0.0, "paper")
-    (grad_q,) = torch.autograd.grad(y.square().sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        (grad_q.square().sum() + y.sum()).backward()
+    p = torch.rand(edges.E, dtype=torch.float64)
+    attend = lambda a, b, c: sbm.EdgeAttention.apply(a, b, c, p, edges, None, 0.0, "paper")  # noqa: E731
+    refusal = "EdgeAttention has no second derivative"
+    with pytest.raises(RuntimeError, match=refusal):  # a gradient penalty
+        torch.autograd.grad(attend(q, k, v).square().sum(), [q, k, v], create_graph=True)
+    with pytest.raises(RuntimeError, match=refusal):
+        torch.autograd.gradgradcheck(attend, (q, k, v), raise_exception=False)
+    x = torch.randn(2, 7, DIM, dtype=torch.float64, requires_grad=True)
+    for path in sbm.PATHS:
+        module = make(path=path)
+        forward = lambda x: module(x, generator=seeded(0))[0]  # noqa: E731
+        if path == "fast":
+            with pytest.raises(RuntimeError, match=refusal):
+                torch.autograd.grad(forward(x).square().sum(), x, create_graph=True)
+        else:
+            (grad_x,) = torch.autograd.grad(forward(x).square().sum(), x, create_graph=True)
+            assert torch.isfinite(torch.autograd.grad(grad_x.square().sum(), x)[0]).all()
 
 
 def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_matches_a_dense_computation():

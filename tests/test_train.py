@@ -80,34 +80,52 @@ def test_bytes_on_any_local_file_and_attention_options(tmp_path):
     assert rec["config"]["attn"] == {"path": "reference", "alibi": True} and rec["config"]["pos_emb"] is False
 
 
+def kill_when_checkpointed(args: list, out: Path, after: int) -> int:
+    """Starts a run (resuming when ``out`` holds a checkpoint), SIGKILLs it once its checkpoint's step passes
+    ``after``; returns that step."""
+    resume = ["--resume"] if (out / "checkpoint.pt").exists() else []
+    proc = subprocess.Popen([sys.executable, "-m", "bench.train", *args, "--out", str(out), *resume], cwd=ROOT,
+                            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:
+        if (out / "checkpoint.pt").exists() and load_checkpoint(out / "checkpoint.pt")["progress"]["step"] > after:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "metrics.json").exists(), "the run finished before it could be killed"
+    return load_checkpoint(out / "checkpoint.pt")["progress"]["step"]
+
+
 def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_path):
-    args = ["--task", "duplicates", *TINY, "--dropout", "0.1", "--steps", "400", "--eval-every", "40",
-            "--log-every", "1000"]
+    """Every field of the record but the measured times and memory equals the uninterrupted run's, after two kills
+    (one before and one after SSA's dense tail begins, at step 200, so that a training density of the steps since
+    the last resume alone would show), after a kill inside the final write of metrics.json, and after a --resume
+    of the finished run."""
+    args = ["--method", "ssa", "--finetune-fraction", "0.5", "--task", "duplicates", *TINY, "--dropout", "0.1",
+            "--steps", "400", "--eval-every", "40", "--log-every", "1000"]
     full = tmp_path / "full"
     train(*args, "--out", str(full))
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.train", *args, "--out", str(killed)], cwd=ROOT,
-                            env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not (killed / "checkpoint.pt").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "metrics.json").exists(), "the run finished before it could be killed"
-    step = load_checkpoint(killed / "checkpoint.pt")["progress"]["step"]
-    assert 0 < step < 400
+    first = kill_when_checkpointed(args, killed, 0)
+    second = kill_when_checkpointed(args, killed, max(first, 200))
+    assert 0 < first < 200 <= second < 400
     train(*args, "--out", str(killed), "--resume")
-    train(*args, "--out", str(killed), "--resume")  # a resume of the finished run rewrites the same record
-    a, b = record(full), record(killed)
+    (killed / "metrics.json").rename(killed / "metrics.json.x1y2z3.tmp")  # a kill inside the final write
+    (killed / "metrics.json.x1y2z3.tmp").write_text('{"status": "comp')
+    a = record(full)
     measured = {"wall_time_s", "train_time_s", "median_step_ms", "peak_memory_bytes", "inference_memory_per_example_bytes",
                 "config"}
-    assert set(a) == set(b) and {k: v for k, v in a.items() if k not in measured} == \
-        {k: v for k, v in b.items() if k not in measured}
-    assert {**a["config"], "out": None, "resume": None} == {**b["config"], "out": None, "resume": None}
-    assert b["train_density"] is not None and b["peak_memory_bytes"] > 2 ** 20 and b["median_step_ms"] > 0
-    log_steps = valid_steps(killed / "log.jsonl")
-    assert log_steps == list(range(40, 401, 40))
+    for again in ("after a kill in the final write", "of the finished run"):
+        train(*args, "--out", str(killed), "--resume")
+        b = record(killed)
+        assert {k: v for k, v in a.items() if k not in measured} == {k: v for k, v in b.items() if k not in measured}, again
+        assert {**a["config"], "out": None, "resume": None} == {**b["config"], "out": None, "resume": None}, again
+        assert b["peak_memory_bytes"] > 2 ** 20 and b["median_step_ms"] > 0 and set(a) == set(b), again
+        assert b["train_density"] == pytest.approx((0.25 * 200 + 1.0 * 200) / 400), again  # sampled, then dense
+    assert not list(killed.glob("*.tmp"))
+    assert valid_steps(killed / "log.jsonl") == list(range(40, 401, 40))
 
 
 def test_two_process_ddp_keeps_identical_weights(tmp_path):
