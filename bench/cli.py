@@ -200,38 +200,22 @@ def preset_tables() -> str:
     return "\n\n".join(text)
 
 
-def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The options of every training entry point: task, preset, run folder, data, schedule, preset overrides."""
-    from bench.config import LR_DECAYS
+def task_parser(prog: str, description: str, out_help: str) -> argparse.ArgumentParser:
+    """The options of a tool that builds a task's model: task, preset, seed, device, output folder, data, and the
+    preset's overrides (the sizes and recipe of the tables in the epilog)."""
     from bench.tasks import TASKS
     p = parser(prog, description, epilog=preset_tables(), allow_abbrev=False)
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
     p.add_argument("--seed", type=seed, default=0, help="random seed")
     p.add_argument("--device", default="auto", type=device_option, help="auto (CUDA when present), cpu, cuda or cuda:N")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")
-    again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="continue the run in --out from its checkpoint (trained with the same settings)")
-    again.add_argument("--overwrite", action="store_true",
-                       help="replace the run already in --out (without it, a folder holding a run is refused)")
+    p.add_argument("--out", default=None, metavar="DIR", help=out_help)
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
     p.add_argument("--data-file", default=None, metavar="PATH",
                    help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or the unzipped file; text/image: an "
                         "archive or folder; retrieval: the folder of LRA's AAN TSV files (default: the task's own)")
     p.add_argument("--no-download", action="store_true", help="never download; fail with instructions instead")
-    p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient-norm clipping (0 = off)")
-    p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
-                   help="shape of the decay after warm-up, from the peak to the floor at the last step")
-    p.add_argument("--lr-floor", type=unit_fraction, default=0.1, metavar="FRACTION",
-                   help="learning rate at the last step, as a fraction of the peak")
-    p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, help="steps between progress lines")
-    p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
-    p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
-                   help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from which a run "
-                        "that differs only later can --resume (repeatable)")
     group = p.add_argument_group("preset overrides (default: the task preset's value, in the tables below)")
     group.add_argument("--seq-len", type=length, help="sequence length")
     group.add_argument("--dim", type=width, help="model width")
@@ -252,6 +236,28 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
     group.add_argument("--final-eval-batches", type=positive_int, help="batches per final evaluation")
     group.add_argument("--eval-context", type=bounded_int(0, MAX_LENGTH - 1, "a length"),
                        help="LM: context bytes between eval windows")
+    return p
+
+
+def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options of every training entry point: task_parser's, and the run's own (resume, schedule, logging)."""
+    from bench.config import LR_DECAYS
+    p = task_parser(prog, description, "the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its checkpoint (trained with the same settings)")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the run already in --out (without it, a folder holding a run is refused)")
+    p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient-norm clipping (0 = off)")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
+                   help="shape of the decay after warm-up, from the peak to the floor at the last step")
+    p.add_argument("--lr-floor", type=unit_fraction, default=0.1, metavar="FRACTION",
+                   help="learning rate at the last step, as a fraction of the peak")
+    p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, help="steps between progress lines")
+    p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
+    p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
+                   help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from which a run "
+                        "that differs only later can --resume (repeatable)")
     return p
 
 

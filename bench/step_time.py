@@ -182,7 +182,8 @@ def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = cli.run_parser("python -m bench.step_time", __doc__.splitlines()[0])
+    p = cli.task_parser("python -m bench.step_time", __doc__.splitlines()[0],
+                        "folder for step_time.json (default: runs/step_time)")
     p.add_argument("--methods", default="full,sbm", help="comma-separated registry names (full adds its fair row)")
     p.add_argument("--sbm-density", default="0.011", metavar="D,...",
                    help="SBM's density in every layer, one variant each: numbers, or run folders whose record's test "
@@ -199,7 +200,10 @@ def main(argv=None) -> int:
     unknown = [m for m in names if m not in registry.available() or m == "kernel"]
     if unknown or not names:
         p.error(f"--methods: unknown or untimeable {unknown}; choose from {sorted(registry.available())}")
-    cfg = cli.run_config(args, "full")
+    overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
+    cfg = RunConfig.of(get_task(args.task).presets[args.preset], overrides, method="full", task=args.task,
+                       preset=args.preset, seed=args.seed, out=args.out, data_dir=args.data_dir,
+                       data_file=args.data_file, no_download=args.no_download)
     task = get_task(cfg.task)
     with cli.one_line_errors():
         if args.runs:
