@@ -56,34 +56,50 @@ def scaling(result: dict, path: Path, what: str) -> str:
             f"{result['args']['head_dim']}, one run ({result['device']}).")
 
 
-def accuracy_vs_cost(records: List[dict], path: Path, reference: str = "full") -> str:
-    """Per task: the test metric against the attention FLOPs of a training step, relative to full attention."""
+QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot's columns: what a training step costs
+
+
+def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], reference: str = "full") -> str:
+    """One row per task: the test metric against what a training step costs relative to full attention on the
+    same task (``costs``: name → a record's value; the QUICK_COSTS columns), one colour and marker per method,
+    named once in the legend (no labels beside the points: they overlap where methods cost alike)."""
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
-    columns = min(3, len(tasks))
-    fig, axes = figure(columns, math.ceil(len(tasks) / columns), 4.2, 3.6)
-    ylabels = []
-    for ax, task in zip(axes.flat, tasks):
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    style = {m: dict(color=f"C{i % 10}", marker="osD^v<>ph*"[i // 10 % 10]) for i, m in enumerate(methods)}
+    fig, axes = figure(len(QUICK_COSTS), len(tasks), 3.6, 2.9)
+    for row, task in zip(axes, tasks):
         mine = [r for r in records if r["task"] == task]
         scale = 100 if mine[0]["metric"] == "accuracy" else 1
-        flops = lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["attention"]  # noqa: E731
         ref = next(r for r in mine if r["method"] == reference)
-        for r in mine:
-            ax.scatter([flops(r) / flops(ref)], [scale * r["test"]])
-            ax.annotate(r["method"], (flops(r) / flops(ref), scale * r["test"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-        if mine[0].get("base_rate") is not None:
-            ax.axhline(scale * mine[0]["base_rate"], color="grey", linestyle=":", label="base rate")
-            ax.legend(fontsize=7)
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(matplotlib_ticker().NullFormatter())  # minor labels crowd a short log range
-        ax.set_title(task, fontsize=10)
-        ylabels.append("test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)")
-    for ax in list(axes.flat)[len(tasks):]:
-        ax.axis("off")
-    save(fig, path, axes.flat, f"training attention FLOPs × {reference}", ylabels)
-    return (f"Quick grid: each method's test metric against the attention FLOPs of its training step (× {reference} "
-            f"attention on the same task, log scale), one panel per task that {reference} attention ran; the dotted "
-            f"line is the task's base rate (majority class, or unigram entropy for bits per byte).")
+        for ax, name in zip(row, QUICK_COSTS):
+            get = costs[name]
+            for r in mine:
+                if get(r) and get(ref):
+                    ax.scatter([get(r) / get(ref)], [scale * r["test"]], s=22, label=r["method"], **style[r["method"]])
+            if mine[0].get("base_rate") is not None:
+                ax.axhline(scale * mine[0]["base_rate"], color="grey", linestyle=":")
+            ax.set_xscale("log")
+            ticker = matplotlib_ticker()  # ratios as plain numbers at 1-2-5 steps: 0.5, 1, 2, 5, 10
+            ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+            ax.set_title(f"{task}: {name}", fontsize=9)
+        row[0].set_ylabel("test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)", fontsize=8)
+    handles = {h.get_label(): h for ax in axes.flat for h in ax.collections}
+    fig.legend([handles[m] for m in methods if m in handles], [m for m in methods if m in handles],
+               loc="lower center", ncol=min(len(methods), 6), fontsize=8, frameon=False)
+    for ax in axes[-1]:
+        ax.set_xlabel(f"× {reference} attention (log)", fontsize=8)
+    for ax in axes.flat:
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout(rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return (f"Quick grid: each method's test metric against its training step's attention FLOPs, time and peak "
+            f"memory (columns; × {reference} attention on the same task, log scale), one row per task that "
+            f"{reference} attention ran; the dotted line is the task's base rate (majority class, or unigram "
+            f"entropy for bits per byte).")
 
 
 def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:

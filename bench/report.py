@@ -247,7 +247,7 @@ def run_plots(folder: Path) -> str:
         return "Plots: matplotlib is not installed (`pip install -r requirements-extra.txt`); tables only."
     recs, scaling_result, shown = load(folder)[0], read_json(folder / "scaling.json"), {}
     if recs:
-        shown["accuracy_vs_cost"] = plots.accuracy_vs_cost(recs, folder / "accuracy_vs_cost.png")
+        shown["accuracy_vs_cost"] = plots.accuracy_vs_cost(recs, folder / "accuracy_vs_cost.png", COSTS)
     if scaling_result:
         shown["scaling"] = plots.scaling(scaling_result, folder / "scaling.png", SCALING_PLOTS["scaling"])
     return "\n\n".join(figures(shown, shown, ""))
@@ -558,7 +558,7 @@ def draw_plots(results: Path, plot_dir: Path) -> Dict[str, str]:
         captions["adaptive_vs_fixed"] = plots.adaptive_vs_fixed(points, plot_dir / "adaptive_vs_fixed.png",
                                                                 adaptive[0]["config"]["seq_len"])
     if quick:
-        captions["accuracy_vs_cost"] = plots.accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png")
+        captions["accuracy_vs_cost"] = plots.accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png", COSTS)
     return captions
 
 
