@@ -13,9 +13,8 @@ with queries Q, keys K, values V and k cluster embeddings C (§4.1-4.2):
 
 Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
 forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges with fastRG (fastrg.py,
-Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor anywhere; `path="auto"`
-(default) takes, per call, whichever costs less for the expected number of edges. Each departure from the paper or
-from the official code is named in a comment beside the code it concerns.
+Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor; `path="auto"` (default)
+takes, per call, whichever costs less for the expected edges. Departures from the paper are named where they act.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
