@@ -511,8 +511,8 @@ def results_readme(results: Path, captions: Dict[str, str]) -> str:
 FIGURES = {"sbm-fig4": ["sbm_fig4"], "adaptive-vs-fixed": ["adaptive_vs_fixed"], "ssa-table": ["ssa_fig7"], "scaling": ["scaling", "sbm_scaling"],
            "quick": ["accuracy_vs_cost"]}
 SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
-    "scaling": "every method at its default budget (SBM untrained, at its initial density; full is the fused SDPA, "
-               "full-ref the explicit path)",
+    "scaling": "every method at its default budget (sbm untrained, at its initial ~25% density, and sbm@0.01 at a "
+               "trained model's 1%; full is the fused SDPA, full-ref the explicit path)",
     "sbm_scaling": "SBM-Transformer's attention core (core@d) and whole module (sbm@d; sbm-dense@d, its dense "
                    "reference path) at fixed densities d, beside full attention (fused SDPA) and its explicit path "
                    "(full-ref)"}
@@ -546,10 +546,10 @@ def draw_plots(results: Path, plot_dir: Path) -> Dict[str, str]:
         captions["sbm_fig4"] = plots.sbm_training(curves, plot_dir / "sbm_fig4.png")
     if ssa_curve(results / "ssa-table"):
         captions["ssa_fig7"] = plots.ssa_ensemble(*ssa_curve(results / "ssa-table"), plot_dir / "ssa_fig7.png")
-    for name, what in SCALING_PLOTS.items():
+    for (name, what), command in zip(SCALING_PLOTS.items(), claim_list.BY_NAME["scaling"].commands):
         if (results / "scaling" / f"{name}.json").exists():
             result = read_json(results / "scaling" / f"{name}.json")
-            captions[name] = plots.scaling(result, plot_dir / f"{name}.png", what)
+            captions[name] = plots.scaling(result, plot_dir / f"{name}.png", f"{what}; `{command}`")
     adaptive = load(results / "adaptive-vs-fixed")[0]
     if adaptive:
         timed = read_json(results / "adaptive-vs-fixed" / f"step_time-{adaptive[0]['task']}" / "step_time.json")
