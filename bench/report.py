@@ -124,18 +124,30 @@ def target_check(task: str, recs: List[dict]) -> Optional[str]:
             f"{'learned' if ok else 'NOT learned'}")
 
 
-def ratios(recs: List[dict]) -> Dict[tuple, Dict[str, float]]:
-    """Per (method, task): each of COSTS relative to full attention's on the same task, where both have it."""
+def ratios(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[tuple, Dict[str, float]]:
+    """Per (method, task): each of COSTS relative to full attention's on the same task, where both have it; the
+    step time ÷ fair full attention's from ``step_times`` (task → bench.step_time's JSON: every method's step
+    timed side by side in one process) where it timed the method, else from the runs' own medians."""
     cells = by(recs, "method", "task")
     both = lambda rs, ref, get: mean(rs, get) and mean(ref, get)  # noqa: E731
-    return {(m, t): {k: mean(rs, get) / mean(cells[(REFERENCE, t)], get) for k, get in COSTS.items()
-                     if both(rs, cells.get((REFERENCE, t), []), get)} for (m, t), rs in cells.items()}
+    out = {(m, t): {k: mean(rs, get) / mean(cells[(REFERENCE, t)], get) for k, get in COSTS.items()
+                    if both(rs, cells.get((REFERENCE, t), []), get)} for (m, t), rs in cells.items()}
+    for (m, t), named in out.items():
+        fair = fair_step_ratios((step_times or {}).get(t))
+        if m in fair:
+            named["step time"] = fair[m]
+    return out
 
 
-def relative_costs(recs: List[dict]) -> Dict[str, Dict[str, float]]:
+def step_times_of(folder: Path) -> Dict[str, dict]:
+    """task → bench.step_time's JSON in FOLDER/step_time-TASK (a run folder's or a claim's)."""
+    return {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/step_time.json")}
+
+
+def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[str, Dict[str, float]]:
     """Per method: each of COSTS relative to full attention, geometric mean over the tasks where both ran."""
     logs = defaultdict(lambda: defaultdict(list))
-    for (method, _), named in ratios(recs).items():
+    for (method, _), named in ratios(recs, step_times).items():
         for name, value in named.items():
             logs[method][name].append(math.log(value))
     return {m: {k: math.exp(statistics.mean(v)) for k, v in named.items()} for m, named in logs.items()}
@@ -159,10 +171,10 @@ def crossovers(result: Optional[dict]) -> Dict[str, dict]:
 
 
 def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_result: Optional[dict],
-                 every: bool = False) -> str:
+                 step_times: Optional[Dict[str, dict]] = None, every: bool = False) -> str:
     """One row per method (the plan's and the records', or ``every`` registered one): the test metric per task,
     the costs relative to full attention (relative_costs) and the crossover lengths of the scaling table."""
-    cells, by_task, costs = by(recs, "method", "task"), by(recs, "task"), relative_costs(recs)
+    cells, by_task, costs = by(recs, "method", "task"), by(recs, "task"), relative_costs(recs, step_times)
     cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
     failed, rows = {(f["method"], f["task"]): f["status"] for f in failures}, []  # "failed" or "diverged"
@@ -189,14 +201,15 @@ def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_res
 
 METHOD_TABLE = ("Test metric per task (\"(base rate)\": within two standard errors of the split's majority class, "
                 "or 0.05 bits per byte of its unigram entropy); costs relative to full attention on the same task, "
-                "geometric mean over the tasks (training attention pairs and FLOPs, peak memory, step time); last "
+                "geometric mean over the tasks (training attention pairs and FLOPs, peak memory, and the training "
+                "step's time against fair full attention's, timed side by side in one process); last "
                 "column: the length n from which forward+backward time / peak memory stay below full attention's "
                 "(fused SDPA) in the scaling table (\"≤\": already at the shortest length measured; \"—\": not in "
                 "the range measured).")
 
 
-def cost_table(recs: List[dict]) -> str:
-    cells, relative, rows = by(recs, "task", "method"), ratios(recs), []
+def cost_table(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> str:
+    cells, relative, rows = by(recs, "task", "method"), ratios(recs, step_times), []
     for task in [t for t in grid.GRID_TASKS if any(k[0] == t for k in cells)]:
         for method in method_order(m for t, m in cells if t == task):
             rs, named = cells[(task, method)], relative[(method, task)]
@@ -207,7 +220,7 @@ def cost_table(recs: List[dict]) -> str:
                          *(ratio(k) for k in ("model FLOPs", "peak memory", "step time")),
                          f"{mean(rs, COSTS['step time']):.0f}", f"{100 * mean(rs, lambda r: r['density']):.1f}%"])
     return table(rows, ["task", "method", "train density", "attention FLOPs × full", "model FLOPs × full",
-                        "peak memory × full", "step time × full", "step ms", "eval density"])
+                        "peak memory × full", "step time × fair full", "step ms (run)", "eval density"])
 
 
 def run_section(folder: Path, preview: bool = False) -> str:
@@ -226,7 +239,7 @@ def run_section(folder: Path, preview: bool = False) -> str:
     notes += [f"left out of the {plan.get('budget')} budget: {task}: {reason}"
               for task, reason in plan.get("left_out", {}).items()]
     notes += [f"{f['status']}: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
-    scaling_result = read_json(folder / "scaling.json")
+    scaling_result, step_times = read_json(folder / "scaling.json"), step_times_of(folder)
     return "\n\n".join([
         ("**Quick preview**: a smoke-level comparison on a CPU budget; the claim sections above measure the papers' "
          "claims. " if preview else "") + f"**Budget `{plan.get('budget', '?')}`** "
@@ -235,11 +248,13 @@ def run_section(folder: Path, preview: bool = False) -> str:
         f"`{' '.join(run.get('command', ['./run_all.sh']))}` (commit {run.get('commit', '?')}) took "
         f"{duration(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
         f"Per task: {'; '.join(budgets[t] for t in sorted(budgets))}.",
-        METHOD_TABLE + "\n\n" + method_table(recs, plan, failures, scaling_result),
+        METHOD_TABLE + "\n\n" + method_table(recs, plan, failures, scaling_result, step_times),
         *(["\n".join(f"- {line}" for line in notes)] if notes else []),
         f"Cost relative to {REFERENCE} attention on the same task (forward FLOPs per example of a training step; "
-        f"peak memory of training; median training step; density of the training and the test passes):\n\n"
-        + cost_table(recs), *([scaling.render(scaling_result)] if scaling_result else [])])
+        f"peak memory of training; the training step against fair full attention's, timed side by side in one "
+        f"process, and each run's own median; density of the training and the test passes):\n\n"
+        + cost_table(recs, step_times), *([scaling.render(scaling_result)] if scaling_result else []),
+        *(f"Step times on {task}:\n\n" + step_time_table(timed) for task, timed in sorted(step_times.items()))])
 
 
 def run_plots(folder: Path) -> str:
@@ -349,6 +364,15 @@ def table3(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> st
     return "\n\n".join(f"{task} ({tasks[task][0]['config']['seq_len']} tokens): {accuracy_line(tasks[task])}\n\n"
                        + table3_task(tasks[task], claim_list.PAPER_TABLE3.get(task, {}), (step_times or {}).get(task))
                        for task in order)
+
+
+def step_time_table(step_time: dict) -> str:
+    """bench.step_time's JSON as its table: each variant's median [min-max] ms and its ratio to fair full
+    attention's, and the CPU SDPA kernel full attention ran on (attention dropout moves it to the math path)."""
+    fair = statistics.median(step_time["step_ms"].get("full (fair)") or [float("nan")])
+    rows = [[label, f"{statistics.median(ms):.0f} [{min(ms):.0f}-{max(ms):.0f}]", f"{statistics.median(ms) / fair:.3f}",
+             step_time.get("sdpa_kernel", {}).get(label, "–")] for label, ms in step_time["step_ms"].items()]
+    return table(rows, ["variant", "step ms", "÷ full (fair)", "CPU SDPA kernel"])
 
 
 def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
@@ -481,7 +505,7 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
         out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in {link}; `python -m bench.claims "
                    f"list` prints each run's command, to run one with `--seed S --out DIR`).")
         out += [fig4_check(recs)] if recs and claim.name == "sbm-fig4" else []
-        step_times = {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/*.json")}
+        step_times = step_times_of(folder)
         if recs and claim.name == "adaptive-vs-fixed":
             timed = step_times.get(recs[0]["task"])
             out += [adaptive_verdict(recs, timed), adaptive_table(recs, timed)]
@@ -586,8 +610,8 @@ def cost_sentence(costs: dict, result: dict) -> str:
     """Which methods cost less than full attention: per training step at the quick lengths, and in the scaling
     table's forward+backward time and peak memory within its longest length."""
     faster = [m for m in method_order(costs) if m != REFERENCE and costs[m].get("step time", 2) <= 1]
-    said = ["per training step at the quick lengths: " + (", ".join(f"{m} {costs[m]['step time']:.2f}×"
-                                                                     for m in faster) or "none")]
+    said = ["per training step at the quick lengths (against fair full attention, timed side by side): "
+            + (", ".join(f"{m} {costs[m]['step time']:.2f}×" for m in faster) or "none")]
     cross = {m: c for m, c in crossovers(result).items() if m in registry.METHODS}
     longest = max((r["n"] for r in result["rows"]), default=None)
     for key, what in (("fwdbwd_ms", "forward+backward time"), ("peak_bytes", "peak memory")) if cross else ():
@@ -638,13 +662,14 @@ def glance(results: Path, captions: Dict[str, str]) -> str:
     scaling_result = read_json(results / "scaling" / "scaling.json") or {"rows": [], "args": {}}
     lengths, args = sorted({r["config"]["seq_len"] for r in recs}) or ["?"], scaling_result["args"]
     said = [line for line in (task_sentence(t, by(recs, "method", "task")) for t in grid.GRID_TASKS) if line]
-    said += [cost_sentence(relative_costs(recs), scaling_result)] + claim_sentences(results)
+    step_times = step_times_of(results / "quick")
+    said += [cost_sentence(relative_costs(recs, step_times), scaling_result)] + claim_sentences(results)
     return "\n\n".join([
         f"One row per method: the quick grid (`./run_all.sh`, [results/quick](results/quick): "
         f"{', '.join(sorted({r['device'] for r in recs}))}, seeds {sorted({r['seed'] for r in recs})}, "
         f"{lengths[0]}-{lengths[-1]} tokens) and the scaling table ([results/scaling](results/scaling): `python -m "
         f"bench.scaling --methods {args.get('methods', '?')} --lengths {args.get('lengths', '?')}`). " + METHOD_TABLE,
-        method_table(recs, plan, [], scaling_result, every=True),
+        method_table(recs, plan, [], scaling_result, step_times, every=True),
         "What the records say (\"reach it\": within two standard errors of full attention's test accuracy, at least "
         f"1 point, or {BPB_NOISE} bits per byte):\n\n" + "\n".join(f"- {line}" for line in said),
         *figures(("accuracy_vs_cost", "scaling", "sbm_fig4"), captions, "results/plots/"),

@@ -26,6 +26,8 @@ SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,81
 SCALING_REPEATS = {"quick": dict(warmup_iters=2, repeats=5), "smoke": dict(warmup_iters=0, repeats=1),
                    "full": dict(warmup_iters=2, repeats=5)}
 SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-core CPU, for the estimate
+STEP_TIME_REPEATS = {"quick": 3, "smoke": 1, "full": 5}  # rounds of bench.step_time per task
+STEP_TIME_SECONDS = {"quick": 60, "smoke": 2, "full": 300}  # per task, for the estimate
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +87,28 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
     return sum("error" in row for row in (read_json(path) or {}).get("rows", []))
 
 
+def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
+    """Per task with a full-attention record: bench.step_time over the task's cells of ``seed`` into
+    OUT/step_time-TASK, every method's training step timed side by side in one process beside fair full
+    attention (the report's step-time ratios; the smoke budget times its first task only, to check the
+    plumbing). The number of tasks it failed on."""
+    import subprocess
+    from bench import grid
+    failed, preset = 0, grid.BUDGETS[budget].preset
+    timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
+        "status") == "complete"]
+    for task in timed[:1] if budget == "smoke" else timed:
+        print(f"step times: {task}: every method's training step side by side in one process ...", flush=True)
+        result = subprocess.run([sys.executable, "-m", "bench.step_time", "--task", task, "--runs",
+                                 str(out / "runs" / f"*-{task}-{preset}-s{seed}"), "--repeats",
+                                 str(STEP_TIME_REPEATS[budget]), "--out", str(out / f"step_time-{task}")],
+                                cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+        if result.returncode != 0:
+            failed += 1
+            print(f"step times: {task} failed: {(result.stderr.strip() or 'no output').splitlines()[-1]}", flush=True)
+    return failed
+
+
 def source_commit() -> str:
     """The git commit of the code that ran ("+ changes" when the tree differs from it), or "unknown"."""
     import subprocess
@@ -123,12 +147,15 @@ def main(argv=None) -> int:
               f"file is downloaded now, its size said first) ...", flush=True)
         plan = grid.plan(args.budget, methods, tasks, seeds, grid.common_settings(args))
         write_json(out / "grid.json", plan)
-        estimate = sum(c["estimate_s"] for c in plan["cells"]) / jobs + \
+        estimate = sum(c["estimate_s"] for c in plan["cells"]) / jobs + STEP_TIME_SECONDS[args.budget] * len(tasks) + \
             (0 if args.no_scaling else SCALING_SECONDS[args.budget])
         print(grid.describe(plan, jobs), flush=True)
-        print(f"then: {'no scaling table' if args.no_scaling else 'attention scaling at n = ' + lengths}, the "
+        print(f"then: each task's step times side by side, "
+              f"{'no scaling table' if args.no_scaling else 'attention scaling at n = ' + lengths}, the "
               f"report and plots; estimated total {cli.clock(estimate)}", flush=True)
         failures = grid.run_cells(out, plan["cells"], jobs)
+        if not args.device.startswith("cuda"):  # bench.step_time times CPU steps
+            failures += run_step_times(out, args.budget, tasks, seeds[0])
         if not args.no_scaling:
             failures += run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda")
                                     else args.device)
