@@ -95,12 +95,12 @@ def expected_edges(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor) -> torch.T
 #   4. with dedup or csr, one sort of integer keys (r, i, j) a chunk (_sorted_key).
 # The draws are a fixed function of the generator's state: same generator, same graph, on any thread count.
 _MAX_EXPECTED_EDGES = 2.0**53  # Poisson counts are drawn as float64 and must be exact integers
-_EDGES = 1 << 20  # edges a chunk of graphs (at least one graph): ~20 bytes of temporaries an edge
-_BLOCK = 1 << 21  # CDF entries a block (16 MiB of float64): a graph's whole table up to n = 16384, K = 128
+_EDGES = 1 << 20  # edges a chunk of graphs (at least one graph): ~12 bytes of temporaries an edge
+_BLOCK = 1 << 19  # CDF entries a block (4 MiB of float64): at n = 8192 a third of a graph's K = 128 columns
 _COPY_ROWS = 64  # fewest CDF rows a block: the transposing copy is fastest over all of a graph's K = 128 columns
 _GAP = 1 << 16  # CDF entries of rows without draws between two rows with draws above which a block is cut
 _GUIDE = 1 << 18  # CDF entries counted at a time in a full guide table: bounded temporaries
-_CHUNK = 1 << 17  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
+_CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
 
 
 @contextlib.contextmanager
@@ -177,14 +177,12 @@ def sample_block_csr(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *,
                 torch.zeros(0, dtype=torch.int32, device=X.device))
     if R * m > 2**31 or len(key) > 2**31:
         raise ValueError(f"R·m = {R * m} columns or {len(key)} edges do not fit int32 indices; split the batch")
-    bm = _bits(m)
+    bn, bm = _bits(n), _bits(m)
     row_ptr = _row_ptr(key, R, n, bm)
-    col = key.bitwise_and_((1 << bm) - 1).int()                     # (E,) j
-    if R > 1:                                                        # + r·m, graph by graph
-        per_graph = (row_ptr[n::n] - row_ptr[:-1:n]).long()
-        col += repeat_interleave(torch.arange(0, R * m, m, dtype=torch.int32, device=col.device), per_graph,
-                                 len(col))
-    return row_ptr, col
+    for a in range(0, len(key), _EDGES):                             # in place, a chunk at a time: key → r·m + j
+        part = key[a:a + _EDGES]
+        part.copy_((part >> (bn + bm)).mul_(m).add_(part & ((1 << bm) - 1)))
+    return row_ptr, key.int()
 
 
 def _counts(X, S, Y, generator, key_needed: bool):
@@ -233,15 +231,15 @@ def _draw_chunk(X: torch.Tensor, Y: torch.Tensor, counts: torch.Tensor, sources,
     group's k-th source with its k-th destination keeps each edge's own (u, v), as the reference does. Each side
     reads its own stream of uniforms (_uniforms), chunk after chunk: chunks change no draw."""
     i = _draw(X, counts.sum(2).view(-1), sources)
-    j = _draw(Y, counts.sum(1).view(-1), destinations, shift=_uv_shift(counts))
+    j = _draw(Y, counts.sum(1).view(-1), destinations, moves=_uv_shift(counts))
     return i, j
 
 
-def _draw(W: torch.Tensor, per_row: torch.Tensor, uniforms, shift: torch.Tensor | None = None) -> torch.Tensor:
+def _draw(W: torch.Tensor, per_row: torch.Tensor, uniforms, moves: tuple | None = None) -> torch.Tensor:
     """Inverse-CDF draws from the columns of W (R, n, K): per_row[o] draws (R·K,) from CDF row o = r·K + u, the
-    CDF of column u of W[r], in that order → indices i (E,) int32. With `shift` (E,), draw e is stored at
-    position e + shift[e]. A block of rows at a time (_blocks): its CDF (_cdf_block), its guide table and its
-    draws.
+    CDF of column u of W[r], in that order → indices i (E,) int32. With `moves` (shift, ends) (_uv_shift), the
+    draws of group g, positions ends[g − 1]..ends[g] − 1, are stored shift[g] further on. A block of rows at a time
+    (_blocks): its CDF (_cdf_block), its guide table and its draws.
 
     The rule is torch.searchsorted(cdf[o], U, right=True) for U ∈ [0, 1) on the 2⁻⁵³ grid: the first entry
     strictly above U. It is always in range (the row's last entry is 1 > U) and never an index of zero weight
@@ -258,15 +256,14 @@ def _draw(W: torch.Tensor, per_row: torch.Tensor, uniforms, shift: torch.Tensor 
     ends = per_row.cumsum(0)                                         # (R·K,) each row's last draw + 1
     drawn = torch.empty(int(ends[-1]), dtype=torch.int32, device=W.device)
     for o0, o1 in _blocks(per_row, K, L):
-        e0, e1 = int(ends[o0 - 1]) if o0 else 0, int(ends[o1 - 1])
-        _draw_rows(W, o0, o1, per_row[o0:o1], uniforms, drawn, e0, None if shift is None else shift[e0:e1])
+        _draw_rows(W, o0, o1, per_row[o0:o1], uniforms, drawn, int(ends[o0 - 1]) if o0 else 0, moves)
     return drawn
 
 
 def _draw_rows(W: torch.Tensor, o0: int, o1: int, per_row: torch.Tensor, uniforms, drawn: torch.Tensor, e0: int,
-               shift: torch.Tensor | None) -> None:
+               moves: tuple | None) -> None:
     """The draws of CDF rows o0..o1 − 1 of W's columns (_draw): per_row[o − o0] from row o, in order, into
-    drawn[e0:], each at its position + shift when shift is given."""
+    drawn[e0:], each moved as `moves` says when given."""
     n = W.shape[1]
     b = _bits(n)
     L = 1 << b
@@ -275,18 +272,29 @@ def _draw_rows(W: torch.Tensor, o0: int, o1: int, per_row: torch.Tensor, uniform
     cdf = _cdf_block(W, o0, o1)                                      # (rows·L,)
     guide = _guide_table(cdf, n, G)                                  # (rows·(G + 1),)
     start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
-    start = repeat_interleave(start, per_row, E)                     # (E,) the guide of each draw's row
+    row_ends = np.cumsum((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())
     for a in range(0, E, _CHUNK):
         z = min(a + _CHUNK, E)
         U = uniforms(z - a)                                          # (chunk,)
-        slot = (U * G).to(guide.dtype).add_(start[a:z])              # bucket ⌊U·G⌋ (exact: G a power of two)
+        slot = (U * G).to(guide.dtype).add_(_spread(start, row_ends, a, z))  # bucket ⌊U·G⌋ (exact: G = 2^k)
         found = _search(cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L,
                         steps=G == L).bitwise_and_(L - 1)            # (chunk,) entry i in its row
-        if shift is None:
+        if moves is None:
             drawn[e0 + a:e0 + z] = found
         else:
-            at = torch.arange(e0 + a, e0 + z, dtype=shift.dtype, device=shift.device)
-            drawn[at.add_(shift[a:z])] = found.to(torch.int32)
+            shift, group_ends = moves
+            at = _spread(shift, group_ends, e0 + a, e0 + z).add_(torch.arange(e0 + a, e0 + z, dtype=shift.dtype,
+                                                                              device=shift.device))
+            drawn[at] = found.to(torch.int32)
+
+
+def _spread(values: torch.Tensor, ends: np.ndarray, a: int, z: int) -> torch.Tensor:
+    """Positions a..z − 1 (a < z) of repeat_interleave(values, sizes), where `ends` (len(values),) are the running
+    sums of the sizes: the slice without the whole, so that no per-draw table is formed."""
+    lo = int(np.searchsorted(ends, a, side="right"))                 # the group of position a
+    hi = int(np.searchsorted(ends, z - 1, side="right")) + 1         # one past the group of position z − 1
+    sizes = np.diff(ends[lo:hi].clip(max=z), prepend=a)              # (hi − lo,) each group's positions in a..z − 1
+    return repeat_interleave(values[lo:hi], torch.from_numpy(sizes).to(values.device), z - a)
 
 
 def _blocks(per_row: torch.Tensor, K: int, L: int):
@@ -390,16 +398,17 @@ def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tens
     return last + 1
 
 
-def _uv_shift(counts: torch.Tensor) -> torch.Tensor:
-    """How far each edge laid out in (r, v, u) group order moves to reach (r, u, v) group order, order within a
-    group kept: (E,). counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at start_uv in the target order
-    and at start_vu in the source order, so its edges move by start_uv − start_vu."""
+def _uv_shift(counts: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """How far the edges laid out in (r, v, u) group order move to reach (r, u, v) group order, order within a
+    group kept: (shift (R·K·K,), ends (R·K·K,) NumPy int64), group g = (r, v, u) holding positions
+    ends[g − 1]..ends[g] − 1 of the source order. counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at
+    start_uv in the target order and at start_vu in the source order, so its edges move by start_uv − start_vu."""
     E = int(counts.sum())
     start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)   # (R, K, K) [r, u, v]
     counts_vu = counts.transpose(1, 2).contiguous()                                 # (R, K, K) [r, v, u]
-    start_vu = counts_vu.view(-1).cumsum(0).sub_(counts_vu.view(-1))               # (R·K·K,) [r, v, u]
-    shift = start_uv.transpose(1, 2).reshape(-1).sub_(start_vu)                    # (R·K·K,) [r, v, u]
-    return repeat_interleave(shift.to(_index_dtype(E)), counts_vu.view(-1), E)
+    ends_vu = counts_vu.view(-1).cumsum(0)                                          # (R·K·K,) [r, v, u]
+    shift = start_uv.transpose(1, 2).reshape(-1).sub_(ends_vu).add_(counts_vu.view(-1))  # (R·K·K,) [r, v, u]
+    return shift.to(_index_dtype(E)), ends_vu.cpu().numpy()
 
 
 def _sorted_key(X, S, Y, generator, dedup: bool):
@@ -419,12 +428,15 @@ def _sorted_key(X, S, Y, generator, dedup: bool):
     streams = _uniforms(generator, X.device), _uniforms(generator, X.device)  # of sources, of destinations
     for r0, r1, e0, e1 in _chunks(per_graph):
         i, j = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
-        graph = torch.arange(r0, r1, dtype=dtype, device=i.device) << (bn + bm)
-        key = repeat_interleave(graph, per_graph[r0:r1], e1 - e0)    # (E,) in (r, u, v) order
-        key |= i.to(dtype).bitwise_left_shift_(bm)
+        key = i.to(dtype).bitwise_left_shift_(bm)                    # (E,) in (r, u, v) order; in i's buffer if int32
         del i
-        key |= j.to(dtype)
+        key |= j
         del j
+        if r1 - r0 == 1:
+            key |= r0 << (bn + bm)
+        else:                                                        # several graphs: at most about _EDGES edges
+            graph = torch.arange(r0, r1, dtype=dtype, device=key.device) << (bn + bm)
+            key |= repeat_interleave(graph, per_graph[r0:r1], e1 - e0)
         key = sort_integers(key)                                     # the one sort
         if dedup:
             key = torch.unique_consecutive(key)
@@ -444,7 +456,10 @@ def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
     bn = _bits(n)
     row_ptr = torch.full((R * n + 1,), len(key), dtype=torch.int32, device=key.device)
     if len(key) <= 32 * R * n:
-        rows = torch.bincount(key >> bm, minlength=R << bn).view(R, 1 << bn)[:, :n]  # (R, n) edges a row
+        rows, step = torch.zeros(R << bn, dtype=torch.int64, device=key.device), max(_EDGES, R << bn)
+        for a in range(0, len(key), step):                           # a chunk of keys at a time: no (E,) temporary
+            rows += torch.bincount(key[a:a + step] >> bm, minlength=R << bn)
+        rows = rows.view(R, 1 << bn)[:, :n]                          # (R, n) edges a row
         row_ptr[0] = 0
         torch.cumsum(rows.reshape(-1), 0, out=row_ptr[1:])
         return row_ptr
