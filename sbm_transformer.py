@@ -257,6 +257,7 @@ class StraightThrough(torch.autograd.Function):
 # FLOPs than full attention).
 PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
+CHUNK = 1 << 18  # edges a chunk of queries: per-edge temporaries of 1 MiB (float32), not E-sized
 
 
 def _part(name: str):
@@ -352,6 +353,19 @@ class Edges:
         """(R·N,) → (E,): each edge gets its query's value (edges are grouped by query)."""
         return fastrg.repeat_interleave(per_row, self.row_len, self.E)
 
+    def chunks(self):
+        """Consecutive ranges of whole queries holding about CHUNK edges: yields (first query, first edge, part),
+        part the range as one graph over all R·M keys, whose csr() is those rows of csr(). Every query is in one
+        range; a product of a part gives its rows of the whole product, bit for bit."""
+        rows, start = self.R * self.N, 0
+        while start < rows:
+            e0 = int(self.row_ptr[start])
+            end = max(start + 1, int(torch.searchsorted(self.row_ptr, min(e0 + CHUNK, self.E), right=True)) - 1)
+            offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op at all
+            yield start, e0, Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
+                                   self.col[e0:int(self.row_ptr[end])])
+            start = end
+
 
 def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
     """Values of scale·(a bᵀ) at the pattern's nonzeros: one dot product per edge, O(E·width). Written over the
@@ -360,10 +374,12 @@ def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
     return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale, out=pattern).values()
 
 
-def _select(keep: Tensor, *tensors: Tensor):
-    """t[keep] for each tensor, with one index for all."""
-    index = fastrg.nonzero(keep)
-    return tuple(t.index_select(0, index) for t in tensors)
+def _select(values: Tensor, keep: Tensor) -> Tensor:
+    """values[keep], 1-D (numpy's boolean index on CPU: only the output, where torch.masked_select also makes an
+    int64 index, 8 bytes an entry)."""
+    if values.device.type == "cpu":
+        return torch.from_numpy(values.numpy()[keep.numpy()])
+    return values.masked_select(keep)
 
 
 def _kept_offsets(keep: Tensor, row_ptr: Tensor) -> Tensor:
@@ -405,24 +421,17 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
         bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
         bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
         scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
-        # X = diag(c) Q̂, written where fastRG reads it (no concatenation copy when δ adds a column)
-        xs = x.new_empty(B, H, N, K + (delta > 0))
-        torch.mul(x, scale[..., None], out=xs[..., :K])
-        zs = z
-        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
-            xs[..., K] = scale
-            zs = torch.cat([z, keys.expand(B, H, M, 1)], -1)
+        xs, zs = x * scale[..., None], z  # (B, H, N, K) X = diag(c) Q̂
+        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py); its column
+            xs, zs = (xs, scale[..., None]), (z, keys)  # goes beside, never concatenated (no copy of K̂)
             s = F.pad(s, (0, 1, 0, 1))
             s[:, K, K] = delta
         row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
+        del xs, zs, z  # before thinning's temporaries
     with _part("thinning"):
-        proposed = Edges.from_csr(row_ptr, col, R, N, M)
-        allowed = None
-        if causal:  # key index j ≤ query index i, both as r·M + ·
-            diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1)
-            allowed = col <= proposed.to_rows(diagonal.int())
-        keep = thin(proposed, allowed, x, w, bound, scale, delta, generator)
-        edges = Edges.from_csr(_kept_offsets(keep, row_ptr), *_select(keep, col), R, N, M)
+        keep, row_ptr = thin(Edges.from_csr(row_ptr, col, R, N, M), causal, x, w, bound, scale, delta, generator)
+        edges = Edges.from_csr(row_ptr, _select(col, keep), R, N, M)
+        del col, keep
         if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
             row = edges.to_rows(torch.arange(R * N, device=x.device))
             loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
@@ -434,23 +443,37 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
     return edges
 
 
-def thin(proposed: Edges, allowed: Optional[Tensor], x, w, bound, scale, delta: float, generator) -> Tensor:
-    """(E',) bool: keep each proposed pair (that `allowed` allows) with probability a(π) = min(1, π)/(1 − e^{−c_i π}),
-    so that P(edge) = min(1, π). a grows with π from 1/c_i (π → 0), so U < 1/c_i keeps a pair without its p (a
-    squeeze); only the others, a fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product."""
-    R, N, K = proposed.R, proposed.N, x.shape[-1]
-    sure = bound / -torch.log1p(-bound) * (1 - 2 ** -20)  # (B, H, N) 1/c_i, rounded down
-    U = torch.rand(proposed.E, generator=generator, device=x.device, dtype=x.dtype)
-    keep = U < proposed.to_rows(sure.reshape(R * N))
-    unsure = ~keep if allowed is None else allowed & ~keep
-    if allowed is not None:
-        keep &= allowed
-    index = fastrg.nonzero(unsure)
-    checked = Edges.from_csr(_kept_offsets(unsure, proposed.row_ptr), proposed.col.index_select(0, index),
-                             R, N, proposed.M)
-    pi = _sddmm(checked.csr(_zeros(checked, x)), x.reshape(R * N, K), w.reshape(-1, K)) + delta
-    U = U.index_select(0, index).mul_(checked.to_rows(scale.reshape(R * N).neg()).mul_(pi).expm1_().neg_())
-    return keep.index_put_((index,), U < pi.clamp_(max=1.0))  # U · (1 − e^{−c_i π}) < min(1, π)
+def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, generator) -> tuple:
+    """(keep (E',) bool, row offsets (R·N + 1,) of the kept edges): keep each proposed pair (with causal, one whose
+    key is not after its query) with probability a(π) = min(1, π)/(1 − e^{−c_i π}), so that P(edge) = min(1, π).
+    a grows with π from 1/c_i (π → 0), so U < 1/c_i keeps a pair without its p (a squeeze); only the others, a
+    fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product. A chunk of queries at a time, their
+    U drawn in turn (the stream of one draw of E')."""
+    R, N, M, K = proposed.R, proposed.N, proposed.M, x.shape[-1]
+    sure = (bound / -torch.log1p(-bound) * (1 - 2 ** -20)).reshape(R * N)  # 1/c_i, rounded down
+    x, w, rate = x.reshape(R * N, K), w.reshape(-1, K), scale.reshape(R * N).neg()
+    if causal:  # key index j ≤ query index i, both as r·M + ·
+        diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1).int()
+    keep = torch.empty(proposed.E, dtype=torch.bool, device=x.device)
+    kept = torch.empty(R * N, dtype=torch.int32, device=x.device)  # (R·N,) kept edges per query
+    for q0, e0, part in proposed.chunks():
+        q1 = q0 + part.N
+        U = torch.rand(part.E, generator=generator, device=x.device, dtype=x.dtype)
+        ok = U < part.to_rows(sure[q0:q1])
+        unsure = ~ok
+        if causal:
+            allowed = part.col <= part.to_rows(diagonal[q0:q1])
+            unsure &= allowed
+            ok &= allowed
+        index = fastrg.nonzero(unsure)
+        checked = Edges.from_csr(_kept_offsets(unsure, part.row_ptr), part.col.index_select(0, index), 1, part.N,
+                                 part.M)
+        pi = _sddmm(checked.csr(_zeros(checked, x)), x[q0:q1], w) + delta
+        U = U.index_select(0, index).mul_(checked.to_rows(rate[q0:q1]).mul_(pi).expm1_().neg_())
+        ok.index_put_((index,), U < pi.clamp_(max=1.0))  # U·(1 − e^{−c_i π}) < min(1, π)
+        keep[e0:e0 + part.E] = ok
+        kept[q0:q1] = _kept_offsets(ok, part.row_ptr).diff()
+    return keep, _offsets(kept)
 
 
 class EdgeAttention(torch.autograd.Function):

@@ -206,10 +206,13 @@ def test_edges_hold_one_graph_in_query_and_key_order():
     assert torch.equal(edges.csc(values).to_dense(), edges.csr(values).to_dense().T)
 
 
+@pytest.mark.parametrize("chunk", [sbm.CHUNK, 50])
 @pytest.mark.parametrize("causal", [False, True])
-def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal):
+def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal, chunk, monkeypatch):
     """T graphs of one input: the frequency of every pair matches min(1, p + δ), including pairs with π ≥ 1
-    (memberships at 1, where plain fastRG would give 1 − e^(−π) ≤ 0.64); 5σ binomial bounds."""
+    (memberships at 1, where plain fastRG would give 1 − e^(−π) ≤ 0.64); 5σ binomial bounds. Thinned in one
+    chunk of queries, and in chunks of about 50 edges (a few queries each)."""
+    monkeypatch.setattr(sbm, "CHUNK", chunk)
     torch.manual_seed(0)
     module = sbm.SBMAttention(DIM, 1, D, clusters=3, delta=0.01).double().train()
     n, T = 6, 4000
