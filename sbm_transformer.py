@@ -250,14 +250,17 @@ class StraightThrough(torch.autograd.Function):
 # ---- fast path: sparse attention on a fastRG graph, O(E) -------------------------------------------------------
 # fastRG proposes edges already grouped by query (CSR), thinning makes them exact Bernoulli(min(1, P + δ)) and keeps
 # that order, scores are computed on the edges only, a softmax per query by segment reductions, aggregation by
-# sparse (CSR) products. Two autograd functions keep O(E) scalars (α_e, s_e) and the graph; their backward uses the
-# key-major copy of the graph (CSC, one sort, made at the end of a training forward) for dK, dV and ∂L/∂K̂. Time
-# O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ
-# and fastRG's R·K² block counts: at K = 128 > D = 32 they dominate short sequences (ListOps at N = 200 costs more
-# FLOPs than full attention).
+# sparse (CSR) products. Between forward and backward a layer keeps only its graph (4 bytes an edge; with dropout
+# its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs, about 10%
+# of a step at D = 32, for 4 bytes an edge), builds the key-major copy of the graph (CSC, one sort) for dK, dV and
+# ∂L/∂K̂, and keeps it for the STE's backward, which follows. Per-edge temporaries are taken a chunk of queries or
+# keys at a time (CHUNK), so that the peak holds four E-sized arrays of 4 bytes: graph, key-major copy (two),
+# ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²). App. B's Table 5 omits the
+# N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D = 32 they dominate short sequences (ListOps at N =
+# 200 costs more FLOPs than full attention).
 PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
-CHUNK = 1 << 18  # edges a chunk of queries: per-edge temporaries of 1 MiB (float32), not E-sized
+CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 
 
 def _part(name: str):
@@ -312,13 +315,14 @@ class Edges:
     def key_major(self) -> tuple:
         """(col_ptr (R·M + 1,), row_t (E,) query of each edge in key-major order, perm (E,) its CSR position),
         all int32, from one sort of E integer keys key·2^b + CSR position (b = bits of E): the values alone
-        carry the permutation, and queries stay in order within a key."""
+        carry the permutation, and queries stay in order within a key. Its peak is 12 bytes an edge (the
+        int64 keys and perm), beside the graph."""
         if self._key_major is None:
             with _part("CSR/CSC build"):
                 bits = max(self.E - 1, 0).bit_length()
                 key = self.col.long().bitwise_left_shift_(bits)
-                for a in range(0, self.E, 1 << 20):  # + CSR position, a chunk at a time (no E-sized arange)
-                    key[a:a + (1 << 20)] += torch.arange(a, min(a + (1 << 20), self.E), device=key.device)
+                for a in range(0, self.E, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
+                    key[a:a + CHUNK] += torch.arange(a, min(a + CHUNK, self.E), device=key.device)
                 perm = fastrg.sort_integers(key).bitwise_and_((1 << bits) - 1).int()  # sorted by (key, query)
                 del key
                 row = self.to_rows(torch.arange(self.R * self.N, dtype=torch.int32, device=self.col.device))
@@ -344,26 +348,24 @@ class Edges:
     def csr(self, values: Tensor) -> Tensor:
         return _csr(self.row_ptr, self.col, values, (self.R * self.N, self.R * self.M))
 
-    def csc(self, values: Tensor) -> Tensor:
-        """The transposed graph (keys × queries) as CSR; `values` in CSR order are permuted to key-major."""
-        col_ptr, row_t, perm = self.key_major()
-        return _csr(col_ptr, row_t, values.index_select(0, perm), (self.R * self.M, self.R * self.N))
-
     def to_rows(self, per_row: Tensor) -> Tensor:
         """(R·N,) → (E,): each edge gets its query's value (edges are grouped by query)."""
         return fastrg.repeat_interleave(per_row, self.row_len, self.E)
 
-    def chunks(self):
-        """Consecutive ranges of whole queries holding about CHUNK edges: yields (first query, first edge, part),
-        part the range as one graph over all R·M keys, whose csr() is those rows of csr(). Every query is in one
-        range; a product of a part gives its rows of the whole product, bit for bit."""
-        rows, start = self.R * self.N, 0
+    def chunks(self, key_major: bool = False):
+        """Consecutive ranges of whole queries (of whole keys with key_major=True) holding about CHUNK edges:
+        yields (first query (key), first edge in CSR (key-major) order, part), part the range as one graph over
+        all R·M keys (R·N queries), whose csr() is those rows of csr() (of the transposed graph). Every query
+        (key) is in one range; a product of a part gives its rows of the whole product, bit for bit."""
+        ptr, idx, width = (self.key_major()[:2] + (self.R * self.N,)) if key_major else \
+            (self.row_ptr, self.col, self.R * self.M)
+        rows, start = len(ptr) - 1, 0
         while start < rows:
-            e0 = int(self.row_ptr[start])
-            end = max(start + 1, int(torch.searchsorted(self.row_ptr, min(e0 + CHUNK, self.E), right=True)) - 1)
-            offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op at all
-            yield start, e0, Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
-                                   self.col[e0:int(self.row_ptr[end])])
+            e0 = int(ptr[start])
+            end = max(start + 1, int(torch.searchsorted(ptr, min(e0 + CHUNK, int(ptr[-1])), right=True)) - 1)
+            offsets = ptr[start:end + 1] - e0 if e0 else ptr[start:end + 1]  # the first range: no op at all
+            lengths = offsets.diff() if key_major else self.row_len[start:end]
+            yield start, e0, Edges(1, end - start, width, offsets, lengths, idx[e0:int(ptr[end])])
             start = end
 
 
@@ -480,9 +482,13 @@ class EdgeAttention(torch.autograd.Function):
     """σ_M(QKᵀ/√D) V on the edges (Eq. 3-4) with the STE of Eq. 9 as the gradient of `p`.
 
     Inputs q (R·N, D), k, v (R·M, D), p (E,) edge probabilities (their value is not used: the mask is the
-    binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves α_e and s_e (E,): O(E)
-    memory, never (E, D). Every product is a sparse kernel over the edges: SDDMM for scores and ∂L/∂α, CSR
-    products for the output and dQ, and for dK, dV the same products on the key-major copy of the graph.
+    binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves two floats per query (the
+    softmax's maximum and sum) and nothing per edge but the graph: the backward recomputes the scores s_e and α
+    with the forward's kernels, bit for bit. Every product is a sparse kernel over the edges: SDDMM for scores
+    and ∂L/∂α, CSR products for the output and dQ, and for dK, dV the same on the key-major copy of the graph,
+    whose SDDMMs (k_j·q_i, v_j·dO_i) give the same values as the query-major ones. Per-edge temporaries are taken
+    a chunk of queries or keys at a time (Edges.chunks), with the same kernels on the same values: chunking
+    changes no bit.
     The backward is once-differentiable: its sparse products are not differentiated again, so a double backward
     (a gradient penalty, gradgradcheck) raises instead of returning a wrong second derivative.
     """
@@ -492,57 +498,107 @@ class EdgeAttention(torch.autograd.Function):
         scale = q.shape[-1] ** -0.5
         s = _sddmm(edges.csr(_zeros(edges, q)), q, k, scale)  # (E,) scores s_e = q_i·k_j/√D
         top = torch.segment_reduce(s, "max", offsets=edges.row_ptr, unsafe=True)  # (R·N,) stabiliser
-        alpha = (s - edges.to_rows(top)).exp_()
-        total = torch.segment_reduce(alpha, "sum", offsets=edges.row_ptr, unsafe=True)  # (R·N,) ≥ 1 if any edge
-        alpha /= edges.to_rows(total)  # (E,) softmax over each query's edges (Eq. 4)
-        weights = alpha if keep is None else alpha * keep / (1 - p_drop)
-        ctx.save_for_backward(q, k, v, alpha, s, keep)
+        total = torch.empty_like(top)  # (R·N,) Σ_e exp(s_e − top_i), ≥ 1 if any edge
+        y = v.new_empty(q.shape[0], v.shape[1])  # (R·N, D); a query without edges gets 0
+        for q0, e0, part in edges.chunks():
+            q1, e1 = q0 + part.N, e0 + part.E
+            alpha = (s[e0:e1] - part.to_rows(top[q0:q1])).exp_()
+            total[q0:q1] = torch.segment_reduce(alpha, "sum", offsets=part.row_ptr, unsafe=True)
+            alpha /= part.to_rows(total[q0:q1])  # softmax over each query's edges (Eq. 4)
+            weights = alpha if keep is None else alpha * keep[e0:e1] / (1 - p_drop)
+            y[q0:q1] = part.csr(weights) @ v
+        ctx.save_for_backward(q, k, v, top, total, keep)
         ctx.edges, ctx.p_drop, ctx.ste = edges, p_drop, ste
-        return edges.csr(weights) @ v  # (R·N, D); a query without edges gets 0
+        return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     @fastrg.one_thread()
     def backward(ctx, grad_out):
-        q, k, v, alpha, s, keep = ctx.saved_tensors
+        q, k, v, top, total, keep = ctx.saved_tensors
         edges, scale = ctx.edges, q.shape[-1] ** -0.5
         grad_out = grad_out.contiguous()
         drop = 1.0 if keep is None else 1 / (1 - ctx.p_drop)
-        dp = _sddmm(edges.csr(_zeros(edges, q)), grad_out, v, drop)  # (E,) ∂L/∂α_e = dO_i·v_j (÷ keep)
-        weights = alpha
-        if keep is not None:
-            dp *= keep
-            weights = alpha * keep * drop
-        row_dot = torch.segment_reduce(alpha * dp, "sum", offsets=edges.row_ptr, unsafe=True)  # (R·N,)
-        ds = (dp - edges.to_rows(row_dot)).mul_(alpha)  # (E,) ∂L/∂s_e, softmax backward
-        dq = (edges.csr(ds) @ k).mul_(scale)
-        dk = (edges.csc(ds) @ q).mul_(scale)  # sums over each key's edges
-        dv = edges.csc(weights) @ grad_out
-        # Eq. 9: ∂L/∂p_e := ∂L/∂A_e · s_e with A = M ⊙ QKᵀ/√D, i.e. the score's gradient times the score;
-        # ste="official": the official code's hardtanh of the score's gradient.
-        dp_edge = ds * s if ctx.ste == "paper" else ds.clamp(-1.0, 1.0)
+        perm = edges.key_major()[2]  # built now, with only the graph held; StraightThroughEdges reuses it
+        dq, row_dot = torch.empty_like(q), torch.empty_like(top)  # (R·N,) Σ_e α_e ∂L/∂α_e per query
+        dp_edge = q.new_empty(edges.E) if ctx.needs_input_grad[3] else None
+        for q0, e0, part in edges.chunks():  # query-major: dQ and Eq. 9
+            q1, e1 = q0 + part.N, e0 + part.E
+            s = _sddmm(part.csr(_zeros(part, q)), q[q0:q1], k, scale)  # the forward's scores, recomputed
+            alpha = (s - part.to_rows(top[q0:q1])).exp_()
+            alpha /= part.to_rows(total[q0:q1])
+            dp = _sddmm(part.csr(_zeros(part, q)), grad_out[q0:q1], v, drop)  # ∂L/∂α_e = dO_i·v_j (÷ keep)
+            if keep is not None:
+                dp *= keep[e0:e1]
+            row_dot[q0:q1] = torch.segment_reduce(alpha * dp, "sum", offsets=part.row_ptr, unsafe=True)
+            ds = (dp - part.to_rows(row_dot[q0:q1])).mul_(alpha)  # ∂L/∂s_e, softmax backward
+            dq[q0:q1] = (part.csr(ds) @ k).mul_(scale)
+            if dp_edge is not None:
+                # Eq. 9: ∂L/∂p_e := ∂L/∂A_e · s_e with A = M ⊙ QKᵀ/√D, i.e. the score's gradient times the score;
+                # ste="official": the official code's hardtanh of the score's gradient.
+                dp_edge[e0:e1] = ds.mul_(s) if ctx.ste == "paper" else ds.clamp_(-1.0, 1.0)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        for j0, b0, part in edges.chunks(key_major=True):  # key-major: the same values, for dK and dV
+            j1, at, rows = j0 + part.N, perm[b0:b0 + part.E], part.col
+            s = _sddmm(part.csr(_zeros(part, q)), k[j0:j1], q, scale)
+            alpha = (s - top.index_select(0, rows)).exp_().div_(total.index_select(0, rows))
+            dp = _sddmm(part.csr(_zeros(part, q)), v[j0:j1], grad_out, drop)
+            weights = alpha
+            if keep is not None:
+                kept = keep.index_select(0, at)
+                dp *= kept
+                weights = alpha * kept * drop
+            dv[j0:j1] = part.csr(weights) @ grad_out
+            ds = (dp - row_dot.index_select(0, rows)).mul_(alpha)
+            dk[j0:j1] = (part.csr(ds) @ q).mul_(scale)
         return dq, dk, dv, dp_edge, None, None, None, None
 
 
 class StraightThroughEdges(torch.autograd.Function):
     """The straight-through estimator of Eq. 9 on the sampled edges: forward the mask itself, M_e = 1 on every
-    edge (a zero-stride view: no memory); backward ∂L/∂p_e := ∂L/∂M_e into p_e = x_i · w_j (x = Q̂, w = K̂Ŝᵀ, so
-    p_e = Q̂_iŜK̂_jᵀ): ∂x = G w, ∂w = Gᵀ x, O(E·K), per edge K/2D times the attention's backward (2× at Table 7's
-    K = 128, D = 32). The attention core and the density take M from here, so each sampled edge's probability
-    receives their gradients; p_e itself is never formed."""
+    edge (a zero-stride view: no memory), and its count Σ_e M_e per graph (R,); backward ∂L/∂p_e := ∂L/∂M_e,
+    the count's gradient included, into p_e = x_i · w_j (x = Q̂, w = K̂Ŝᵀ, so p_e = Q̂_iŜK̂_jᵀ): ∂x = G w, ∂w = Gᵀ x,
+    O(E·K), per edge K/2D times the attention's backward (2× at Table 7's K = 128, D = 32). The attention core
+    takes M from here and the density the counts, so each sampled edge's probability receives their gradients;
+    p_e itself is never formed, nor G whole: a chunk of queries (keys) at a time. With self_loops the forced
+    edges (i, i) are not sampled and receive none."""
 
     @staticmethod
-    def forward(ctx, x, w, edges: Edges):
+    def forward(ctx, x, w, edges: Edges, self_loops: bool):
         ctx.save_for_backward(x, w)
-        ctx.edges = edges
-        return x.new_ones(()).expand(edges.E)
+        ctx.edges, ctx.self_loops = edges, self_loops
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no E-sized zeros
+        return x.new_ones(()).expand(edges.E), edges.per_graph().to(x.dtype)
 
     @staticmethod
     @fastrg.one_thread()
-    def backward(ctx, grad):
+    def backward(ctx, grad_mask, grad_counts):
         x, w = ctx.saved_tensors
-        edges, grad = ctx.edges, grad.contiguous()
-        return edges.csr(grad) @ w, edges.csc(grad) @ x, None
+        edges = ctx.edges
+        if grad_mask is None and grad_counts is None:
+            return None, None, None, None
+        perm = edges.key_major()[2]
+
+        def edge_grad(at, start: int, part: Edges, key_major: bool) -> Tensor:
+            """G on the edges of a chunk (Edges.chunks) at CSR positions `at` (a slice or an index)."""
+            grad = None if grad_mask is None else grad_mask[at].contiguous() if isinstance(at, slice) else \
+                grad_mask.index_select(0, at)
+            if grad_counts is None and not ctx.self_loops:
+                return grad
+            own = part.to_rows(torch.arange(start, start + part.N, device=part.col.device))  # the chunk's side
+            rows, keys = (part.col, own) if key_major else (own, part.col)  # each edge's query and key
+            if grad_counts is not None:  # each edge's share of its graph's count
+                grad = grad_counts.index_select(0, rows // edges.N) + (0 if grad is None else grad)
+            if ctx.self_loops:
+                grad = grad.masked_fill(rows % edges.N == keys % edges.M, 0.0)
+            return grad
+
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+        for q0, e0, part in edges.chunks():
+            dx[q0:q0 + part.N] = part.csr(edge_grad(slice(e0, e0 + part.E), q0, part, False)) @ w
+        for j0, b0, part in edges.chunks(key_major=True):
+            dw[j0:j0 + part.N] = part.csr(edge_grad(perm[b0:b0 + part.E], j0, part, True)) @ x
+        return dx, dw, None, None
 
 
 def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool, generator):
@@ -551,10 +607,8 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
     B, H, N, D = q.shape
     x, w, edges = graph["x"], graph["w"], graph["edges"]
     with _part("p_e and STE"):
-        mask = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)
-        if self_loops:  # forced edges are not sampled: no STE gradient
-            forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
-            mask = torch.where(forced, mask.detach(), mask)
+        mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges,
+                                                  self_loops)
     with _part("core"):
         keep = None
         if p_drop > 0:  # on the normalised weights, as on the reference path
@@ -562,11 +616,7 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
             keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
         y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
                                 mask, edges, keep, p_drop, ste).view(B, H, N, D)
-    if y.requires_grad:  # the backward's key-major copy, built now: between the forward's temporaries
-        edges.key_major()  # and the backward's, its sort adds less to the peak memory
-    with _part("density"):  # Σ_e M_e per graph: the edge count, and λ/pairs to each edge's p_e (STE)
-        counts = torch.segment_reduce(mask, "sum", offsets=edges.row_ptr[::N], unsafe=True).view(B, H)
-    return y, counts
+    return y, counts.view(B, H)
 
 
 # ---------------------------------------------------------------------------------------------- procedures
