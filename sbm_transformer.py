@@ -252,15 +252,16 @@ class StraightThrough(torch.autograd.Function):
 # that order, scores are computed on the edges only, a softmax per query by segment reductions, aggregation by
 # sparse (CSR) products. Between forward and backward a layer keeps only its graph (4 bytes an edge; with dropout
 # its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs, about 10%
-# of a step at D = 32, for 4 bytes an edge), builds the key-major copy of the graph (CSC, one sort) for dK, dV and
-# ∂L/∂K̂, and keeps it for the STE's backward, which follows. Per-edge temporaries are taken a chunk of queries or
-# keys at a time (CHUNK), so that the peak holds four E-sized arrays of 4 bytes: graph, key-major copy (two),
-# ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²). App. B's Table 5 omits the
-# N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D = 32 they dominate short sequences (ListOps at N =
-# 200 costs more FLOPs than full attention).
+# of a step at D = 32, for 4 bytes an edge), builds the key-major copy of the graph (CSC, one sort a block of
+# graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows. Per-edge temporaries are taken
+# a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays of 4 bytes: graph,
+# key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²). App.
+# B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D = 32 they dominate short
+# sequences (ListOps at N = 200 costs more FLOPs than full attention).
 PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
+BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
 
 
 def _part(name: str):
@@ -286,7 +287,8 @@ def _offsets(counts: Tensor) -> Tensor:
 class Edges:
     """The edges of R query→key graphs grouped by query (CSR: row_ptr, col), plus a key-major copy (CSC:
     col_ptr, row_t, perm) for the transposed products of the backward, built on first use (so inference never
-    sorts). Indices are int32 (the sparse BLAS kernels' type); keys of `col` are sorted within each row."""
+    sorts). Indices are int32 (the sparse BLAS kernels' type); keys of `col` are sorted within each row. Per-edge
+    work goes a chunk of queries or keys at a time (chunks)."""
     R: int
     N: int
     M: int
@@ -313,21 +315,32 @@ class Edges:
         return cls.build(row, row // N * M + j, R, N, M)
 
     def key_major(self) -> tuple:
-        """(col_ptr (R·M + 1,), row_t (E,) query of each edge in key-major order, perm (E,) its CSR position),
-        all int32, from one sort of E integer keys key·2^b + CSR position (b = bits of E): the values alone
-        carry the permutation, and queries stay in order within a key. Its peak is 12 bytes an edge (the
-        int64 keys and perm), beside the graph."""
+        """(col_ptr (R·M + 1,), blocks), built on first use a block of whole graphs at a time (about BLOCK edges).
+        Block (first key, end key, row_t, perm): row_t (E_b,) the query of each of its edges in key-major order,
+        perm (E_b,) its CSR position, int32, from one sort of the block's integer keys key·2^b + CSR position (b =
+        bits of E): the values alone carry the permutation, and queries stay in order within a key. perm and
+        row_t are the two halves of the sorted int64 keys (little-endian: perm the low one, row_t written over
+        the high one), so a block is one allocation of 8 bytes an edge; its build adds its queries in CSR order,
+        4 more."""
         if self._key_major is None:
             with _part("CSR/CSC build"):
-                bits = max(self.E - 1, 0).bit_length()
-                key = self.col.long().bitwise_left_shift_(bits)
-                for a in range(0, self.E, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
-                    key[a:a + CHUNK] += torch.arange(a, min(a + CHUNK, self.E), device=key.device)
-                perm = fastrg.sort_integers(key).bitwise_and_((1 << bits) - 1).int()  # sorted by (key, query)
-                del key
-                row = self.to_rows(torch.arange(self.R * self.N, dtype=torch.int32, device=self.col.device))
-                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)),
-                                   row.index_select(0, perm), perm)
+                bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
+                for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
+                    a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
+                    key = self.col[a:b].long().bitwise_left_shift_(bits)
+                    for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
+                        key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
+                    key = fastrg.sort_integers(key)  # by (key, query)
+                    perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
+                    perm.bitwise_and_((1 << bits) - 1)
+                    row = fastrg.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
+                                                                device=key.device),
+                                                   self.row_len[g0 * self.N:g1 * self.N], b - a)  # CSR order
+                    for c in range(0, b - a, CHUNK):
+                        row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
+                    del key, row  # before the next block's
+                    blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
+                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
         return self._key_major
 
     def to_mask(self) -> Tensor:
@@ -354,19 +367,35 @@ class Edges:
 
     def chunks(self, key_major: bool = False):
         """Consecutive ranges of whole queries (of whole keys with key_major=True) holding about CHUNK edges:
-        yields (first query (key), first edge in CSR (key-major) order, part), part the range as one graph over
-        all R·M keys (R·N queries), whose csr() is those rows of csr() (of the transposed graph). Every query
-        (key) is in one range; a product of a part gives its rows of the whole product, bit for bit."""
-        ptr, idx, width = (self.key_major()[:2] + (self.R * self.N,)) if key_major else \
-            (self.row_ptr, self.col, self.R * self.M)
-        rows, start = len(ptr) - 1, 0
-        while start < rows:
-            e0 = int(ptr[start])
-            end = max(start + 1, int(torch.searchsorted(ptr, min(e0 + CHUNK, int(ptr[-1])), right=True)) - 1)
-            offsets = ptr[start:end + 1] - e0 if e0 else ptr[start:end + 1]  # the first range: no op at all
-            lengths = offsets.diff() if key_major else self.row_len[start:end]
-            yield start, e0, Edges(1, end - start, width, offsets, lengths, idx[e0:int(ptr[end])])
-            start = end
+        yields (first query (key), at, part): `at` the CSR positions of its edges (a slice; in key-major order, an
+        index), part the range as one graph over all R·M keys (R·N queries), whose csr() is those rows of csr()
+        (of the transposed graph). Every query (key) is in one range; a product of a part gives its rows of the
+        whole product, bit for bit."""
+        if not key_major:
+            for start, end in _ranges(self.row_ptr, 0, self.R * self.N, CHUNK):
+                e0, e1 = int(self.row_ptr[start]), int(self.row_ptr[end])
+                offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op
+                yield start, slice(e0, e1), Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
+                                                  self.col[e0:e1])
+            return
+        col_ptr, blocks = self.key_major()
+        for k0, k1, row_t, perm in blocks:
+            base = int(col_ptr[k0])
+            for start, end in _ranges(col_ptr, k0, k1, CHUNK):
+                e0, e1 = int(col_ptr[start]) - base, int(col_ptr[end]) - base
+                offsets = col_ptr[start:end + 1] - (e0 + base)
+                yield start, perm[e0:e1], Edges(1, end - start, self.R * self.N, offsets, offsets.diff(),
+                                                row_t[e0:e1].contiguous())
+
+
+def _ranges(ptr: Tensor, start: int, stop: int, size: int):
+    """Consecutive ranges [a, b) covering start..stop − 1, each whole entries of the offsets `ptr` holding about
+    `size` items (at least one entry)."""
+    while start < stop:
+        target = min(int(ptr[start]) + size, int(ptr[stop]))
+        end = min(stop, max(start + 1, int(torch.searchsorted(ptr, target, right=True)) - 1))
+        yield start, end
+        start = end
 
 
 def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
@@ -458,7 +487,7 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
         diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1).int()
     keep = torch.empty(proposed.E, dtype=torch.bool, device=x.device)
     kept = torch.empty(R * N, dtype=torch.int32, device=x.device)  # (R·N,) kept edges per query
-    for q0, e0, part in proposed.chunks():
+    for q0, at, part in proposed.chunks():
         q1 = q0 + part.N
         U = torch.rand(part.E, generator=generator, device=x.device, dtype=x.dtype)
         ok = U < part.to_rows(sure[q0:q1])
@@ -473,7 +502,7 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
         pi = _sddmm(checked.csr(_zeros(checked, x)), x[q0:q1], w) + delta
         U = U.index_select(0, index).mul_(checked.to_rows(rate[q0:q1]).mul_(pi).expm1_().neg_())
         ok.index_put_((index,), U < pi.clamp_(max=1.0))  # U·(1 − e^{−c_i π}) < min(1, π)
-        keep[e0:e0 + part.E] = ok
+        keep[at] = ok
         kept[q0:q1] = _kept_offsets(ok, part.row_ptr).diff()
     return keep, _offsets(kept)
 
@@ -500,12 +529,12 @@ class EdgeAttention(torch.autograd.Function):
         top = torch.segment_reduce(s, "max", offsets=edges.row_ptr, unsafe=True)  # (R·N,) stabiliser
         total = torch.empty_like(top)  # (R·N,) Σ_e exp(s_e − top_i), ≥ 1 if any edge
         y = v.new_empty(q.shape[0], v.shape[1])  # (R·N, D); a query without edges gets 0
-        for q0, e0, part in edges.chunks():
-            q1, e1 = q0 + part.N, e0 + part.E
-            alpha = (s[e0:e1] - part.to_rows(top[q0:q1])).exp_()
+        for q0, at, part in edges.chunks():
+            q1 = q0 + part.N
+            alpha = (s[at] - part.to_rows(top[q0:q1])).exp_()
             total[q0:q1] = torch.segment_reduce(alpha, "sum", offsets=part.row_ptr, unsafe=True)
             alpha /= part.to_rows(total[q0:q1])  # softmax over each query's edges (Eq. 4)
-            weights = alpha if keep is None else alpha * keep[e0:e1] / (1 - p_drop)
+            weights = alpha if keep is None else alpha * keep[at] / (1 - p_drop)
             y[q0:q1] = part.csr(weights) @ v
         ctx.save_for_backward(q, k, v, top, total, keep)
         ctx.edges, ctx.p_drop, ctx.ste = edges, p_drop, ste
@@ -519,33 +548,33 @@ class EdgeAttention(torch.autograd.Function):
         edges, scale = ctx.edges, q.shape[-1] ** -0.5
         grad_out = grad_out.contiguous()
         drop = 1.0 if keep is None else 1 / (1 - ctx.p_drop)
-        perm = edges.key_major()[2]  # built now, with only the graph held; StraightThroughEdges reuses it
+        edges.key_major()  # built first, with only the graph held; StraightThroughEdges' backward reuses it
         dq, row_dot = torch.empty_like(q), torch.empty_like(top)  # (R·N,) Σ_e α_e ∂L/∂α_e per query
         dp_edge = q.new_empty(edges.E) if ctx.needs_input_grad[3] else None
-        for q0, e0, part in edges.chunks():  # query-major: dQ and Eq. 9
-            q1, e1 = q0 + part.N, e0 + part.E
+        for q0, at, part in edges.chunks():  # query-major: dQ and Eq. 9
+            q1 = q0 + part.N
             s = _sddmm(part.csr(_zeros(part, q)), q[q0:q1], k, scale)  # the forward's scores, recomputed
             alpha = (s - part.to_rows(top[q0:q1])).exp_()
             alpha /= part.to_rows(total[q0:q1])
             dp = _sddmm(part.csr(_zeros(part, q)), grad_out[q0:q1], v, drop)  # ∂L/∂α_e = dO_i·v_j (÷ keep)
             if keep is not None:
-                dp *= keep[e0:e1]
+                dp *= keep[at]
             row_dot[q0:q1] = torch.segment_reduce(alpha * dp, "sum", offsets=part.row_ptr, unsafe=True)
             ds = (dp - part.to_rows(row_dot[q0:q1])).mul_(alpha)  # ∂L/∂s_e, softmax backward
             dq[q0:q1] = (part.csr(ds) @ k).mul_(scale)
             if dp_edge is not None:
                 # Eq. 9: ∂L/∂p_e := ∂L/∂A_e · s_e with A = M ⊙ QKᵀ/√D, i.e. the score's gradient times the score;
                 # ste="official": the official code's hardtanh of the score's gradient.
-                dp_edge[e0:e1] = ds.mul_(s) if ctx.ste == "paper" else ds.clamp_(-1.0, 1.0)
+                dp_edge[at] = ds.mul_(s) if ctx.ste == "paper" else ds.clamp_(-1.0, 1.0)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        for j0, b0, part in edges.chunks(key_major=True):  # key-major: the same values, for dK and dV
-            j1, at, rows = j0 + part.N, perm[b0:b0 + part.E], part.col
+        for j0, at, part in edges.chunks(key_major=True):  # key-major: the same values, for dK and dV
+            j1, rows = j0 + part.N, part.col
             s = _sddmm(part.csr(_zeros(part, q)), k[j0:j1], q, scale)
             alpha = (s - top.index_select(0, rows)).exp_().div_(total.index_select(0, rows))
             dp = _sddmm(part.csr(_zeros(part, q)), v[j0:j1], grad_out, drop)
             weights = alpha
             if keep is not None:
-                kept = keep.index_select(0, at)
+                kept = keep[at]
                 dp *= kept
                 weights = alpha * kept * drop
             dv[j0:j1] = part.csr(weights) @ grad_out
@@ -577,12 +606,10 @@ class StraightThroughEdges(torch.autograd.Function):
         edges = ctx.edges
         if grad_mask is None and grad_counts is None:
             return None, None, None, None
-        perm = edges.key_major()[2]
 
-        def edge_grad(at, start: int, part: Edges, key_major: bool) -> Tensor:
+        def edge_grad(start: int, at, part: Edges, key_major: bool) -> Tensor:
             """G on the edges of a chunk (Edges.chunks) at CSR positions `at` (a slice or an index)."""
-            grad = None if grad_mask is None else grad_mask[at].contiguous() if isinstance(at, slice) else \
-                grad_mask.index_select(0, at)
+            grad = None if grad_mask is None else grad_mask[at].contiguous()
             if grad_counts is None and not ctx.self_loops:
                 return grad
             own = part.to_rows(torch.arange(start, start + part.N, device=part.col.device))  # the chunk's side
@@ -594,10 +621,10 @@ class StraightThroughEdges(torch.autograd.Function):
             return grad
 
         dx, dw = torch.empty_like(x), torch.empty_like(w)
-        for q0, e0, part in edges.chunks():
-            dx[q0:q0 + part.N] = part.csr(edge_grad(slice(e0, e0 + part.E), q0, part, False)) @ w
-        for j0, b0, part in edges.chunks(key_major=True):
-            dw[j0:j0 + part.N] = part.csr(edge_grad(perm[b0:b0 + part.E], j0, part, True)) @ x
+        for q0, at, part in edges.chunks():
+            dx[q0:q0 + part.N] = part.csr(edge_grad(q0, at, part, False)) @ w
+        for j0, at, part in edges.chunks(key_major=True):
+            dw[j0:j0 + part.N] = part.csr(edge_grad(j0, at, part, True)) @ x
         return dx, dw, None, None
 
 

@@ -209,13 +209,15 @@ def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_
     (False, True, True, "official", 0.0, 0.1), (True, False, True, "paper", 0.2, 0.0)])
 def test_chunks_of_queries_and_keys_change_no_bit(causal, padded, self_loops, ste, dropout, weight, monkeypatch):
     """The fast path takes its per-edge work a chunk of queries (keys) at a time: thinning, softmax, products,
-    the STE. With chunks of about 5 edges the graph, outputs, densities and every gradient are the same, bit for
-    bit, as with one chunk (same kernels, same values, the thinning's uniforms drawn in the same order)."""
+    the STE; the key-major copy a block of graphs at a time. With chunks of about 5 edges and a block a graph the
+    graph, outputs, densities and every gradient are the same, bit for bit, as with one chunk and block (same
+    kernels, same values, the thinning's uniforms drawn in the same order)."""
     sampled, draw = [], sbm.sample_edges
     monkeypatch.setattr(sbm, "sample_edges", lambda *args: sampled.append(draw(*args)) or sampled[-1])
     results = []
-    for chunk in (sbm.CHUNK, 5):
+    for chunk, block in ((sbm.CHUNK, sbm.BLOCK), (5, 7)):
         monkeypatch.setattr(sbm, "CHUNK", chunk)
+        monkeypatch.setattr(sbm, "BLOCK", block)
         module = make(ste=ste, self_loops=self_loops, density_weight=weight, dropout=dropout)
         x = torch.randn(3, 10, DIM, dtype=torch.float64, generator=seeded(8), requires_grad=True)
         y, stats = module(x, padding() if padded else None, causal, generator=seeded(9))
@@ -247,10 +249,7 @@ def test_between_forward_and_backward_a_layer_keeps_only_its_graph(dropout):
 
 def transposed(edges: sbm.Edges, values: torch.Tensor) -> torch.Tensor:
     """csr(values)ᵀ as a dense (R·M, R·N) matrix, from the key-major copy a chunk of keys at a time."""
-    perm, out = edges.key_major()[2], []
-    for _, b0, part in edges.chunks(key_major=True):
-        out.append(part.csr(values[perm[b0:b0 + part.E].long()]).to_dense())
-    return torch.cat(out)
+    return torch.cat([part.csr(values[at]).to_dense() for _, at, part in edges.chunks(key_major=True)])
 
 
 def test_edges_hold_one_graph_in_query_and_key_order():
@@ -264,12 +263,13 @@ def test_edges_hold_one_graph_in_query_and_key_order():
     assert torch.equal(transposed(edges, values), edges.csr(values).to_dense().T)
 
 
-@pytest.mark.parametrize("chunk", [1, 4, 1000])
-def test_chunks_cover_every_query_and_key_once_and_are_rows_of_the_whole(chunk, monkeypatch):
+@pytest.mark.parametrize("chunk, block", [(1, 1), (4, 1), (4, 30), (1000, 1 << 21)])
+def test_chunks_cover_every_query_and_key_once_and_are_rows_of_the_whole(chunk, block, monkeypatch):
     """Edges.chunks: consecutive ranges of whole queries (keys), about `chunk` edges each (one query alone may
-    hold more), with empty queries (keys) covered too; each part's CSR is its rows of the whole (transposed)
-    graph."""
+    hold more), with empty queries (keys) covered too, the key-major copy built in blocks of whole graphs (about
+    `block` edges); each part's CSR is its rows of the whole (transposed) graph."""
     monkeypatch.setattr(sbm, "CHUNK", chunk)
+    monkeypatch.setattr(sbm, "BLOCK", block)
     mask = torch.rand(3, 5, 7, generator=seeded(4)) < 0.4
     mask[1] = False  # a graph without edges
     mask[2, :, 3] = True  # a key in every row
@@ -277,14 +277,14 @@ def test_chunks_cover_every_query_and_key_once_and_are_rows_of_the_whole(chunk, 
     values = torch.arange(1, edges.E + 1, dtype=torch.float64)
     for key_major, whole, width in ((False, edges.csr(values).to_dense(), 3 * 7),
                                     (True, edges.csr(values).to_dense().T, 3 * 5)):
-        covered, perm = 0, edges.key_major()[2] if key_major else torch.arange(edges.E)
-        for start, e0, part in edges.chunks(key_major):
+        covered = 0
+        for start, at, part in edges.chunks(key_major):
             assert start == covered and part.R == 1 and part.M == width
             assert part.N == 1 or part.E <= max(chunk, 1)
-            rows = part.csr(values[perm[e0:e0 + part.E]]).to_dense()
-            assert torch.equal(rows, whole[start:start + part.N])
+            assert torch.equal(part.csr(values[at]).to_dense(), whole[start:start + part.N])
             covered += part.N
         assert covered == whole.shape[0]
+    assert len(edges.key_major()[1]) == (3 if block == 1 else 1)  # a block a graph, or all in one
 
 
 @pytest.mark.parametrize("chunk", [sbm.CHUNK, 50])
