@@ -251,13 +251,13 @@ class StraightThrough(torch.autograd.Function):
 # fastRG proposes edges already grouped by query (CSR), thinning makes them exact Bernoulli(min(1, P + δ)) and keeps
 # that order, scores are computed on the edges only, a softmax per query by segment reductions, aggregation by
 # sparse (CSR) products. Between forward and backward a layer keeps only its graph (4 bytes an edge; with dropout
-# its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs, about 10%
-# of a step at D = 32, for 4 bytes an edge), builds the key-major copy of the graph (CSC, one sort a block of
-# graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows. Per-edge temporaries are taken
-# a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays of 4 bytes: graph,
-# key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²). App.
-# B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D = 32 they dominate short
-# sequences (ListOps at N = 200 costs more FLOPs than full attention).
+# its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs; with the
+# chunks below, fwd+bwd takes 10-25% longer at n = 2048-8192, D = 32), builds the key-major copy of the graph (CSC,
+# one sort a block of graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows. Per-edge
+# temporaries are taken a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays
+# of 4 bytes: graph, key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
+# O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D =
+# 32 they dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
 PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
