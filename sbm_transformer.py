@@ -327,7 +327,8 @@ class Edges:
                 bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
                 for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
                     a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
-                    key = self.col[a:b].long().bitwise_left_shift_(bits)
+                    key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
+                    key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
                     for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
                         key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
                     key = fastrg.sort_integers(key)  # by (key, query)

@@ -381,6 +381,10 @@ def test_rows_without_edges_give_zeros_and_finite_gradients(path):
     torch.testing.assert_close(y[0], module.out.bias.expand(6, -1))
     y.sum().backward()
     assert torch.isfinite(x.grad).all() and x.grad[0].abs().max() == 0
+    module.zero_grad()
+    y, _ = module(x, torch.ones(2, 6, dtype=torch.bool), generator=seeded(0))  # the whole batch: no edge drawn
+    y.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
     edges = sbm.Edges.from_mask(torch.zeros(2, 4, 4, dtype=torch.bool))  # the empty graph
     q = torch.randn(8, D, dtype=torch.float64, requires_grad=True)
     out = sbm.EdgeAttention.apply(q, q, q, torch.zeros(0, dtype=torch.float64), edges, None, 0.0, "paper")
