@@ -3,7 +3,8 @@
 Rohe, Tao, Han, Binkiewicz, "A Note on Quickly Sampling a Sparse Matrix with Low Rank Expectation", JMLR 19(77),
 2018, arXiv 1703.02998; Algorithm 1 of SBM-Transformer (Cho et al., NeurIPS 2022, §4.1, Eq. 8; papers/000).
 Inputs: non-negative memberships X (n × K), Y (m × K) and a block matrix S (K × K); leading dims broadcast and
-are flattened into R graphs. With λ = X S Yᵀ, λ_ij = Σ_uv X_iu S_uv Y_jv:
+are flattened into R graphs; X or Y may come as a tuple of parts (n × K_a), their concatenation along K, which
+the samplers never form. With λ = X S Yᵀ, λ_ij = Σ_uv X_iu S_uv Y_jv:
 * multigraph (dedup=False): edge (i, j) has Poisson(λ_ij) copies, independently, so E[A] = X S Yᵀ exactly;
 * simple graph (dedup=True, default): copies merged, P(edge i→j) = 1 − e^{−λ_ij}, independently. The SBM paper
   writes E[M] = λ, true only for small λ (at λ = 1 the edge probability is 0.632); `edge_probability` is exact.
@@ -33,17 +34,18 @@ import torch
 __all__ = ["sample_reference", "sample", "sample_block_csr", "expected_edges", "edge_probability", "one_thread",
            "repeat_interleave", "nonzero", "sort_integers"]
 
+Factor = torch.Tensor | tuple[torch.Tensor, ...]  # X or Y: a tensor, or its parts along K (never concatenated)
 _WORK = torch.float64  # rates, CDFs: float32 running sums drift (n = 16384: 2% of an even entry's mass, +33% on a tail)
 
 
 # ------------------------------------------------------------------------------ reference: Algorithm 1
-def sample_reference(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torch.Generator | None = None,
+def sample_reference(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None,
                      dedup: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rohe et al.'s Algorithm 1 in plain torch (the SBM paper's (Y, B, Z) are X, S, Y here), for one graph or a
     batch: edges (r, i, j) from the law of `sample` (not the same draws), sorted by (r, i, j) when dedup=True.
     O(E·(n + m)) memory: for tests and small graphs."""
     lead, R, n, m, K = _validate(X, S, Y, key_needed=False)
-    X, S, Y = (_flat(t, lead).to(_WORK) for t in (X, S, Y))         # (R, N, K), (R, K, K), (R, M, K)
+    X, S, Y = (_joined(t, lead).to(_WORK) for t in (X, S, Y))       # (R, N, K), (R, K, K), (R, M, K)
     cx, cy = X.sum(1), Y.sum(1)                                      # (R, K) column sums 1ᵀX, 1ᵀY
     # Line 1 writes D_Y = diag(1ᵀY)⁻¹, a typo: with it lines 2-3 would neither normalise X nor rescale S.
     X_bar = X / cx[:, None, :]                                       # (R, N, K) line 2: columns sum to 1
@@ -67,20 +69,20 @@ def sample_reference(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, gener
     return key // (n * m), key // m % n, key % m
 
 
-def edge_probability(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, dedup: bool = True) -> torch.Tensor:
+def edge_probability(X: Factor, S: torch.Tensor, Y: Factor, dedup: bool = True) -> torch.Tensor:
     """The law, as a dense exact (R, n, m) float64 matrix: P(edge) = 1 − exp(−λ) if dedup, else E[#copies] = λ =
     X S Yᵀ. O(R·n·m) memory: for tests and small cases."""
     lead, R, n, m, K = _validate(X, S, Y, key_needed=False)
-    X, S, Y = (_flat(t, lead).to(_WORK) for t in (X, S, Y))
+    X, S, Y = (_joined(t, lead).to(_WORK) for t in (X, S, Y))
     lam = X @ S @ Y.transpose(1, 2)                                  # (R, N, M)
     return -torch.expm1(-lam) if dedup else lam
 
 
-def expected_edges(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
+def expected_edges(X: Factor, S: torch.Tensor, Y: Factor) -> torch.Tensor:
     """Σ_ij λ_ij = (1ᵀX) S (Yᵀ1) per graph, float64 (R,), in O((n + m)K + K²): the expected number of multigraph
     edges, Algorithm 1's 1 B̄ 1ᵀ (line 4); with dedup the expected count is Σ(1 − e^{−λ}), less."""
     lead, R, n, m, K = _validate(X, S, Y, key_needed=False)
-    cx, cy = _column_sums(_flat(X, lead)), _column_sums(_flat(Y, lead))  # (R, K)
+    cx, cy = _Factor.flat(X, lead).column_sums(), _Factor.flat(Y, lead).column_sums()  # (R, K)
     return torch.einsum("ru,ruv,rv->r", cx, _flat(S, lead).to(_WORK), cy)
 
 
@@ -95,12 +97,12 @@ def expected_edges(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor) -> torch.T
 #   4. with dedup or csr, one sort of integer keys (r, i, j) a chunk (_sorted_key).
 # The draws are a fixed function of the generator's state: same generator, same graph, on any thread count.
 _MAX_EXPECTED_EDGES = 2.0**53  # Poisson counts are drawn as float64 and must be exact integers
-_EDGES = 1 << 20  # edges a chunk of graphs (at least one graph): ~20 bytes of temporaries an edge
-_BLOCK = 1 << 21  # CDF entries a block (16 MiB of float64): a graph's whole table up to n = 16384, K = 128
+_EDGES = 1 << 20  # edges a chunk of graphs (at least one graph): ~12 bytes of temporaries an edge
+_BLOCK = 1 << 19  # CDF entries a block (4 MiB of float64): at n = 8192 a third of a graph's K = 128 columns
 _COPY_ROWS = 64  # fewest CDF rows a block: the transposing copy is fastest over all of a graph's K = 128 columns
 _GAP = 1 << 16  # CDF entries of rows without draws between two rows with draws above which a block is cut
 _GUIDE = 1 << 18  # CDF entries counted at a time in a full guide table: bounded temporaries
-_CHUNK = 1 << 17  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
+_CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
 
 
 @contextlib.contextmanager
@@ -122,22 +124,24 @@ def one_thread():
 
 
 @one_thread()
-def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torch.Generator | None = None,
+def sample(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None,
            dedup: bool = True, csr: bool = False) -> tuple[torch.Tensor, ...]:
     """Draw one graph per (broadcast) leading index: edges (r, i, j), or (r, i, j, row_ptr) with csr=True.
 
     X (..., n, K), S (..., K, K), Y (..., m, K), all non-negative and finite; leading dims broadcast and are
-    flattened (row-major) into R graphs, R = 1 for 2-D inputs. Returns three 1-D int64 tensors of equal
-    length E on X's device: graph r ∈ [0, R), source i ∈ [0, n), destination j ∈ [0, m).
+    flattened (row-major) into R graphs, R = 1 for 2-D inputs. X or Y may be a tuple of parts (..., n, K_a) with
+    Σ K_a = K, read as their concatenation along K (never formed); each part broadcasts on its own. Returns
+    three 1-D int64 tensors of equal length E on X's device: graph r ∈ [0, R), source i ∈ [0, n), destination
+    j ∈ [0, m).
     The count of edge (r, i, j) is Poisson(λ) with λ = (X S Yᵀ)[r, i, j]; with dedup=True duplicates are
     merged, so P(edge) = 1 − exp(−λ). csr=True sorts the edges by (r, i, j) and adds row_ptr (R·n + 1,): the
     edges of flattened row q = r·n + i are [row_ptr[q], row_ptr[q+1]). dedup=True also returns them sorted;
     dedup=False, csr=False leaves them unsorted. All randomness comes from `generator` (on X's device) when
     given. Runs with one intra-op thread (one_thread).
     """
-    device = X.device
     if not (dedup or csr):
         R, n, m, X, Y, counts = _counts(X, S, Y, generator, key_needed=False)
+        device = S.device                                            # validated: X, S, Y on one device
         if counts is None:
             return _empty(R, n, device, csr)
         per_graph = counts.view(R, -1).sum(1)
@@ -150,7 +154,7 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
         return r, i, j
     R, n, m, key = _sorted_key(X, S, Y, generator, dedup)
     if key is None:
-        return _empty(R, n, device, csr)
+        return _empty(R, n, S.device, csr)
     bn, bm = _bits(n), _bits(m)
     key = key.long()
     r = key >> (bn + bm)
@@ -162,44 +166,44 @@ def sample(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *, generator: torc
 
 
 @one_thread()
-def sample_block_csr(X: torch.Tensor, S: torch.Tensor, Y: torch.Tensor, *,
+def sample_block_csr(X: Factor, S: torch.Tensor, Y: Factor, *,
                      generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The simple graphs of `sample(X, S, Y, dedup=True)` as one block-diagonal (R·n) × (R·m) matrix in CSR
     form: (row_ptr (R·n + 1,), col (E,)), both int32 (the index type of the sparse BLAS kernels). The edges of
     row q = r·n + i are col[row_ptr[q]:row_ptr[q + 1]], sorted, with col = r·m + j; P(edge) = 1 − exp(−λ).
     The same draw as `sample(..., csr=True)` under the same generator, without the per-edge (r, i, j).
     SBM-Transformer calls it with X = Q̂ (B, H, N, K), S = Ŝ (H, K, K), Y = K̂ (B, H, M, K): graph r = b·H + h.
-    Its random edge exploration (+δ, §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ).
+    Its random edge exploration (+δ, §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ),
+    X' and Y' passed as parts (X, 1), (Y, 1): K̂ is not copied.
     """
     R, n, m, key = _sorted_key(X, S, Y, generator, dedup=True)
     if key is None:
-        return (torch.zeros(R * n + 1, dtype=torch.int32, device=X.device),
-                torch.zeros(0, dtype=torch.int32, device=X.device))
+        return (torch.zeros(R * n + 1, dtype=torch.int32, device=S.device),
+                torch.zeros(0, dtype=torch.int32, device=S.device))
     if R * m > 2**31 or len(key) > 2**31:
         raise ValueError(f"R·m = {R * m} columns or {len(key)} edges do not fit int32 indices; split the batch")
-    bm = _bits(m)
+    bn, bm = _bits(n), _bits(m)
     row_ptr = _row_ptr(key, R, n, bm)
-    col = key.bitwise_and_((1 << bm) - 1).int()                     # (E,) j
-    if R > 1:                                                        # + r·m, graph by graph
-        per_graph = (row_ptr[n::n] - row_ptr[:-1:n]).long()
-        col += repeat_interleave(torch.arange(0, R * m, m, dtype=torch.int32, device=col.device), per_graph,
-                                 len(col))
-    return row_ptr, col
+    for a in range(0, len(key), _EDGES):                             # in place, a chunk at a time: key → r·m + j
+        part = key[a:a + _EDGES]
+        part.copy_((part >> (bn + bm)).mul_(m).add_(part & ((1 << bm) - 1)))
+    return row_ptr, key.int()
 
 
 def _counts(X, S, Y, generator, key_needed: bool):
     """Inputs checked and flattened, and the edge counts of every graph and cluster pair: (R, n, m, X (R, N, K),
-    Y (R, M, K), counts (R, K, K) N[r, u, v]); X, Y, counts are None when no edge is drawn."""
+    Y (R, M, K) as _Factor, counts (R, K, K) N[r, u, v]); X, Y, counts are None when no edge is drawn."""
     lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed, high=False)
-    if generator is not None and generator.device.type != X.device.type:
-        raise ValueError(f"generator is on {generator.device}, inputs on {X.device}")
+    if generator is not None and generator.device.type != S.device.type:
+        raise ValueError(f"generator is on {generator.device}, inputs on {S.device}")
     if R * n * m * K == 0:
         return R, n, m, None, None, None
-    X, Y = _flat(X, lead), _flat(Y, lead)
-    cx, cy = _column_sums(X), _column_sums(Y)                        # (R, K) 1ᵀX, 1ᵀY
+    X, Y = _Factor.flat(X, lead), _Factor.flat(Y, lead)
+    cx, cy = X.column_sums(), Y.column_sums()                        # (R, K) 1ᵀX, 1ᵀY
     for name, t, sums in (("X", X, cx), ("Y", Y, cy)):
         if not bool(torch.isfinite(sums).all()):                    # +inf (a NaN or −inf raised already)
-            _check_values(name, t)
+            for part in t.parts:
+                _check_values(name, part)
     rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
     total = float(rates.sum())
     if not total < _MAX_EXPECTED_EDGES:
@@ -226,22 +230,22 @@ def _chunks(per_graph: torch.Tensor):
         r0, e0 = r1, e1
 
 
-def _draw_chunk(X: torch.Tensor, Y: torch.Tensor, counts: torch.Tensor, sources, destinations):
+def _draw_chunk(X: "_Factor", Y: "_Factor", counts: torch.Tensor, sources, destinations):
     """The multigraph of graphs X (c, n, K), Y (c, m, K) with counts (c, K, K) N[r, u, v]: sources i and
     destinations j, (E,) int32 each, edges in (r, u, v) group order. Sources are drawn in (r, u) order, column by
     column, and destinations in (r, v) order; the edges of one (r, u, v) group are exchangeable, so pairing the
     group's k-th source with its k-th destination keeps each edge's own (u, v), as the reference does. Each side
     reads its own stream of uniforms (_uniforms), chunk after chunk: chunks change no draw."""
     i = _draw(X, counts.sum(2).view(-1), sources)
-    j = _draw(Y, counts.sum(1).view(-1), destinations, shift=_uv_shift(counts))
+    j = _draw(Y, counts.sum(1).view(-1), destinations, moves=_uv_shift(counts))
     return i, j
 
 
-def _draw(W: torch.Tensor, per_row: torch.Tensor, uniforms, shift: torch.Tensor | None = None) -> torch.Tensor:
+def _draw(W: "_Factor", per_row: torch.Tensor, uniforms, moves: tuple | None = None) -> torch.Tensor:
     """Inverse-CDF draws from the columns of W (R, n, K): per_row[o] draws (R·K,) from CDF row o = r·K + u, the
-    CDF of column u of W[r], in that order → indices i (E,) int32. With `shift` (E,), draw e is stored at
-    position e + shift[e]. A block of rows at a time (_blocks): its CDF (_cdf_block), its guide table and its
-    draws.
+    CDF of column u of W[r], in that order → indices i (E,) int32. With `moves` (shift, ends) (_uv_shift), the
+    draws of group g, positions ends[g − 1]..ends[g] − 1, are stored shift[g] further on. A block of rows at a time
+    (_blocks): its CDF (_cdf_block), its guide table and its draws.
 
     The rule is torch.searchsorted(cdf[o], U, right=True) for U ∈ [0, 1) on the 2⁻⁵³ grid: the first entry
     strictly above U. It is always in range (the row's last entry is 1 > U) and never an index of zero weight
@@ -258,15 +262,14 @@ def _draw(W: torch.Tensor, per_row: torch.Tensor, uniforms, shift: torch.Tensor 
     ends = per_row.cumsum(0)                                         # (R·K,) each row's last draw + 1
     drawn = torch.empty(int(ends[-1]), dtype=torch.int32, device=W.device)
     for o0, o1 in _blocks(per_row, K, L):
-        e0, e1 = int(ends[o0 - 1]) if o0 else 0, int(ends[o1 - 1])
-        _draw_rows(W, o0, o1, per_row[o0:o1], uniforms, drawn, e0, None if shift is None else shift[e0:e1])
+        _draw_rows(W, o0, o1, per_row[o0:o1], uniforms, drawn, int(ends[o0 - 1]) if o0 else 0, moves)
     return drawn
 
 
-def _draw_rows(W: torch.Tensor, o0: int, o1: int, per_row: torch.Tensor, uniforms, drawn: torch.Tensor, e0: int,
-               shift: torch.Tensor | None) -> None:
+def _draw_rows(W: "_Factor", o0: int, o1: int, per_row: torch.Tensor, uniforms, drawn: torch.Tensor, e0: int,
+               moves: tuple | None) -> None:
     """The draws of CDF rows o0..o1 − 1 of W's columns (_draw): per_row[o − o0] from row o, in order, into
-    drawn[e0:], each at its position + shift when shift is given."""
+    drawn[e0:], each moved as `moves` says when given."""
     n = W.shape[1]
     b = _bits(n)
     L = 1 << b
@@ -275,18 +278,29 @@ def _draw_rows(W: torch.Tensor, o0: int, o1: int, per_row: torch.Tensor, uniform
     cdf = _cdf_block(W, o0, o1)                                      # (rows·L,)
     guide = _guide_table(cdf, n, G)                                  # (rows·(G + 1),)
     start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
-    start = repeat_interleave(start, per_row, E)                     # (E,) the guide of each draw's row
+    row_ends = np.cumsum((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())
     for a in range(0, E, _CHUNK):
         z = min(a + _CHUNK, E)
         U = uniforms(z - a)                                          # (chunk,)
-        slot = (U * G).to(guide.dtype).add_(start[a:z])              # bucket ⌊U·G⌋ (exact: G a power of two)
+        slot = (U * G).to(guide.dtype).add_(_spread(start, row_ends, a, z))  # bucket ⌊U·G⌋ (exact: G = 2^k)
         found = _search(cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L,
                         steps=G == L).bitwise_and_(L - 1)            # (chunk,) entry i in its row
-        if shift is None:
+        if moves is None:
             drawn[e0 + a:e0 + z] = found
         else:
-            at = torch.arange(e0 + a, e0 + z, dtype=shift.dtype, device=shift.device)
-            drawn[at.add_(shift[a:z])] = found.to(torch.int32)
+            shift, group_ends = moves
+            at = _spread(shift, group_ends, e0 + a, e0 + z).add_(torch.arange(e0 + a, e0 + z, dtype=shift.dtype,
+                                                                              device=shift.device))
+            drawn[at] = found.to(torch.int32)
+
+
+def _spread(values: torch.Tensor, ends: np.ndarray, a: int, z: int) -> torch.Tensor:
+    """Positions a..z − 1 (a < z) of repeat_interleave(values, sizes), where `ends` (len(values),) are the running
+    sums of the sizes: the slice without the whole, so that no per-draw table is formed."""
+    lo = int(np.searchsorted(ends, a, side="right"))                 # the group of position a
+    hi = int(np.searchsorted(ends, z - 1, side="right")) + 1         # one past the group of position z − 1
+    sizes = np.diff(ends[lo:hi].clip(max=z), prepend=a)              # (hi − lo,) each group's positions in a..z − 1
+    return repeat_interleave(values[lo:hi], torch.from_numpy(sizes).to(values.device), z - a)
 
 
 def _blocks(per_row: torch.Tensor, K: int, L: int):
@@ -308,7 +322,7 @@ def _blocks(per_row: torch.Tensor, K: int, L: int):
         yield from zip(used[np.r_[0, cut]].tolist(), (used[np.r_[cut, len(used)] - 1] + 1).tolist())
 
 
-def _cdf_block(W: torch.Tensor, o0: int, o1: int) -> torch.Tensor:
+def _cdf_block(W: "_Factor", o0: int, o1: int) -> torch.Tensor:
     """Inverse-CDF rows o0..o1 − 1 of the columns of W (R, n, K), row o = r·K + u the CDF of column u of W[r]
     → (rows·L,) float64, L = 2^b ≥ n (b = bits of n − 1), so a flat index o·L + i splits into row and entry i with
     a shift and a mask; padded with 1 past n. An empty column reads 0 (it is never drawn from)."""
@@ -317,7 +331,7 @@ def _cdf_block(W: torch.Tensor, o0: int, o1: int) -> torch.Tensor:
     cdf = torch.empty(o1 - o0, L, dtype=_WORK, device=W.device)      # (rows, L)
     for r in range(o0 // K, (o1 - 1) // K + 1):                      # the columns, graph by graph
         a, z = max(o0, r * K), min(o1, r * K + K)
-        _columns(W[r], a - r * K, z - r * K, cdf[a - o0:z - o0, :n])
+        W.columns(r, a - r * K, z - r * K, cdf[a - o0:z - o0, :n])
     C = cdf[:, :n]
     C.cumsum_(1)                                                     # prefix sums, float64 (see _WORK)
     totals = C[:, -1:].clone()
@@ -390,16 +404,17 @@ def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tens
     return last + 1
 
 
-def _uv_shift(counts: torch.Tensor) -> torch.Tensor:
-    """How far each edge laid out in (r, v, u) group order moves to reach (r, u, v) group order, order within a
-    group kept: (E,). counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at start_uv in the target order
-    and at start_vu in the source order, so its edges move by start_uv − start_vu."""
+def _uv_shift(counts: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
+    """How far the edges laid out in (r, v, u) group order move to reach (r, u, v) group order, order within a
+    group kept: (shift (R·K·K,), ends (R·K·K,) NumPy int64), group g = (r, v, u) holding positions
+    ends[g − 1]..ends[g] − 1 of the source order. counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at
+    start_uv in the target order and at start_vu in the source order, so its edges move by start_uv − start_vu."""
     E = int(counts.sum())
     start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)   # (R, K, K) [r, u, v]
     counts_vu = counts.transpose(1, 2).contiguous()                                 # (R, K, K) [r, v, u]
-    start_vu = counts_vu.view(-1).cumsum(0).sub_(counts_vu.view(-1))               # (R·K·K,) [r, v, u]
-    shift = start_uv.transpose(1, 2).reshape(-1).sub_(start_vu)                    # (R·K·K,) [r, v, u]
-    return repeat_interleave(shift.to(_index_dtype(E)), counts_vu.view(-1), E)
+    ends_vu = counts_vu.view(-1).cumsum(0)                                          # (R·K·K,) [r, v, u]
+    shift = start_uv.transpose(1, 2).reshape(-1).sub_(ends_vu).add_(counts_vu.view(-1))  # (R·K·K,) [r, v, u]
+    return shift.to(_index_dtype(E)), ends_vu.cpu().numpy()
 
 
 def _sorted_key(X, S, Y, generator, dedup: bool):
@@ -419,12 +434,15 @@ def _sorted_key(X, S, Y, generator, dedup: bool):
     streams = _uniforms(generator, X.device), _uniforms(generator, X.device)  # of sources, of destinations
     for r0, r1, e0, e1 in _chunks(per_graph):
         i, j = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
-        graph = torch.arange(r0, r1, dtype=dtype, device=i.device) << (bn + bm)
-        key = repeat_interleave(graph, per_graph[r0:r1], e1 - e0)    # (E,) in (r, u, v) order
-        key |= i.to(dtype).bitwise_left_shift_(bm)
+        key = i.to(dtype).bitwise_left_shift_(bm)                    # (E,) in (r, u, v) order; in i's buffer if int32
         del i
-        key |= j.to(dtype)
+        key |= j
         del j
+        if r1 - r0 == 1:
+            key |= r0 << (bn + bm)
+        else:                                                        # several graphs: at most about _EDGES edges
+            graph = torch.arange(r0, r1, dtype=dtype, device=key.device) << (bn + bm)
+            key |= repeat_interleave(graph, per_graph[r0:r1], e1 - e0)
         key = sort_integers(key)                                     # the one sort
         if dedup:
             key = torch.unique_consecutive(key)
@@ -444,7 +462,10 @@ def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
     bn = _bits(n)
     row_ptr = torch.full((R * n + 1,), len(key), dtype=torch.int32, device=key.device)
     if len(key) <= 32 * R * n:
-        rows = torch.bincount(key >> bm, minlength=R << bn).view(R, 1 << bn)[:, :n]  # (R, n) edges a row
+        rows, step = torch.zeros(R << bn, dtype=torch.int64, device=key.device), max(_EDGES, R << bn)
+        for a in range(0, len(key), step):                           # a chunk of keys at a time: no (E,) temporary
+            rows += torch.bincount(key[a:a + step] >> bm, minlength=R << bn)
+        rows = rows.view(R, 1 << bn)[:, :n]                          # (R, n) edges a row
         row_ptr[0] = 0
         torch.cumsum(rows.reshape(-1), 0, out=row_ptr[1:])
         return row_ptr
@@ -561,18 +582,27 @@ def _check_values(name: str, t: torch.Tensor, high: bool = True) -> None:
 
 def _validate(X, S, Y, key_needed: bool, high: bool = True) -> tuple[tuple[int, ...], int, int, int, int]:
     """Check all inputs (with high=False, X and Y for NaN, −inf and negative entries only); return (leading
-    shape, R, n, m, K)."""
-    for name, t in (("X", X), ("S", S), ("Y", Y)):
-        _check_factor(name, t)
-    K = X.shape[-1]
+    shape, R, n, m, K). X and Y may come in parts along K (a tuple of tensors, _Factor)."""
+    factors = {"X": _parts(X), "S": (S,), "Y": _parts(Y)}
+    for name, parts in factors.items():
+        if not parts:
+            raise ValueError(f"{name} must be a torch.Tensor or a tuple of them, got an empty tuple")
+        for t in parts:
+            _check_factor(name, t)
+        if len({t.shape[-2] for t in parts}) > 1:
+            raise ValueError(f"the parts of {name} must have the same rows, got {[tuple(t.shape) for t in parts]}")
+    (X, *_), (Y, *_) = factors["X"], factors["Y"]
+    K = sum(t.shape[-1] for t in factors["X"])
     if S.shape[-2:] != (K, K):
         raise ValueError(f"S must have shape (..., K, K) with K = X.shape[-1] = {K}, got {tuple(S.shape)}")
-    if Y.shape[-1] != K:
-        raise ValueError(f"Y must have shape (..., m, K) with K = X.shape[-1] = {K}, got {tuple(Y.shape)}")
-    if not (X.device == S.device == Y.device):
-        raise ValueError(f"X, S, Y must be on one device, got {X.device}, {S.device}, {Y.device}")
+    if sum(t.shape[-1] for t in factors["Y"]) != K:
+        raise ValueError(f"Y must have shape (..., m, K) with K = X.shape[-1] = {K}, got "
+                         f"{[tuple(t.shape) for t in factors['Y']]}")
+    devices = {t.device for parts in factors.values() for t in parts}
+    if len(devices) > 1:
+        raise ValueError(f"X, S, Y must be on one device, got {sorted(map(str, devices))}")
     try:
-        lead = tuple(torch.broadcast_shapes(X.shape[:-2], S.shape[:-2], Y.shape[:-2]))
+        lead = tuple(torch.broadcast_shapes(*(t.shape[:-2] for parts in factors.values() for t in parts)))
     except RuntimeError:
         raise ValueError(f"leading dims of X {tuple(X.shape[:-2])}, S {tuple(S.shape[:-2])} and "
                          f"Y {tuple(Y.shape[:-2])} do not broadcast") from None
@@ -582,8 +612,9 @@ def _validate(X, S, Y, key_needed: bool, high: bool = True) -> tuple[tuple[int, 
         if bits > 63:
             raise ValueError(f"R·n·m too large for the int64 sort key of dedup/csr (R={R}, n={n}, m={m} need "
                              f"{bits} bits > 63); split the batch or use dedup=False, csr=False")
-    for name, t in (("X", X), ("S", S), ("Y", Y)):
-        _check_values(name, t, high or name == "S")
+    for name, parts in factors.items():
+        for t in parts:
+            _check_values(name, t, high or name == "S")
     return lead, R, n, m, K
 
 
@@ -598,6 +629,46 @@ def _flat(t: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
     probability, e.g. X[r, i] · (S[r] Y[r, j]), with autograd outside this module."""
     t = t.detach()
     return t.expand(*lead, *t.shape[-2:]).reshape(math.prod(lead), *t.shape[-2:])
+
+
+def _parts(t) -> tuple:
+    """A factor's parts along K: the tuple's tensors, or the tensor alone."""
+    return tuple(t) if isinstance(t, (tuple, list)) else (t,)
+
+
+def _joined(t, lead: tuple[int, ...]) -> torch.Tensor:
+    """_flat of a factor, its parts concatenated (the reference helpers form it)."""
+    return torch.cat([_flat(part, lead) for part in _parts(t)], -1)
+
+
+class _Factor:
+    """X or Y on the fast path, (R, n, K): its parts (R, n, K_a) (_flat), read as their concatenation along K and
+    never formed (SBM-Transformer appends δ's column to K̂ so, without a copy of K̂)."""
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self.shape = (*parts[0].shape[:2], sum(part.shape[2] for part in parts))
+        self.device = parts[0].device
+
+    @classmethod
+    def flat(cls, t, lead: tuple[int, ...]) -> "_Factor":
+        return cls(tuple(_flat(part, lead) for part in _parts(t)))
+
+    def __getitem__(self, graphs: slice) -> "_Factor":
+        return _Factor(tuple(part[graphs] for part in self.parts))
+
+    def column_sums(self) -> torch.Tensor:
+        """(R, K) float64 (_column_sums)."""
+        return torch.cat([_column_sums(part) for part in self.parts], 1)
+
+    def columns(self, r: int, u0: int, u1: int, out: torch.Tensor) -> None:
+        """Columns u0..u1 − 1 of graph r as the rows of out (_columns), part by part."""
+        start = 0
+        for part in self.parts:
+            a, z = max(u0, start), min(u1, start + part.shape[2])
+            if a < z:
+                _columns(part[r], a - start, z - start, out[a - u0:z - u0])
+            start += part.shape[2]
 
 
 def _index_dtype(size: int) -> torch.dtype:

@@ -261,13 +261,18 @@ class StraightThrough(torch.autograd.Function):
 # ---- fast path: sparse attention on a fastRG graph, O(E) -------------------------------------------------------
 # fastRG proposes edges already grouped by query (CSR), thinning makes them exact Bernoulli(min(1, P + δ)) and keeps
 # that order, scores are computed on the edges only, a softmax per query by segment reductions, aggregation by
-# sparse (CSR) products. Two autograd functions keep O(E) scalars (α_e, s_e) and the graph; their backward uses the
-# key-major copy of the graph (CSC, one sort, made at the end of a training forward) for dK, dV and ∂L/∂K̂. Time
-# O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ
-# and fastRG's R·K² block counts: at K = 128 > D = 32 they dominate short sequences (ListOps at N = 200 costs more
-# FLOPs than full attention).
+# sparse (CSR) products. Between forward and backward a layer keeps only its graph (4 bytes an edge; with dropout
+# its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs; with the
+# chunks below, fwd+bwd takes 10-25% longer at n = 2048-8192, D = 32), builds the key-major copy of the graph (CSC,
+# one sort a block of graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows. Per-edge
+# temporaries are taken a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays
+# of 4 bytes: graph, key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
+# O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D =
+# 32 they dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
 PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
+CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
+BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
 
 
 AUTO_DENSE_PAIRS = 1 << 26  # path="auto" never forms more (B·H·N·M) pairs: ~50 bytes each in training, 3 GiB
@@ -311,7 +316,8 @@ def _offsets(counts: Tensor) -> Tensor:
 class Edges:
     """The edges of R query→key graphs grouped by query (CSR: row_ptr, col), plus a key-major copy (CSC:
     col_ptr, row_t, perm) for the transposed products of the backward, built on first use (so inference never
-    sorts). Indices are int32 (the sparse BLAS kernels' type); keys of `col` are sorted within each row."""
+    sorts). Indices are int32 (the sparse BLAS kernels' type); keys of `col` are sorted within each row. Per-edge
+    work goes a chunk of queries or keys at a time (chunks)."""
     R: int
     N: int
     M: int
@@ -338,20 +344,33 @@ class Edges:
         return cls.build(row, row // N * M + j, R, N, M)
 
     def key_major(self) -> tuple:
-        """(col_ptr (R·M + 1,), row_t (E,) query of each edge in key-major order, perm (E,) its CSR position),
-        all int32, from one sort of E integer keys key·2^b + CSR position (b = bits of E): the values alone
-        carry the permutation, and queries stay in order within a key."""
+        """(col_ptr (R·M + 1,), blocks), built on first use a block of whole graphs at a time (about BLOCK edges).
+        Block (first key, end key, row_t, perm): row_t (E_b,) the query of each of its edges in key-major order,
+        perm (E_b,) its CSR position, int32, from one sort of the block's integer keys key·2^b + CSR position (b =
+        bits of E): the values alone carry the permutation, and queries stay in order within a key. perm and
+        row_t are the two halves of the sorted int64 keys (little-endian: perm the low one, row_t written over
+        the high one), so a block is one allocation of 8 bytes an edge; its build adds its queries in CSR order,
+        4 more."""
         if self._key_major is None:
             with _part("CSR/CSC build"):
-                bits = max(self.E - 1, 0).bit_length()
-                key = self.col.long().bitwise_left_shift_(bits)
-                for a in range(0, self.E, 1 << 20):  # + CSR position, a chunk at a time (no E-sized arange)
-                    key[a:a + (1 << 20)] += torch.arange(a, min(a + (1 << 20), self.E), device=key.device)
-                perm = fastrg.sort_integers(key).bitwise_and_((1 << bits) - 1).int()  # sorted by (key, query)
-                del key
-                row = self.to_rows(torch.arange(self.R * self.N, dtype=torch.int32, device=self.col.device))
-                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)),
-                                   row.index_select(0, perm), perm)
+                bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
+                for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
+                    a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
+                    key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
+                    key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
+                    for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
+                        key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
+                    key = fastrg.sort_integers(key)  # by (key, query)
+                    perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
+                    perm.bitwise_and_((1 << bits) - 1)
+                    row = fastrg.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
+                                                                device=key.device),
+                                                   self.row_len[g0 * self.N:g1 * self.N], b - a)  # CSR order
+                    for c in range(0, b - a, CHUNK):
+                        row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
+                    del key, row  # before the next block's
+                    blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
+                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
         return self._key_major
 
     def to_mask(self) -> Tensor:
@@ -372,14 +391,41 @@ class Edges:
     def csr(self, values: Tensor) -> Tensor:
         return _csr(self.row_ptr, self.col, values, (self.R * self.N, self.R * self.M))
 
-    def csc(self, values: Tensor) -> Tensor:
-        """The transposed graph (keys × queries) as CSR; `values` in CSR order are permuted to key-major."""
-        col_ptr, row_t, perm = self.key_major()
-        return _csr(col_ptr, row_t, values.index_select(0, perm), (self.R * self.M, self.R * self.N))
-
     def to_rows(self, per_row: Tensor) -> Tensor:
         """(R·N,) → (E,): each edge gets its query's value (edges are grouped by query)."""
         return fastrg.repeat_interleave(per_row, self.row_len, self.E)
+
+    def chunks(self, key_major: bool = False):
+        """Consecutive ranges of whole queries (of whole keys with key_major=True) holding about CHUNK edges:
+        yields (first query (key), at, part): `at` the CSR positions of its edges (a slice; in key-major order, an
+        index), part the range as one graph over all R·M keys (R·N queries), whose csr() is those rows of csr()
+        (of the transposed graph). Every query (key) is in one range; a product of a part gives its rows of the
+        whole product, bit for bit."""
+        if not key_major:
+            for start, end in _ranges(self.row_ptr, 0, self.R * self.N, CHUNK):
+                e0, e1 = int(self.row_ptr[start]), int(self.row_ptr[end])
+                offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op
+                yield start, slice(e0, e1), Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
+                                                  self.col[e0:e1])
+            return
+        col_ptr, blocks = self.key_major()
+        for k0, k1, row_t, perm in blocks:
+            base = int(col_ptr[k0])
+            for start, end in _ranges(col_ptr, k0, k1, CHUNK):
+                e0, e1 = int(col_ptr[start]) - base, int(col_ptr[end]) - base
+                offsets = col_ptr[start:end + 1] - (e0 + base)
+                yield start, perm[e0:e1], Edges(1, end - start, self.R * self.N, offsets, offsets.diff(),
+                                                row_t[e0:e1].contiguous())
+
+
+def _ranges(ptr: Tensor, start: int, stop: int, size: int):
+    """Consecutive ranges [a, b) covering start..stop − 1, each whole entries of the offsets `ptr` holding about
+    `size` items (at least one entry)."""
+    while start < stop:
+        target = min(int(ptr[start]) + size, int(ptr[stop]))
+        end = min(stop, max(start + 1, int(torch.searchsorted(ptr, target, right=True)) - 1))
+        yield start, end
+        start = end
 
 
 def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
@@ -389,10 +435,12 @@ def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
     return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale, out=pattern).values()
 
 
-def _select(keep: Tensor, *tensors: Tensor):
-    """t[keep] for each tensor, with one index for all."""
-    index = fastrg.nonzero(keep)
-    return tuple(t.index_select(0, index) for t in tensors)
+def _select(values: Tensor, keep: Tensor) -> Tensor:
+    """values[keep], 1-D (numpy's boolean index on CPU: only the output, where torch.masked_select also makes an
+    int64 index, 8 bytes an entry)."""
+    if values.device.type == "cpu":
+        return torch.from_numpy(values.numpy()[keep.numpy()])
+    return values.masked_select(keep)
 
 
 def _kept_offsets(keep: Tensor, row_ptr: Tensor) -> Tensor:
@@ -435,24 +483,17 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
         bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
         bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
         scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
-        # X = diag(c) Q̂, written where fastRG reads it (no concatenation copy when δ adds a column)
-        xs = x.new_empty(B, H, N, K + (delta > 0))
-        torch.mul(x, scale[..., None], out=xs[..., :K])
-        zs = z
-        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py)
-            xs[..., K] = scale
-            zs = torch.cat([z, keys.expand(B, H, M, 1)], -1)
+        xs, zs = x * scale[..., None], z  # (B, H, N, K) X = diag(c) Q̂
+        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py); its column
+            xs, zs = (xs, scale[..., None]), (z, keys)  # goes beside, never concatenated (no copy of K̂)
             s = F.pad(s, (0, 1, 0, 1))
             s[:, K, K] = delta
         row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
+        del xs, zs, z  # before thinning's temporaries
     with _part("thinning"):
-        proposed = Edges.from_csr(row_ptr, col, R, N, M)
-        allowed = None
-        if causal:  # key index j ≤ query index i, both as r·M + ·
-            diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1)
-            allowed = col <= proposed.to_rows(diagonal.int())
-        keep = thin(proposed, allowed, x, w, bound, scale, delta, generator)
-        edges = Edges.from_csr(_kept_offsets(keep, row_ptr), *_select(keep, col), R, N, M)
+        keep, row_ptr = thin(Edges.from_csr(row_ptr, col, R, N, M), causal, x, w, bound, scale, delta, generator)
+        edges = Edges.from_csr(row_ptr, _select(col, keep), R, N, M)
+        del col, keep
         if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
             row = edges.to_rows(torch.arange(R * N, device=x.device))
             loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
@@ -464,34 +505,52 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
     return edges
 
 
-def thin(proposed: Edges, allowed: Optional[Tensor], x, w, bound, scale, delta: float, generator) -> Tensor:
-    """(E',) bool: keep each proposed pair (that `allowed` allows) with probability a(π) = min(1, π)/(1 − e^{−c_i π}),
-    so that P(edge) = min(1, π). a grows with π from 1/c_i (π → 0), so U < 1/c_i keeps a pair without its p (a
-    squeeze); only the others, a fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product."""
-    R, N, K = proposed.R, proposed.N, x.shape[-1]
-    sure = bound / -torch.log1p(-bound) * (1 - 2 ** -20)  # (B, H, N) 1/c_i, rounded down
-    U = torch.rand(proposed.E, generator=generator, device=x.device, dtype=x.dtype)
-    keep = U < proposed.to_rows(sure.reshape(R * N))
-    unsure = ~keep if allowed is None else allowed & ~keep
-    if allowed is not None:
-        keep &= allowed
-    index = fastrg.nonzero(unsure)
-    checked = Edges.from_csr(_kept_offsets(unsure, proposed.row_ptr), proposed.col.index_select(0, index),
-                             R, N, proposed.M)
-    pi = _sddmm(checked.csr(_zeros(checked, x)), x.reshape(R * N, K), w.reshape(-1, K)) + delta
-    U = U.index_select(0, index).mul_(checked.to_rows(scale.reshape(R * N).neg()).mul_(pi).expm1_().neg_())
-    return keep.index_put_((index,), U < pi.clamp_(max=1.0))  # U · (1 − e^{−c_i π}) < min(1, π)
+def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, generator) -> tuple:
+    """(keep (E',) bool, row offsets (R·N + 1,) of the kept edges): keep each proposed pair (with causal, one whose
+    key is not after its query) with probability a(π) = min(1, π)/(1 − e^{−c_i π}), so that P(edge) = min(1, π).
+    a grows with π from 1/c_i (π → 0), so U < 1/c_i keeps a pair without its p (a squeeze); only the others, a
+    fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product. A chunk of queries at a time, their
+    U drawn in turn (the stream of one draw of E')."""
+    R, N, M, K = proposed.R, proposed.N, proposed.M, x.shape[-1]
+    sure = (bound / -torch.log1p(-bound) * (1 - 2 ** -20)).reshape(R * N)  # 1/c_i, rounded down
+    x, w, rate = x.reshape(R * N, K), w.reshape(-1, K), scale.reshape(R * N).neg()
+    if causal:  # key index j ≤ query index i, both as r·M + ·
+        diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1).int()
+    keep = torch.empty(proposed.E, dtype=torch.bool, device=x.device)
+    kept = torch.empty(R * N, dtype=torch.int32, device=x.device)  # (R·N,) kept edges per query
+    for q0, at, part in proposed.chunks():
+        q1 = q0 + part.N
+        U = torch.rand(part.E, generator=generator, device=x.device, dtype=x.dtype)
+        ok = U < part.to_rows(sure[q0:q1])
+        unsure = ~ok
+        if causal:
+            allowed = part.col <= part.to_rows(diagonal[q0:q1])
+            unsure &= allowed
+            ok &= allowed
+        index = fastrg.nonzero(unsure)
+        checked = Edges.from_csr(_kept_offsets(unsure, part.row_ptr), part.col.index_select(0, index), 1, part.N,
+                                 part.M)
+        pi = _sddmm(checked.csr(_zeros(checked, x)), x[q0:q1], w) + delta
+        U = U.index_select(0, index).mul_(checked.to_rows(rate[q0:q1]).mul_(pi).expm1_().neg_())
+        ok.index_put_((index,), U < pi.clamp_(max=1.0))  # U·(1 − e^{−c_i π}) < min(1, π)
+        keep[at] = ok
+        kept[q0:q1] = _kept_offsets(ok, part.row_ptr).diff()
+    return keep, _offsets(kept)
 
 
 class EdgeAttention(torch.autograd.Function):
     """σ_M(QKᵀ/√D) V on the edges (Eq. 3-4) with the STE of Eq. 9 as the gradient of `p`.
 
     Inputs q (R·N, D), k, v (R·M, D), p (E,) edge probabilities (their value is not used: the mask is the
-    binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves α_e and s_e (E,): O(E)
-    memory, never (E, D). Every product is a sparse kernel over the edges: SDDMM for scores and ∂L/∂α, CSR
-    products for the output and dQ, and for dK, dV the same products on the key-major copy of the graph.
-    The backward's sparse products have no derivative of their own: a double backward (create_graph=True: a
-    gradient penalty, gradgradcheck) raises at once instead of returning a wrong second derivative.
+    binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves two floats per query (the
+    softmax's maximum and sum) and nothing per edge but the graph: the backward recomputes the scores s_e and α
+    with the forward's kernels, bit for bit. Every product is a sparse kernel over the edges: SDDMM for scores
+    and ∂L/∂α, CSR products for the output and dQ, and for dK, dV the same on the key-major copy of the graph,
+    whose SDDMMs (k_j·q_i, v_j·dO_i) give the same values as the query-major ones. Per-edge temporaries are taken
+    a chunk of queries or keys at a time (Edges.chunks), with the same kernels on the same values: chunking
+    changes no bit. The backward's sparse products have no derivative of their own: a double backward
+    (create_graph=True: a gradient penalty, gradgradcheck) raises at once instead of returning a wrong second
+    derivative.
     """
 
     @staticmethod
@@ -499,13 +558,18 @@ class EdgeAttention(torch.autograd.Function):
         scale = q.shape[-1] ** -0.5
         s = _sddmm(edges.csr(_zeros(edges, q)), q, k, scale)  # (E,) scores s_e = q_i·k_j/√D
         top = torch.segment_reduce(s, "max", offsets=edges.row_ptr, unsafe=True)  # (R·N,) stabiliser
-        alpha = (s - edges.to_rows(top)).exp_()
-        total = torch.segment_reduce(alpha, "sum", offsets=edges.row_ptr, unsafe=True)  # (R·N,) ≥ 1 if any edge
-        alpha /= edges.to_rows(total)  # (E,) softmax over each query's edges (Eq. 4)
-        weights = alpha if keep is None else alpha * keep / (1 - p_drop)
-        ctx.save_for_backward(q, k, v, alpha, s, keep)
+        total = torch.empty_like(top)  # (R·N,) Σ_e exp(s_e − top_i), ≥ 1 if any edge
+        y = v.new_empty(q.shape[0], v.shape[1])  # (R·N, D); a query without edges gets 0
+        for q0, at, part in edges.chunks():
+            q1 = q0 + part.N
+            alpha = (s[at] - part.to_rows(top[q0:q1])).exp_()
+            total[q0:q1] = torch.segment_reduce(alpha, "sum", offsets=part.row_ptr, unsafe=True)
+            alpha /= part.to_rows(total[q0:q1])  # softmax over each query's edges (Eq. 4)
+            weights = alpha if keep is None else alpha * keep[at] / (1 - p_drop)
+            y[q0:q1] = part.csr(weights) @ v
+        ctx.save_for_backward(q, k, v, top, total, keep)
         ctx.edges, ctx.p_drop, ctx.ste = edges, p_drop, ste
-        return edges.csr(weights) @ v  # (R·N, D); a query without edges gets 0
+        return y
 
     @staticmethod
     @fastrg.one_thread()
@@ -516,45 +580,88 @@ class EdgeAttention(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("EdgeAttention has no second derivative: a double backward (create_graph=True) is "
                                "refused; SBMAttention's reference path (path='reference') has one")
-        q, k, v, alpha, s, keep = ctx.saved_tensors
+        q, k, v, top, total, keep = ctx.saved_tensors
         edges, scale = ctx.edges, q.shape[-1] ** -0.5
         grad_out = grad_out.contiguous()
         drop = 1.0 if keep is None else 1 / (1 - ctx.p_drop)
-        dp = _sddmm(edges.csr(_zeros(edges, q)), grad_out, v, drop)  # (E,) ∂L/∂α_e = dO_i·v_j (÷ keep)
-        weights = alpha
-        if keep is not None:
-            dp *= keep
-            weights = alpha * keep * drop
-        row_dot = torch.segment_reduce(alpha * dp, "sum", offsets=edges.row_ptr, unsafe=True)  # (R·N,)
-        ds = (dp - edges.to_rows(row_dot)).mul_(alpha)  # (E,) ∂L/∂s_e, softmax backward
-        dq = (edges.csr(ds) @ k).mul_(scale)
-        dk = (edges.csc(ds) @ q).mul_(scale)  # sums over each key's edges
-        dv = edges.csc(weights) @ grad_out
-        # Eq. 9: ∂L/∂p_e := ∂L/∂A_e · s_e with A = M ⊙ QKᵀ/√D, i.e. the score's gradient times the score;
-        # ste="official": the official code's hardtanh of the score's gradient.
-        dp_edge = ds * s if ctx.ste == "paper" else ds.clamp(-1.0, 1.0)
+        edges.key_major()  # built first, with only the graph held; StraightThroughEdges' backward reuses it
+        dq, row_dot = torch.empty_like(q), torch.empty_like(top)  # (R·N,) Σ_e α_e ∂L/∂α_e per query
+        dp_edge = q.new_empty(edges.E) if ctx.needs_input_grad[3] else None
+        for q0, at, part in edges.chunks():  # query-major: dQ and Eq. 9
+            q1 = q0 + part.N
+            s = _sddmm(part.csr(_zeros(part, q)), q[q0:q1], k, scale)  # the forward's scores, recomputed
+            alpha = (s - part.to_rows(top[q0:q1])).exp_()
+            alpha /= part.to_rows(total[q0:q1])
+            dp = _sddmm(part.csr(_zeros(part, q)), grad_out[q0:q1], v, drop)  # ∂L/∂α_e = dO_i·v_j (÷ keep)
+            if keep is not None:
+                dp *= keep[at]
+            row_dot[q0:q1] = torch.segment_reduce(alpha * dp, "sum", offsets=part.row_ptr, unsafe=True)
+            ds = (dp - part.to_rows(row_dot[q0:q1])).mul_(alpha)  # ∂L/∂s_e, softmax backward
+            dq[q0:q1] = (part.csr(ds) @ k).mul_(scale)
+            if dp_edge is not None:
+                # Eq. 9: ∂L/∂p_e := ∂L/∂A_e · s_e with A = M ⊙ QKᵀ/√D, i.e. the score's gradient times the score;
+                # ste="official": the official code's hardtanh of the score's gradient.
+                dp_edge[at] = ds.mul_(s) if ctx.ste == "paper" else ds.clamp_(-1.0, 1.0)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        for j0, at, part in edges.chunks(key_major=True):  # key-major: the same values, for dK and dV
+            j1, rows = j0 + part.N, part.col
+            s = _sddmm(part.csr(_zeros(part, q)), k[j0:j1], q, scale)
+            alpha = (s - top.index_select(0, rows)).exp_().div_(total.index_select(0, rows))
+            dp = _sddmm(part.csr(_zeros(part, q)), v[j0:j1], grad_out, drop)
+            weights = alpha
+            if keep is not None:
+                kept = keep[at]
+                dp *= kept
+                weights = alpha * kept * drop
+            dv[j0:j1] = part.csr(weights) @ grad_out
+            ds = (dp - row_dot.index_select(0, rows)).mul_(alpha)
+            dk[j0:j1] = (part.csr(ds) @ q).mul_(scale)
         return dq, dk, dv, dp_edge, None, None, None, None
 
 
 class StraightThroughEdges(torch.autograd.Function):
     """The straight-through estimator of Eq. 9 on the sampled edges: forward the mask itself, M_e = 1 on every
-    edge (a zero-stride view: no memory); backward ∂L/∂p_e := ∂L/∂M_e into p_e = x_i · w_j (x = Q̂, w = K̂Ŝᵀ, so
-    p_e = Q̂_iŜK̂_jᵀ): ∂x = G w, ∂w = Gᵀ x, O(E·K), per edge K/2D times the attention's backward (2× at Table 7's
-    K = 128, D = 32). The attention core and the density take M from here, so each sampled edge's probability
-    receives their gradients; p_e itself is never formed."""
+    edge (a zero-stride view: no memory), and its count Σ_e M_e per graph (R,); backward ∂L/∂p_e := ∂L/∂M_e,
+    the count's gradient included, into p_e = x_i · w_j (x = Q̂, w = K̂Ŝᵀ, so p_e = Q̂_iŜK̂_jᵀ): ∂x = G w, ∂w = Gᵀ x,
+    O(E·K), per edge K/2D times the attention's backward (2× at Table 7's K = 128, D = 32). The attention core
+    takes M from here and the density the counts, so each sampled edge's probability receives their gradients;
+    p_e itself is never formed, nor G whole: a chunk of queries (keys) at a time. With self_loops the forced
+    edges (i, i) are not sampled and receive none."""
 
     @staticmethod
-    def forward(ctx, x, w, edges: Edges):
+    def forward(ctx, x, w, edges: Edges, self_loops: bool):
         ctx.save_for_backward(x, w)
-        ctx.edges = edges
-        return x.new_ones(()).expand(edges.E)
+        ctx.edges, ctx.self_loops = edges, self_loops
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no E-sized zeros
+        return x.new_ones(()).expand(edges.E), edges.per_graph().to(x.dtype)
 
     @staticmethod
     @fastrg.one_thread()
-    def backward(ctx, grad):
+    def backward(ctx, grad_mask, grad_counts):
         x, w = ctx.saved_tensors
-        edges, grad = ctx.edges, grad.contiguous()
-        return edges.csr(grad) @ w, edges.csc(grad) @ x, None
+        edges = ctx.edges
+        if grad_mask is None and grad_counts is None:
+            return None, None, None, None
+
+        def edge_grad(start: int, at, part: Edges, key_major: bool) -> Tensor:
+            """G on the edges of a chunk (Edges.chunks) at CSR positions `at` (a slice or an index)."""
+            grad = None if grad_mask is None else grad_mask[at].contiguous()
+            if grad_counts is None and not ctx.self_loops:
+                return grad
+            own = part.to_rows(torch.arange(start, start + part.N, device=part.col.device))  # the chunk's side
+            rows, keys = (part.col, own) if key_major else (own, part.col)  # each edge's query and key
+            if grad_counts is not None:  # each edge's share of its graph's count
+                grad = grad_counts.index_select(0, rows // edges.N) + (0 if grad is None else grad)
+            if ctx.self_loops:
+                grad = grad.masked_fill(rows % edges.N == keys % edges.M, 0.0)
+            return grad
+
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+        for q0, at, part in edges.chunks():
+            dx[q0:q0 + part.N] = part.csr(edge_grad(q0, at, part, False)) @ w
+        for j0, at, part in edges.chunks(key_major=True):
+            dw[j0:j0 + part.N] = part.csr(edge_grad(j0, at, part, True)) @ x
+        return dx, dw, None, None
 
 
 @torch.compiler.disable  # sparse CSR products on a data-dependent graph: eager under torch.compile
@@ -564,10 +671,8 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
     B, H, N, D = q.shape
     x, w, edges = graph["x"], graph["w"], graph["edges"]
     with _part("p_e and STE"):
-        mask = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges)
-        if self_loops:  # forced edges are not sampled: no STE gradient
-            forced = edges.to_rows(torch.arange(B * H * N, device=q.device)) % N == edges.col % N
-            mask = torch.where(forced, mask.detach(), mask)
+        mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges,
+                                                  self_loops)
     with _part("core"):
         keep = None
         if p_drop > 0:  # on the normalised weights, as on the reference path
@@ -575,11 +680,7 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
             keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
         y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
                                 mask, edges, keep, p_drop, ste).view(B, H, N, D)
-    if y.requires_grad:  # the backward's key-major copy, built now: between the forward's temporaries
-        edges.key_major()  # and the backward's, its sort adds less to the peak memory
-    with _part("density"):  # Σ_e M_e per graph: the edge count, and λ/pairs to each edge's p_e (STE)
-        counts = torch.segment_reduce(mask, "sum", offsets=edges.row_ptr[::N], unsafe=True).view(B, H)
-    return y, counts
+    return y, counts.view(B, H)
 
 
 # ---------------------------------------------------------------------------------------------- procedures

@@ -22,9 +22,11 @@ forward time without autograd and forward+backward time (medians after warm-up),
 (bench.measure conventions: a sparse product costs 2 per edge and column) and the density drawn; with
 --rounds, every cell is measured once per round, round after round, and the medians are reported. Then, per
 n, the crossover densities where SBM's time meets fused SDPA's and its memory the reference path's, from a
-least-squares line through the measured densities (cost is linear in the edges), and for every ``sbm``
-cell where its forward+backward time goes, part by part (profile_parts: the parts labelled in
-sbm_transformer.PARTS), beside the core cell of the same density.
+least-squares line through the measured densities (cost is linear in the edges); the module's memory as
+peak = a + b·E over its densities (memory_fit: a the part that does not depend on the edges, b the bytes an
+edge), each round fitted apart, beside fused SDPA and the explicit path; and for every ``sbm`` cell where its
+forward+backward time goes, part by part (profile_parts: the parts labelled in sbm_transformer.PARTS), beside
+the core cell of the same density.
 """
 import argparse
 import json
@@ -184,14 +186,19 @@ def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
     return scaling.run_cell(cell, allocator, timeout, module="bench.sbm_scaling")
 
 
+def line_fit(xs: list, ys: list) -> tuple:
+    """(intercept, slope) of the least-squares line through the points (xs, ys)."""
+    x, y = torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64)
+    slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
+    return float(y.mean()) - slope * float(x.mean()), slope
+
+
 def crossover(points: list, target: float):
     """Density where the least-squares line through (density, value) points reaches `target`, or None."""
     if len(points) < 2 or target is None:
         return None
-    xs, ys = (torch.tensor([float(p[i]) for p in points], dtype=torch.float64) for i in (0, 1))
-    slope = ((xs - xs.mean()) * (ys - ys.mean())).sum() / ((xs - xs.mean()) ** 2).sum()
-    intercept = ys.mean() - slope * xs.mean()
-    return float((target - intercept) / slope) if slope > 0 else None
+    intercept, slope = line_fit([float(p[0]) for p in points], [float(p[1]) for p in points])
+    return (target - intercept) / slope if slope > 0 else None
 
 
 def summary(rows: list) -> list:
@@ -209,12 +216,40 @@ def summary(rows: list) -> list:
     return out
 
 
+def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
+    """Per n, the module's (``sbm``) peak memory as a + b·E over its densities, E = density · batch · heads · n²
+    edges drawn, by least squares in each round apart: the medians of a (MiB) and b (bytes an edge) with their
+    range over rounds; fused SDPA's and the explicit path's peaks (MiB); and each density's peak (MiB) with its
+    ratio to both."""
+    def spread(values, unit):
+        return f"{statistics.median(values) / unit:.1f} [{min(values) / unit:.1f}, {max(values) / unit:.1f}]"
+
+    out = []
+    for n in sorted({r["n"] for r in rows}):
+        cells = {r["method"]: r for r in rows if r["n"] == n and "error" not in r}
+        sbm = [cells.get(f"sbm@{d:g}") for d in densities]
+        if sum(r is not None for r in sbm) < 2:
+            continue
+        done = [r for r in sbm if r is not None]
+        edges = [r["density"] * batch * heads * n * n for r in done]
+        fits = [line_fit(edges, peaks) for peaks in zip(*(r["peak_rounds"] for r in done))]  # a fit a round
+        full, ref = (cells[name]["peak_bytes"] if name in cells else None for name in ("full", "full-ref"))
+        line = [n, spread([a for a, _ in fits], 2**20), spread([b for _, b in fits], 1),
+                f"{full / 2**20:.1f}" if full else "–", f"{ref / 2**20:.1f}" if ref else "–"]
+        for r in sbm:
+            ratios = " / ".join(f"{r['peak_bytes'] / base:.2f}" if base else "–" for base in (full, ref)) if r else ""
+            line.append(f"{r['peak_bytes'] / 2**20:.1f} ({ratios})" if r else "–")
+        out.append(line)
+    return out
+
+
 def median_row(runs: list) -> dict:
-    """One cell's measurements over rounds → the median of each time, memory and part figure."""
+    """One cell's measurements over rounds → the median of each time, memory and part figure, and the peak
+    memory of every round (peak_rounds, for memory_fit's spread)."""
     done = [r for r in runs if "error" not in r]
     if not done:
         return runs[-1]
-    row = dict(done[0])
+    row = dict(done[0], peak_rounds=[r["peak_bytes"] for r in done])
     for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes"):
         row[key] = statistics.median(r[key] for r in done)
     if "parts_ms" in row:
@@ -310,6 +345,13 @@ def main(argv=None) -> int:
           "peak memory = the reference path's.\n")
     print(tabulate(summary(rows), headers=["n", "core: time", "core: memory", "module: time", "module: memory"],
                    tablefmt="github", disable_numparse=True))
+    fits = memory_fit(rows, densities, args.batch_size, args.heads)
+    if fits:
+        print(f"\nThe module's peak memory = a + b·E over its densities (least squares, E = density · {args.batch_size}"
+              f" · {args.heads} · n² edges drawn; each round fitted apart: the median [range over rounds]), beside "
+              "fused SDPA and the explicit path; per density its peak in MiB (÷ fused SDPA / ÷ explicit).\n")
+        print(tabulate(fits, headers=["n", "a MiB", "b bytes/edge", "fused SDPA MiB", "explicit MiB"] +
+                       [f"sbm@{d:g}" for d in densities], tablefmt="github", disable_numparse=True))
     profiled = [r for r in rows if "parts_ms" in r]
     if profiled:
         print("\nWhere the module's fwd+bwd time goes (torch.profiler, ms per step; `other`: projections and glue; "

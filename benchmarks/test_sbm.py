@@ -1,6 +1,8 @@
 """SBM-Transformer at controlled densities (bench.sbm_scaling's cells): the attention core
 (sbm_transformer.EdgeAttention on a fixed uniform random graph, the graph's structures built inside the timed
-call) and the whole SBMAttention module with its membership logits shifted so that the expected density is d."""
+call: the key-major copy in the backward) and the whole SBMAttention module with its membership logits shifted so
+that the expected density is d. The core's saved run also records what its forward keeps for the backward, in
+bytes an edge (the graph alone: 4)."""
 import pytest
 import torch
 
@@ -26,6 +28,11 @@ def test_sbm_core_fwd_bwd(benchmark, n, density):
     benchmark.group = f"SBM core fwd+bwd, n={n}"
     benchmark(forward_backward)
     benchmark.extra_info["density"] = len(col) / (HEADS * n * n)
+    y = sbm_transformer.EdgeAttention.apply(q, k, v, p, sbm_transformer.Edges.from_csr(row_ptr, col, HEADS, n, n),
+                                            None, 0.0, "paper")
+    per_edge = [t for t in y.grad_fn.saved_tensors if t is not None and t.shape == (len(col),)]
+    benchmark.extra_info["saved_bytes_per_edge"] = (col.element_size() +  # the graph, and E-sized saved values
+                                                    sum(t.element_size() for t in per_edge))
 
 
 @pytest.mark.parametrize("density", DENSITIES, ids=[f"d{d:g}" for d in DENSITIES])

@@ -270,6 +270,30 @@ def test_block_csr_is_the_csr_draw_as_one_block_diagonal_matrix():
     assert torch.equal(empty_ptr, torch.zeros(R * n + 1, dtype=torch.int32)) and empty_col.shape == (0,)
 
 
+@pytest.mark.parametrize("setting", [{}, dict(_CHUNK=97, _EDGES=300, _BLOCK=64, _COPY_ROWS=1)],
+                         ids=["whole", "chunked"])
+def test_factors_in_parts_draw_the_graph_of_their_concatenation(monkeypatch, setting):
+    # X and Y given as parts along K (SBM-Transformer's [K̂, 1] without the copy), broadcast apart: the same
+    # graph, edge for edge, as their concatenation under the same generator, in every form and with chunked
+    # draws too (CDF rows that straddle two parts); the dense helpers read the parts alike.
+    for name, value in setting.items():
+        monkeypatch.setattr(fastrg, name, value)
+    g = torch.Generator().manual_seed(58)
+    R, n, m, K = 3, 41, 33, 6
+    X, Y = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g)
+    S = torch.rand(K, K, generator=g) * 0.4
+    ones = torch.ones(1, m, 1)                                       # one part broadcast over the graphs
+    Y[..., 5:] = 1
+    parts = ((X[..., :2], X[..., 2:]), S, (Y[..., :5], ones))
+    for draw in (lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), csr=True),
+                 lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), dedup=False),
+                 lambda *a: fastrg.sample_block_csr(*a, generator=torch.Generator().manual_seed(59))):
+        whole, split = draw(X, S, Y), draw(*parts)
+        assert len(whole[0]) > 100 and all(torch.equal(a, b) for a, b in zip(whole, split))
+    assert torch.equal(edge_probability(*parts), edge_probability(X, S, Y))
+    assert torch.allclose(expected_edges(*parts), expected_edges(X, S, Y), rtol=1e-12, atol=0)
+
+
 def test_cpu_primitives_match_torch():
     g = torch.Generator().manual_seed(32)
     counts = torch.randint(0, 4, (50,), generator=g)
@@ -438,7 +462,7 @@ def _locate(cdf, rows, U, n):
 
 def _cdf(W):
     """The CDF rows of every column of W (R, n, K), as one block (R·K·L,)."""
-    return fastrg._cdf_block(W, 0, W.shape[0] * W.shape[2])
+    return fastrg._cdf_block(fastrg._Factor((W,)), 0, W.shape[0] * W.shape[2])
 
 
 def _widest(cdf, n):
@@ -519,7 +543,9 @@ def test_shift_between_group_orders():
     values = labelled([(r, u, v) for r in range(2) for v in range(3) for u in range(3)])
     expected = labelled([(r, u, v) for r in range(2) for u in range(3) for v in range(3)])
     moved = torch.empty_like(values)
-    moved[torch.arange(len(values)) + fastrg._uv_shift(counts)] = values
+    shift, ends = fastrg._uv_shift(counts)                          # per group, applied a slice at a time
+    for a, z in ((0, 5), (5, 6), (6, 23), (23, len(values))):
+        moved[torch.arange(a, z) + fastrg._spread(shift, ends, a, z)] = values[a:z]
     assert torch.equal(moved, expected)
 
 
@@ -623,6 +649,10 @@ def test_bad_shapes_and_types_raise():
         ((X, S, Y.numpy()), "Y must be a torch.Tensor"),
         ((X.to(torch.complex64), S, Y), "X must be real"),
         ((X.expand(2, 5, 3), S.expand(3, 3, 3), Y), "do not broadcast"),
+        (((X[:, :1], X[:4, 1:]), S, Y), "parts of X must have the same rows"),
+        ((X, S, (Y, Y[:, :1])), "Y must have shape"),
+        ((X, S, ()), "Y must be a torch.Tensor or a tuple of them"),
+        (((X[:, :1], X[:, 1:].numpy()), S, Y), "X must be a torch.Tensor"),
     ]
     for args, msg in cases:
         with pytest.raises(ValueError, match=msg):
@@ -744,8 +774,10 @@ def test_cdf_block_rows_are_normalised_prefix_sums(n):
     W = torch.rand(3, n, 7, generator=torch.Generator().manual_seed(43)) ** 4
     W[1, :, 2] = 0
     L = 1024
+    parts = fastrg._Factor((W[..., :3], W[..., 3:4], W[..., 4:]))  # W in parts along K: the same rows
     for o0, o1 in ((0, 21), (5, 16), (9, 10)):
-        cdf = fastrg._cdf_block(W, o0, o1).view(o1 - o0, L)
+        cdf = fastrg._cdf_block(fastrg._Factor((W,)), o0, o1).view(o1 - o0, L)
+        assert torch.equal(fastrg._cdf_block(parts, o0, o1).view(o1 - o0, L), cdf)
         for k, o in enumerate(range(o0, o1)):
             col = W[o // 7, :, o % 7].double()
             prefix = col.cumsum(0)

@@ -185,19 +185,28 @@ def test_edge_attention_double_backward_is_refused():
 
 
 def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_matches_a_dense_computation():
-    """Forward M_e = 1 on every edge; backward the gradient of p_e = x_i · w_j (differentiated densely)."""
+    """Forward M_e = 1 on every edge and the edge count per graph; backward the gradient of p_e = x_i · w_j
+    (differentiated densely), the counts' included; with self-loops, none into the forced edges."""
     torch.manual_seed(0)
     n, kk = 6, 4
     mask = torch.rand(3, n, n) < 0.5
+    mask[:, 2, 2] = True  # (i, i) edges, forced with self-loops
     edges = sbm.Edges.from_mask(mask)
     x, w = torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True), \
         torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True)
-    m = sbm.StraightThroughEdges.apply(x, w, edges)
-    assert torch.equal(m, torch.ones(edges.E, dtype=torch.float64)) and m.stride() == (0,)  # no memory
-    grad = torch.randn(edges.E, dtype=torch.float64)
-    dx, dw = torch.autograd.grad(m, [x, w], grad)
-    dense = torch.einsum("rik,rjk->rij", x.view(3, n, kk), w.view(3, n, kk))  # p = x wᵀ per graph
-    torch.testing.assert_close((dx, dw), torch.autograd.grad(dense[mask], [x, w], grad))
+    grad, grad_counts = torch.randn(edges.E, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    for self_loops in (False, True):
+        dense = torch.einsum("rik,rjk->rij", x.view(3, n, kk), w.view(3, n, kk))  # p = x wᵀ per graph
+        m, counts = sbm.StraightThroughEdges.apply(x, w, edges, self_loops)
+        assert torch.equal(m, torch.ones(edges.E, dtype=torch.float64)) and m.stride() == (0,)  # no memory
+        assert torch.equal(counts, mask.sum((1, 2)).double())
+        dx, dw = torch.autograd.grad([m, counts], [x, w], [grad, grad_counts])
+        g = grad + grad_counts[:, None, None].expand(3, n, n)[mask]  # each edge's share of its graph's count
+        if self_loops:
+            g = g.masked_fill(torch.eye(n, dtype=torch.bool).expand(3, n, n)[mask], 0.0)
+        torch.testing.assert_close((dx, dw), torch.autograd.grad(dense[mask], [x, w], g))
+    _, counts = sbm.StraightThroughEdges.apply(x, w, edges, False)
+    assert torch.autograd.grad(counts.sum(), x)[0].abs().sum() > 0  # the counts alone, the mask unused
     # dropout: weights α·keep/(1 − p) on the edges
     q, k, v = (torch.randn(3, n, D, dtype=torch.float64) for _ in range(3))
     keep = torch.rand(edges.E) > 0.25
@@ -209,21 +218,96 @@ def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_
     torch.testing.assert_close(y.view(3, n, D), dropped @ v)
 
 
+@pytest.mark.parametrize("causal, padded, self_loops, ste, dropout, weight", [
+    (False, False, False, "paper", 0.0, 0.0), (True, True, False, "paper", 0.2, 0.1),
+    (False, True, True, "official", 0.0, 0.1), (True, False, True, "paper", 0.2, 0.0)])
+def test_chunks_of_queries_and_keys_change_no_bit(causal, padded, self_loops, ste, dropout, weight, monkeypatch):
+    """The fast path takes its per-edge work a chunk of queries (keys) at a time: thinning, softmax, products,
+    the STE; the key-major copy a block of graphs at a time. With chunks of about 5 edges and a block a graph the
+    graph, outputs, densities and every gradient are the same, bit for bit, as with one chunk and block (same
+    kernels, same values, the thinning's uniforms drawn in the same order)."""
+    sampled, draw = [], sbm.sample_edges
+    monkeypatch.setattr(sbm, "sample_edges", lambda *args: sampled.append(draw(*args)) or sampled[-1])
+    results = []
+    for chunk, block in ((sbm.CHUNK, sbm.BLOCK), (5, 7)):
+        monkeypatch.setattr(sbm, "CHUNK", chunk)
+        monkeypatch.setattr(sbm, "BLOCK", block)
+        module = make(ste=ste, self_loops=self_loops, density_weight=weight, dropout=dropout)
+        x = torch.randn(3, 10, DIM, dtype=torch.float64, generator=seeded(8), requires_grad=True)
+        y, stats = module(x, padding() if padded else None, causal, generator=seeded(9))
+        loss = (y * torch.randn(y.shape, dtype=y.dtype, generator=seeded(10))).sum() + stats.get("aux_loss", 0)
+        grads = torch.autograd.grad(loss, [x] + list(module.parameters()))
+        results.append([sampled[-1].row_ptr, sampled[-1].col, y, stats["density"], stats["density_per_example"],
+                        *grads])
+    assert sampled[-1].E > 10 * 5  # many chunks
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_between_forward_and_backward_a_layer_keeps_only_its_graph(dropout):
+    """EdgeAttention saves per-query and dense tensors, and per edge only the dropout mask when there is one: the
+    scores and α are recomputed in the backward, and the key-major copy of the graph is built there too."""
+    module = make(dropout=dropout)
+    x = torch.randn(2, 12, DIM, dtype=torch.float64, requires_grad=True)
+    q, k, v = qkv(module, x)
+    valid = torch.ones(2, 12, dtype=torch.bool)
+    graph = module.sample(q, k, valid, False, seeded(3))
+    y, _, _ = module.attend(q, k, v, graph, valid, seeded(4))
+    edges = graph["edges"]
+    saved = [t for t in y.grad_fn.next_functions[0][0].saved_tensors if t is not None]  # the view's input: EdgeAttention
+    assert [t.dtype for t in saved if t.shape == (edges.E,)] == ([torch.bool] if dropout else [])
+    assert edges._key_major is None
+    y.sum().backward()
+    assert edges._key_major is not None  # built by the backward (and used by the STE's)
+
+
+def transposed(edges: sbm.Edges, values: torch.Tensor) -> torch.Tensor:
+    """csr(values)ᵀ as a dense (R·M, R·N) matrix, from the key-major copy a chunk of keys at a time."""
+    return torch.cat([part.csr(values[at]).to_dense() for _, at, part in edges.chunks(key_major=True)])
+
+
 def test_edges_hold_one_graph_in_query_and_key_order():
     mask = torch.rand(3, 5, 7) < 0.4
     edges = sbm.Edges.from_mask(mask)
     assert torch.equal(edges.to_mask(), mask) and edges.E == mask.sum()
     assert torch.equal(edges.per_graph(), mask.sum((1, 2)).int())
     dense_t = torch.block_diag(*mask.transpose(1, 2).float())  # (R·M, R·N)
-    assert torch.equal(edges.csc(torch.ones(edges.E)).to_dense(), dense_t)
+    assert torch.equal(transposed(edges, torch.ones(edges.E)), dense_t)
     values = torch.arange(edges.E, dtype=torch.float32)
-    assert torch.equal(edges.csc(values).to_dense(), edges.csr(values).to_dense().T)
+    assert torch.equal(transposed(edges, values), edges.csr(values).to_dense().T)
 
 
+@pytest.mark.parametrize("chunk, block", [(1, 1), (4, 1), (4, 30), (1000, 1 << 21)])
+def test_chunks_cover_every_query_and_key_once_and_are_rows_of_the_whole(chunk, block, monkeypatch):
+    """Edges.chunks: consecutive ranges of whole queries (keys), about `chunk` edges each (one query alone may
+    hold more), with empty queries (keys) covered too, the key-major copy built in blocks of whole graphs (about
+    `block` edges); each part's CSR is its rows of the whole (transposed) graph."""
+    monkeypatch.setattr(sbm, "CHUNK", chunk)
+    monkeypatch.setattr(sbm, "BLOCK", block)
+    mask = torch.rand(3, 5, 7, generator=seeded(4)) < 0.4
+    mask[1] = False  # a graph without edges
+    mask[2, :, 3] = True  # a key in every row
+    edges = sbm.Edges.from_mask(mask)
+    values = torch.arange(1, edges.E + 1, dtype=torch.float64)
+    for key_major, whole, width in ((False, edges.csr(values).to_dense(), 3 * 7),
+                                    (True, edges.csr(values).to_dense().T, 3 * 5)):
+        covered = 0
+        for start, at, part in edges.chunks(key_major):
+            assert start == covered and part.R == 1 and part.M == width
+            assert part.N == 1 or part.E <= max(chunk, 1)
+            assert torch.equal(part.csr(values[at]).to_dense(), whole[start:start + part.N])
+            covered += part.N
+        assert covered == whole.shape[0]
+    assert len(edges.key_major()[1]) == (3 if block == 1 else 1)  # a block a graph, or all in one
+
+
+@pytest.mark.parametrize("chunk", [sbm.CHUNK, 50])
 @pytest.mark.parametrize("causal", [False, True])
-def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal):
+def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal, chunk, monkeypatch):
     """T graphs of one input: the frequency of every pair matches min(1, p + δ), including pairs with π ≥ 1
-    (memberships at 1, where plain fastRG would give 1 − e^(−π) ≤ 0.64); 5σ binomial bounds."""
+    (memberships at 1, where plain fastRG would give 1 − e^(−π) ≤ 0.64); 5σ binomial bounds. Thinned in one
+    chunk of queries, and in chunks of about 50 edges (a few queries each)."""
+    monkeypatch.setattr(sbm, "CHUNK", chunk)
     torch.manual_seed(0)
     module = sbm.SBMAttention(DIM, 1, D, clusters=3, delta=0.01).double().train()
     n, T = 6, 4000
@@ -311,6 +395,10 @@ def test_rows_without_edges_give_zeros_and_finite_gradients(path):
     torch.testing.assert_close(y[0], module.out.bias.expand(6, -1))
     y.sum().backward()
     assert torch.isfinite(x.grad).all() and x.grad[0].abs().max() == 0
+    module.zero_grad()
+    y, _ = module(x, torch.ones(2, 6, dtype=torch.bool), generator=seeded(0))  # the whole batch: no edge drawn
+    y.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
     edges = sbm.Edges.from_mask(torch.zeros(2, 4, 4, dtype=torch.bool))  # the empty graph
     q = torch.randn(8, D, dtype=torch.float64, requires_grad=True)
     out = sbm.EdgeAttention.apply(q, q, q, torch.zeros(0, dtype=torch.float64), edges, None, 0.0, "paper")
