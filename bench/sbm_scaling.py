@@ -201,6 +201,14 @@ def crossover(points: list, target: float):
     return (target - intercept) / slope if slope > 0 else None
 
 
+def shown_density(crossover_density) -> str:
+    """A crossover for the table: "none" where the fitted line stays above the reference at every density (it
+    meets it below 0), "> 100%" where it stays below up to full density, "–" where there is no fit."""
+    if crossover_density is None:
+        return "–"
+    return "none" if crossover_density < 0 else "> 100%" if crossover_density > 1 else f"{crossover_density:.2%}"
+
+
 def summary(rows: list) -> list:
     out = []
     for n in sorted({r["n"] for r in rows}):
@@ -211,7 +219,7 @@ def summary(rows: list) -> list:
             pts = [(r["density"], r) for name, r in cells.items() if name.startswith(kind + "@")]
             t = crossover([(dens, r["fwdbwd_ms"]) for dens, r in pts], full and full["fwdbwd_ms"])
             m = crossover([(dens, r["peak_bytes"]) for dens, r in pts], ref and ref["peak_bytes"])
-            line += [f"{t:.2%}" if t is not None else "–", f"{m:.2%}" if m is not None else "–"]
+            line += [shown_density(t), shown_density(m)]
         out.append(line)
     return out
 
@@ -342,7 +350,8 @@ def main(argv=None) -> int:
           f"; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n")
     print(scaling.table(rows, "full"))
     print("\nCrossover densities (least squares over the measured densities): SBM fwd+bwd time = fused SDPA's; "
-          "peak memory = the reference path's.\n")
+          "peak memory = the reference path's (\"none\": above it at every density; \"> 100%\": below it up to "
+          "full density).\n")
     print(tabulate(summary(rows), headers=["n", "core: time", "core: memory", "module: time", "module: memory"],
                    tablefmt="github", disable_numparse=True))
     fits = memory_fit(rows, densities, args.batch_size, args.heads)
