@@ -1,5 +1,5 @@
-"""ALiBi (Press, Smith & Lewis, "Train Short, Test Long", ICLR 2022, §3): a per-head linear bias −m_h·|i − j| on
-the attention scores in place of positional embeddings.
+"""ALiBi (Press, Smith & Lewis, "Train Short, Test Long", ICLR 2022, arXiv 2108.12409, §3): a per-head linear bias
+−m_h·|i − j| on the attention scores in place of positional embeddings.
 
 The repository's one ALiBi rule: ssa.py, kernel_sparse.py and baselines/full.py import it. Like fastrg.py it is a
 leaf (torch only), so a method file copied into another project takes this file with it. Written once because

@@ -1,6 +1,6 @@
 """Full softmax attention: the dense baseline every method in this repository is compared with.
 
-Vaswani et al., "Attention Is All You Need" (NeurIPS 2017), Eq. 1:
+Vaswani et al., "Attention Is All You Need" (NeurIPS 2017, arXiv 1706.03762), Eq. 1:
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √D) V
 

@@ -1,7 +1,7 @@
 """Linear attention: softmax replaced by a positive feature map, computed in O(N·D²) instead of O(N²·D).
 
 Katharopoulos, Vyas, Pappas, Fleuret, "Transformers are RNNs: Fast Autoregressive Transformers with Linear
-Attention" (ICML 2020). With a similarity sim(q, k) = φ(q)ᵀφ(k) (§3.2, Eq. 2-3) attention becomes
+Attention" (ICML 2020, arXiv 2006.16236). With a similarity sim(q, k) = φ(q)ᵀφ(k) (§3.2, Eq. 2-3) attention becomes
 
     V'_i = φ(Q_i)ᵀ (Σ_j φ(K_j) V_jᵀ) / φ(Q_i)ᵀ (Σ_j φ(K_j))          (Eq. 4)
 

@@ -1,7 +1,7 @@
 """Nyströmformer attention: softmax attention approximated through K landmarks by the Nyström method.
 
 Xiong, Zeng, Chakraborty, Tan, Fung, Li, Singh, "Nyströmformer: A Nyström-Based Algorithm for
-Approximating Self-Attention" (AAAI 2021). With scores scaled by 1/√D as in Eq. 1 of Vaswani et al.:
+Approximating Self-Attention" (AAAI 2021, arXiv 2102.03902). With scores scaled by 1/√D as in Eq. 1 of Vaswani et al.:
 
     q̃_j = mean of q_i over segment j,  k̃_j likewise                 (segment-means landmarks, Eq. 13-14)
     F = softmax(Q K̃ᵀ/√D)  (N×K),  A = softmax(Q̃ K̃ᵀ/√D)  (K×K),  B = softmax(Q̃ Kᵀ/√D)  (K×M)

@@ -1,6 +1,6 @@
 """Reformer LSH attention: shared-QK attention restricted to keys that share an angular-LSH bucket.
 
-Kitaev, Kaiser, Levskaya, "Reformer: The Efficient Transformer" (ICLR 2020), §2. Per head:
+Kitaev, Kaiser, Levskaya, "Reformer: The Efficient Transformer" (ICLR 2020, arXiv 2001.04451), §2. Per head:
 
     k_j = q_j / ‖q_j‖                                  (shared-QK: keys are the normalised queries)
     h(x) = argmax([xR ; −xR]),  R: D × n_buckets/2     (angular LSH by a random rotation)
