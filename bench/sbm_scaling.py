@@ -3,7 +3,7 @@ densities, beside full attention (fused SDPA and the explicit reference), in one
 
     python -m bench.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
     python -m bench.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out runs/sbm_scaling  # JSON: DIR/sbm_scaling.json
-    OMP_NUM_THREADS=1 python -m bench.sbm_scaling --rounds 3     # cells interleaved: fair ratios on a busy CPU
+    python -m bench.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
 
 Cells, each in a fresh process with bench.scaling's allocator setting (batch 1, 2 heads, head dim 32,
 non-causal, training mode):
@@ -322,10 +322,12 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     device = str(resolve_device(args.device))
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     started = time.time()
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
-            "warmup": args.warmup_iters, "repeats": args.repeats}
+            "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
     cells = []
     for n in args.lengths:
         specs = [(kind, kind, None)

@@ -127,7 +127,8 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "bench.scal
     no allocator state carries over; the row, or {"error": reason}. The cell dies with this process (on Linux
     even by SIGKILL: bench.grid.die_with_parent), so a killed table leaves no measurement running."""
     from bench.grid import die_with_parent
-    env = dict(os.environ, **ALLOCATORS[allocator])
+    env = dict(os.environ, **ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])}
+                                                       if cell.get("threads") else {}))
     for key in ALLOCATORS["keep"]:
         if allocator == "default":
             env.pop(key, None)
@@ -160,6 +161,8 @@ def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, rep
     p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep",
                    help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
                         "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's")
+    p.add_argument("--threads", type=cli.threads, default=0,
+                   help="torch intra-op threads in every cell (0: torch's default, the machine's cores)")
     p.add_argument("--timeout", type=cli.positive_int, default=timeout, help="seconds per cell")
     p.add_argument("--out", metavar="DIR", default=out, type=cli.out_folder,
                    help="folder for the JSON of the measurements")
@@ -233,6 +236,8 @@ def main(argv=None) -> int:
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
     import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
     from bench.config import resolve_device
     try:
         device = str(resolve_device(args.device))
@@ -243,7 +248,7 @@ def main(argv=None) -> int:
         for method in methods:
             cell = {"method": method, "options": options[method], "n": n, "batch": args.batch_size,
                     "heads": args.heads, "head_dim": args.head_dim, "causal": args.causal, "device": device,
-                    "warmup": args.warmup_iters, "repeats": args.repeats}
+                    "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
             row = {"method": method, "n": n, **({"options": options[method]} if options[method] else {})}
             rows.append({**row, **run_cell(cell, args.allocator, args.timeout)})
             print(f"measured {method} n={n}", file=sys.stderr, flush=True)
