@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import check_core_arguments, check_padding_mask, masked_attention
+from baselines.common import check_core_arguments, check_padding_mask, check_pattern_options, masked_attention
 
 
 def fixed_blocks(nb: int, window_blocks: int, global_blocks: int, causal: bool, device=None) -> Tensor:
@@ -115,10 +115,7 @@ class BigBirdAttention(nn.Module):
                              f"random_blocks={random_blocks}")
         if random_blocks is not None and density is not None:
             raise ValueError(f"give random_blocks or density, not both (got {random_blocks}, {density})")
-        if density is not None and not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be in (0, 1], got {density}")
-        if path not in ("reference", "fast"):
-            raise ValueError(f"path must be 'reference' or 'fast', got {path!r}")
+        check_pattern_options(density, path)
         self.heads, self.head_dim, self.dropout, self.path = heads, head_dim, dropout, path
         self.block, self.window_blocks, self.global_blocks = block, window_blocks, global_blocks
         self.random_blocks = 3 if random_blocks is None and density is None else random_blocks

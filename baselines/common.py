@@ -15,6 +15,15 @@ def check_core_arguments(dim: int, heads: int, head_dim: int, dropout: float) ->
         raise ValueError(f"dropout must be in [0, 1), got {dropout}")
 
 
+def check_pattern_options(density: Optional[float], path: str) -> None:
+    """A fixed pattern's target density in (0, 1] (or None) and its path, "reference" or "fast"; else a
+    ValueError naming the value."""
+    if density is not None and not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    if path not in ("reference", "fast"):
+        raise ValueError(f"path must be 'reference' or 'fast', got {path!r}")
+
+
 def check_padding_mask(key_padding_mask: Optional[Tensor], batch: int, n: int) -> None:
     """INTERFACE.md's mask: None or a (B, N) bool tensor, True at padding. Anything else (a float or integer
     mask, a wrong shape) is a ValueError naming what was expected, not an error from deep inside the core.

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from baselines.common import check_core_arguments, check_padding_mask, masked_attention
+from baselines.common import check_core_arguments, check_padding_mask, check_pattern_options, masked_attention
 
 # Queries per chunk of the fast path: among C ∈ {32, 64, 128, w/4, w/2, w, 2w}, 64 was the fastest or near it for a
 # 7% band at N = 1K-8K (fwd+bwd, one thread); the span's excess over the band, (C + 2w)/(2w + 1), is small for w >> C.
@@ -78,10 +78,7 @@ class WindowAttention(nn.Module):
             raise ValueError(f"give window or density, not both (got window={window}, density={density})")
         if window is not None and window < 0:
             raise ValueError(f"window (the half-width w) must be >= 0, got {window}")
-        if density is not None and not 0.0 < density <= 1.0:
-            raise ValueError(f"density must be in (0, 1], got {density}")
-        if path not in ("reference", "fast"):
-            raise ValueError(f"path must be 'reference' or 'fast', got {path!r}")
+        check_pattern_options(density, path)
         self.heads, self.head_dim, self.dropout, self.path = heads, head_dim, dropout, path
         self.window, self.density = (64 if window is None and density is None else window), density
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)

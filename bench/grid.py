@@ -411,17 +411,24 @@ def check_device(device: str) -> None:
         resolve_device(device)
 
 
+def checked_plan_options(args) -> tuple:
+    """(methods, tasks, seeds, run folder) of a grid's options (bench.grid's and ./run_all.sh's), each checked up
+    front: a ValueError says what is wrong before anything is made."""
+    methods, tasks, seeds = selection(args)
+    check_device(args.device)
+    out = Path(args.out or f"runs/grid-{args.budget}")
+    problem = folder_problem(out)
+    if problem:
+        raise ValueError(f"--out {out}: {problem}")
+    return methods, tasks, seeds, out
+
+
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     try:
-        methods, tasks, seeds = selection(args)
-        check_device(args.device)
+        methods, tasks, seeds, out = checked_plan_options(args)
         check_options(args.options, methods)
-        out = Path(args.out or f"runs/grid-{args.budget}")
-        problem = folder_problem(out)
-        if problem:
-            raise ValueError(f"--out {out}: {problem}")
     except ValueError as exc:
         p.error(str(exc))
     out.mkdir(parents=True, exist_ok=True)

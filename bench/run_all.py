@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bench import cli
 from bench import methods as registry  # light: the grid, report and torch are imported once options parse
-from bench.files import folder_problem, read_json, write_json
+from bench.files import read_json, write_json
 
 SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,8192"}
 SCALING_REPEATS = {"quick": dict(warmup_iters=2, repeats=5), "smoke": dict(warmup_iters=0, repeats=1),
@@ -131,13 +131,8 @@ def main(argv=None) -> int:
     if args.tasks is None:
         args.tasks = ",".join(grid.GRID_TASKS)
     lengths = args.lengths if args.lengths is not None else SCALING[args.budget]
-    out = Path(args.out or f"runs/grid-{args.budget}")
     try:
-        methods, tasks, seeds = grid.selection(args)
-        grid.check_device(args.device)
-        problem = folder_problem(out)
-        if problem:
-            raise ValueError(f"--out {out}: {problem}")
+        methods, tasks, seeds, out = grid.checked_plan_options(args)
     except ValueError as exc:
         p.error(str(exc))
     out.mkdir(parents=True, exist_ok=True)

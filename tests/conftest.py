@@ -25,6 +25,19 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def processes(*words: str, without: str = "") -> list:
+    """Ids of the processes whose command line holds every one of ``words`` (and not ``without``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if all(w in cmdline for w in words) and not (without and without in cmdline):
+            found.append(int(pid))
+    return found
+
+
 class LowPrecisionMath(TorchDispatchMode):
     """Records softmax / exp / feature-map ops that run on a bf16 or float16 input (INTERFACE.md: float32)."""
     WATCHED = {"softmax", "log_softmax", "safe_softmax", "exp", "expm1", "logsumexp", "logcumsumexp", "elu",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, processes
 
 NO_CUDA = "--device cuda was asked for, but CUDA is not available on this machine"
 BIG = str(10 ** 20)  # a size or seed of 1e20
@@ -113,19 +113,6 @@ def test_bad_input_is_one_line_and_makes_nothing(tmp_path, monkeypatch, capsys, 
     assert code == 2 and err and "error: " in err[-1] and "Traceback" not in "\n".join(err), (code, err)
     assert message.format(**fill) in err[-1], err[-1]
     assert tree(tmp_path) == before
-
-
-def processes(*words: str, without: str = "") -> list:
-    """Ids of the processes whose command line holds every one of ``words`` (and not ``without``)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if all(w in cmdline for w in words) and not (without and without in cmdline):
-            found.append(int(pid))
-    return found
 
 
 def kill_and_watch_the_child(command: list, child: tuple, without: str, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, processes
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
        "HOME": os.environ.get("HOME", "/tmp")}
@@ -306,18 +306,6 @@ def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def cell_processes(marker: str):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker in cmdline and "bench.grid" not in cmdline:
-            found.append(int(pid))
-    return found
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_grid_leaves_no_cell_running(tmp_path):
     out = tmp_path / "grid"
@@ -325,13 +313,13 @@ def test_a_killed_grid_leaves_no_cell_running(tmp_path):
                              "--methods", "full", "--tasks", "duplicates", "--set", "steps=100000"], cwd=ROOT,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not cell_processes(str(out)):
+    while not processes(str(out), without="bench.grid"):
         assert grid.poll() is None and time.time() < deadline, "no cell started"
         time.sleep(0.1)
     grid.send_signal(signal.SIGKILL)  # the grid alone: its cell must not outlive it
     grid.wait()
     deadline = time.time() + 30
-    while cell_processes(str(out)):
+    while processes(str(out), without="bench.grid"):
         assert time.time() < deadline, "a cell outlived its killed grid"
         time.sleep(0.1)
 
