@@ -44,34 +44,6 @@ from bench.config import resolve_device
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
 
 
-def shifted_module(dim: int, heads: int, head_dim: int, x: torch.Tensor, density: float, path: str):
-    """SBMAttention whose membership logits get a constant shift β, bisected so that the expected density
-    Σ_ij (p_ij + δ) / (H·N²) equals `density` (p ≪ 1 here, so min(1, ·) is inactive)."""
-    import fastrg
-    import sbm_transformer
-
-    class Shifted(sbm_transformer.SBMAttention):
-        shift = 0.0
-
-        def memberships(self, t):
-            node = torch.relu(t @ self.mlp_w[0] + self.mlp_b[0]) @ self.mlp_w[1] + self.mlp_b[1]
-            return torch.sigmoid(node @ self.centers.transpose(1, 2) + self.shift)
-
-    module = Shifted(dim, heads, head_dim, path=path).to(x.device).train()
-    b, n, _ = x.shape
-    with torch.no_grad():
-        q, k, _ = module.qkv(x).view(b, n, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        low, high = -40.0, 40.0
-        for _ in range(50):
-            module.shift = (low + high) / 2
-            edges = fastrg.expected_edges(module.memberships(q), module.block_matrix(), module.memberships(k))
-            if float(edges.sum()) / (b * heads * n * n) + module.delta > density:
-                high = module.shift
-            else:
-                low = module.shift
-    return module
-
-
 def random_graph(r: int, n: int, density: float, generator: torch.Generator):
     """R uniform random graphs with about density·n² distinct edges each, as the sampler gives them: one
     block-diagonal CSR (row_ptr (R·n + 1,), col (E,) global keys), int32."""
@@ -147,7 +119,7 @@ def measure_cell(cell: dict) -> dict:
             return edges.E / (b * h * n * n)
     else:
         x = torch.randn(b, n, h * d, device=device, requires_grad=True)
-        module = shifted_module(h * d, h, d, x, cell["density"], "reference" if cell["kind"] == "sbm-dense" else "fast")
+        module = scaling.shifted_module(h * d, h, d, x, cell["density"], "reference" if cell["kind"] == "sbm-dense" else "fast")
         grad = torch.randn(b, n, h * d, device=device)
 
         def run(backward: bool):

@@ -7,7 +7,7 @@
 A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
 option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is
 SBM-Transformer at density D, as a trained model samples (its membership logits shifted by one constant,
-bench.sbm_scaling), where ``sbm`` is an untrained one at its initial ~25%. The table
+shifted_module below), where ``sbm`` is an untrained one at its initial ~25%. The table
 is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
 cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
 first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
@@ -37,6 +37,36 @@ from bench.files import write_json
 
 ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}, "default": {}}
 ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its own: a second setting of full
+
+
+def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path: str):
+    """SBMAttention whose membership logits get a constant shift β, bisected so that the expected density
+    Σ_ij (p_ij + δ) / (H·N²) equals `density` (p ≪ 1 here, so min(1, ·) is inactive)."""
+    import torch
+
+    import fastrg
+    import sbm_transformer
+
+    class Shifted(sbm_transformer.SBMAttention):
+        shift = 0.0
+
+        def memberships(self, t):
+            node = torch.relu(t @ self.mlp_w[0] + self.mlp_b[0]) @ self.mlp_w[1] + self.mlp_b[1]
+            return torch.sigmoid(node @ self.centers.transpose(1, 2) + self.shift)
+
+    module = Shifted(dim, heads, head_dim, path=path).to(x.device).train()
+    b, n, _ = x.shape
+    with torch.no_grad():
+        q, k, _ = module.qkv(x).view(b, n, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        low, high = -40.0, 40.0
+        for _ in range(50):
+            module.shift = (low + high) / 2
+            edges = fastrg.expected_edges(module.memberships(q), module.block_matrix(), module.memberships(k))
+            if float(edges.sum()) / (b * heads * n * n) + module.delta > density:
+                high = module.shift
+            else:
+                low = module.shift
+    return module
 
 
 def resolve_method(method: str, options: Dict[str, str]):
@@ -86,7 +116,6 @@ def measure_cell(cell: dict) -> dict:
     dim = cell["heads"] * cell["head_dim"]
     x = torch.randn(cell["batch"], cell["n"], dim, device=device, requires_grad=True)
     if trained_density(cell["method"]) is not None:
-        from bench.sbm_scaling import shifted_module
         module = shifted_module(dim, cell["heads"], cell["head_dim"], x, trained_density(cell["method"]),
                                 options.get("path", "auto"))
     else:

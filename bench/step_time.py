@@ -17,7 +17,7 @@ the paper's recipe runs it and as a user would run it (fair). The variants:
 - each other method of --methods, untrained (their costs do not depend on the weights), and SBM with each layer's
   membership logits shifted by one constant so that its expected density is each of --sbm-density (a trained
   model's: a number, or a run folder whose record's test density is taken, labelled with its λ), as
-  bench.sbm_scaling calibrates one module.
+  bench.scaling.shifted_module calibrates one module.
 With --runs, the variants are the settings of those run folders instead (their task and model from the records,
 which must agree): each run's method with its options and budget (a fixed pattern at the density it trained at),
 SBM at its record's test density, full attention as run and fair; labels are the folders' setting names.

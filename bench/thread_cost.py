@@ -7,7 +7,7 @@ count against one thread, on the machine as it is and beside a busy process on e
 Per (load, case, n, density): the wall time of the same call at the default thread count and at one thread
 (torch.set_num_threads around the call), the two interleaved call by call, median and [min-max] of --repeats
 calls after a warm-up. The cases: `fastrg.sample(X, S, Y, csr=True)` with K = 128 (bench.fastrg_bench's
-setting), and SBMAttention's fast path forward and backward at the density (bench.sbm_scaling's shifted
+setting), and SBMAttention's fast path forward and backward at the density (bench.scaling's shifted
 module: B = 1, H = 2, D = 32, K = 128). The loads: the machine as it is, then with `python -c "while True:
 pass"` on each of --competitors cores, started and ended here. The ratio default ÷ one thread is what a second
 thread costs (> 1) or gains (< 1); the sampler and the module's sparse operations run in fastrg.one_thread,
@@ -23,7 +23,7 @@ import time
 import torch
 from tabulate import tabulate
 
-from bench import cli, sbm_scaling
+from bench import cli, scaling
 from bench.fastrg_bench import K
 import fastrg
 
@@ -34,7 +34,7 @@ def cases(n: int, density: float, seed: int) -> dict:
     X, Y, S0 = torch.rand(n, K, generator=g), torch.rand(n, K, generator=g), torch.rand(K, K, generator=g)
     S = S0 * (density * n * n / float(fastrg.expected_edges(X, S0, Y)))
     x = torch.randn(1, n, 64, generator=g)
-    module = sbm_scaling.shifted_module(64, 2, 32, x, density, "fast")
+    module = scaling.shifted_module(64, 2, 32, x, density, "fast")
     x.requires_grad_(True)
 
     def sbm():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import sbm_transformer
-from bench.sbm_scaling import random_graph, shifted_module
+from bench.sbm_scaling import random_graph
+from bench.scaling import shifted_module
 
 HEADS, HEAD_DIM = 2, 32
 DENSITIES = [0.01, 0.05]
