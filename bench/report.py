@@ -400,13 +400,15 @@ def table3_task(recs: List[dict], paper_column: Dict[str, tuple], step_time: Opt
 
     order, rows, steps = ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")], [], \
         fair_step_ratios(step_time)
+    trained_runs = [r for r in recs if r["steps"] > 0]
+    nothing_learned = bool(trained_runs) and at_base_rate(trained_runs)  # the accuracy line says so above the table
     for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else len(order), g)):
         rs = sorted(groups[label], key=lambda r: r["seed"])
         trained, paper = rs[0]["steps"] > 0, paper_column.get(label)
         layers = zip(*(r["density_per_layer"] for r in rs))
         rows.append([label, ", ".join(str(r["seed"]) for r in rs),
-                     fmt([r["test"] for r in rs], "accuracy") + (" (base rate)" if at_base_rate(rs) else "")
-                     if trained else "untrained",
+                     "untrained" if not trained else "no information" if nothing_learned else
+                     fmt([r["test"] for r in rs], "accuracy") + (" (base rate)" if at_base_rate(rs) else ""),
                      f"{100 * mean(rs, lambda r: r['density']):.1f}% ("
                      + " / ".join(f"{100 * statistics.mean(d):.1f}" for d in layers) + ")",
                      explored(rs), ratio(rs, full, lambda r: r["flops_per_example"]["model"]),

@@ -211,7 +211,8 @@ def table3_record(task, method, test, base_rate, weight=None, steps=600):
 
 def test_table3_says_so_when_accuracy_carries_no_information():
     """Every trained setting, full attention included, at the majority class: one line says accuracy carries no
-    information and each trained row is marked; a full attention that learned removes the line."""
+    information and each trained row says "no information" instead of a figure; a full attention that learned
+    removes the line, and a row at the base rate is then marked so."""
     from bench import report
     base = 0.17
     at_base = [table3_record("listops", "full", base - 0.01, base), table3_record("listops", "sbm", base, base, 0.1),
@@ -221,9 +222,12 @@ def test_table3_says_so_when_accuracy_carries_no_information():
     assert "accuracy carries no information here" in title and "full attention included" in title
     assert report.fmt([base], "accuracy", True) in title  # the majority class, from the records
     rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
-    assert "(base rate)" in rows["full"] and "(base rate)" in rows["sbm λ=0.1"] and "untrained" in rows["linear"]
+    assert "| no information " in rows["full"] and "| no information " in rows["sbm λ=0.1"]
+    assert report.fmt([base], "accuracy") not in rows["sbm λ=0.1"] and "untrained" in rows["linear"]
     learned = [dict(at_base[0], test=base + 0.2)] + at_base[1:]
-    title = report.table3(learned).split("\n\n", 1)[0]
+    title, table = report.table3(learned).split("\n\n", 1)
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+    assert "(base rate)" in rows["sbm λ=0.1"] and "no information" not in table
     assert "no information" not in title
     assert f"full attention reaches {report.fmt([base + 0.2], 'accuracy', True)}" in title
     assert "at the base rate: sbm λ=0.1" in title
