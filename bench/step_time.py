@@ -142,7 +142,7 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
         raise SetupError(f"--runs: no complete run matches {pattern!r}")
     first = next(iter(records.values()))["config"]
     model = [f for f in PRESET_FIELDS if f not in ("steps", "lr", "warmup", "eval_every", "eval_batches",
-                                                   "final_eval_batches", "eval_context", "attn_dropout")]
+                                                   "final_eval_batches", "eval_context", "attn_dropout", "pos_emb")]
     differ = [n for n, r in records.items() if r["task"] != task.name or any(r["config"][f] != first[f] for f in model)]
     if differ:
         raise SetupError(f"--runs: {', '.join(differ)} differ from the first run in task or model")
@@ -152,15 +152,17 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
 
 def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
     """label → (model, trimmed): one variant per run record, built as the run was (its method, its settings, its
-    --attn budget) on the same initialisation seed; SBM at the record's test density."""
+    --attn budget, its attention dropout and positional embeddings: SSA's LM runs carry ALiBi instead) on the
+    same initialisation seed; SBM at the record's test density."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
-    built = {}
+    built, full_cfg = {}, model_cfg
     for name, record in records.items():
         label, method = name.rsplit(f"-{task.name}-", 1)[0], registry.get(record["method"])
         if method.tasks is not None:
             continue  # a pipeline of its own (the kernel method): no one training step to time
-        run_cfg = dataclasses.replace(model_cfg, attn_dropout=record["config"]["attn_dropout"])
+        run_cfg = dataclasses.replace(model_cfg, attn_dropout=record["config"]["attn_dropout"],
+                                      pos_emb=record["config"]["pos_emb"])
         if method.script:  # a method file: its settings dataclass, as the record keeps it, through its own factory
             factory = method.module().make_attention_factory
             settings = inspect.signature(factory).parameters["cfg"].annotation
@@ -174,8 +176,9 @@ def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
         if record["method"] == "sbm":
             shift_sbm(model, model_inputs(example, torch.device("cpu")), record["density"])
         built[f"{label} (as run)" if label == "full" else label] = (model, False)
+        full_cfg = run_cfg if label == "full" else full_cfg
     if "full (as run)" in built:
-        fair = dataclasses.replace(model_cfg, attn_dropout=0.0)
+        fair = dataclasses.replace(full_cfg, attn_dropout=0.0)
         torch.manual_seed(derive_seed(cfg.seed, "init"))
         built["full (fair)"] = (Model(fair, registry.same_in_every_layer(registry.get("full").load(), fair, {})), True)
     return built

@@ -88,7 +88,8 @@ def test_step_time_times_full_as_run_and_fair_beside_sbm_at_each_density(tmp_pat
 
 def test_step_time_of_runs_times_each_run_s_own_setting(tmp_path):
     """--runs: one variant per complete run folder, named by its setting, built with the run's own budget (a
-    window at the density it trained at) and SBM at its record's test density; runs of another model refused."""
+    window at the density it trained at) and positional choice, and SBM at its record's test density; runs of
+    another model refused."""
     from bench.config import RunConfig
     from bench.tasks import get_task
     from sbm_transformer import SBMConfig
@@ -105,11 +106,12 @@ def test_step_time_of_runs_times_each_run_s_own_setting(tmp_path):
     record("full", "full", 1.0)
     record("window-at-x", "window", 0.3, attn={"density": 0.3})
     record("sbm-lambda0.01", "sbm", 0.05, settings=SBMConfig(density_weight=0.01))
+    record("ssa", "ssa", 0.25, model={"pos_emb": False})  # its own positional choice (ALiBi on LM tasks)
     result = run("bench.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"), "--repeats",
                  "2", "--out", str(tmp_path / "out"))
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in result.stdout.splitlines() if line.startswith("| ") and "variant" not in line}
-    assert list(rows) == ["full (as run)", "sbm-lambda0.01", "window-at-x", "full (fair)"], rows
+    assert list(rows) == ["full (as run)", "sbm-lambda0.01", "ssa", "window-at-x", "full (fair)"], rows
     assert abs(float(rows["window-at-x"][3].rstrip("%")) - 30) < 5  # the window trained at 30% of the pairs
     assert abs(float(rows["sbm-lambda0.01"][3].rstrip("%")) - 5) < 2  # SBM at its record's test density
     record("wider", "full", 1.0, model={"dim": 32})
