@@ -6,8 +6,9 @@
     python -m bench.grid --out X --methods full,sbm --tasks duplicates
 
 Budgets (BUDGETS): ``quick`` trains each task at the per-task settings of QUICK, calibrated so that full
-attention clearly learns every task shown within the whole ./run_all.sh's 30 minutes on a 2-core CPU; a task
-that cannot be learned in that time is left out (QUICK_LEFT_OUT says where it is measured instead). ``smoke``
+attention clearly learns every task shown within the whole ./run_all.sh's time on a 2-core CPU (calibrated to 30
+minutes; 39 with the fixed-sparse baselines and the step-time tables, measured on a fresh clone); a task that
+cannot be learned in that time is left out (QUICK_LEFT_OUT says where it is measured instead). ``smoke``
 runs a few steps of every cell at tiny shapes. ``full`` runs the paper presets. Every cell of a task uses the
 same backbone and recipe; only the attention differs, and every record states its config.
 
