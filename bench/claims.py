@@ -210,7 +210,7 @@ CLAIMS = [
     Claim("scaling", "Attention scaling: time, memory and FLOPs against sequence length", "output",
           paper="SBM Table 3: per-example FLOPs and memory relative to full attention at LRA lengths.",
           commands=("python -m bench.scaling --methods full,full-ref,linear,linformer,performer,nystromformer,"
-                    "reformer,window,bigbird,sbm@0.01 --lengths 1024,2048,4096,8192 --out results/scaling",
+                    "reformer,window,bigbird,sbm,sbm@0.01,ssa --lengths 1024,2048,4096,8192 --out results/scaling",
                     "python -m bench.sbm_scaling --threads 1 --rounds 3 --out results/scaling")),
 ]
 BY_NAME = {c.name: c for c in CLAIMS}

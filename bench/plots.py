@@ -42,10 +42,11 @@ def scaling(result: dict, path: Path, what: str) -> str:
     """Forward+backward time and peak memory against sequence length, log-log, one line per method."""
     fig, axes = figure(2)
     rows = [r for r in result["rows"] if "error" not in r]
-    for method in dict.fromkeys(r["method"] for r in rows):
+    for i, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["n"])
-        axes[0, 0].plot([r["n"] for r in mine], [r["fwdbwd_ms"] for r in mine], marker="o", label=method)
-        axes[0, 1].plot([r["n"] for r in mine], [r["peak_bytes"] / 2 ** 20 for r in mine], marker="o", label=method)
+        style = dict(color=f"C{i % 10}", marker="os"[i // 10 % 2], linestyle="-" if i < 10 else "--", label=method)
+        axes[0, 0].plot([r["n"] for r in mine], [r["fwdbwd_ms"] for r in mine], **style)  # past 10: a second style
+        axes[0, 1].plot([r["n"] for r in mine], [r["peak_bytes"] / 2 ** 20 for r in mine], **style)
     for ax in axes[0]:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -400,3 +400,13 @@ def test_the_adaptive_verdict_says_whether_adaptivity_paid(tmp_path):
     assert "spends 0.01× full attention's attention FLOPs, 3× its training step time and 0.5× its peak memory" in text
     row = next(line for line in text.splitlines() if line.startswith("| window-at-sbm-density "))
     assert "| 70.50 ± 0.71 " in row and "| 1.00% " in row and "| 0.2 " in row
+
+
+def test_the_glance_says_an_incomplete_adaptive_claim_answers_nothing_yet(tmp_path):
+    from bench import claims, report
+    claim = claims.BY_NAME["adaptive-vs-fixed"]
+    for cell in claim.cells(tmp_path / claim.name / "runs"):
+        if cell["name"].startswith("full-"):
+            write_record(tmp_path / claim.name / "runs" / cell["name"], cell, 0.99 + 0.005 * cell["seed"])
+    said = next(s for s in report.claim_sentences(tmp_path) if s.startswith("Adaptive vs fixed"))
+    assert f"{len(claim.cells()) - 2} of its {len(claim.cells())} runs are not yet run, so it answers nothing yet" in said
