@@ -2,7 +2,7 @@
 one run folder.
 
     ./run_all.sh                      # the quick grid (about 40 minutes on 2 cores) into runs/grid-quick
-    ./run_all.sh --smoke --out X      # every cell at a handful of steps (≤ 3 minutes): checks the plumbing
+    ./run_all.sh --smoke --out X      # every cell at a handful of steps (about 4 minutes): checks the plumbing
     ./run_all.sh --full               # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
 Everything this writes goes to the run folder (--out, default runs/grid-BUDGET, an ignored path): the cells'
