@@ -392,16 +392,17 @@ def table3_task(recs: List[dict], paper_column: Dict[str, tuple], step_time: Opt
         return "Full attention's record is missing: no ratio can be given."
     ratio = lambda rs, ref, get: f"{mean(rs, get) / mean(ref, get):.3f}" if ref else "–"  # noqa: E731
     memory = lambda r: r["inference_memory_per_example_bytes"]  # noqa: E731
+    trained_runs = [r for r in recs if r["steps"] > 0]
+    nothing_learned = bool(trained_runs) and at_base_rate(trained_runs)  # the accuracy line says so above the table
 
     def explored(rs):  # SBM's second test pass with δ's random edges kept; "–" where a record has none
         passes = [r.get("sbm", {}).get("test_with_exploration") for r in rs]
-        return "–" if None in passes else (fmt([e["metric"] for e in passes], "accuracy")
+        return "–" if None in passes else (("no information" if nothing_learned else
+                                            fmt([e["metric"] for e in passes], "accuracy"))
                                            + f" ({100 * mean(passes, lambda e: e['density']):.1f}%)")
 
     order, rows, steps = ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")], [], \
         fair_step_ratios(step_time)
-    trained_runs = [r for r in recs if r["steps"] > 0]
-    nothing_learned = bool(trained_runs) and at_base_rate(trained_runs)  # the accuracy line says so above the table
     for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else len(order), g)):
         rs = sorted(groups[label], key=lambda r: r["seed"])
         trained, paper = rs[0]["steps"] > 0, paper_column.get(label)
