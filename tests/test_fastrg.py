@@ -397,6 +397,29 @@ def test_calls_with_few_edges_build_few_cdf_rows(monkeypatch):
     assert 0 < len(r) <= 10 and sum(built) <= 4 * len(r)
 
 
+@pytest.mark.parametrize("parts", [False, True])
+def test_few_draws_are_the_draws_of_the_blocks(monkeypatch, parts):
+    # A side with at most _FEW draws searches each drawn row alone (_draw_few): the same CDF values, uniforms and
+    # rule as the blocks and guide tables, so the same edges, for every output form and with X, Y in parts.
+    same, few = 0, fastrg._FEW
+    for seed in range(40):
+        g = torch.Generator().manual_seed(seed)
+        R, n, m, K = (1 + seed % 3, *[(8192, 8192, 128), (300, 200, 16), (1, 5, 3)][seed % 3])
+        X, Y, S = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g), torch.rand(K, K, generator=g)
+        X[:, :, 0] = 0                                               # a column never drawn from
+        S *= (seed % 7 + 0.5) / float(expected_edges(X, S, Y).sum())  # 0.5 to 6.5 expected edges in all
+        if parts:
+            X, Y = (X[..., :1], X[..., 1:]), (Y[..., :2], Y[..., 2:])
+        draws = []
+        for limit in (few, 0):
+            monkeypatch.setattr(fastrg, "_FEW", limit)
+            draws.append([fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(seed)),
+                          sample(X, S, Y, generator=torch.Generator().manual_seed(seed), dedup=False)])
+        assert all(torch.equal(a, b) for x, y in zip(*draws) for a, b in zip(x, y))
+        same += len(draws[0][1][0]) > 0
+    assert same >= 30                                                # most calls drew edges
+
+
 def test_draws_are_pinned_to_the_generator():
     # SBM-Transformer's published results were made with these exact draws (CPU): the uniforms, their order, the
     # inverse-CDF rule (the first CDF entry strictly above U) and the edge order fix these numbers. A partial guide
