@@ -22,12 +22,12 @@ from bench import cli
 from bench import methods as registry  # light: the grid, report and torch are imported once options parse
 from bench.files import read_json, write_json
 
-SCALING = {"quick": "1024,2048,4096", "smoke": "128", "full": "1024,2048,4096,8192"}
+SCALING = {"quick": "1024,2048", "smoke": "128", "full": "1024,2048,4096,8192"}
 SCALING_REPEATS = {"quick": dict(warmup_iters=2, repeats=5), "smoke": dict(warmup_iters=0, repeats=1),
                    "full": dict(warmup_iters=2, repeats=5)}
-SCALING_SECONDS = {"quick": 150, "smoke": 25, "full": 600}  # measured on a 2-core CPU, for the estimate
+SCALING_SECONDS = {"quick": 80, "smoke": 25, "full": 600}  # measured on a 2-core CPU, for the estimate
 STEP_TIME_REPEATS = {"quick": 3, "smoke": 1, "full": 5}  # rounds of bench.step_time per task
-STEP_TIME_SECONDS = {"quick": 60, "smoke": 2, "full": 300}  # per task, for the estimate
+STEP_TIME_SECONDS = {"quick": 35, "smoke": 2, "full": 300}  # per task, for the estimate
 
 
 def build_parser() -> argparse.ArgumentParser:
