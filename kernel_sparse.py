@@ -29,7 +29,6 @@ that local kernels hold, Z candidate (query, key) pairs, E edges; global query a
 and (b·H + h)·M + s.
 """
 import contextlib
-import importlib.util
 import itertools
 import math
 import statistics
@@ -995,6 +994,7 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     (§5.2, Tables 1 and 3) against τ, K and depth (Fig. 5-6); (5) end-to-end fine-tuning with the predicted masks
     (§6.2) beside a dense control. The record's valid/test/density/FLOPs are the final sparse model's, the
     teacher's under kernel.teacher. It needs the repository's bench/; the attention above does not."""
+    import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
         sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs only torch and alibi.py)")
     from bench import cli, loop, measure

@@ -29,7 +29,6 @@ Shape legend: B batch, H heads, N queries, M keys (M = N here), D = d head dim, 
 R = B·H graphs (graph r = b·H + h); "global" query / key indices are r·N + i / r·M + j.
 """
 import contextlib
-import importlib.util
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -156,19 +155,36 @@ class SBMAttention(nn.Module):
     def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
         """M ~ SBM(Q̂, Ŝ, K̂) (Eq. 8): {"mask": (B, H, N, M) bool, "prob": P} on the reference path, {"edges": Edges}
         on the fast one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient; p_ij = x_i · w_j) of the STE."""
-        with _part("memberships"):  # _part: a profiler label (bench.sbm_scaling), nothing else
-            x = self.memberships(q)  # (B, H, N, K) Q̂
-            z = self.memberships(k)  # (B, H, M, K) K̂
-        with _part("block matrix"):
-            s = self.block_matrix()  # (H, K, K) Ŝ
-            w = z @ s.transpose(1, 2)  # (B, H, M, K) K̂Ŝᵀ
-        self.last_path = self.path if self.path != "auto" else cheaper_path(x, w, self.exploration())
+        B, H, N, _ = q.shape
+        sparse = self.path == "fast" or self.path == "auto" and B * H * N * k.shape[2] > AUTO_DENSE_PAIRS
+        if sparse:  # keeps none of their intermediates; its backward recomputes them on one thread (fast path)
+            params = (self.mlp_w, self.mlp_b, self.centers)
+            (x,), (z, s, w) = recomputed(self.query_factors, (q,), params), recomputed(self.key_factors, (k,), params)
+        else:
+            x, z, s, w = self.factors(q, k)
+        self.last_path = "fast" if sparse else self.path if self.path != "auto" else \
+            cheaper_path(x, w, self.exploration())
         if self.last_path == "reference":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
         with torch.no_grad():
             return {"edges": self.sample_sparse(x, z, w, s, valid, causal, generator), "x": x, "w": w}
+
+    def factors(self, q: Tensor, k: Tensor) -> tuple:
+        """The SBM's factors: x = Q̂ (B, H, N, K), z = K̂ (B, H, M, K), s = Ŝ (H, K, K), w = K̂Ŝᵀ (B, H, M, K)."""
+        return self.query_factors(q) + self.key_factors(k)
+
+    def query_factors(self, q: Tensor) -> tuple:
+        with _part("memberships"):  # _part: a profiler label (bench.sbm_scaling), nothing else
+            return (self.memberships(q),)
+
+    def key_factors(self, k: Tensor) -> tuple:
+        with _part("memberships"):
+            z = self.memberships(k)
+        with _part("block matrix"):
+            s = self.block_matrix()
+            return z, s, z @ s.transpose(1, 2)
 
     def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
         """One Bernoulli(min(1, P + δ)) per admissible pair (Eq. 8), as the official code draws M."""
@@ -264,7 +280,8 @@ class StraightThrough(torch.autograd.Function):
 # sparse (CSR) products. Between forward and backward a layer keeps only its graph (4 bytes an edge; with dropout
 # its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs; with the
 # chunks below, fwd+bwd takes 10-25% longer at n = 2048-8192, D = 32), builds the key-major copy of the graph (CSC,
-# one sort a block of graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows. Per-edge
+# one sort a block of graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows and frees it.
+# Of the memberships it keeps Q̂ and K̂Ŝᵀ for the STE, and recomputes the rest in its backward (recomputed). Per-edge
 # temporaries are taken a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays
 # of 4 bytes: graph, key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
 # O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D =
@@ -284,11 +301,10 @@ def cheaper_path(x: Tensor, w: Tensor, delta: float) -> str:
     edges, else "fast"; both draw the same law of M. Per graph, in units of one dense pair (O(N·M·(K + D))), the
     sparse path costs about K² (fastRG's block counts) + (N + M)·K/2 (its tables, thinning) + 4 per edge, fitted to
     both paths' forward+backward on this CPU at N = 64-2048, K = 128, densities 2-50%: the dense path wins above
-    ~20% density at long lengths and at every density on short ones (N·M ≲ K²)."""
+    ~20% density at long lengths and at every density on short ones (N·M ≲ K²). Above AUTO_DENSE_PAIRS pairs the
+    caller takes the fast path without asking."""
     B, H, N, K = x.shape
     M = w.shape[2]
-    if B * H * N * M > AUTO_DENSE_PAIRS:
-        return "fast"
     edges = float((x.sum(2) * w.sum(2)).sum().detach()) / (B * H) + delta * N * M  # Σ_ij p_ij + δ per graph (Eq. 8)
     return "reference" if N * M <= K * K + (N + M) * K / 2 + 4 * edges else "fast"
 
@@ -538,6 +554,44 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
     return keep, _offsets(kept)
 
 
+@torch.compiler.disable  # a backward that runs autograd itself: eager under torch.compile
+def recomputed(fn, args: tuple, params: tuple) -> tuple:
+    """fn(*args), a tuple of tensors computed from args and the parameters `params` that fn reads, keeping none of
+    its intermediates between forward and backward: the backward runs fn again and differentiates it (Recomputed).
+    The fast path's memberships, queries' and keys' apart (SBMAttention.query_factors, key_factors), whose MLP,
+    sigmoid and K̂ would otherwise stay alive: at n = 8192, K = 128 the peak of one fwd+bwd drops from 81 to 65 MiB
+    of tensors (1% density, B = 1, H = 2, D = 32)."""
+    return Recomputed.apply(fn, len(args), *args, *params)
+
+
+class Recomputed(torch.autograd.Function):
+    """`recomputed`'s function: the same operations on the same values give the same gradients as plain autograd
+    (tests). The backward runs on one thread (fastrg.one_thread), as the fast path's other backward functions do. A
+    second derivative is refused, as through EdgeAttention."""
+
+    @staticmethod
+    def forward(ctx, fn, count: int, *inputs):
+        ctx.fn, ctx.params = fn, inputs[count:]
+        ctx.save_for_backward(*inputs[:count])
+        ctx.set_materialize_grads(False)  # outputs used only without gradient (z, s in the sampler) stay None
+        return fn(*inputs[:count])
+
+    @staticmethod
+    @fastrg.one_thread()
+    def backward(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError("SBMAttention's fast path has no second derivative: a double backward "
+                               "(create_graph=True) is refused; its reference path (path='reference') has one")
+        args = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            outputs = ctx.fn(*args)
+        used = [(out, grad) for out, grad in zip(outputs, grads) if grad is not None]
+        inputs = args + list(ctx.params)
+        found = iter(torch.autograd.grad([out for out, _ in used], [t for t in inputs if t.requires_grad],
+                                         [grad for _, grad in used], allow_unused=True))
+        return (None, None, *(next(found) if t.requires_grad else None for t in inputs))
+
+
 class EdgeAttention(torch.autograd.Function):
     """σ_M(QKᵀ/√D) V on the edges (Eq. 3-4) with the STE of Eq. 9 as the gradient of `p`.
 
@@ -661,7 +715,8 @@ class StraightThroughEdges(torch.autograd.Function):
             dx[q0:q0 + part.N] = part.csr(edge_grad(q0, at, part, False)) @ w
         for j0, at, part in edges.chunks(key_major=True):
             dw[j0:j0 + part.N] = part.csr(edge_grad(j0, at, part, True)) @ x
-        return dx, dw, None, None
+        edges._key_major = None  # the last use of the key-major copy (8 bytes an edge): freed before the rest of
+        return dx, dw, None, None  # the backward; a second backward (retain_graph) builds it again
 
 
 @torch.compiler.disable  # sparse CSR products on a data-dependent graph: eager under torch.compile
@@ -733,6 +788,7 @@ def main(argv=None, prog: str = "python sbm_transformer.py") -> int:
     regulariser λ·density (§5.2) to the loss; the record adds the test split's density per layer and head (App.
     C, Fig. 5) and, where δ is dropped in evaluation, the test metric with δ's random edges kept. It needs the
     repository's bench/; SBMAttention above does not."""
+    import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
         sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SBMAttention needs only torch and fastrg.py)")
     from bench import cli, loop

@@ -28,7 +28,6 @@ Nw = N/W queries per window, R×C grid rows × columns.
 """
 import argparse
 import contextlib
-import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
@@ -418,6 +417,7 @@ def main(argv=None, prog: str = "python ssa.py") -> int:
     """The paper's procedure on the shared training loop (bench/): train on sampled sub-models (§3.3), dense
     attention for the last fraction of the steps (+FT, §3.4), then dense (§3.4) and self-ensembled (§3.5)
     evaluation. It needs the repository's bench/; SSAttention above does not."""
+    import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
         sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SSAttention needs only torch and alibi.py)")
     from bench import cli, loop, measure

@@ -184,6 +184,41 @@ def test_edge_attention_double_backward_is_refused():
             assert torch.isfinite(torch.autograd.grad(grad_x.square().sum(), x)[0]).all()
 
 
+@pytest.mark.parametrize("shared_mlp", [False, True])
+def test_fast_path_recomputes_the_memberships_with_plain_autograds_gradients_on_one_thread(monkeypatch, shared_mlp):
+    """The fast path keeps none of the memberships' intermediates (sbm.recomputed): its outputs and every gradient
+    equal plain autograd's bit for bit, it saves fewer tensors for the backward (no MLP, sigmoid or K̂), and the
+    recomputation in the backward runs on one thread."""
+    x = torch.randn(3, 10, DIM, dtype=torch.float64)
+    results, saved = [], []
+    for plain in (True, False):
+        module = make(shared_mlp=shared_mlp, density_weight=0.1)
+        inputs = x.clone().requires_grad_()
+        if plain:
+            monkeypatch.setattr(sbm, "recomputed", lambda fn, args, params: fn(*args))
+        numel = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: numel.append(t.numel()) or t, lambda t: t):
+            y, stats = module(inputs, key_padding_mask=padding(), causal=True, generator=seeded(4))
+        monkeypatch.undo()
+        (y.square().sum() + stats["aux_loss"]).backward()
+        results.append([y.detach(), inputs.grad] + [p.grad for p in module.parameters()])
+        saved.append(sum(numel))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert saved[0] - saved[1] >= 3 * 3 * H * 10 * 6  # at least Q̂, K̂ and the MLP's (B, H, N, K) worth
+    threads = []
+    module = make()
+    memberships = module.memberships
+    monkeypatch.setattr(module, "memberships", lambda t: threads.append(torch.get_num_threads()) or memberships(t))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        y, _ = module(x.clone().requires_grad_(), generator=seeded(4))
+        y.sum().backward()
+        assert threads == [1] * 4 and torch.get_num_threads() == 2  # Q̂, K̂ forward, then again in the backward
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_matches_a_dense_computation():
     """Forward M_e = 1 on every edge and the edge count per graph; backward the gradient of p_e = x_i · w_j
     (differentiated densely), the counts' included; with self-loops, none into the forced edges."""
@@ -246,7 +281,8 @@ def test_chunks_of_queries_and_keys_change_no_bit(causal, padded, self_loops, st
 @pytest.mark.parametrize("dropout", [0.0, 0.2])
 def test_between_forward_and_backward_a_layer_keeps_only_its_graph(dropout):
     """EdgeAttention saves per-query and dense tensors, and per edge only the dropout mask when there is one: the
-    scores and α are recomputed in the backward, and the key-major copy of the graph is built there too."""
+    scores and α are recomputed in the backward, and the key-major copy of the graph is built there too, used by
+    the STE's backward and freed at its end."""
     module = make(dropout=dropout)
     x = torch.randn(2, 12, DIM, dtype=torch.float64, requires_grad=True)
     q, k, v = qkv(module, x)
@@ -257,8 +293,11 @@ def test_between_forward_and_backward_a_layer_keeps_only_its_graph(dropout):
     saved = [t for t in y.grad_fn.next_functions[0][0].saved_tensors if t is not None]  # the view's input: EdgeAttention
     assert [t.dtype for t in saved if t.shape == (edges.E,)] == ([torch.bool] if dropout else [])
     assert edges._key_major is None
+    built = []
+    key_major = edges.key_major
+    edges.key_major = lambda: built.append(1) or key_major()
     y.sum().backward()
-    assert edges._key_major is not None  # built by the backward (and used by the STE's)
+    assert built and edges._key_major is None  # built by the backward, used by the STE's, then freed
 
 
 def transposed(edges: sbm.Edges, values: torch.Tensor) -> torch.Tensor:
