@@ -989,11 +989,10 @@ def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: Li
 
 # -------------------------------------------------------------------------------------------------- main
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
-    """The paper's pipeline on the shared loop (bench/): (1) a dense masked-LM teacher; (2) §4.1's analysis of its
-    attention; (3) the kernel families and a predictor per layer fitted with Eq. 1; (4) sparsified inference
-    (§5.2, Tables 1 and 3) against τ, K and depth (Fig. 5-6); (5) end-to-end fine-tuning with the predicted masks
-    (§6.2) beside a dense control. The record's valid/test/density/FLOPs are the final sparse model's, the
-    teacher's under kernel.teacher. It needs the repository's bench/; the attention above does not."""
+    """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense
+    masked-LM teacher; (2) §4.1's analysis of its attention; (3) the kernel families and a predictor per layer
+    (Eq. 1); (4) sparsified inference (§5.2, Tables 1, 3) against τ, K, depth (Fig. 5-6); (5) fine-tuning with the
+    predicted masks (§6.2) beside a dense control. The record is the sparse model's; kernel.teacher the teacher's."""
     import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
         sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs only torch and alibi.py)")
