@@ -25,6 +25,16 @@ def matplotlib_ticker():
     return matplotlib.ticker
 
 
+def log_x(ax) -> None:
+    """A log x axis labelled as plain numbers at 1-2-5 steps (0.5, 1, 2, 5, 10), without minor labels, which
+    overlap where the data span less than a decade."""
+    ticker = matplotlib_ticker()
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def save(fig, path: Path, axes, xlabel, ylabels: List[str]) -> None:
     """Labels (``xlabel``: one for every panel, or a list of one per panel), grid, layout, PNG; closes the figure."""
     axes = list(axes)
@@ -79,11 +89,7 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
                     ax.scatter([get(r) / get(ref)], [scale * r["test"]], s=22, label=r["method"], **style[r["method"]])
             if mine[0].get("base_rate") is not None:
                 ax.axhline(scale * mine[0]["base_rate"], color="grey", linestyle=":")
-            ax.set_xscale("log")
-            ticker = matplotlib_ticker()  # ratios as plain numbers at 1-2-5 steps: 0.5, 1, 2, 5, 10
-            ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+            log_x(ax)
             ax.set_title(f"{task}: {name}", fontsize=9)
         row[0].set_ylabel("test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)", fontsize=8)
     handles = {h.get_label(): h for ax in axes.flat for h in ax.collections}
@@ -144,7 +150,7 @@ def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -
         for ax, x in zip(axes[0], (0, 1)):
             ax.scatter([run[x] for run in runs], [run[2] for run in runs], **style)
     for ax in axes[0]:
-        ax.set_xscale("log")
+        log_x(ax)
     axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot, off the points
     save(fig, path, axes[0], ["attention density on the test split (log)",
                               "training step time ÷ full attention's (log)"],
