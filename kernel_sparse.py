@@ -31,7 +31,6 @@ and (b·H + h)·M + s.
 import contextlib
 import itertools
 import math
-import statistics
 import sys
 import time
 import warnings
@@ -853,6 +852,7 @@ def time_x_dense(model: nn.Module, forward: Callable[[], object], repeats: int =
                  synchronize: Callable[[], None] = lambda: None) -> float:
     """Wall-clock of an inference `forward()` with the model as installed ÷ with every layer dense (the teacher's
     SDPA): medians of `repeats` after a warm-up, the two alternating so that a shared machine's load falls on both."""
+    import statistics
     installed, seconds = [block.attn.sparse for block in model.blocks], ([], [])  # as installed, dense
     try:
         for repeat, dense in itertools.product(range(repeats + 1), (0, 1)):
