@@ -996,7 +996,7 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
         sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs only torch and alibi.py)")
-    from bench import cli, loop, measure
+    from bench import cli, fine_tune, loop, measure
     from bench.kernel_report import render
     from bench.tasks import get_task
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
@@ -1025,10 +1025,10 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
                 timed = time_x_dense(model, lambda: model(**inputs), 5, lambda: measure.synchronize(run.device))
                 return sparse_result(result, flops(), dense, inputs["tokens"].shape[1], timed)
 
-            def fine_tune() -> List[float]:
+            def tune_backbone() -> List[float]:
                 with reference_path(model):
-                    return loop.fine_tune(model, task, backbone_parameters(model), kernel.finetune_steps,
-                                          kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
+                    return fine_tune.fine_tune(model, task, backbone_parameters(model), kernel.finetune_steps,
+                                               kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
 
             dense = flops()
             teacher = {f"{split}_ppl": math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
@@ -1045,7 +1045,7 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
             report["fig5"], report["fig6"] = sweeps(model, predictors[kernel.sweep], kernel, measured,
                                                     lambda: run.evaluate("valid", cfg.eval_batches))  # (4)
             report["finetune"] = f = fine_tune_best(model, predictors[kernel.sweep], report["fig5"], teacher, kernel,
-                                                    fine_tune, lambda: measured(final),
+                                                    tune_backbone, lambda: measured(final),
                                                     lambda: math.exp(run.evaluate("test", final)["loss"]))  # (5)
             torch.save({"model": model.state_dict(), "setting": f["setting"]}, cfg.folder / "finetuned.pt")
             report["seconds"] = time.time() - start

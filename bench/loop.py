@@ -19,7 +19,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -103,10 +103,10 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
         model = build_model(cfg, task, device, make_attention)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    optimizer = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.ndim >= 2],
+                                    "weight_decay": cfg.weight_decay},  # weight decay on matrices only
+                                   {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}],
+                                  lr=cfg.lr)
     run = Run(cfg, task, model, optimizer, device, amp, world, rank, context)
     if saved is not None:
         try:
@@ -126,12 +126,12 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
         runs.begin(out, cfg.resume, run.step)
     run.memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
+    warm_only = (f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} steps, so the learning "
+                 f"rate stays below its peak") if cfg.warmup >= cfg.steps > 0 else ""
     run.say(f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
             f"{cfg.batch_size} at length {cfg.seq_len}, {sum(p.numel() for p in model.parameters()):,} parameters, "
             f"{measure.device_name(device)}" + (f", resumed at step {run.step}" if run.step else "")
-            + f"; run folder {out}" + (f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} "
-                                       f"steps, so the learning rate stays below its peak" if cfg.warmup >= cfg.steps > 0
-                                       else ""))
+            + f"; run folder {out}" + warm_only)
     return run
 
 
@@ -155,8 +155,7 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
                          f"{str(exc).splitlines()[0]}") from None
     task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
     # the data set the vocabulary (duplicates: seq_len + 1); the attention depends on none of these fields
-    model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                               max_len=cfg.seq_len)
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=task.vocab_size, num_classes=task.num_classes)
     torch.manual_seed(derive_seed(cfg.seed, "init"))
     return Model(model_cfg, factory).to(device)
 
@@ -168,7 +167,7 @@ def train(run: Run, until: Optional[int] = None) -> None:
     trained = nn.parallel.DistributedDataParallel(model) if run.world > 1 else model
     stop = cfg.steps if until is None else min(until, cfg.steps)
     trained.train()
-    window_loss, window_metric, window_density = [], [], []  # the steps since the last progress line
+    window = []  # (loss, metric, density) of the steps since the last progress line
     done = run.done
     while done.step < stop:
         for group in run.optimizer.param_groups:
@@ -182,8 +181,7 @@ def train(run: Run, until: Optional[int] = None) -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
             logits, stats = trained(**inputs)
         loss = task_loss(logits, targets)
-        if not all_finite(run, loss + stats["aux_loss"]):
-            diverged(run)
+        stop_if_diverged(run, loss + stats["aux_loss"])
         run.optimizer.zero_grad(set_to_none=True)
         (loss + stats["aux_loss"]).backward()
         if cfg.grad_clip > 0:
@@ -195,14 +193,13 @@ def train(run: Run, until: Optional[int] = None) -> None:
         done.step += 1
         with torch.no_grad():
             scored = targets != IGNORE
-            window_loss.append(loss.item())
-            window_metric.append(loss.item() / math.log(2) if task.metric == "bpb" else
-                                 (logits.argmax(-1)[scored] == targets[scored]).float().mean().item())
-            window_density.append(stats["density"].mean().item())
+            window.append((loss.item(), loss.item() / math.log(2) if task.metric == "bpb" else
+                           (logits.argmax(-1)[scored] == targets[scored]).float().mean().item(),
+                           stats["density"].mean().item()))
             done.train_density.append(stats["density"].float().mean(-1).cpu())
         if run.is_main and (run.step % cfg.log_every == 0 or run.step == cfg.steps):
-            report_progress(run, window_loss, window_metric, window_density)
-            window_loss, window_metric, window_density = [], [], []
+            report_progress(run, *map(np.mean, zip(*window)))
+            window = []
         if run.step % cfg.eval_every == 0 or run.step == cfg.steps:
             if run.is_main:
                 begun = time.time()
@@ -218,16 +215,14 @@ def train(run: Run, until: Optional[int] = None) -> None:
             run.save(f"checkpoint-{run.step}.pt")
 
 
-def all_finite(run: Run, loss: torch.Tensor) -> bool:
-    """Whether every process's loss is finite."""
+def stop_if_diverged(run: Run, loss: torch.Tensor) -> None:
+    """A loss not finite on some process: the run stops there, its record says so, and the process ends with one
+    line, exit 3."""
     finite = torch.isfinite(loss.detach()).to(torch.int32).reshape(1)
     if run.world > 1:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-    return bool(finite.item())
-
-
-def diverged(run: Run) -> None:
-    """A non-finite loss: the run stops there, its record says so, and the process ends with one line, exit 3."""
+    if finite.item():
+        return
     lr = lr_at(run.step, vars(run.cfg))
     if run.is_main:
         runs.record_divergence(run.cfg, run.step + 1, lr, run.progress())
@@ -235,45 +230,17 @@ def diverged(run: Run) -> None:
                    f"recorded in {run.cfg.folder / 'metrics.json'}")
 
 
-def report_progress(run: Run, losses: List[float], metrics: List[float], densities: List[float]) -> None:
-    """The progress line and its log record: means since the last; the ETA counts the evaluations left."""
+def report_progress(run: Run, loss: float, metric: float, density: float) -> None:
+    """The progress line and its log record (the means since the last); the ETA counts the evaluations left."""
     cfg, done = run.cfg, run.done
     median_ms = statistics.median(done.step_times[-cfg.log_every:])
     evaluations = cfg.steps // cfg.eval_every - done.step // cfg.eval_every + 2 * cfg.final_eval_batches / cfg.eval_batches
     eta = datetime.timedelta(seconds=round(median_ms * (cfg.steps - done.step) / 1e3 + (run.eval_seconds or 0) * evaluations))
     lr = lr_at(done.step - 1, vars(cfg))
-    run.say(f"step {done.step}/{cfg.steps} | loss {np.mean(losses):.4f} | {'bpb' if run.task.metric == 'bpb' else 'acc'} "
-            f"{np.mean(metrics):.4f} | density {np.mean(densities):.3f} | lr {lr:.2e} | {median_ms:.1f} ms/step | "
-            f"ETA {eta}", {"step": done.step, "split": "train", "loss": float(np.mean(losses)),
-                            "metric": float(np.mean(metrics)), "density": float(np.mean(densities)), "lr": lr})
-
-
-def fine_tune(model: nn.Module, task: Task, parameters: List[nn.Parameter], steps: int, lr: float,
-              weight_decay: float, batch_size: int, grad_clip: float, seed: int, log_every: int = 50) -> List[float]:
-    """``parameters`` of a trained model trained ``steps`` more (the kernel method's §6.2): AdamW, a tenth of the
-    steps' warm-up then cosine to 10%, batches and dropout from their own seeds. Returns the training losses."""
-    device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=weight_decay)
-    schedule = {"lr": lr, "warmup": steps // 10, "steps": steps, "lr_decay": "cosine", "lr_floor": 0.1}
-    losses = []
-    model.train()
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, schedule)
-        torch.manual_seed(derive_seed(seed, "finetune", step))
-        batch = task.train_batch(batch_size, torch.Generator().manual_seed(derive_seed(seed, "ft", step)))
-        logits, _ = model(**model_inputs(batch, device))
-        loss = task_loss(logits, batch["targets"].to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip > 0:
-            nn.utils.clip_grad_norm_(parameters, grad_clip)
-        optimizer.step()
-        losses.append(loss.item())
-        if (step + 1) % log_every == 0:
-            print(f"fine-tune step {step + 1}/{steps} | loss {sum(losses[-log_every:]) / log_every:.4f}", flush=True)
-    model.eval()
-    return losses
+    run.say(f"step {done.step}/{cfg.steps} | loss {loss:.4f} | {'bpb' if run.task.metric == 'bpb' else 'acc'} "
+            f"{metric:.4f} | density {density:.3f} | lr {lr:.2e} | {median_ms:.1f} ms/step | ETA {eta}",
+            {"step": done.step, "split": "train", "loss": float(loss), "metric": float(metric),
+             "density": float(density), "lr": lr})
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -334,8 +301,7 @@ def final_record(run: Run) -> Optional[dict]:
         "device": measure.device_name(device), "world_size": run.world,
         "metric": task.metric, "valid": valid["metric"], "test": test["metric"], "valid_loss": valid["loss"],
         "test_loss": test["loss"], "scored": {"valid": valid["scored"], "test": test["scored"]},
-        "base_rate": test["base_rate"],
-        "density": test["density"], "density_per_layer": test["density_per_layer"],
+        "base_rate": test["base_rate"], "density": test["density"], "density_per_layer": test["density_per_layer"],
         "train_density": trained.mean().item() if trained is not None else None,
         "train_density_per_layer": trained.mean(0).tolist() if trained is not None else None,
         "params": sum(p.numel() for p in model.parameters()),

@@ -288,6 +288,26 @@ def inference_peak_memory_bytes(forward: Callable[[], object], device: torch.dev
     return max(0, peak_memory_bytes(device, meter) - before)
 
 
+def tensor_peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """The most bytes that tensors hold at once while ``fn()`` runs, above those held when it starts. On CUDA that
+    is max_memory_allocated's count; on CPU the same count is read from torch.profiler's allocation events, the
+    tensors alone, where peak RSS (PeakRSS) also holds what the heap keeps around them."""
+    if device.type == "cuda":
+        before = torch.cuda.memory_allocated(device)
+        reset_peak_memory(device)
+        fn()
+        synchronize(device)
+        return max(0, int(torch.cuda.max_memory_allocated(device)) - before)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
+        fn()
+    held = peak = 0
+    for event in sorted((e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
+                        key=lambda e: e.start_ns()):  # one event per allocation (+bytes) and per free (−bytes)
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak
+
+
 def device_name(device: torch.device) -> str:
     """The device in words, for records and tables."""
     if device.type == "cuda":

@@ -17,8 +17,8 @@ non-causal, training mode):
   fastrg.expected_edges so that the expected density, δ included, is d; nothing else is changed.
 - ``sbm-dense@d``: the same module on its dense reference path (P = Q̂ŜK̂ᵀ, a Bernoulli mask, masked softmax),
   whose cost does not depend on d: measured at the first density only.
-Per cell: peak memory of one forward+backward above the baseline (CPU peak RSS / CUDA max allocated),
-forward time without autograd and forward+backward time (medians after warm-up), forward FLOPs
+Per cell: peak memory of one forward+backward above the baseline (CPU peak RSS / CUDA max allocated) and the
+tensors' own peak (measure.tensor_peak_bytes), forward time without autograd and forward+backward time (medians after warm-up), forward FLOPs
 (bench.measure conventions: a sparse product costs 2 per edge and column) and the density drawn; with
 --rounds, every cell is measured once per round, round after round, and the medians are reported. Then, per
 n, the crossover densities where SBM's time meets fused SDPA's and its memory the reference path's, from a
@@ -142,6 +142,7 @@ def measure_cell(cell: dict) -> dict:
     result = {"peak_bytes": peak,
               "fwd_ms": measure.time_fn(forward, device, cell["warmup"], cell["repeats"]),
               "fwdbwd_ms": measure.time_fn(lambda: run(True), device, cell["warmup"], cell["repeats"]),
+              "tensor_peak_bytes": measure.tensor_peak_bytes(lambda: run(True), device),
               "flops": measure.count_flops(forward)["total"]}
     result["density"] = forward()
     if cell["kind"] == "sbm":
@@ -199,8 +200,8 @@ def summary(rows: list) -> list:
 def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
     """Per n, the module's (``sbm``) peak memory as a + b·E over its densities, E = density · batch · heads · n²
     edges drawn, by least squares in each round apart: the medians of a (MiB) and b (bytes an edge) with their
-    range over rounds; fused SDPA's and the explicit path's peaks (MiB); and each density's peak (MiB) with its
-    ratio to both."""
+    range over rounds, of the peak (RSS on CPU) and of the tensors' peak; fused SDPA's and the explicit path's
+    peaks (MiB), and fused SDPA's tensors; and each density's peak (MiB) with its ratio to both."""
     def spread(values, unit):
         return f"{statistics.median(values) / unit:.1f} [{min(values) / unit:.1f}, {max(values) / unit:.1f}]"
 
@@ -213,9 +214,13 @@ def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
         done = [r for r in sbm if r is not None]
         edges = [r["density"] * batch * heads * n * n for r in done]
         fits = [line_fit(edges, peaks) for peaks in zip(*(r["peak_rounds"] for r in done))]  # a fit a round
+        tensor_fits = [line_fit(edges, peaks) for peaks in zip(*(r["tensor_peak_rounds"] for r in done))]
         full, ref = (cells[name]["peak_bytes"] if name in cells else None for name in ("full", "full-ref"))
+        full_tensors = cells["full"]["tensor_peak_bytes"] if "full" in cells else None
         line = [n, spread([a for a, _ in fits], 2**20), spread([b for _, b in fits], 1),
-                f"{full / 2**20:.1f}" if full else "–", f"{ref / 2**20:.1f}" if ref else "–"]
+                spread([a for a, _ in tensor_fits], 2**20), spread([b for _, b in tensor_fits], 1),
+                f"{full / 2**20:.1f}" if full else "–", f"{full_tensors / 2**20:.1f}" if full_tensors else "–",
+                f"{ref / 2**20:.1f}" if ref else "–"]
         for r in sbm:
             ratios = " / ".join(f"{r['peak_bytes'] / base:.2f}" if base else "–" for base in (full, ref)) if r else ""
             line.append(f"{r['peak_bytes'] / 2**20:.1f} ({ratios})" if r else "–")
@@ -229,8 +234,9 @@ def median_row(runs: list) -> dict:
     done = [r for r in runs if "error" not in r]
     if not done:
         return runs[-1]
-    row = dict(done[0], peak_rounds=[r["peak_bytes"] for r in done])
-    for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes"):
+    row = dict(done[0], peak_rounds=[r["peak_bytes"] for r in done],
+               tensor_peak_rounds=[r["tensor_peak_bytes"] for r in done])
+    for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes", "tensor_peak_bytes"):
         row[key] = statistics.median(r[key] for r in done)
     if "parts_ms" in row:
         row["parts_ms"] = {part: statistics.median(r["parts_ms"][part] for r in done) for part in row["parts_ms"]}
@@ -332,8 +338,12 @@ def main(argv=None) -> int:
     if fits:
         print(f"\nThe module's peak memory = a + b·E over its densities (least squares, E = density · {args.batch_size}"
               f" · {args.heads} · n² edges drawn; each round fitted apart: the median [range over rounds]), beside "
-              "fused SDPA and the explicit path; per density its peak in MiB (÷ fused SDPA / ÷ explicit).\n")
-        print(tabulate(fits, headers=["n", "a MiB", "b bytes/edge", "fused SDPA MiB", "explicit MiB"] +
+              "fused SDPA and the explicit path; per density its peak in MiB (÷ fused SDPA / ÷ explicit). "
+              "\"Tensors\": the same fit of the bytes tensors hold at the peak (torch.profiler's allocations on "
+              "CPU, as CUDA's max_memory_allocated counts them); the peak RSS adds what the heap keeps beside "
+              "them.\n")
+        print(tabulate(fits, headers=["n", "a MiB", "b bytes/edge", "a MiB (tensors)", "b bytes/edge (tensors)",
+                                      "fused SDPA MiB", "fused SDPA MiB (tensors)", "explicit MiB"] +
                        [f"sbm@{d:g}" for d in densities], tablefmt="github", disable_numparse=True))
     profiled = [r for r in rows if "parts_ms" in r]
     if profiled:

@@ -145,6 +145,7 @@ def measure_cell(cell: dict) -> dict:
     result = {"peak_bytes": peak,
               "fwd_ms": measure.time_fn(forward, device, cell["warmup"], cell["repeats"]),
               "fwdbwd_ms": measure.time_fn(forward_backward, device, cell["warmup"], cell["repeats"])}
+    result["tensor_peak_bytes"] = measure.tensor_peak_bytes(forward_backward, device)
     result["flops"] = measure.count_flops(forward)["total"]
     _, stats = forward()
     result["density"] = stats["density"].float().mean().item()

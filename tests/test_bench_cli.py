@@ -326,7 +326,7 @@ def test_sbm_scaling_measures_core_module_and_full_attention_in_one_table(tmp_pa
     assert "Crossover densities" in result.stdout and "MALLOC_MMAP_MAX_=0" in result.stdout
     rows = {r["method"]: r for r in json.loads((tmp_path / "sbm_scaling.json").read_text())["rows"]}
     assert set(rows) == {"full", "core@0.25", "sbm@0.25"}
-    assert all("error" not in r and r["fwdbwd_ms"] > 0 for r in rows.values())
+    assert all("error" not in r and r["fwdbwd_ms"] > 0 and r["tensor_peak_bytes"] > 0 for r in rows.values())
     assert abs(rows["core@0.25"]["density"] - 0.25) < 0.05 and rows["full"]["density"] == 1.0
 
 

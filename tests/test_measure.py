@@ -115,6 +115,22 @@ def test_peak_rss_counts_memory_that_a_same_sized_warm_up_freed():
     assert int(out.stdout.strip()) >= 35 * 2 ** 20
 
 
+def test_tensor_peak_counts_the_bytes_tensors_hold_at_once():
+    """4 MiB and 2 MiB held together, then 4 MiB after both are freed: the peak is the 6 MiB held at once, not the
+    10 allocated, and tensors that live before the call do not count."""
+    before = torch.ones(1 << 22)
+
+    def work():
+        a = torch.ones(1 << 20)
+        b = torch.ones(1 << 19)
+        del a, b
+        return torch.ones(1 << 20).sum()
+
+    peak = measure.tensor_peak_bytes(work, torch.device("cpu"))
+    assert 6 << 20 <= peak < (6 << 20) + (1 << 12), peak
+    assert before.sum() == 1 << 22
+
+
 def test_time_fn_returns_a_median_in_milliseconds():
     calls = []
     ms = measure.time_fn(lambda: calls.append(1), torch.device("cpu"), warmup=2, repeats=3)
