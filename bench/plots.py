@@ -26,12 +26,19 @@ def matplotlib_ticker():
 
 
 def log_x(ax) -> None:
-    """A log x axis labelled as plain numbers at 1-2-5 steps (0.5, 1, 2, 5, 10), without minor labels, which
-    overlap where the data span less than a decade."""
+    """A log x axis labelled as plain numbers at 1-2-5 steps (0.5, 1, 2, 5, 10) where the data span at most
+    ~1.5 decades, and at powers of ten only where they span more (1-2-5 labels would overlap there); never minor
+    labels, which overlap where the data span less than a decade."""
     ticker = matplotlib_ticker()
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+    def label(value, _):
+        low, high = ax.get_xlim()
+        power = abs(value / 10 ** round(math.log10(value)) - 1) < 1e-9
+        return f"{value:g}" if power or high / low <= 30 else ""
+
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(label))
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 

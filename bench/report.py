@@ -459,12 +459,13 @@ def adaptive_rows(recs: List[dict], step_time: Optional[dict] = None) -> Dict[st
 
 def adaptive_table(recs: List[dict], step_time: Optional[dict] = None) -> str:
     ratio = lambda v: "–" if v is None else f"{v:.3g}"  # noqa: E731
-    rows = [[name, ", ".join(str(r["seed"]) for r in row["recs"]), tests(row["recs"]),
-             " / ".join(tests([r]) for r in row["recs"]), f"{100 * row['density']:.2f}%", ratio(row["attention FLOPs"]),
+    rows = [[name, ", ".join(str(r["seed"]) for r in row["recs"]),
+             tests(row["recs"]) + (" (base rate)" if at_base_rate(row["recs"]) else ""), " / ".join(tests([r]) for r in row["recs"]), f"{100 * row['density']:.2f}%", ratio(row["attention FLOPs"]),
              ratio(row["step time"]) + ("" if row["timed"] else " (runs)"), ratio(row["peak memory"]),
              " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in row["recs"])]
             for name, row in adaptive_rows(recs, step_time).items()]
-    return table(rows, ["setting", "seeds", "test acc % (mean ± std)", "per seed", "test density",
+    return table(rows, ["setting", "seeds", "test acc % (mean ± std; \"base rate\": the majority label's, nothing "
+                        "learned)", "per seed", "test density",
                         "attention FLOPs ÷ full", "train step ÷ fair full", "peak memory ÷ full", "wall per seed"])
 
 
@@ -472,19 +473,24 @@ def adaptive_verdict(recs: List[dict], step_time: Optional[dict] = None) -> str:
     """Whether adaptivity paid: SBM against the fixed patterns at its own density and at 4×, in words."""
     rows = adaptive_rows(recs, step_time)
     acc = lambda name: mean(rows[name]["recs"], lambda r: r["test"])  # noqa: E731
-    pct = lambda name: f"{name} {tests(rows[name]['recs'], True)}"  # noqa: E731
+    learned = lambda name: not at_base_rate(rows[name]["recs"])  # noqa: E731
+    pct = lambda name: f"{name} {tests(rows[name]['recs'], True)}" + ("" if learned(name) else  # noqa: E731
+                                                                      " (the base rate)")
     said = [f"Full attention reaches {tests(rows[REFERENCE]['recs'], True)}" if REFERENCE in rows else
             "Full attention has no record yet"]
     if LEARNED in rows:
         sbm, density = acc(LEARNED), rows[LEARNED]["density"]
         said.append(f"SBM with λ = 1e-2 learns a test density of {100 * density:.2f}% and reaches "
-                    f"{tests(rows[LEARNED]['recs'], True)}")
+                    f"{tests(rows[LEARNED]['recs'], True)}" + ("" if learned(LEARNED) else
+                                                               ", the base rate: at that density it learns nothing"))
         for times, suffix in FIXED_AT.items():
             fixed = [f"{m}{suffix}" for m in ("window", "bigbird") if f"{m}{suffix}" in rows]
             if not fixed:
                 continue
             margin = 100 * (sbm - max(acc(f) for f in fixed))
             said.append(f"at {times}that density the fixed patterns reach " + " and ".join(pct(f) for f in fixed) + (
+                ": neither SBM nor they learn there, so this density cannot tell whether adaptivity pays"
+                if not learned(LEARNED) and not any(learned(f) for f in fixed) else
                 f": adaptivity paid, {margin:.1f} points above the better of them" if margin > 1 else
                 f": adaptivity did not pay, {-margin:.1f} points below the better of them" if margin < -1 else
                 ": within a point of SBM, adaptivity bought nothing here"))

@@ -402,6 +402,30 @@ def test_the_adaptive_verdict_says_whether_adaptivity_paid(tmp_path):
     assert "| 70.50 ± 0.71 " in row and "| 1.00% " in row and "| 0.2 " in row
 
 
+def test_the_adaptive_verdict_says_when_nothing_learns_at_the_learned_density(tmp_path):
+    """SBM λ = 1e-2 and the fixed patterns at its density all at the majority label's rate: the table marks them
+    and the words say that this density cannot answer, instead of ranking base rates."""
+    from bench import claims, report
+    claim = claims.BY_NAME["adaptive-vs-fixed"]
+    results = {"full": 0.99, "sbm-lambda0.01": 0.631, "window-at-sbm-density": 0.632, "bigbird-at-sbm-density": 0.630}
+    for cell in claim.cells(tmp_path / claim.name / "runs"):
+        setting = cell["name"].rsplit("-duplicates", 1)[0]
+        if setting in results:
+            folder = tmp_path / claim.name / "runs" / cell["name"]
+            write_record(folder, cell, results[setting])
+            record = json.loads((folder / "metrics.json").read_text())
+            record.update(task="duplicates", base_rate=0.632, scored={"valid": 32768, "test": 32768},
+                          peak_memory_bytes=10, flops_per_example={"model": 2, "attention": 1})
+            (folder / "metrics.json").write_text(json.dumps(record))
+    text = report.claim_section(claim, tmp_path, {})
+    assert "reaches 63.10 ± 0.00%, the base rate: at that density it learns nothing" in text
+    assert ("the fixed patterns reach window-at-sbm-density 63.20 ± 0.00% (the base rate) and bigbird-at-sbm-density "
+            "63.00 ± 0.00% (the base rate): neither SBM nor they learn there") in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "(base rate)" in rows["sbm-lambda0.01"] and "(base rate)" in rows["window-at-sbm-density"]
+    assert "(base rate)" not in rows["full"]
+
+
 def test_the_glance_says_an_incomplete_adaptive_claim_answers_nothing_yet(tmp_path):
     from bench import claims, report
     claim = claims.BY_NAME["adaptive-vs-fixed"]
