@@ -488,7 +488,9 @@ def adaptive_verdict(recs: List[dict], step_time: Optional[dict] = None) -> str:
             if not fixed:
                 continue
             margin = 100 * (sbm - max(acc(f) for f in fixed))
-            said.append(f"at {times}that density the fixed patterns reach " + " and ".join(pct(f) for f in fixed) + (
+            held = " and ".join(f"{100 * rows[f]['density']:.2f}%" for f in fixed)
+            said.append(f"at {times}that density the fixed patterns (test density {held}, the nearest each pattern "
+                        f"takes) reach " + " and ".join(pct(f) for f in fixed) + (
                 ": neither SBM nor they learn there, so this density cannot tell whether adaptivity pays"
                 if not learned(LEARNED) and not any(learned(f) for f in fixed) else
                 f": adaptivity paid, {margin:.1f} points above the better of them" if margin > 1 else

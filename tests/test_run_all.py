@@ -419,8 +419,9 @@ def test_the_adaptive_verdict_says_when_nothing_learns_at_the_learned_density(tm
             (folder / "metrics.json").write_text(json.dumps(record))
     text = report.claim_section(claim, tmp_path, {})
     assert "reaches 63.10 ± 0.00%, the base rate: at that density it learns nothing" in text
-    assert ("the fixed patterns reach window-at-sbm-density 63.20 ± 0.00% (the base rate) and bigbird-at-sbm-density "
-            "63.00 ± 0.00% (the base rate): neither SBM nor they learn there") in text
+    assert ("the fixed patterns (test density 50.00% and 50.00%, the nearest each pattern takes) reach "
+            "window-at-sbm-density 63.20 ± 0.00% (the base rate) and bigbird-at-sbm-density 63.00 ± 0.00% (the base "
+            "rate): neither SBM nor they learn there") in text
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "(base rate)" in rows["sbm-lambda0.01"] and "(base rate)" in rows["window-at-sbm-density"]
     assert "(base rate)" not in rows["full"]
