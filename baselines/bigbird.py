@@ -15,9 +15,10 @@ the earlier blocks q < p only. The pattern depends on positions and the draw alo
 output depends on the past alone. Attention_i = softmax_{j admissible}(q_i·k_j/√D) v_j; no admissible key → 0.
 
 Budget: ``block`` b, ``window_blocks`` w, ``global_blocks`` g, ``random_blocks`` r; or ``density`` = a target ρ:
-for the length N at hand, the largest window ≤ w whose pattern without random blocks is not denser than ρ, then
-the r whose expected density (``bigbird_density``, exact over the draw) is nearest ρ (``bigbird_budget``). b and g
-stay: a ρ below the density of the g global blocks and the diagonal gets that floor. Chosen from N alone.
+for the length N at hand, the largest block ≤ b whose g global blocks and diagonal are not denser than ρ (down to
+single tokens; a ρ below that floor gets it), the largest window ≤ w whose pattern without random blocks is not
+denser than ρ, then the r whose expected density (``bigbird_density``, exact over the draw) is nearest ρ
+(``bigbird_budget``). g stays, counted in blocks. Chosen from N alone.
 
 Two paths, one pattern and one draw (tests/test_bigbird.py shows they agree in outputs and gradients):
 - reference: the (B, H, N, M) boolean mask from A, scores materialised, masked softmax in float32, times V.
@@ -86,9 +87,12 @@ def bigbird_density(n: int, block: int, window_blocks: int, global_blocks: int, 
 
 @lru_cache(maxsize=256)
 def bigbird_budget(n: int, density: float, block: int, window_blocks: int, global_blocks: int,
-                   causal: bool) -> Tuple[int, int]:
-    """(window_blocks, random_blocks) for a target density at length n: the widest window ≤ window_blocks
-    not denser than the target without random blocks (else no window), then the r nearest the target."""
+                   causal: bool) -> Tuple[int, int, int]:
+    """(block, window_blocks, random_blocks) for a target density at length n: the largest block ≤ block whose
+    global blocks and diagonal are not denser than the target (else single tokens; the blocks' sizes are an
+    efficiency choice of the paper, the pattern is the method), the widest window ≤ window_blocks not denser than
+    the target without random blocks (else no window), then the r nearest the target."""
+    block = next((b for b in range(block, 0, -1) if bigbird_density(n, b, 0, global_blocks, 0, causal) <= density), 1)
     w = next((w for w in range(window_blocks, -1, -1)
               if bigbird_density(n, block, w, global_blocks, 0, causal) <= density), 0)
     lo, hi = 0, -(-n // block)
@@ -96,13 +100,13 @@ def bigbird_budget(n: int, density: float, block: int, window_blocks: int, globa
         mid = (lo + hi) // 2
         lo, hi = (mid + 1, hi) if bigbird_density(n, block, w, global_blocks, mid, causal) < density else (lo, mid)
     r = min((max(lo - 1, 0), lo), key=lambda r: abs(bigbird_density(n, block, w, global_blocks, r, causal) - density))
-    return w, r
+    return block, w, r
 
 
 class BigBirdAttention(nn.Module):
     """Multi-head BigBird attention (INTERFACE.md). Budget: ``block``, ``window_blocks`` (half-width in blocks),
-    ``global_blocks``, ``random_blocks`` (default 3) or ``density`` (a target: window and r chosen per length;
-    then ``random_blocks`` stays None). ``path``: "reference" or "fast"."""
+    ``global_blocks``, ``random_blocks`` (default 3) or ``density`` (a target: block, window and r chosen per
+    length; then ``random_blocks`` stays None). ``path``: "reference" or "fast"."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, block: int = 64,
                  window_blocks: int = 1, global_blocks: int = 2, random_blocks: Optional[int] = None,
@@ -128,13 +132,13 @@ class BigBirdAttention(nn.Module):
                 f"window_blocks={self.window_blocks}, global_blocks={self.global_blocks}, "
                 f"random_blocks={self.random_blocks}, density={self.density}, path={self.path}")
 
-    def draw_pattern(self, n: int, causal: bool, generator: Optional[torch.Generator], device) -> Tensor:
-        """A: (H, nb, nb) bool. R_p: the r smallest of uniforms over p's candidates (a uniform draw without
-        replacement), drawn on the generator's device; the draw depends on N alone, never on content."""
-        nb = -(-n // self.block)
-        w, r = self.window_blocks, self.random_blocks
+    def draw_pattern(self, n: int, causal: bool, generator: Optional[torch.Generator], device) -> Tuple[Tensor, int]:
+        """(A: (H, nb, nb) bool, the block b). R_p: the r smallest of uniforms over p's candidates (a uniform draw
+        without replacement), drawn on the generator's device; the draw depends on N alone, never on content."""
+        blk, w, r = self.block, self.window_blocks, self.random_blocks
         if self.density is not None:
-            w, r = bigbird_budget(n, self.density, self.block, w, self.global_blocks, causal)
+            blk, w, r = bigbird_budget(n, self.density, blk, w, self.global_blocks, causal)
+        nb = -(-n // blk)
         fixed = fixed_blocks(nb, w, self.global_blocks, causal, device)  # (nb, nb)
         pattern = fixed.expand(self.heads, nb, nb)
         if min(r, nb) > 0:
@@ -143,45 +147,45 @@ class BigBirdAttention(nn.Module):
             u = u.masked_fill(~random_candidates(fixed, causal), 2.0)  # non-candidates last, never picked
             value, index = u.topk(min(r, nb), -1, largest=False)  # (H, nb, r)
             pattern = pattern | torch.zeros_like(pattern).scatter(-1, index, value < 2.0)
-        return pattern
+        return pattern, blk
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
-        pattern = self.draw_pattern(n, causal, generator, x.device)  # (H, nb, nb)
+        pattern, blk = self.draw_pattern(n, causal, generator, x.device)  # (H, nb, nb), b
         nb = pattern.shape[-1]
         valid = torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
-        valid = F.pad(valid, (0, nb * self.block - n), value=False)  # (B, nb·b): the tail block's padding
+        valid = F.pad(valid, (0, nb * blk - n), value=False)  # (B, nb·b): the tail block's padding
         p_drop = self.dropout if self.training else 0.0
         core = self.reference_core if self.path == "reference" else self.fast_core
-        y = core(q, k, v, valid, pattern, causal, p_drop, generator).to(v.dtype)  # (B, H, N, D)
-        counts = admissible_counts(pattern, valid, self.block, causal)[..., :n]  # (B, H, N)
+        y = core(q, k, v, valid, pattern, blk, causal, p_drop, generator).to(v.dtype)  # (B, H, N, D)
+        counts = admissible_counts(pattern, valid, blk, causal)[..., :n]  # (B, H, N)
         y = y.masked_fill((counts == 0)[..., None], 0.0)  # a query with no admissible key outputs 0
         y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
         pairs = (counts * valid[:, None, :n]).sum((0, 2))  # (H,) distinct admissible pairs
         total = (valid.sum(1).to(torch.float64) ** 2).sum().clamp_min(1)
         return self.out(y), {"density": (pairs / total).to(torch.float32)}
 
-    def reference_core(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, pattern: Tensor, causal: bool,
-                       p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
+    def reference_core(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, pattern: Tensor, blk: int,
+                       causal: bool, p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
         """A expanded to tokens, a dense (B, H, N, M) mask: A[p(i), p(j)], j valid, causal j ≤ i."""
         n = q.shape[-2]
-        allowed = pattern.repeat_interleave(self.block, 1).repeat_interleave(self.block, 2)[:, :n, :n]  # (H, N, M)
+        allowed = pattern.repeat_interleave(blk, 1).repeat_interleave(blk, 2)[:, :n, :n]  # (H, N, M)
         allowed = allowed[None] & valid[:, None, None, :n]  # (B, H, N, M)
         if causal:
             allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         return masked_attention(q, k, v, allowed, p_drop, generator)
 
     # --- fast path: block gathers -----------------------------------------------------------------------------
-    def fast_core(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, pattern: Tensor, causal: bool,
+    def fast_core(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, pattern: Tensor, blk: int, causal: bool,
                   p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
         """Global query blocks (p < g: A's full rows) attend every key; each other query block gathers the K key
         blocks of its row of A (K: the most any row holds; a shorter row's spare slots are masked), so each
         distinct pair is scored once and the work is O(N·K·b·D) instead of O(N·M·D)."""
         bsz, h, n, d = q.shape
-        blk, nb = self.block, pattern.shape[-1]
+        nb = pattern.shape[-1]
         g = min(self.global_blocks, nb)
         q, k, v = (F.pad(t, (0, 0, 0, nb * blk - n)) for t in (q, k, v))  # (B, H, nb·b, D)
         outputs = []

@@ -186,7 +186,7 @@ def test_density_is_the_brute_force_count_of_the_pattern(causal):
     module = BigBirdAttention(DIM, H, D, block=block, window_blocks=1, global_blocks=1, random_blocks=2)
     pad = padding(3, n)
     _, stats = module(torch.randn(3, n, DIM), pad, causal, seeded())
-    pattern = module.draw_pattern(n, causal, seeded(), "cpu")  # the same draw
+    pattern, _ = module.draw_pattern(n, causal, seeded(), "cpu")  # the same draw
     valid = (~pad).tolist()
     total = sum(sum(v) ** 2 for v in valid)
     for h in range(H):
@@ -200,7 +200,7 @@ def test_density_is_the_brute_force_count_of_the_pattern(causal):
 def test_random_blocks_are_min_r_candidates_per_row_and_causal_rows_look_back(causal):
     nb, w, g, r = 12, 1, 2, 3
     module = BigBirdAttention(DIM, H, D, block=1, window_blocks=w, global_blocks=g, random_blocks=r)
-    pattern = module.draw_pattern(nb, causal, seeded(), "cpu")  # block 1: one block per token
+    pattern, _ = module.draw_pattern(nb, causal, seeded(), "cpu")  # block 1: one block per token
     fixed = fixed_blocks(nb, w, g, causal)
     candidates = random_candidates(fixed, causal)
     assert (pattern >= fixed).all()
@@ -231,12 +231,31 @@ def test_expected_density_is_exact(causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_budget_is_the_nearest_r_for_the_widest_window_not_above_the_target(causal):
     for n, target in [(40, 0.3), (64, 0.5), (64, 0.05), (100, 0.6)]:
-        w, r = bigbird_budget(n, target, 4, 2, 1, causal)
+        block, w, r = bigbird_budget(n, target, 4, 2, 1, causal)
+        assert block == 4 or bigbird_density(n, block + 1, 0, 1, 0, causal) > target  # the largest that fits
         if w < 2:
-            assert bigbird_density(n, 4, w + 1, 1, 0, causal) > target
-        assert w == 0 or bigbird_density(n, 4, w, 1, 0, causal) <= target
-        errors = [abs(bigbird_density(n, 4, w, 1, rr, causal) - target) for rr in range(-(-n // 4) + 1)]
+            assert bigbird_density(n, block, w + 1, 1, 0, causal) > target
+        assert w == 0 or bigbird_density(n, block, w, 1, 0, causal) <= target
+        errors = [abs(bigbird_density(n, block, w, 1, rr, causal) - target) for rr in range(-(-n // block) + 1)]
         assert errors[r] == pytest.approx(min(errors))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_target_below_the_blocks_floor_takes_smaller_blocks_down_to_single_tokens(causal):
+    """At N = 512 one global block of 64 and the diagonal hold a third of the pairs (causal: a sixth): a target of
+    5% takes the largest block whose floor fits, and one below every block's floor takes single tokens, the least
+    pattern."""
+    n, g = 512, 1
+    block, w, r = bigbird_budget(n, 0.05, 64, 1, g, causal)
+    assert bigbird_density(n, 64, 0, g, 0, causal) > 0.15
+    assert bigbird_density(n, block, 0, g, 0, causal) <= 0.05 < bigbird_density(n, block + 1, 0, g, 0, causal)
+    assert abs(bigbird_density(n, block, w, g, r, causal) - 0.05) <= block / n
+    assert bigbird_budget(n, 1e-4, 64, 1, g, causal) == (1, 0, 0)
+    module = BigBirdAttention(8, 2, 4, density=1e-4, global_blocks=g)
+    with torch.no_grad():
+        _, stats = module(torch.randn(1, n, 8), causal=causal, generator=seeded())
+    assert stats["density"][0].item() == pytest.approx(bigbird_density(n, 1, 0, g, 0, causal))  # 3 keys a query or so
+    assert module.draw_pattern(n, causal, seeded(), "cpu")[1] == 1
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -296,8 +315,8 @@ def test_the_generator_drives_every_draw_and_the_global_rng_otherwise():
     a, b, c = (module(x, generator=seeded(s))[0] for s in (1, 1, 2))
     assert torch.equal(torch.get_rng_state(), state), "a forward with a generator drew from the global RNG"
     assert torch.equal(a, b) and not torch.allclose(a, c)
-    assert not torch.equal(module.draw_pattern(40, False, seeded(1), "cpu"),
-                           module.draw_pattern(40, False, seeded(2), "cpu"))
+    assert not torch.equal(module.draw_pattern(40, False, seeded(1), "cpu")[0],
+                           module.draw_pattern(40, False, seeded(2), "cpu")[0])
     torch.manual_seed(3)
     d = module(x)[0]
     assert not torch.equal(torch.get_rng_state(), state)
