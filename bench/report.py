@@ -247,7 +247,9 @@ def run_section(folder: Path, preview: bool = False) -> str:
         f"seeds {sorted({r['seed'] for r in recs})}; "
         f"`{' '.join(run.get('command', ['./run_all.sh']))}` (commit {run.get('commit', '?')}) took "
         f"{duration(run.get('wall_time_s'))} end to end with {run.get('jobs', '?')} cells side by side. "
-        f"Per task: {'; '.join(budgets[t] for t in sorted(budgets))}.",
+        + "".join(f"Rerun at commit {again['commit']}: {', '.join(again['cells'])} ({again['why']}). "
+                  for again in run.get("reruns", []))
+        + f"Per task: {'; '.join(budgets[t] for t in sorted(budgets))}.",
         METHOD_TABLE + "\n\n" + method_table(recs, plan, failures, scaling_result, step_times),
         *(["\n".join(f"- {line}" for line in notes)] if notes else []),
         f"Cost relative to {REFERENCE} attention on the same task (forward FLOPs per example of a training step; "

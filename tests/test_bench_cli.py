@@ -176,9 +176,12 @@ def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_p
     assert failure["status"] == "diverged" and failure["exit_code"] == 3
 
     from bench import report
+    (out / "run.json").write_text(json.dumps({"commit": "abc1234", "reruns": [
+        {"commit": "def5678", "cells": ["full-duplicates-cpu-s0"], "why": "a fix to full attention"}]}))
     text = report.write_run_report(out)
     assert "| full " in text and "diverged: full on listops (exit 3): " + failure["reason"] in text
-    assert "seeds [0]" in text
+    assert "seeds [0]" in text and "(commit abc1234)" in text
+    assert "Rerun at commit def5678: full-duplicates-cpu-s0 (a fix to full attention)." in text  # the cells' own code
 
 
 def test_one_command_writes_the_readme_glance_and_the_claims_into_results_readme(tmp_path):
