@@ -462,7 +462,8 @@ def adaptive_rows(recs: List[dict], step_time: Optional[dict] = None) -> Dict[st
 def adaptive_table(recs: List[dict], step_time: Optional[dict] = None) -> str:
     ratio = lambda v: "–" if v is None else f"{v:.3g}"  # noqa: E731
     rows = [[name, ", ".join(str(r["seed"]) for r in row["recs"]),
-             tests(row["recs"]) + (" (base rate)" if at_base_rate(row["recs"]) else ""), " / ".join(tests([r]) for r in row["recs"]), f"{100 * row['density']:.2f}%", ratio(row["attention FLOPs"]),
+             tests(row["recs"]) + (" (base rate)" if at_base_rate(row["recs"]) else ""),
+             " / ".join(tests([r]) for r in row["recs"]), f"{100 * row['density']:.2f}%", ratio(row["attention FLOPs"]),
              ratio(row["step time"]) + ("" if row["timed"] else " (runs)"), ratio(row["peak memory"]),
              " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in row["recs"])]
             for name, row in adaptive_rows(recs, step_time).items()]
@@ -476,8 +477,8 @@ def adaptive_verdict(recs: List[dict], step_time: Optional[dict] = None) -> str:
     rows = adaptive_rows(recs, step_time)
     acc = lambda name: mean(rows[name]["recs"], lambda r: r["test"])  # noqa: E731
     learned = lambda name: not at_base_rate(rows[name]["recs"])  # noqa: E731
-    pct = lambda name: f"{name} {tests(rows[name]['recs'], True)}" + ("" if learned(name) else  # noqa: E731
-                                                                      " (the base rate)")
+    pct = lambda name: (f"{name} {tests(rows[name]['recs'], True)}"  # noqa: E731
+                        + ("" if learned(name) else " (the base rate)"))
     said = [f"Full attention reaches {tests(rows[REFERENCE]['recs'], True)}" if REFERENCE in rows else
             "Full attention has no record yet"]
     if LEARNED in rows:
