@@ -394,8 +394,10 @@ def test_the_adaptive_verdict_says_whether_adaptivity_paid(tmp_path):
                       flops_per_example={"model": 2 * density, "attention": density})
         (folder / "metrics.json").write_text(json.dumps(record))
     text = report.claim_section(claim, tmp_path, {})
-    assert "SBM with λ = 1e-2 learns a test density of 1.00% and reaches 97.50 ± 0.71%" in text
+    assert "with λ = 1e-2 its test density falls to 1.00% and it reaches 97.50 ± 0.71%" in text
     assert "adaptivity paid, 22.0 points above the better of them" in text
+    assert report.adaptive_verdict(report.load(tmp_path / claim.name)[0]).endswith(
+        "So adaptivity paid at 1.00%: SBM λ = 1e-2 beats the fixed patterns at its own density.")
     assert "within a point of SBM, adaptivity bought nothing here" in text  # BigBird at 4× the density
     assert "spends 0.01× full attention's attention FLOPs, 3× its training step time and 0.5× its peak memory" in text
     row = next(line for line in text.splitlines() if line.startswith("| window-at-sbm-density "))
@@ -407,7 +409,8 @@ def test_the_adaptive_verdict_says_when_nothing_learns_at_the_learned_density(tm
     and the words say that this density cannot answer, instead of ranking base rates."""
     from bench import claims, report
     claim = claims.BY_NAME["adaptive-vs-fixed"]
-    results = {"full": 0.99, "sbm-lambda0.01": 0.631, "window-at-sbm-density": 0.632, "bigbird-at-sbm-density": 0.630}
+    results = {"full": 0.99, "sbm-lambda0.01": 0.631, "window-at-sbm-density": 0.632, "bigbird-at-sbm-density": 0.630,
+               "sbm": 0.985, "linear": 0.7}
     for cell in claim.cells(tmp_path / claim.name / "runs"):
         setting = cell["name"].rsplit("-duplicates", 1)[0]
         if setting in results:
@@ -415,13 +418,23 @@ def test_the_adaptive_verdict_says_when_nothing_learns_at_the_learned_density(tm
             write_record(folder, cell, results[setting])
             record = json.loads((folder / "metrics.json").read_text())
             record.update(task="duplicates", base_rate=0.632, scored={"valid": 32768, "test": 32768},
-                          peak_memory_bytes=10, flops_per_example={"model": 2, "attention": 1})
+                          peak_memory_bytes=10, flops_per_example={"model": 2, "attention": 1},
+                          density=0.97 if setting == "sbm" else record["density"])
             (folder / "metrics.json").write_text(json.dumps(record))
     text = report.claim_section(claim, tmp_path, {})
     assert "reaches 63.10 ± 0.00%, the base rate: at that density it learns nothing" in text
     assert ("the fixed patterns (test density 50.00% and 50.00%, the nearest each pattern takes) reach "
             "window-at-sbm-density 63.20 ± 0.00% (the base rate) and bigbird-at-sbm-density 63.00 ± 0.00% (the base "
-            "rate): neither SBM nor they learn there") in text
+            "rate): nothing learns there, adaptive or fixed") in text
+    assert "SBM with λ = 0 reaches 98.50 ± 0.00% at a test density of 97.00%: it learns the task by making its " \
+           "graph nearly dense" in text
+    assert "the other methods, at full density: fall short: linear 70.00 ± 0.00%" in text
+    # an incomplete claim gives no answer
+    assert "so it answers nothing yet." in text and "adaptivity did not pay" not in text
+    recs = report.load(tmp_path / claim.name)[0]
+    assert report.adaptive_verdict(recs).endswith(
+        "So on this task and recipe adaptivity did not pay: SBM learned it only with a nearly dense graph, and at the "
+        "density its regulariser chose (50.00%) nothing learned, adaptive or fixed.")
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "(base rate)" in rows["sbm-lambda0.01"] and "(base rate)" in rows["window-at-sbm-density"]
     assert "(base rate)" not in rows["full"]
