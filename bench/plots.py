@@ -152,8 +152,14 @@ def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -
     """Test accuracy against attention density (left) and training step time (right), one point per run.
     ``points``: setting → [(density, step time ÷ full, accuracy %)], one tuple per seed."""
     fig, axes = figure(2)
-    for index, (setting, runs) in enumerate(points.items()):
-        style = dict(color=f"C{index % 10}", marker="osD^v<>ph*"[index // 10 % 10], label=setting)
+    methods = list(dict.fromkeys(setting.split("-at-")[0] for setting in points))
+    for setting, runs in points.items():
+        # one colour per method; a fixed pattern at 4× SBM's density is a ring, so that it shows around the dot of
+        # the same pattern at 1× where the two take the same density
+        index = methods.index(setting.split("-at-")[0])
+        style = dict(marker="osD^v<>ph*"[index // 10 % 10], label=setting, **(
+            dict(facecolors="none", edgecolors=f"C{index % 10}", s=110, linewidths=1.5) if "-at-4x-" in setting else
+            dict(color=f"C{index % 10}")))
         for ax, x in zip(axes[0], (0, 1)):
             ax.scatter([run[x] for run in runs], [run[2] for run in runs], **style)
     for ax in axes[0]:
