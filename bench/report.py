@@ -525,11 +525,17 @@ def adaptive_verdict(recs: List[dict], step_time: Optional[dict] = None, planned
                       f"graph, and at the density its regulariser chose ({at}) nothing learned, adaptive or fixed"
                       if dense_sbm and not learned(LEARNED) else
                       f"So adaptivity did not pay at {at}: the fixed patterns did as well or better")
-    others = {n: row["recs"] for n, row in rows.items()
+    others = {n + (f" at {100 * row['density']:.1f}% density" if row["density"] < 0.995 else ""): row["recs"]
+              for n, row in rows.items()
               if n not in (REFERENCE, LEARNED, DENSE_SBM) and not any(n.endswith(f) for f in FIXED_AT.values())}
     if others and REFERENCE in rows:
-        said.append("the other methods, at full density: " + "; ".join(
-            f"{group}: {', '.join(ms)}" for group, ms in standings(rows[REFERENCE]["recs"], others).items()))
+        standing = standings(rows[REFERENCE]["recs"], others)
+        said.append("the other methods (at full density where none is given): " + "; ".join(
+            f"{group}: {', '.join(ms)}" for group, ms in standing.items()))
+        sparse = [m for m in standing.get("reach it", []) if " density " in m]
+        if answer and sparse:  # a sparse method that reaches full attention: Reformer's content-hashed buckets
+            answer += (f"; of the other methods, {' and '.join(sparse)} reach{'es' if len(sparse) == 1 else ''} full "
+                       "attention's accuracy")
     if len(recs) < planned:
         answer = f"{planned - len(recs)} of its {planned} runs are not yet run, so it answers nothing yet"
     return ". ".join(s[0].upper() + s[1:] for s in filter(None, ["; ".join(filter(None, said)), answer])) + "."
