@@ -537,7 +537,8 @@ def adaptive_verdict(recs: List[dict], step_time: Optional[dict] = None, planned
             answer += (f"; of the other methods, {' and '.join(sparse)} reach{'es' if len(sparse) == 1 else ''} full "
                        "attention's accuracy")
     if len(recs) < planned:
-        answer = f"{planned - len(recs)} of its {planned} runs are not yet run, so it answers nothing yet"
+        left = planned - len(recs)
+        answer = f"{left} of its {planned} runs {'is' if left == 1 else 'are'} not yet run, so it answers nothing yet"
     return ". ".join(s[0].upper() + s[1:] for s in filter(None, ["; ".join(filter(None, said)), answer])) + "."
 
 
