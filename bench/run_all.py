@@ -1,7 +1,7 @@
 """The comparison, end to end: the grid, the attention scaling table, then the report and its plots, all in
 one run folder.
 
-    ./run_all.sh                      # the quick grid (about 27 minutes on 2 cores) into runs/grid-quick
+    ./run_all.sh                      # the quick grid (about 28 minutes on 2 cores) into runs/grid-quick
     ./run_all.sh --smoke --out X      # every cell at a handful of steps (about 4 minutes): checks the plumbing
     ./run_all.sh --full               # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
