@@ -525,18 +525,18 @@ def adaptive_verdict(recs: List[dict], step_time: Optional[dict] = None, planned
                       f"graph, and at the density its regulariser chose ({at}) nothing learned, adaptive or fixed"
                       if dense_sbm and not learned(LEARNED) else
                       f"So adaptivity did not pay at {at}: the fixed patterns did as well or better")
-    others = {n + (f" at {100 * row['density']:.1f}% density" if row["density"] < 0.995 else ""): row["recs"]
-              for n, row in rows.items()
-              if n not in (REFERENCE, LEARNED, DENSE_SBM) and not any(n.endswith(f) for f in FIXED_AT.values())}
-    if others and REFERENCE in rows:
-        standing = standings(rows[REFERENCE]["recs"], others)
+    labelled = {n + (f" at {100 * row['density']:.1f}% density" if row["density"] < 0.995 else ""): row
+                for n, row in rows.items()
+                if n not in (REFERENCE, LEARNED, DENSE_SBM) and not any(n.endswith(f) for f in FIXED_AT.values())}
+    if labelled and REFERENCE in rows:
+        ref = rows[REFERENCE]["recs"]
         said.append("the other methods (at full density where none is given): " + "; ".join(
-            f"{group}: {', '.join(ms)}" for group, ms in standing.items()))
-        # a setting's name has no space: the first word of a standing is the setting
-        sparse = [m for m in standing.get("reach it", []) if rows[m.split(" ")[0]]["density"] < 0.995]
-        if answer and sparse:  # a sparse method that reaches full attention: Reformer's content-hashed buckets
-            answer += (f"; of the other methods, {' and '.join(sparse)} reach{'es' if len(sparse) == 1 else ''} full "
-                       "attention's accuracy")
+            f"{group}: {', '.join(ms)}"
+            for group, ms in standings(ref, {label: row["recs"] for label, row in labelled.items()}).items()))
+        sparse = standings(ref, {label: row["recs"] for label, row in labelled.items() if row["density"] < 0.995})
+        if answer and sparse.get("reach it"):  # a sparse method that reaches full attention: Reformer's hashed buckets
+            answer += (f"; of the other methods, {' and '.join(sparse['reach it'])} "
+                       f"reach{'es' if len(sparse['reach it']) == 1 else ''} full attention's accuracy")
     if len(recs) < planned:
         left = planned - len(recs)
         answer = f"{left} of its {planned} runs {'is' if left == 1 else 'are'} not yet run, so it answers nothing yet"
