@@ -16,7 +16,7 @@ O(K² + E) memory beside one block of CDF rows (at most a graph's n × K), graph
 
     python fastrg.py                                # a short self-check of the law; prints what it verified
     python -m pytest -q tests/test_fastrg.py        # the law (5σ Monte Carlo), structure, edge cases, errors
-    python -m bench.fastrg_bench                    # time against edges, beside the naive dense draw
+    python -m experiments.fastrg_bench                    # time against edges, beside the naive dense draw
 
 Shape legend: R graphs (flattened leading dims), N = n rows of X (queries), M = m rows of Y (keys), K clusters,
 E edges.
@@ -113,7 +113,7 @@ def one_thread():
     Python threads' torch ops run on one thread meanwhile). The sampler is many mid-sized ops, and with several
     threads on a shared CPU each op waits at a barrier for a descheduled thread. Without this scope, at n = 1024-
     8192, K = 128, densities 0.1-10% on 2 cores, 2 threads took down to 0.73× the one-thread time on a quiet
-    machine but 1.6-31× beside a busy process on each core (`python -m bench.thread_cost`). The
+    machine but 1.6-31× beside a busy process on each core (`python -m experiments.thread_cost`). The
     graph drawn does not depend on the thread count."""
     threads = torch.get_num_threads()
     if threads > 1:

@@ -21,7 +21,7 @@ sparse model's numbers, the teacher's under kernel.teacher; kernel_report.md is 
     python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
     python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
-    python -m bench.kernel_time                                  # one layer's inference time, sparse beside dense
+    python -m experiments.kernel_time                                  # one layer's inference time, sparse beside dense
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model width, K kernels, G kernel groups
 (1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, P offsets

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The comparison end to end: grid, attention scaling, report and plots, into one run folder (bench/run_all.py).
+# The comparison end to end: grid, attention scaling, report and plots, into one run folder (experiments/run_all.py).
 #   ./run_all.sh                 the quick grid into runs/grid-quick (about 28 minutes on 2 cores)
 #   ./run_all.sh --smoke --out X every cell at a handful of steps (about 4 minutes)
 #   ./run_all.sh --full          paper presets, 3 seeds (a GPU job)
@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export SPARSE_ATTN_DATA="${SPARSE_ATTN_DATA:-$(pwd)/data}"
 export MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736  # one allocator setting for every CPU timing
-exec python -m bench.run_all "$@"
+exec python -m experiments.run_all "$@"

@@ -21,7 +21,7 @@ takes, per call, whichever costs less for the expected edges. Departures from th
     python sbm_transformer.py --task listops --official               # the official code's choices
     python sbm_transformer.py --task listops --self-loops             # Table 8's (+I)
     python sbm_transformer.py --task duplicates --preset paper --path reference   # §5.1, Fig. 4: density → 1
-    python -m bench.sbm_scaling                                       # core and module against full attention
+    python -m experiments.sbm_scaling                                       # core and module against full attention
     python -m pytest -q tests/test_sbm_transformer.py
 (`python -m bench.train --method sbm ...` runs the same code; `--help` lists every option.)
 
@@ -176,7 +176,7 @@ class SBMAttention(nn.Module):
         return self.query_factors(q) + self.key_factors(k)
 
     def query_factors(self, q: Tensor) -> tuple:
-        with _part("memberships"):  # _part: a profiler label (bench.sbm_scaling), nothing else
+        with _part("memberships"):  # _part: a profiler label (experiments.sbm_scaling), nothing else
             return (self.memberships(q),)
 
     def key_factors(self, k: Tensor) -> tuple:
@@ -310,7 +310,7 @@ def cheaper_path(x: Tensor, w: Tensor, delta: float) -> str:
 
 
 def _part(name: str):
-    """Labels a stage of the forward for bench.sbm_scaling's per-part profile (PARTS); costs nothing unless a
+    """Labels a stage of the forward for experiments.sbm_scaling's per-part profile (PARTS); costs nothing unless a
     profiler runs."""
     return torch.profiler.record_function("sbm: " + name)
 

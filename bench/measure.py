@@ -228,7 +228,7 @@ def release_free_heap() -> None:
     """Return the heap's free pages to the OS (glibc ``malloc_trim(0)``; a no-op without glibc).
 
     Needed before a resident-set baseline: with the benchmarks' allocator setting (glibc keeps freed memory,
-    see bench/scaling.py) a warm-up pass of the same size leaves its pages resident, and the
+    see experiments/scaling.py) a warm-up pass of the same size leaves its pages resident, and the
     measured pass would reuse them without raising the high-water mark, reading as ~0 bytes."""
     name = ctypes.util.find_library("c")
     try:

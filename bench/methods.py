@@ -16,7 +16,7 @@ reads it, so adding a method is its file plus one entry here.
   thread; the mean over the quick tasks of one measured run: at these lengths every method's fixed costs
   outweigh full attention's quadratic term, which only long sequences change). The grid estimates its time from
   it and dispatches the longest cells first, so side-by-side jobs end together.
-- ``scaling``: measured in the attention scaling table (``bench.scaling``).
+- ``scaling``: measured in the attention scaling table (``experiments.scaling``).
 - ``grid_budget``: the constructor options the comparison grid gives the method (``--attn``), where its defaults
   would not make it sparse at the quick tasks' 64-256 tokens; stated in every record's config.
 

@@ -4,7 +4,7 @@
     python -m pytest benchmarks --benchmark-only --benchmark-compare --benchmark-compare-fail=median:10%
     python -m pytest -q benchmarks --benchmark-disable --bench-small         # CI: every benchmark runs once
 
-Sizes: attention at n ∈ {1024, 4096}, batch 1, 2 heads, head dim 32 (bench.scaling's shapes); ``--bench-small``
+Sizes: attention at n ∈ {1024, 4096}, batch 1, 2 heads, head dim 32 (experiments.scaling's shapes); ``--bench-small``
 swaps in n = 128 and tiny models so that a run with ``--benchmark-disable`` only checks that every benchmark
 still executes. ``--bench-threads`` sets torch's intra-op threads (default 1: steady on a shared machine); the
 thread count, torch version and glibc allocator settings are stored with each saved run (machine_info), since

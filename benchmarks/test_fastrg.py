@@ -1,4 +1,4 @@
-"""fastrg.sample at fixed expected densities (bench.fastrg_bench's setting): n = m, K = 128 clusters,
+"""fastrg.sample at fixed expected densities (experiments.fastrg_bench's setting): n = m, K = 128 clusters,
 memberships uniform(0, 1), S scaled so that Σλ / n² = d; the simple graph grouped by query (dedup, csr), the
 form a sparse attention consumes."""
 import pytest

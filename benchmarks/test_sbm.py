@@ -1,4 +1,4 @@
-"""SBM-Transformer at controlled densities (bench.sbm_scaling's cells): the attention core
+"""SBM-Transformer at controlled densities (experiments.sbm_scaling's cells): the attention core
 (sbm_transformer.EdgeAttention on a fixed uniform random graph, the graph's structures built inside the timed
 call: the key-major copy in the backward) and the whole SBMAttention module with its membership logits shifted so
 that the expected density is d. The core's saved run also records what its forward keeps for the backward, in
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import sbm_transformer
-from bench.sbm_scaling import random_graph
-from bench.scaling import shifted_module
+from experiments.sbm_scaling import random_graph
+from experiments.scaling import shifted_module
 
 HEADS, HEAD_DIM = 2, 32
 DENSITIES = [0.01, 0.05]

@@ -9,6 +9,10 @@ nothing imports in a circle; and, run, no module is executed twice.
 - Method files (the root files the registry names; fastrg.py and alibi.py, the leaves they share) and
   baselines/ import nothing from bench, except in the ``main()`` of a method file, which is the method's own
   training procedure on bench's loop in at most MAIN_LINES lines.
+- The floors run one way: bench/ imports neither a method file nor experiments/ (the registry names methods by
+  module path, a string, loaded only when a method runs).
+- The budgets (DESIGN.md): bench/ and experiments/ in lines, no module over MODULE_LINES, and what
+  ``python ssa.py`` reaches.
 """
 import ast
 import re
@@ -22,6 +26,9 @@ from bench import methods
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_LINES = 70
+BUDGETS = {"bench": 3600, "experiments": 3300}
+MODULE_LINES = 450
+SSA_REACHES = 3800
 NAMED_ATTRIBUTE = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_]\w*")  # "module:Name"
 
 
@@ -31,19 +38,22 @@ def module_name(path: Path) -> str:
 
 
 def sources() -> dict:
-    """module name → path, for the root files, baselines/ and bench/ (tests and benchmarks are not part of it)."""
-    paths = [*ROOT.glob("*.py"), *(ROOT / "baselines").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    """module name → path, for the root files, baselines/, bench/ and experiments/ (tests and benchmarks are not
+    part of it)."""
+    paths = [*ROOT.glob("*.py"), *(ROOT / "baselines").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
+             *(ROOT / "experiments").rglob("*.py")]
     return {module_name(p): p for p in paths}
 
 
-def imports(path: Path, known: set) -> list:
+def imports(path: Path, known: set, names: bool = True) -> list:
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    return imports_in(path.read_text(), package, known)
+    return imports_in(path.read_text(), package, known, names)
 
 
-def imports_in(text: str, package: str, known: set) -> list:
+def imports_in(text: str, package: str, known: set, names: bool = True) -> list:
     """(imported module, enclosing top-level function or None, line) for each import of a module in ``known``
-    by the source ``text`` of a module in ``package``."""
+    by the source ``text`` of a module in ``package``; ``names=False`` leaves out the "module:Name" strings
+    (import statements only)."""
     tree = ast.parse(text)
     found = []
 
@@ -73,7 +83,7 @@ def imports_in(text: str, package: str, known: set) -> list:
                   and child.func.attr == "import_module" and child.args
                   and isinstance(child.args[0], ast.Constant) and isinstance(child.args[0].value, str)):
                 add(child.args[0].value, scope, child.lineno)
-            elif isinstance(child, ast.Constant) and isinstance(child.value, str):
+            elif names and isinstance(child, ast.Constant) and isinstance(child.value, str):
                 named = NAMED_ATTRIBUTE.fullmatch(child.value)
                 if named and named.group(1) in known:
                     add(named.group(1), scope, child.lineno)
@@ -137,6 +147,38 @@ def test_method_files_and_baselines_import_bench_only_in_main():
                  for name in leaves() for target, scope, line in edges[name]
                  if target.split(".")[0] == "bench" and scope != "main"]
     assert offending == []
+
+
+def test_bench_imports_no_method_file_and_nothing_of_experiments():
+    """bench/ is the floor below the method files and experiments/: a registry string names a method without
+    importing it, so only statements count here."""
+    known = set(sources())
+    offending = [f"{name}:{line} imports {target}" for name, path in sources().items() if name.startswith("bench")
+                 for target, _, line in imports(path, known, names=False) if not target.startswith("bench")]
+    assert offending == []
+
+
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_the_house_keeps_its_budgets():
+    """bench/ (the library), experiments/ and every module within their lines, and `python ssa.py`'s import
+    closure, main() included, within SSA_REACHES: what a reader of one method has to open."""
+    totals = {folder: sum(lines(p) for p in (ROOT / folder).rglob("*.py")) for folder in BUDGETS}
+    assert {f: n for f, n in totals.items() if n > BUDGETS[f]} == {}, totals
+    modules = sources()
+    assert {name: lines(p) for name, p in modules.items() if lines(p) > MODULE_LINES and
+            not name.startswith(("sbm_transformer", "kernel_sparse", "ssa", "fastrg"))} == {}
+    known = set(modules)
+    reached, todo = set(), ["ssa"]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += [target for target, _, _ in imports(modules[name], known, names=False)]
+            todo += [parent for parent in [name.rpartition(".")[0]] if parent in known]
+    assert sum(lines(modules[name]) for name in reached) <= SSA_REACHES, sorted(reached)
 
 
 def test_each_method_file_s_main_is_its_procedure_on_bench_s_loop():

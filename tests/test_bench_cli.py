@@ -1,5 +1,5 @@
-"""The bench entry points through their command lines: --help of each, bench.scaling, bench.grid, bench.report,
-bench.ssa_table and bench.sbm_scaling (tiny sizes)."""
+"""The bench entry points through their command lines: --help of each, experiments.scaling, experiments.grid, experiments.report,
+experiments.ssa_table and experiments.sbm_scaling (tiny sizes)."""
 import json
 import os
 import signal
@@ -16,7 +16,7 @@ TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--
 
 
 def as_set(flags):
-    """["--steps", "2", ...] as bench.grid's ["--set", "steps=2", ...]: options every cell gets."""
+    """["--steps", "2", ...] as experiments.grid's ["--set", "steps=2", ...]: options every cell gets."""
     return [word for flag, value in zip(flags[::2], flags[1::2]) for word in ("--set", f"{flag[2:]}={value}")]
 
 
@@ -44,17 +44,17 @@ print(json.dumps({"code": code, "help": text.getvalue(), "torch": "torch" in sys
 
 
 @pytest.mark.parametrize("module, prog", [
-    ("bench.scaling", "python -m bench.scaling"), ("bench.peers", "python -m bench.peers"),
-    ("bench.approx_error", "python -m bench.approx_error"), ("bench.ssa_table", "python -m bench.ssa_table"),
-    ("bench.grid", "python -m bench.grid"), ("bench.run_all", "./run_all.sh"),
-    ("bench.report", "python -m bench.report"), ("bench.claims", "python -m bench.claims"),
-    ("bench.thread_cost", "python -m bench.thread_cost"), ("bench.step_time", "python -m bench.step_time")])
+    ("experiments.scaling", "python -m experiments.scaling"), ("experiments.peers", "python -m experiments.peers"),
+    ("experiments.approx_error", "python -m experiments.approx_error"), ("experiments.ssa_table", "python -m experiments.ssa_table"),
+    ("experiments.grid", "python -m experiments.grid"), ("experiments.run_all", "./run_all.sh"),
+    ("experiments.report", "python -m experiments.report"), ("experiments.claims", "python -m experiments.claims"),
+    ("experiments.thread_cost", "python -m experiments.thread_cost"), ("experiments.step_time", "python -m experiments.step_time")])
 def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module, prog):
     """--help exits 0 with the usage line a user types, before anything runs: nothing written (the working folder
-    stays empty), torch and numpy not imported where the tool's options need neither (bench.approx_error,
-    bench.thread_cost and bench.step_time measure torch code throughout: they import it), and never
+    stays empty), torch and numpy not imported where the tool's options need neither (experiments.approx_error,
+    experiments.thread_cost and experiments.step_time measure torch code throughout: they import it), and never
     "(default: None)"."""
-    heavy = module in ("bench.approx_error", "bench.thread_cost", "bench.step_time")
+    heavy = module in ("experiments.approx_error", "experiments.thread_cost", "experiments.step_time")
     result = subprocess.run([sys.executable, "-c", HELP, module], cwd=tmp_path, capture_output=True, text=True,
                             timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     shown = json.loads(result.stdout)
@@ -65,13 +65,13 @@ def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module
 
 
 def test_step_time_times_full_as_run_and_fair_beside_sbm_at_each_density(tmp_path):
-    """bench.step_time: one row per variant with its ratio to fair and to as-run full attention; SBM once per
+    """experiments.step_time: one row per variant with its ratio to fair and to as-run full attention; SBM once per
     --sbm-density item, a run folder giving its record's test density under its λ."""
     record = tmp_path / "sbm-run"
     record.mkdir()
     (record / "metrics.json").write_text(json.dumps({"method": "sbm", "density": 0.3,
                                                      "config": {"density_weight": 0.01}}))
-    result = run("bench.step_time", "--task", "listops", "--seq-len", "64", "--batch-size", "2", "--dim", "16",
+    result = run("experiments.step_time", "--task", "listops", "--seq-len", "64", "--batch-size", "2", "--dim", "16",
                  "--heads", "1", "--head-dim", "16", "--mlp-dim", "16", "--depth", "1", "--attn-dropout", "0.1",
                  "--methods", "full,sbm,linear", "--sbm-density", f"0.5,{record}", "--repeats", "2",
                  "--out", str(tmp_path / "out"))
@@ -82,7 +82,7 @@ def test_step_time_times_full_as_run_and_fair_beside_sbm_at_each_density(tmp_pat
     assert rows["full (as run)"][4] == "math" and rows["full (fair)"][4] == "flash"  # attention dropout 0.1 as run
     times = json.loads((tmp_path / "out" / "step_time.json").read_text())["step_ms"]
     assert set(times) == set(rows) and all(len(t) == 2 for t in times.values())
-    bad = run("bench.step_time", "--task", "listops", "--sbm-density", str(tmp_path), check=False)
+    bad = run("experiments.step_time", "--task", "listops", "--sbm-density", str(tmp_path), check=False)
     assert bad.returncode == 2 and "holds no SBM record with a test density" in bad.stderr.strip().splitlines()[-1]
 
 
@@ -107,7 +107,7 @@ def test_step_time_of_runs_times_each_run_s_own_setting(tmp_path):
     record("window-at-x", "window", 0.3, attn={"density": 0.3})
     record("sbm-lambda0.01", "sbm", 0.05, settings=SBMConfig(density_weight=0.01))
     record("ssa", "ssa", 0.25, model={"pos_emb": False})  # its own positional choice (ALiBi on LM tasks)
-    result = run("bench.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"), "--repeats",
+    result = run("experiments.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"), "--repeats",
                  "2", "--out", str(tmp_path / "out"))
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in result.stdout.splitlines() if line.startswith("| ") and "variant" not in line}
@@ -115,12 +115,12 @@ def test_step_time_of_runs_times_each_run_s_own_setting(tmp_path):
     assert abs(float(rows["window-at-x"][3].rstrip("%")) - 30) < 5  # the window trained at 30% of the pairs
     assert abs(float(rows["sbm-lambda0.01"][3].rstrip("%")) - 5) < 2  # SBM at its record's test density
     record("wider", "full", 1.0, model={"dim": 32})
-    bad = run("bench.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"), check=False)
+    bad = run("experiments.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"), check=False)
     assert bad.returncode == 2 and "differ from the first run in task or model" in bad.stderr.strip().splitlines()[-1]
 
 
 def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
-    result = run("bench.scaling", "--methods", "full,full-ref", "--lengths", "32,64", "--repeats", "1",
+    result = run("experiments.scaling", "--methods", "full,full-ref", "--lengths", "32,64", "--repeats", "1",
                  "--warmup-iters", "1", "--out", str(tmp_path))
     out = tmp_path / "scaling.json"
     assert f"wrote {out}" in result.stderr
@@ -138,19 +138,19 @@ def test_scaling_prints_one_table_with_ratios_to_full(tmp_path):
 
 
 def test_scaling_rejects_unknown_methods():
-    result = run("bench.scaling", "--methods", "full,bogus", "--lengths", "32", check=False)
+    result = run("experiments.scaling", "--methods", "full,bogus", "--lengths", "32", check=False)
     assert result.returncode == 2 and "unknown method" in result.stderr
 
 
 def test_scaling_attn_options_reach_their_method_and_bad_ones_stop_before_any_cell(tmp_path):
-    result = run("bench.scaling", "--methods", "full,performer", "--attn", "performer.features=8", "--lengths", "32",
+    result = run("experiments.scaling", "--methods", "full,performer", "--attn", "performer.features=8", "--lengths", "32",
                  "--repeats", "1", "--warmup-iters", "0", "--out", str(tmp_path))
     rows = {r["method"]: r for r in json.loads((tmp_path / "scaling.json").read_text())["rows"]}
     assert rows["performer"]["options"] == {"features": "8"} and "options" not in rows["full"]
     assert "| performer (features=8) |" in result.stdout
     for attn, message in [("performer.bogus=1", "takes no option 'bogus'"), ("performer.features=x", "features"),
                           ("linear.chunk=4", "not among --methods"), ("features=8", "METHOD.KEY=VALUE")]:
-        bad = run("bench.scaling", "--methods", "full,performer", "--attn", attn, "--lengths", "32",
+        bad = run("experiments.scaling", "--methods", "full,performer", "--attn", attn, "--lengths", "32",
                   "--out", str(tmp_path / "bad"), check=False)
         assert bad.returncode == 2 and message in bad.stderr and "measured" not in bad.stderr, (attn, bad.stderr)
     assert not (tmp_path / "bad").exists()
@@ -158,24 +158,24 @@ def test_scaling_attn_options_reach_their_method_and_bad_ones_stop_before_any_ce
 
 def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_path):
     out = tmp_path / "results"
-    first = run("bench.grid", "--methods", "full", "--tasks", "duplicates,bytes", "--out", str(out),
+    first = run("experiments.grid", "--methods", "full", "--tasks", "duplicates,bytes", "--out", str(out),
                 "--data-dir", str(tmp_path / "no-data"), *as_set(TINY))
     assert "full-duplicates-cpu-s0: done" in first.stdout
     assert "no data: bytes: bytes: no WikiText-2 text" in first.stdout and "full-bytes" not in first.stdout
     assert not (tmp_path / "no-data").exists()  # the plan looked, and created nothing
     record = out / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
     stamp = record.stat().st_mtime_ns
-    second = run("bench.grid", "--methods", "full", "--tasks", "duplicates", "--out", str(out),
+    second = run("experiments.grid", "--methods", "full", "--tasks", "duplicates", "--out", str(out),
                  "--data-dir", str(tmp_path / "no-data"), *as_set(TINY))  # the same command: the cell is kept
     assert "complete, kept" in second.stdout and record.stat().st_mtime_ns == stamp
     # a cell whose loss is not finite: kept as diverged by the grid, shown as diverged by the report
-    failing = run("bench.grid", "--methods", "full", "--tasks", "listops", "--out", str(out), *as_set(TINY),
+    failing = run("experiments.grid", "--methods", "full", "--tasks", "listops", "--out", str(out), *as_set(TINY),
                   "--set", "lr=1e20", check=False)
     assert failing.returncode == 1 and "full-listops-cpu-s0: DIVERGED: error: the run diverged" in failing.stdout
     failure = json.loads((out / "runs" / "full-listops-cpu-s0" / "failed.json").read_text())
     assert failure["status"] == "diverged" and failure["exit_code"] == 3
 
-    from bench import report
+    from experiments import report
     (out / "run.json").write_text(json.dumps({"commit": "abc1234", "reruns": [
         {"commit": "def5678", "cells": ["full-duplicates-cpu-s0"], "why": "a fix to full attention"}]}))
     text = report.write_run_report(out)
@@ -187,17 +187,17 @@ def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_p
 def test_one_command_writes_the_readme_glance_and_the_claims_into_results_readme(tmp_path):
     """--readme rewrites only the README's results section (the glance: every registered method, "not run yet"
     without records, and a link to results/README.md) and writes results/README.md: one section per claim, in
-    the order of bench/claims.py, the quick preview last."""
+    the order of experiments/claims.py, the quick preview last."""
     results = tmp_path / "results"
     (results / "fastrg").mkdir(parents=True)
-    (results / "fastrg" / "fastrg.md").write_text("`python -m bench.fastrg_bench`\n\n| fastrg table |\n")
+    (results / "fastrg" / "fastrg.md").write_text("`python -m experiments.fastrg_bench`\n\n| fastrg table |\n")
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\noutro\n")
-    run("bench.report", "--results", str(results), "--readme", str(readme))
+    run("experiments.report", "--results", str(results), "--readme", str(readme))
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
     section = text.split("<!-- results:start -->")[1].split("<!-- results:end -->")[0]
-    from bench.claims import CLAIMS
+    from experiments.claims import CLAIMS
     from bench.methods import METHODS
     rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
     assert all(m in rows and "not run yet" in rows[m] for m in METHODS if m != "kernel")
@@ -207,14 +207,14 @@ def test_one_command_writes_the_readme_glance_and_the_claims_into_results_readme
     assert positions == sorted(positions) and positions[-1] < claims.index("## Quick preview")
     assert "| fastrg table |" in claims and "Not yet run:" in claims and "](fastrg/)" in claims
     assert "Not published yet: `./run_all.sh --out results/quick`" in claims
-    printed = run("bench.report", "--results", str(results)).stdout
+    printed = run("experiments.report", "--results", str(results)).stdout
     assert printed.strip() == claims.strip()  # without --readme: the same text, printed
 
 
 def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
     out = tmp_path / "results"
     args = ["--methods", "full,linear,performer", "--tasks", "duplicates", "--out", str(out), "--jobs", "1", *as_set(TINY)]
-    grid = subprocess.Popen([sys.executable, "-m", "bench.grid", *args], cwd=ROOT, start_new_session=True,
+    grid = subprocess.Popen([sys.executable, "-m", "experiments.grid", *args], cwd=ROOT, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     first = out / "runs" / "performer-duplicates-cpu-s0" / "metrics.json"  # the longest is dispatched first
@@ -228,7 +228,7 @@ def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path):
     assert not records[0].exists(), "the kill came too late to leave a cell undone"
     stamp = first.stat().st_mtime_ns
 
-    rerun = run("bench.grid", *args)
+    rerun = run("experiments.grid", *args)
     assert "performer-duplicates-cpu-s0: complete, kept" in rerun.stdout
     assert first.stat().st_mtime_ns == stamp
     assert "full-duplicates-cpu-s0: done" in rerun.stdout
@@ -239,7 +239,7 @@ def test_grid_pairs_the_kernel_pipeline_with_its_masked_lm_task_and_refuses_unkn
     from bench.methods import applicable
     assert applicable("kernel", "wikitext2") and not applicable("kernel", "listops")
     assert applicable("full", "listops") and not applicable("full", "wikitext2")
-    result = run("bench.grid", "--methods", "kernel,full", "--tasks", "duplicates,nonsense", "--out",
+    result = run("experiments.grid", "--methods", "kernel,full", "--tasks", "duplicates,nonsense", "--out",
                  str(tmp_path), check=False)
     assert result.returncode == 2 and "unknown tasks ['nonsense']" in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -254,13 +254,13 @@ def test_grid_runs_methods_with_their_own_entry_points(tmp_path):
               "4", "--finetune-steps", "1", "--thresholds", "0.5", "--top-ks", "2", "--handcrafted-k", "4",
               "--learned-kernels", "2", "--hidden", "8"]
     out = tmp_path / "results"
-    result = run("bench.grid", "--methods", "sbm,ssa", "--tasks", "duplicates", "--out", str(out), *as_set(TINY))
+    result = run("experiments.grid", "--methods", "sbm,ssa", "--tasks", "duplicates", "--out", str(out), *as_set(TINY))
     assert "sbm-duplicates-cpu-s0: done" in result.stdout and "ssa-duplicates-cpu-s0: done" in result.stdout
     for method in ("sbm", "ssa"):
         assert json.loads((out / "runs" / f"{method}-duplicates-cpu-s0" / "metrics.json").read_text())["method"] == method
     if tasks == "duplicates":
         pytest.skip(f"no WikiText-2 in {DATA} for the kernel cell (set SPARSE_ATTN_DATA)")
-    result = run("bench.grid", "--methods", "kernel", "--tasks", tasks, "--out", str(out), "--data-dir", str(DATA),
+    result = run("experiments.grid", "--methods", "kernel", "--tasks", tasks, "--out", str(out), "--data-dir", str(DATA),
                  *as_set(TINY), *as_set(kernel))
     assert "kernel-wikitext2-cpu-s0: done" in result.stdout and "kernel-duplicates" not in result.stdout
     record = json.loads((out / "runs" / "kernel-wikitext2-cpu-s0" / "metrics.json").read_text())
@@ -275,7 +275,7 @@ def test_ssa_table_runs_every_setting_and_normalises_to_s0(tmp_path):
     out = tmp_path / "ssa"
     assert TINY[:2] == ["--seq-len", "16"]
     tiny = TINY[2:]  # the table sets the length
-    result = run("bench.ssa_table", "--out", str(out), "--seq-len", "32", "--eval-context", "8",
+    result = run("experiments.ssa_table", "--out", str(out), "--seq-len", "32", "--eval-context", "8",
                  "--ensemble-samples", "2", "--data-dir", str(DATA), *tiny)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in result.stdout.splitlines() if line.startswith("| S")}
@@ -287,7 +287,7 @@ def test_ssa_table_runs_every_setting_and_normalises_to_s0(tmp_path):
     assert "Self-ensembling" in result.stdout and (out / "table.md").read_text() in result.stdout
     records = json.loads((out / "table.json").read_text())
     assert list(records["S-L4"]["ssa"]["ensemble_curve"]) == ["1", "2"]
-    rerun = run("bench.ssa_table", "--out", str(out), "--seq-len", "32", "--eval-context", "8",
+    rerun = run("experiments.ssa_table", "--out", str(out), "--seq-len", "32", "--eval-context", "8",
                 "--ensemble-samples", "2", "--data-dir", str(DATA), *tiny)
     assert rerun.stdout.count("complete, skipped") == 5
 
@@ -299,12 +299,12 @@ def test_ssa_table_branches_the_fine_tuned_run_from_s_l4_with_the_parameters_of_
         pytest.skip(f"no WikiText-2 in {DATA} (set SPARSE_ATTN_DATA)")
     out, scratch = tmp_path / "ssa", tmp_path / "scratch"
     tiny = [*TINY[2:-2], "--eval-every", "4", "--data-dir", str(DATA), "--eval-context", "8"]
-    table = run("bench.ssa_table", "--out", str(out), "--seq-len", "32", "--steps", "10", "--ensemble-samples", "0",
+    table = run("experiments.ssa_table", "--out", str(out), "--seq-len", "32", "--steps", "10", "--ensemble-samples", "0",
                 "--settings", "S0,S-L4,S-L4+FT", *tiny)
     assert "--snapshot-at 9" in table.stdout  # 10 steps: the dense tail is the last one
     assert (out / "S-L4" / "checkpoint-9.pt").is_file()
     assert (out / "S-L4+FT" / "train.log").read_text().startswith("resumed from")
-    from bench.ssa_table import PAPER_SCHEDULE
+    from experiments.ssa_table import PAPER_SCHEDULE
     full = subprocess.run([sys.executable, str(ROOT / "ssa.py"), "--task", "bytes", "--seq-len", "32", "--steps", "10",
                            "--pos-emb", "false", *PAPER_SCHEDULE, "--windows", "4", "--finetune-fraction", "0.1", *tiny,
                            "--out", str(scratch)], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -319,12 +319,12 @@ def test_ssa_table_branches_the_fine_tuned_run_from_s_l4_with_the_parameters_of_
 
 
 def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):
-    result = run("bench.ssa_table", "--task", "listops", "--out", str(tmp_path), check=False)
+    result = run("experiments.ssa_table", "--task", "listops", "--out", str(tmp_path), check=False)
     assert result.returncode == 2 and "language-modelling" in result.stderr
 
 
 def test_sbm_scaling_measures_core_module_and_full_attention_in_one_table(tmp_path):
-    result = run("bench.sbm_scaling", "--lengths", "32", "--densities", "0.25", "--kinds", "full,core,sbm",
+    result = run("experiments.sbm_scaling", "--lengths", "32", "--densities", "0.25", "--kinds", "full,core,sbm",
                  "--repeats", "1", "--warmup-iters", "0", "--out", str(tmp_path))
     assert "Crossover densities" in result.stdout and "MALLOC_MMAP_MAX_=0" in result.stdout
     rows = {r["method"]: r for r in json.loads((tmp_path / "sbm_scaling.json").read_text())["rows"]}
@@ -334,10 +334,10 @@ def test_sbm_scaling_measures_core_module_and_full_attention_in_one_table(tmp_pa
 
 
 def test_sbm_scaling_help_runs_nothing_and_refuses_old_flag_names():
-    result = run("bench.sbm_scaling", "--help")
-    assert result.stdout.startswith("usage: python -m bench.sbm_scaling") and "default: None" not in result.stdout
+    result = run("experiments.sbm_scaling", "--help")
+    assert result.stdout.startswith("usage: python -m experiments.sbm_scaling") and "default: None" not in result.stdout
     assert "--warmup-iters" in result.stdout and "--batch-size" in result.stdout and "SBM-Transformer scaling —" \
         not in result.stdout
     for old in (["--warmup", "1"], ["--batch", "1"], ["--repeats", "0"]):
-        failed = run("bench.sbm_scaling", *old, check=False)
+        failed = run("experiments.sbm_scaling", *old, check=False)
         assert failed.returncode == 2 and "error:" in failed.stderr

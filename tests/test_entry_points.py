@@ -25,63 +25,63 @@ CASES = [
     ("sbm_transformer", ["--task", "duplicates", "--out", ""], "argument --out: must name a folder"),
     ("ssa", ["--task", "duplicates", "--out", "{file}/run"], "cannot be made: {file} is a file"),
     ("kernel_sparse", ["--task", "wikitext2", "--out", "{tmp}/" + "n" * 300], "File name too long"),
-    ("bench.grid", ["--methods", ""], "--methods names none (leave the option out for the default)"),
-    ("bench.grid", ["--tasks", ""], "--tasks names none"),
-    ("bench.grid", ["--seeds", ""], "--seeds takes comma-separated integers from 0 to 4,294,967,295, got ''"),
-    ("bench.grid", ["--seeds", "0,-1"], "--seeds takes comma-separated integers"),
-    ("bench.grid", ["--device", "cuda"], NO_CUDA),
-    ("bench.grid", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
-    ("bench.grid", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
-    ("bench.grid", ["--set", "bogus=1", "--plan-only"], "--set: --bogus 1 is not an option of python -m bench.train, which trains full, linear"),
-    ("bench.grid", ["--set", "lr=nan", "--plan-only"], "--set: argument --lr: must be a positive number, got nan"),
-    ("bench.grid", ["--set", f"seq_len={BIG}", "--plan-only"],
+    ("experiments.grid", ["--methods", ""], "--methods names none (leave the option out for the default)"),
+    ("experiments.grid", ["--tasks", ""], "--tasks names none"),
+    ("experiments.grid", ["--seeds", ""], "--seeds takes comma-separated integers from 0 to 4,294,967,295, got ''"),
+    ("experiments.grid", ["--seeds", "0,-1"], "--seeds takes comma-separated integers"),
+    ("experiments.grid", ["--device", "cuda"], NO_CUDA),
+    ("experiments.grid", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("experiments.grid", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
+    ("experiments.grid", ["--set", "bogus=1", "--plan-only"], "--set: --bogus 1 is not an option of python -m bench.train, which trains full, linear"),
+    ("experiments.grid", ["--set", "lr=nan", "--plan-only"], "--set: argument --lr: must be a positive number, got nan"),
+    ("experiments.grid", ["--set", f"seq_len={BIG}", "--plan-only"],
      "--set: argument --seq-len: must be a length from 1 to"),
-    ("bench.run_all", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
-    ("bench.run_all", ["--methods", ""], "--methods names none"),
-    ("bench.run_all", ["--lengths", ""], "argument --lengths: must be comma-separated lengths from 1 to 1,048,576"),
-    ("bench.run_all", ["--lengths", "0"], "argument --lengths: must be comma-separated lengths"),
-    ("bench.run_all", ["--device", "cuda"], NO_CUDA),
-    ("bench.run_all", ["--out", ""], "argument --out: must name a folder"),
-    ("bench.run_all", ["--out", "{file}/grid"], "cannot be made: {file} is a file"),
-    ("bench.report", ["--results", "{root}/results", "--readme", "{tmp}/missing.md"],
+    ("experiments.run_all", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
+    ("experiments.run_all", ["--methods", ""], "--methods names none"),
+    ("experiments.run_all", ["--lengths", ""], "argument --lengths: must be comma-separated lengths from 1 to 1,048,576"),
+    ("experiments.run_all", ["--lengths", "0"], "argument --lengths: must be comma-separated lengths"),
+    ("experiments.run_all", ["--device", "cuda"], NO_CUDA),
+    ("experiments.run_all", ["--out", ""], "argument --out: must name a folder"),
+    ("experiments.run_all", ["--out", "{file}/grid"], "cannot be made: {file} is a file"),
+    ("experiments.report", ["--results", "{root}/results", "--readme", "{tmp}/missing.md"],
      "--readme: {tmp}/missing.md is not a file this process can read and write"),
-    ("bench.report", ["--results", "{root}/results", "--readme", "{tmp}"], "is not a file this process can read"),
-    ("bench.report", ["--results", ""], "--results: no folder ''"),
-    ("bench.report", ["--run", ""], "--run: no folder ''"),
-    ("bench.report", ["--results", "{root}/results", "--readme", ""], "--readme: '' is not a file this process can"),
-    ("bench.scaling", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
-    ("bench.scaling", ["--lengths", "2000000"], "argument --lengths: must be comma-separated lengths from 1 to"),
-    ("bench.scaling", ["--batch-size", "0"], "argument --batch-size: must be a batch size from 1"),
-    ("bench.scaling", ["--repeats", "0"], "argument --repeats: must be a positive integer from 1"),
-    ("bench.scaling", ["--device", "cuda"], NO_CUDA),
-    ("bench.sbm_scaling", ["--out", ""], "argument --out: must name a folder"),
-    ("bench.sbm_scaling", ["--heads", "0"], "argument --heads: must be a count from 1 to 1,024"),
-    ("bench.sbm_scaling", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
-    ("bench.sbm_scaling", ["--densities", ""], "--densities must be comma-separated densities in (0, 1), got ''"),
-    ("bench.claims", ["run", "sbm-listops", "--jobs", BIG, "--cells", "none", "--out", "{tmp}/claim"],
+    ("experiments.report", ["--results", "{root}/results", "--readme", "{tmp}"], "is not a file this process can read"),
+    ("experiments.report", ["--results", ""], "--results: no folder ''"),
+    ("experiments.report", ["--run", ""], "--run: no folder ''"),
+    ("experiments.report", ["--results", "{root}/results", "--readme", ""], "--readme: '' is not a file this process can"),
+    ("experiments.scaling", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("experiments.scaling", ["--lengths", "2000000"], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("experiments.scaling", ["--batch-size", "0"], "argument --batch-size: must be a batch size from 1"),
+    ("experiments.scaling", ["--repeats", "0"], "argument --repeats: must be a positive integer from 1"),
+    ("experiments.scaling", ["--device", "cuda"], NO_CUDA),
+    ("experiments.sbm_scaling", ["--out", ""], "argument --out: must name a folder"),
+    ("experiments.sbm_scaling", ["--heads", "0"], "argument --heads: must be a count from 1 to 1,024"),
+    ("experiments.sbm_scaling", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("experiments.sbm_scaling", ["--densities", ""], "--densities must be comma-separated densities in (0, 1), got ''"),
+    ("experiments.claims", ["run", "sbm-listops", "--jobs", BIG, "--cells", "none", "--out", "{tmp}/claim"],
      "argument --jobs: must be a positive integer from 1 to 1,000,000,000"),
-    ("bench.thread_cost", ["--out", ""], "argument --out: must name a folder"),
-    ("bench.approx_error", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
-    ("bench.approx_error", ["--draws", BIG], "argument --draws: must be a positive integer from 1 to 1,000,000,000"),
-    ("bench.approx_error", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
-    ("bench.fastrg_bench", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
-    ("bench.fastrg_bench", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
-    ("bench.fastrg_bench", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
-    ("bench.fastrg_bench", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
-    ("bench.fastrg_bench", ["--densities", "nan"], "--densities must be in (0, 1], got [nan]"),
-    ("bench.kernel_time", ["--threshold", "nan"], "argument --threshold: must be a finite number, got nan"),
-    ("bench.kernel_time", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
-    ("bench.thread_cost", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
-    ("bench.thread_cost", ["--competitors", BIG], "argument --competitors: must be a count from 1 to 1,024"),
-    ("bench.peers", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
-    ("bench.peers", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
-    ("bench.peers", ["--out", ""], "argument --out: must name a folder"),
-    ("bench.ssa_table", ["--out", ""], "argument --out: must name a folder"),
-    ("bench.ssa_table", ["--seq-len", "0"], "argument --seq-len: must be a length from 1"),
-    ("bench.ssa_table", ["--steps", "2", "--batch-size", "0"], "argument --batch-size: must be a batch size from 1"),
-    ("bench.ssa_table", ["--steps", "2", "--sigma", "nan"], "argument --sigma: must be a finite number, got nan"),
-    ("bench.ssa_table", ["--steps", "2", "--device", "cuda"], NO_CUDA),
-    ("bench.step_time", ["--task", "duplicates", "--device", "cuda"],
+    ("experiments.thread_cost", ["--out", ""], "argument --out: must name a folder"),
+    ("experiments.approx_error", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
+    ("experiments.approx_error", ["--draws", BIG], "argument --draws: must be a positive integer from 1 to 1,000,000,000"),
+    ("experiments.approx_error", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("experiments.fastrg_bench", ["--lengths", BIG], "argument --lengths: must be comma-separated lengths from 1 to"),
+    ("experiments.fastrg_bench", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
+    ("experiments.fastrg_bench", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("experiments.fastrg_bench", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
+    ("experiments.fastrg_bench", ["--densities", "nan"], "--densities must be in (0, 1], got [nan]"),
+    ("experiments.kernel_time", ["--threshold", "nan"], "argument --threshold: must be a finite number, got nan"),
+    ("experiments.kernel_time", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("experiments.thread_cost", ["--seed", BIG], "argument --seed: must be a seed from 0 to 4,294,967,295"),
+    ("experiments.thread_cost", ["--competitors", BIG], "argument --competitors: must be a count from 1 to 1,024"),
+    ("experiments.peers", ["--repeats", BIG], "argument --repeats: must be a positive integer from 1 to"),
+    ("experiments.peers", ["--threads", BIG], "argument --threads: must be a thread count (0: torch's default)"),
+    ("experiments.peers", ["--out", ""], "argument --out: must name a folder"),
+    ("experiments.ssa_table", ["--out", ""], "argument --out: must name a folder"),
+    ("experiments.ssa_table", ["--seq-len", "0"], "argument --seq-len: must be a length from 1"),
+    ("experiments.ssa_table", ["--steps", "2", "--batch-size", "0"], "argument --batch-size: must be a batch size from 1"),
+    ("experiments.ssa_table", ["--steps", "2", "--sigma", "nan"], "argument --sigma: must be a finite number, got nan"),
+    ("experiments.ssa_table", ["--steps", "2", "--device", "cuda"], NO_CUDA),
+    ("experiments.step_time", ["--task", "duplicates", "--device", "cuda"],
      "--device cuda: this tool times training steps on the CPU only"),
 ]
 
@@ -141,10 +141,10 @@ def kill_and_watch_the_child(command: list, child: tuple, without: str, tmp_path
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_scaling_table_leaves_no_cell_measuring(tmp_path):
-    """Before: SIGKILL of ./run_all.sh in its scaling phase (bench.scaling, and bench.sbm_scaling through it)
+    """Before: SIGKILL of ./run_all.sh in its scaling phase (experiments.scaling, and experiments.sbm_scaling through it)
     left the measuring cell running."""
     repeats = 987_651  # a cell that would measure for minutes, and a mark to find it by
-    kill_and_watch_the_child([sys.executable, "-m", "bench.scaling", "--methods", "full", "--lengths", "256",
+    kill_and_watch_the_child([sys.executable, "-m", "experiments.scaling", "--methods", "full", "--lengths", "256",
                               "--warmup-iters", "0", "--repeats", str(repeats), "--out", str(tmp_path)],
                              ("--cell", f'"repeats": {repeats}'), "", tmp_path)
 
@@ -154,16 +154,16 @@ def test_a_killed_ssa_table_leaves_no_setting_training(tmp_path):
     text = tmp_path / "text.txt"
     text.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 400)
     out = tmp_path / "table"
-    kill_and_watch_the_child([sys.executable, "-m", "bench.ssa_table", "--out", str(out), "--seq-len", "32",
+    kill_and_watch_the_child([sys.executable, "-m", "experiments.ssa_table", "--out", str(out), "--seq-len", "32",
                               "--steps", "100000", "--settings", "S0", "--data-file", str(text), "--dim", "16",
                               "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1", "--batch-size",
                               "2", "--eval-context", "8"],
-                             ("ssa.py", str(out / "S0")), "bench.ssa_table", tmp_path)
+                             ("ssa.py", str(out / "S0")), "experiments.ssa_table", tmp_path)
 
 
 def test_a_scaling_table_whose_every_cell_failed_exits_1(tmp_path, capsys):
     """Before: exit 0 with a table of failures. Linformer has no causal form: its cell fails."""
-    from bench import scaling
+    from experiments import scaling
     code = scaling.main(["--methods", "linformer", "--causal", "--lengths", "16", "--warmup-iters", "0",
                          "--repeats", "1", "--out", str(tmp_path)])
     err = capsys.readouterr().err
@@ -172,7 +172,7 @@ def test_a_scaling_table_whose_every_cell_failed_exits_1(tmp_path, capsys):
 
 def test_an_sbm_scaling_table_with_a_failed_cell_exits_1(tmp_path, monkeypatch, capsys):
     """Before: exit 0 with a table of failures (at --lengths 1e20, every cell)."""
-    from bench import sbm_scaling
+    from experiments import sbm_scaling
     monkeypatch.setattr(sbm_scaling, "run_cell", lambda cell, allocator, timeout: {"error": "failed (test)"})
     code = sbm_scaling.main(["--lengths", "16", "--kinds", "full,core", "--densities", "0.5", "--out", str(tmp_path)])
     err = capsys.readouterr().err

@@ -694,7 +694,7 @@ def test_overflowing_sort_key_and_expected_count_raise():
 def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp_path):
     import json
 
-    from bench import fastrg_bench
+    from experiments import fastrg_bench
     assert fastrg_bench.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--threads", "1",
                               "--clock", "cpu", "--warmup-iters", "2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -715,7 +715,7 @@ def test_benchmark_times_igraph_beside_when_asked(capsys, tmp_path, monkeypatch)
     import json
     import sys
 
-    from bench import fastrg_bench
+    from experiments import fastrg_bench
     args = ["--lengths", "256", "--densities", "0.05", "--repeats", "1", "--threads", "1", "--igraph", "--out",
             str(tmp_path)]
     with monkeypatch.context() as patch:
@@ -733,7 +733,7 @@ def test_benchmark_times_igraph_beside_when_asked(capsys, tmp_path, monkeypatch)
 def test_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
     import json
 
-    from bench import thread_cost
+    from experiments import thread_cost
     assert thread_cost.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--competitors", "1",
                              "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -748,11 +748,11 @@ def test_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path
 
 
 def test_benchmark_help_runs_nothing(capsys):
-    from bench import fastrg_bench
+    from experiments import fastrg_bench
     with pytest.raises(SystemExit) as exc:
         fastrg_bench.main(["--help"])
     out = capsys.readouterr().out
-    assert exc.value.code == 0 and out.startswith("usage: python -m bench.fastrg_bench")
+    assert exc.value.code == 0 and out.startswith("usage: python -m experiments.fastrg_bench")
     assert "default: None" not in out and "--allocator" in out and "fastRG vs naive" not in out
 
 

@@ -911,9 +911,9 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
 
 
 def test_kernel_time_benchmark_runs_and_writes_its_record(tmp_path, capsys):
-    """bench.kernel_time (one layer, sparse beside dense, interleaved) at a tiny size: a row per length, with the
+    """experiments.kernel_time (one layer, sparse beside dense, interleaved) at a tiny size: a row per length, with the
     keys per query the layer reports and a compared copy of this file timed beside."""
-    from bench import kernel_time
+    from experiments import kernel_time
     assert kernel_time.main(["--lengths", "16,24", "--tokens", "32", "--repeats", "1", "--warmup-iters", "1",
                              "--compare", ks.__file__, "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "kernel_time.json").read_text())["rows"]

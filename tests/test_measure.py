@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from baselines.full import FullAttention
-from bench import measure, scaling
+from bench import measure
+from experiments import scaling
 from bench.model import Model, ModelConfig
 
 

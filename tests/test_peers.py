@@ -1,10 +1,10 @@
-"""bench/peers.py: clear errors without the optional peer packages or with bad options; with them installed, a
+"""experiments/peers.py: clear errors without the optional peer packages or with bad options; with them installed, a
 tiny side-by-side run prints one row per method."""
 import importlib.util
 
 import pytest
 
-from bench import peers
+from experiments import peers
 
 
 def test_missing_peer_packages_name_the_requirements_file(monkeypatch, capsys):

@@ -15,7 +15,7 @@ from conftest import ROOT, processes
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
        "HOME": os.environ.get("HOME", "/tmp")}
-FAST = ["--set", "steps=1", "--set", "final_eval_batches=1"]  # bench.grid options every cell gets
+FAST = ["--set", "steps=1", "--set", "final_eval_batches=1"]  # experiments.grid options every cell gets
 
 
 def sh(args, cwd=ROOT, env=None, check=True, timeout=300):
@@ -103,7 +103,7 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path):
 
 
 def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
-    from bench import plots, report
+    from experiments import plots, report
     monkeypatch.setattr(plots, "available", lambda: False)
     assert "matplotlib is not installed" in report.run_plots(tmp_path)
     assert list(tmp_path.iterdir()) == []
@@ -123,7 +123,7 @@ def write_record(folder, cell, test):
 
 
 def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
-    from bench import claims, report
+    from experiments import claims, report
     claim = claims.BY_NAME["sbm-listops"]
     cells = {c["name"]: c for c in claim.cells()}
     for seed, test in zip((0, 1, 2), (0.30, 0.32, 0.37)):
@@ -137,11 +137,11 @@ def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
     sbm_row = next(line for line in text.splitlines() if "sbm_transformer.py" in line)
     assert "25.00 " in sbm_row and "±" not in sbm_row
     assert "Not yet run:" in text and "sbm-lambda0.01-listops-cpu-s2" in text
-    assert "python -m bench.claims run sbm-listops" in text and claim.paper in text
+    assert "python -m experiments.claims run sbm-listops" in text and claim.paper in text
 
 
 def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_paper(tmp_path):
-    from bench import claims, report
+    from experiments import claims, report
     claim = claims.BY_NAME["sbm-table3"]
     cells = {c["name"]: c for c in claims.BY_NAME["sbm-table3"].cells()}
     costs = {"full": (1000, 20, 100.0), "full-path-reference": (1000, 200, None), "sbm-lambda0.1": (80, 30, 250.0),
@@ -159,7 +159,7 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
                       density_per_layer=[0.5, 0.25], steps=0 if step_ms is None else 600)
         (folder / "metrics.json").write_text(json.dumps(record))
     step_time = {"step_ms": {"full (as run)": [250.0, 260.0, 240.0], "full (fair)": [100.0, 90.0, 110.0],
-                             "sbm λ=0.1": [250.0] * 3, "performer": [120.0] * 3}}  # bench.step_time's JSON
+                             "sbm λ=0.1": [250.0] * 3, "performer": [120.0] * 3}}  # experiments.step_time's JSON
     title, table = report.table3(report.load(tmp_path / claim.name)[0], {"listops": step_time}).split("\n\n", 1)
     assert title.startswith("listops (")  # one table per task; only ListOps records here
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
@@ -174,9 +174,9 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
 
 
 def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
-    """bench.report.table3: ratios against the same task's full attention, beside the paper's figures for that
+    """experiments.report.table3: ratios against the same task's full attention, beside the paper's figures for that
     task's column (ListOps 2K, Image 1K)."""
-    from bench import report
+    from experiments import report
 
     def record(task, method, weight=None, flops=1.0, memory=100.0, steps=600):
         return {"task": task, "method": method, "seed": 0, "steps": steps, "test": 0.2, "density": 0.5,
@@ -213,7 +213,7 @@ def test_table3_says_so_when_accuracy_carries_no_information():
     """Every trained setting, full attention included, at the majority class: one line says accuracy carries no
     information and each trained row says "no information" instead of a figure; a full attention that learned
     removes the line, and a row at the base rate is then marked so."""
-    from bench import report
+    from experiments import report
     base = 0.17
     at_base = [table3_record("listops", "full", base - 0.01, base), table3_record("listops", "sbm", base, base, 0.1),
                table3_record("listops", "linear", 0.125, 0.25, steps=0)]
@@ -249,7 +249,8 @@ def quick_record(folder, method, task, test, attention, step_ms, metric="accurac
 def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path):
     """The README's table: every registered method, "not run yet" where no record exists; test metrics, cost
     ratios and the scaling crossover computed from the records; the sentences name each side of full attention."""
-    from bench import methods, report
+    from bench import methods
+    from experiments import report
     quick = tmp_path / "quick"
     full = quick_record(quick, "full", "duplicates", 0.95, attention=400, step_ms=10.0)
     linear = quick_record(quick, "linear", "duplicates", 0.70, attention=100, step_ms=20.0)
@@ -282,7 +283,7 @@ def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path)
 
 
 def test_the_fig4_check_names_methods_on_each_side_of_99_percent():
-    from bench import report
+    from experiments import report
     records = lambda tests: [{"method": m, "test": t} for m, t in tests.items()]  # noqa: E731
     text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "performer": 0.74}))
     assert "At ≥ 99% test accuracy: full 99.98%, sbm 99.50%. Below: performer 74.00%." in text
@@ -295,16 +296,16 @@ def test_the_fig4_check_names_methods_on_each_side_of_99_percent():
 
 
 def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path):
-    result = sh([sys.executable, "-m", "bench.claims", "run", "sbm-table3", "--cells", "*-s9", "--out",
+    result = sh([sys.executable, "-m", "experiments.claims", "run", "sbm-table3", "--cells", "*-s9", "--out",
                  str(tmp_path / "claim")], check=False)
     assert result.returncode == 2 and "no cell of sbm-table3 matches '*-s9'" in result.stderr
     assert "full-listops-paper-s0" in result.stderr and not (tmp_path / "claim").exists()
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
-    from bench.grid import grid_lock
+    from experiments.grid import grid_lock
     with grid_lock(tmp_path):
-        result = sh([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path),
+        result = sh([sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(tmp_path),
                      "--methods", "full", "--tasks", "duplicates"], check=False)
     assert result.returncode != 0 and f"another grid is running in {tmp_path} (pid {os.getpid()})" in result.stderr
     assert not (tmp_path / "runs").exists()
@@ -313,23 +314,23 @@ def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_grid_leaves_no_cell_running(tmp_path):
     out = tmp_path / "grid"
-    grid = subprocess.Popen([sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(out),
+    grid = subprocess.Popen([sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(out),
                              "--methods", "full", "--tasks", "duplicates", "--set", "steps=100000"], cwd=ROOT,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not processes(str(out), without="bench.grid"):
+    while not processes(str(out), without="experiments.grid"):
         assert grid.poll() is None and time.time() < deadline, "no cell started"
         time.sleep(0.1)
     grid.send_signal(signal.SIGKILL)  # the grid alone: its cell must not outlive it
     grid.wait()
     deadline = time.time() + 30
-    while processes(str(out), without="bench.grid"):
+    while processes(str(out), without="experiments.grid"):
         assert time.time() < deadline, "a cell outlived its killed grid"
         time.sleep(0.1)
 
 
 def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path):
-    args = [sys.executable, "-m", "bench.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods", "full",
+    args = [sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods", "full",
             "--tasks", "duplicates"]
     sh([*args, *FAST])
     record = tmp_path / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
@@ -343,8 +344,8 @@ def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path)
 
 def test_fixed_patterns_wait_for_sbm_and_then_run_at_its_learned_density(tmp_path, monkeypatch):
     """adaptive-vs-fixed: the window and BigBird cells are planned with SBM λ = 1e-2's mean test density (and 4×)
-    once both seeds of it are complete; bench.claims runs them in a second round."""
-    from bench import claims, grid
+    once both seeds of it are complete; experiments.claims runs them in a second round."""
+    from experiments import claims, grid
     claim, runs = claims.BY_NAME["adaptive-vs-fixed"], tmp_path / "runs"
     waiting = [c for c in claim.cells(runs) if "waiting" in c]
     assert {c["method"] for c in waiting} == {"window", "bigbird"} and len(waiting) == 8
@@ -369,7 +370,7 @@ def test_fixed_patterns_wait_for_sbm_and_then_run_at_its_learned_density(tmp_pat
 
 
 def test_fixed_patterns_do_not_run_while_sbm_has_no_record(tmp_path, monkeypatch, capsys):
-    from bench import claims, grid
+    from experiments import claims, grid
     monkeypatch.setattr(grid, "run_cells", lambda out, cells, jobs: 0)  # SBM's runs fail to leave a record
     assert claims.run_claim(claims.BY_NAME["adaptive-vs-fixed"], tmp_path, "*", 2) == 8
     assert "window-at-sbm-density-duplicates-cpu-s0: not run, it needs the complete runs of sbm-lambda0.01" \
@@ -377,7 +378,7 @@ def test_fixed_patterns_do_not_run_while_sbm_has_no_record(tmp_path, monkeypatch
 
 
 def test_the_adaptive_verdict_says_whether_adaptivity_paid(tmp_path):
-    from bench import claims, report
+    from experiments import claims, report
     claim = claims.BY_NAME["adaptive-vs-fixed"]
     results = {"full": (0.99, 1.0, 100.0, 200), "sbm-lambda0.01": (0.97, 0.01, 300.0, 100),
                "window-at-sbm-density": (0.70, 0.01, 20.0, 20), "bigbird-at-sbm-density": (0.75, 0.012, 30.0, 30),
@@ -407,7 +408,7 @@ def test_the_adaptive_verdict_says_whether_adaptivity_paid(tmp_path):
 def test_the_adaptive_verdict_says_when_nothing_learns_at_the_learned_density(tmp_path):
     """SBM λ = 1e-2 and the fixed patterns at its density all at the majority label's rate: the table marks them
     and the words say that this density cannot answer, instead of ranking base rates."""
-    from bench import claims, report
+    from experiments import claims, report
     claim = claims.BY_NAME["adaptive-vs-fixed"]
     results = {"full": 0.99, "sbm-lambda0.01": 0.631, "window-at-sbm-density": 0.632, "bigbird-at-sbm-density": 0.630,
                "sbm": 0.985, "linear": 0.7, "reformer": 0.99}
@@ -443,7 +444,7 @@ def test_the_adaptive_verdict_says_when_nothing_learns_at_the_learned_density(tm
 
 
 def test_the_glance_says_an_incomplete_adaptive_claim_answers_nothing_yet(tmp_path):
-    from bench import claims, report
+    from experiments import claims, report
     claim = claims.BY_NAME["adaptive-vs-fixed"]
     for cell in claim.cells(tmp_path / claim.name / "runs"):
         if cell["name"].startswith("full-"):

@@ -1,6 +1,6 @@
-"""bench.sbm_scaling's memory fit: peak = a + b·E over the module's densities, each round fitted apart, of the peak
+"""experiments.sbm_scaling's memory fit: peak = a + b·E over the module's densities, each round fitted apart, of the peak
 and of the tensors' peak, beside fused SDPA and the explicit path (the measurements themselves: tests/test_bench_cli.py)."""
-from bench.sbm_scaling import line_fit, memory_fit
+from experiments.sbm_scaling import line_fit, memory_fit
 
 
 def test_line_fit_recovers_an_exact_line():

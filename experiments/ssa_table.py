@@ -1,7 +1,7 @@
 """The SSA paper's Table 1 and Fig. 7 on one task, measured in one run: dense S0 beside the SSA settings.
 
-    python -m bench.ssa_table                                   # bytes (WikiText-2 text), length 1024
-    python -m bench.ssa_table --steps 600 --out runs/ssa_table  # other options go to every setting's run
+    python -m experiments.ssa_table                                   # bytes (WikiText-2 text), length 1024
+    python -m experiments.ssa_table --steps 600 --out runs/ssa_table  # other options go to every setting's run
 
 Settings (the SSA paper's names, §4 and Table 8; SSA on every layer, σ ramped 0.1 → 0.225 of the length):
     S0        dense attention                       ssa.py --ssa-layers 0
@@ -37,7 +37,7 @@ from tabulate import tabulate
 
 from bench import cli
 from bench.files import default_data_dir, read_json, write_atomic, write_json
-from bench.grid import die_with_parent
+from experiments.grid import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 FT_FRACTION = 0.1  # §3.4: "the last 10% of the training epochs"
@@ -161,7 +161,7 @@ def render(records: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = cli.parser("python -m bench.ssa_table", __doc__.splitlines()[0],
+    p = cli.parser("python -m experiments.ssa_table", __doc__.splitlines()[0],
                    epilog="Other options (e.g. --batch-size, --lr, --data-dir) go to every run.")
     p.add_argument("--task", default="bytes", help="an LM task (bytes, enwik8)")
     p.add_argument("--seq-len", type=cli.length, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")

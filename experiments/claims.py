@@ -1,14 +1,14 @@
 """The papers' claims this project reproduces: one folder under results/ per claim, holding its records.
 
-    python -m bench.claims list                   # every claim, its folder and commands
-    python -m bench.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
-    python -m bench.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
+    python -m experiments.claims list                   # every claim, its folder and commands
+    python -m experiments.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
+    python -m experiments.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
 
 A claim of kind ``runs`` is a set of training runs (each one a grid cell: its own process, record and log,
 resumable, results/CLAIM/runs/CELL); the report tabulates them by setting, mean ± standard deviation over
 seeds. A claim of kind ``output`` is the saved output of a benchmark script (results/CLAIM/*.md, its command
-on the first line with the wall time it took); the scaling claim also keeps the JSON that ``bench.scaling
---out results/scaling`` writes (results/scaling/scaling.json). The report (bench/report.py) reads this list:
+on the first line with the wall time it took); the scaling claim also keeps the JSON that ``experiments.scaling
+--out results/scaling`` writes (results/scaling/scaling.json). The report (experiments/report.py) reads this list:
 results/README.md has one section per claim, in this order.
 """
 import argparse
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from bench import cli, grid
+from bench import cli
+from experiments import grid
 from bench.files import read_json
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -149,7 +150,7 @@ CLAIMS = [
               table3_cost("full", task, "-path-reference", attn=["path=reference"]),
               *(table3_cost(m, task) for m in ("linear", "reformer", "performer", "linformer", "nystromformer")))),
           commands=tuple(
-              f"python -m bench.step_time --task {task} --preset paper --batch-size 8 --methods full,sbm,linear,"
+              f"python -m experiments.step_time --task {task} --preset paper --batch-size 8 --methods full,sbm,linear,"
               f"reformer,performer,linformer,nystromformer --sbm-density " + ",".join(
                   f"results/sbm-table3/runs/sbm-lambda{w}-{task}-paper-s0" for w in ("0.1", "0.01"))
               + f" --out results/sbm-table3/step_time-{task}" for task in TABLE3_TASKS),
@@ -158,7 +159,7 @@ CLAIMS = [
                  "per example; on CPU the resident set's high-water mark. The `path=reference` row is full "
                  "attention's explicit path (materialised scores, the paper's \"full attention\"); the untrained "
                  "rows are fixed-cost methods, whose cost does not depend on their weights.",
-                 "Train step ÷ fair full: `bench.step_time` times every setting's training step side by side in one "
+                 "Train step ÷ fair full: `experiments.step_time` times every setting's training step side by side in one "
                  "process (its output below), SBM at each λ's trained test density (seed 0). Fair full attention is "
                  "what a user would run: no attention dropout and each batch trimmed to its longest sequence. The "
                  "paper's recipe (the `full` row) keeps attention dropout 0.1, which moves CPU SDPA from its flash "
@@ -180,13 +181,13 @@ CLAIMS = [
                 *(Setting(m, "duplicates", options=dict(LONG_DUPLICATES, attn=[LearnedDensity("sbm-lambda0.01", f)]),
                           tag=tag) for m in ("window", "bigbird") for tag, f in FIXED.items())),
           seeds=(0, 1),
-          commands=("python -m bench.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0' "
+          commands=("python -m experiments.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0' "
                     "--repeats 5 --out results/adaptive-vs-fixed/step_time-duplicates",),
           notes=["Every method trains with the same model, recipe and seeds (the command in each row); nothing is tuned "
                  "per method. Window and BigBird take their budget as a density (`--attn density=ρ`), ρ the mean test "
                  "density of SBM λ = 1e-2 over the seeds, and ×4: their cells run once those SBM runs are complete.",
                  "FLOP and memory ratios are per seed against full attention of the same seed, then averaged. Train "
-                 "step ÷ fair full: `bench.step_time` times every seed-0 setting's training step side by side in one "
+                 "step ÷ fair full: `experiments.step_time` times every seed-0 setting's training step side by side in one "
                  "process (SBM at its learned test density; its output below); the runs' own step times, two runs "
                  "side by side on 2 shared cores, are in each record."]),
     Claim("ssa-table", "SSA Tables 1 and 8, Fig. 7: subsampled training, dense fine-tuning, self-ensembling",
@@ -194,7 +195,7 @@ CLAIMS = [
                           "memory and 1.64× speed; +FT 1.029. Table 8: locally biased beats unbiased SSA. Table 4 and "
                           "Fig. 7: self-ensembling improves with samples on WikiText-103; on Enwik8 it stays close "
                           "to, not better than, dense inference. Ours: WikiText-2 bytes, 2 layers, 1000 steps.",
-          commands=("python -m bench.ssa_table --seq-len 2048 --batch-size 8 --steps 1000 --eval-every 100 "
+          commands=("python -m experiments.ssa_table --seq-len 2048 --batch-size 8 --steps 1000 --eval-every 100 "
                     "--eval-batches 2 --final-eval-batches 16 --eval-context 1024 --ensemble-samples 8",)),
     Claim("kernel", "Kernel-based sparse attention Tables 1-3, Fig. 5-6, §6.2 fine-tuning", "output",
           paper="Table 1: masked-LM perplexity of the sparsified models on WikiText-2 for standard, handcrafted "
@@ -203,15 +204,15 @@ CLAIMS = [
           commands=("python kernel_sparse.py --task wikitext2",)),
     Claim("fastrg", "fastRG: a sparse graph with low-rank expectation in time linear in its edges", "output",
           paper="Rohe et al. 2018: O(nk + k² + E) sampling, against the O(n m) of a dense Bernoulli draw.",
-          commands=("python -m bench.fastrg_bench --threads 1 --igraph --out results/fastrg",),
+          commands=("python -m experiments.fastrg_bench --threads 1 --igraph --out results/fastrg",),
           notes=["One thread, as the scaling claim: the ratio of the two algorithms' work. With both cores the naive "
                  "draw's matrix product runs in parallel and fastRG's sequential parts do not: `python -m "
-                 "bench.fastrg_bench` (2 threads) gives smaller speed-ups on this machine."]),
+                 "experiments.fastrg_bench` (2 threads) gives smaller speed-ups on this machine."]),
     Claim("scaling", "Attention scaling: time, memory and FLOPs against sequence length", "output",
           paper="SBM Table 3: per-example FLOPs and memory relative to full attention at LRA lengths.",
-          commands=("python -m bench.scaling --methods full,full-ref,linear,linformer,performer,nystromformer,"
+          commands=("python -m experiments.scaling --methods full,full-ref,linear,linformer,performer,nystromformer,"
                     "reformer,window,bigbird,sbm,sbm@0.01,ssa --lengths 1024,2048,4096,8192 --out results/scaling",
-                    "python -m bench.sbm_scaling --threads 1 --rounds 3 --out results/scaling")),
+                    "python -m experiments.sbm_scaling --threads 1 --rounds 3 --out results/scaling")),
 ]
 BY_NAME = {c.name: c for c in CLAIMS}
 
@@ -233,7 +234,7 @@ def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
 
 
 def script_name(words: List[str]) -> str:
-    """bench.step_time for ["python", "-m", "bench.step_time", ...], kernel_sparse for ["python", "kernel_sparse.py"]."""
+    """experiments.step_time for ["python", "-m", "experiments.step_time", ...], kernel_sparse for ["python", "kernel_sparse.py"]."""
     return words[2].split(".")[-1] if words[1] == "-m" else Path(words[1]).stem
 
 
@@ -265,7 +266,7 @@ def run_output(claim: Claim, out: Path) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.claims", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.claims", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True)
     sub.add_parser("list", help="every claim, its folder and commands")
     run = sub.add_parser("run", help="run a claim into its folder: training runs resumably, benchmarks anew")

@@ -2,8 +2,8 @@
 time at the same settings, in one process, repetitions interleaved; the table gives ours ÷ peer per method.
 
     pip install -r requirements-peers.txt      # optional: never a dependency of the repository itself
-    python -m bench.peers                      # n = 4096, batch 1, 2 heads, head dim 32; into runs/peers/
-    python -m bench.peers --lengths 1024,4096 --repeats 41 --threads 1
+    python -m experiments.peers                      # n = 4096, batch 1, 2 heads, head dim 32; into runs/peers/
+    python -m experiments.peers --lengths 1024,4096 --repeats 41 --threads 1
 
 Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training mode; non-causal):
 - full · torch.nn.MultiheadAttention (need_weights=False: the fused path);
@@ -18,7 +18,7 @@ Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training
 
 Per repetition every pair is timed once each way, the order alternating between repetitions, so a change of
 machine load falls on both sides alike; reported are the medians and their ratio, and the spread of the
-per-repetition ratios (quartiles). The glibc setting of bench.scaling (MALLOC_MMAP_MAX_=0,
+per-repetition ratios (quartiles). The glibc setting of experiments.scaling (MALLOC_MMAP_MAX_=0,
 MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the header says whether
 it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
 """
@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Tuple
 
 from tabulate import tabulate
 
-from bench import cli, scaling
+from bench import cli
+from experiments import scaling
 
 if TYPE_CHECKING:  # torch is imported once the options parse: --help stays light
     import torch
@@ -115,7 +116,7 @@ PEERS = {"full": "torch.nn.MultiheadAttention", "nystromformer": "nystrom-attent
 
 
 def main(argv=None) -> int:
-    p = cli.parser("python -m bench.peers", __doc__.splitlines()[0])
+    p = cli.parser("python -m experiments.peers", __doc__.splitlines()[0])
     p.add_argument("--lengths", default="4096", type=cli.positive_ints,
                    help="comma-separated sequence lengths (multiples of 128)")
     p.add_argument("--methods", default=",".join(PEERS), help="comma-separated, from " + ",".join(PEERS))

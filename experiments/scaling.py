@@ -1,8 +1,8 @@
 """Scaling of attention modules with sequence length: time, peak memory, FLOPs and density in one run.
 
-    python -m bench.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
-    python -m bench.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
-    python -m bench.scaling --methods ... --out results/scaling                   # the published table
+    python -m experiments.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
+    python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
+    python -m experiments.scaling --methods ... --out results/scaling                   # the published table
 
 A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
 option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is
@@ -152,11 +152,11 @@ def measure_cell(cell: dict) -> dict:
     return result
 
 
-def run_cell(cell: dict, allocator: str, timeout: int, module: str = "bench.scaling") -> dict:
+def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
     """Measure one cell in a fresh process (`python -m MODULE --cell JSON`), so peak memory is its own and
     no allocator state carries over; the row, or {"error": reason}. The cell dies with this process (on Linux
-    even by SIGKILL: bench.grid.die_with_parent), so a killed table leaves no measurement running."""
-    from bench.grid import die_with_parent
+    even by SIGKILL: experiments.grid.die_with_parent), so a killed table leaves no measurement running."""
+    from experiments.grid import die_with_parent
     env = dict(os.environ, **ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])}
                                                        if cell.get("threads") else {}))
     for key in ALLOCATORS["keep"]:
@@ -234,7 +234,7 @@ def table(rows: list, reference: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("python -m bench.scaling", __doc__.splitlines()[0])
+    p = cli.parser("python -m experiments.scaling", __doc__.splitlines()[0])
     p.add_argument("--methods", default="full,full-ref", help="comma-separated registry names (and full-ref)")
     p.add_argument("--attn", action="append", default=[], type=cli.attn_item, metavar="METHOD.KEY=VALUE",
                    help="a constructor option of one method (repeatable), e.g. performer.features=128")

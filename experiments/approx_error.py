@@ -1,6 +1,6 @@
 """Approximation error of the linear-cost baselines against exact softmax attention, by budget.
 
-    python -m bench.approx_error [--seq-len 1024] [--head-dim 32] [--heads 4] [--draws 4] [--seed 0]
+    python -m experiments.approx_error [--seq-len 1024] [--head-dim 32] [--heads 4] [--draws 4] [--seed 0]
 
 Prints one table and writes it to OUT/approx_error.md (``--out``, a folder; default runs/approx_error): the relative error ‖approx − exact‖_F / ‖exact‖_F, mean ± std over draws, for each method
 and budget at two temperatures. Inputs: per head, q and k entries
@@ -146,7 +146,7 @@ def build_cases(heads: int, d: int, n: int):
 
 
 def main(argv=None) -> int:
-    parser = cli.parser("python -m bench.approx_error", "Relative error of the approximating baselines to exact "
+    parser = cli.parser("python -m experiments.approx_error", "Relative error of the approximating baselines to exact "
                                                         "softmax attention, by budget, at two temperatures.")
     parser.add_argument("--seq-len", type=cli.length, default=1024, help="sequence length")
     parser.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")

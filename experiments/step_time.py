@@ -1,10 +1,10 @@
 """Training-step time of a table's methods side by side in one process, full attention timed as a user runs it.
 
-    python -m bench.step_time --task listops --preset paper --batch-size 8                # SBM Table 3's ListOps 2K
-    python -m bench.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016,0.04
-    python -m bench.step_time --task listops --preset paper --batch-size 8 \
+    python -m experiments.step_time --task listops --preset paper --batch-size 8                # SBM Table 3's ListOps 2K
+    python -m experiments.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016,0.04
+    python -m experiments.step_time --task listops --preset paper --batch-size 8 \
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
-    python -m bench.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0'   # a claim's settings
+    python -m experiments.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0'   # a claim's settings
 
 One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it), the same
 batches for all, one training step (forward, loss, backward, AdamW) of each variant in turn, round after round;
@@ -17,7 +17,7 @@ the paper's recipe runs it and as a user would run it (fair). The variants:
 - each other method of --methods, untrained (their costs do not depend on the weights), and SBM with each layer's
   membership logits shifted by one constant so that its expected density is each of --sbm-density (a trained
   model's: a number, or a run folder whose record's test density is taken, labelled with its λ), as
-  bench.scaling.shifted_module calibrates one module.
+  experiments.scaling.shifted_module calibrates one module.
 With --runs, the variants are the settings of those run folders instead (their task and model from the records,
 which must agree): each run's method with its options and budget (a fixed pattern at the density it trained at),
 SBM at its record's test density, full attention as run and fair; labels are the folders' setting names.
@@ -185,7 +185,7 @@ def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = cli.task_parser("python -m bench.step_time", __doc__.splitlines()[0],
+    p = cli.task_parser("python -m experiments.step_time", __doc__.splitlines()[0],
                         "folder for step_time.json (default: runs/step_time)")
     p.add_argument("--methods", default="full,sbm", help="comma-separated registry names (full adds its fair row)")
     p.add_argument("--sbm-density", default="0.011", metavar="D,...",

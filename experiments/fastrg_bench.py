@@ -29,12 +29,12 @@ By default (--allocator keep) glibc is told to keep freed memory (mallopt M_MMAP
 every call; --allocator default leaves glibc's defaults. The setting is printed with the table, which is also
 written with its settings as JSON to OUT/fastrg_bench.json.
 
-The cost or gain of a second thread, beside busy processes: `python -m bench.thread_cost`.
+The cost or gain of a second thread, beside busy processes: `python -m experiments.thread_cost`.
 
-    python -m bench.fastrg_bench
-    python -m bench.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
-    python -m bench.fastrg_bench --threads 1 --clock cpu      # on a shared machine
-    python -m bench.fastrg_bench --threads 1 --igraph         # beside igraph (pip install igraph)
+    python -m experiments.fastrg_bench
+    python -m experiments.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
+    python -m experiments.fastrg_bench --threads 1 --clock cpu      # on a shared machine
+    python -m experiments.fastrg_bench --threads 1 --igraph         # beside igraph (pip install igraph)
 """
 import argparse
 import ctypes
@@ -142,7 +142,7 @@ def parse_list(kind):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.fastrg_bench", allow_abbrev=False,
+    ap = argparse.ArgumentParser(prog="python -m experiments.fastrg_bench", allow_abbrev=False,
                                  description="fastRG sampling time vs edges, beside a naive dense Bernoulli draw.",
                                  formatter_class=cli.HelpFormatter)
     ap.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192,16384",

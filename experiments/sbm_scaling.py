@@ -1,13 +1,13 @@
 """SBM-Transformer scaling: its attention core on a given edge set and the whole SBM module at controlled
 densities, beside full attention (fused SDPA and the explicit reference), in one run.
 
-    python -m bench.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
-    python -m bench.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out runs/sbm_scaling  # JSON: DIR/sbm_scaling.json
-    python -m bench.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
+    python -m experiments.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
+    python -m experiments.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out runs/sbm_scaling  # JSON: DIR/sbm_scaling.json
+    python -m experiments.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
 
-Cells, each in a fresh process with bench.scaling's allocator setting (batch 1, 2 heads, head dim 32,
+Cells, each in a fresh process with experiments.scaling's allocator setting (batch 1, 2 heads, head dim 32,
 non-causal, training mode):
-- ``full``, ``full-ref``: bench.scaling's cells of baselines/full.py (fused SDPA; materialised scores).
+- ``full``, ``full-ref``: experiments.scaling's cells of baselines/full.py (fused SDPA; materialised scores).
 - ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, given as
   the sampler gives it (block-diagonal CSR, grouped by query), from q, k, v and per-edge p that require
   grad; the graph's structures are built inside the timed region (Edges, and in the backward the key-major
@@ -38,7 +38,8 @@ import time
 import torch
 from tabulate import tabulate
 
-from bench import cli, measure, scaling
+from bench import cli, measure
+from experiments import scaling
 from bench.config import resolve_device
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
@@ -156,7 +157,7 @@ def measure_cell(cell: dict) -> dict:
 def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
     if cell["kind"] == "full":
         return scaling.run_cell({**cell, "causal": False}, allocator, timeout)
-    return scaling.run_cell(cell, allocator, timeout, module="bench.sbm_scaling")
+    return scaling.run_cell(cell, allocator, timeout, module="experiments.sbm_scaling")
 
 
 def line_fit(xs: list, ys: list) -> tuple:
@@ -270,7 +271,7 @@ def parts_table(rows: list, profiled: list) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.sbm_scaling", allow_abbrev=False,
+    p = argparse.ArgumentParser(prog="python -m experiments.sbm_scaling", allow_abbrev=False,
                                 description=__doc__.split(", beside")[0] + ".",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192",

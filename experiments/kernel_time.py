@@ -1,9 +1,9 @@
 """Inference wall-clock of one KernelSparseAttention layer, sparse (the edge-list fast path) against dense (the same
 module with sparse=False: the teacher's SDPA), side by side in one process.
 
-    OMP_NUM_THREADS=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 python -m bench.kernel_time
-    python -m bench.kernel_time --lengths 256 --top-k 5 --repeats 11 --out runs/kernel_time
-    python -m bench.kernel_time --compare OLD/kernel_sparse.py     # another version's sparse path beside this one
+    OMP_NUM_THREADS=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 python -m experiments.kernel_time
+    python -m experiments.kernel_time --lengths 256 --top-k 5 --repeats 11 --out runs/kernel_time
+    python -m experiments.kernel_time --compare OLD/kernel_sparse.py     # another version's sparse path beside this one
 
 The layer: width 128, 4 heads of 32, ALiBi, the 17 standard kernels (kernel_sparse.py's CPU preset), a predictor
 at its seeded initialisation selecting the top-K kernels (K = 3: 28.6 keys per query at n = 256, near the 25.7 of
@@ -63,7 +63,7 @@ def measure(n: int, args, compared=None) -> dict:
 
 
 def main(argv=None) -> int:
-    p = cli.parser("python -m bench.kernel_time", __doc__.splitlines()[0])
+    p = cli.parser("python -m experiments.kernel_time", __doc__.splitlines()[0])
     p.add_argument("--lengths", type=cli.positive_ints, default="256,1024,4096", help="comma-separated n")
     p.add_argument("--tokens", type=cli.positive_int, default=4096, help="batch × n (batch = tokens ÷ n, at least 1)")
     p.add_argument("--top-k", type=cli.positive_int, default=3, help="kernels each query takes (top-K selection)")

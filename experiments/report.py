@@ -1,17 +1,17 @@
 """Tables, sentences and plots from the records under results/, never typed by hand.
 
-    python -m bench.report --readme README.md     # maintainers: README's results at a glance, results/README.md
+    python -m experiments.report --readme README.md     # maintainers: README's results at a glance, results/README.md
                                                   # (every claim's table) and results/plots/, in one call
-    python -m bench.report                        # results/README.md's text, printed
-    python -m bench.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
+    python -m experiments.report                        # results/README.md's text, printed
+    python -m experiments.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
 
 The glance (README, between <!-- results:start --> and <!-- results:end -->): one row per registered method with
 its quick-grid test metric per task, its costs relative to full attention and the lengths from which the scaling
 table finds it cheaper ("not run yet" where no record exists), the sentences the records support, the main plots.
-results/README.md: one section per claim of bench/claims.py, in order (what the paper reports, the command, the
+results/README.md: one section per claim of experiments/claims.py, in order (what the paper reports, the command, the
 table from the claim's records or its benchmark's saved output, the notes, the plot), then the quick preview
 (results/quick, a ./run_all.sh run folder) in full. A run's REPORT.md: the same method table, the calibration
-targets of bench/grid.py and the cells that did not run, the cost per task, the scaling table.
+targets of experiments/grid.py and the cells that did not run, the cost per task, the scaling table.
 """
 import json
 import math
@@ -24,8 +24,9 @@ from typing import Dict, List, Optional
 
 from tabulate import tabulate
 
-from bench import claims as claim_list
-from bench import cli, grid, plots, scaling
+from experiments import claims as claim_list
+from bench import cli
+from experiments import grid, plots, scaling
 from bench import methods as registry
 from bench.files import read_json
 
@@ -111,7 +112,7 @@ def at_base_rate(rs: List[dict]) -> bool:
 
 # ------------------------------------------------------------------------------------------------ a run
 def target_check(task: str, recs: List[dict]) -> Optional[str]:
-    """Whether full attention cleared the quick budget's target on this task (bench/grid.py QUICK_TARGETS)."""
+    """Whether full attention cleared the quick budget's target on this task (experiments/grid.py QUICK_TARGETS)."""
     ref = [r for r in recs if r["method"] == REFERENCE and r["task"] == task]
     if task not in grid.QUICK_TARGETS or not ref:
         return None
@@ -126,7 +127,7 @@ def target_check(task: str, recs: List[dict]) -> Optional[str]:
 
 def ratios(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[tuple, Dict[str, float]]:
     """Per (method, task): each of COSTS relative to full attention's on the same task, where both have it; the
-    step time ÷ fair full attention's from ``step_times`` (task → bench.step_time's JSON: every method's step
+    step time ÷ fair full attention's from ``step_times`` (task → experiments.step_time's JSON: every method's step
     timed side by side in one process) where it timed the method, else from the runs' own medians."""
     cells = by(recs, "method", "task")
     both = lambda rs, ref, get: mean(rs, get) and mean(ref, get)  # noqa: E731
@@ -140,7 +141,7 @@ def ratios(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Di
 
 
 def step_times_of(folder: Path) -> Dict[str, dict]:
-    """task → bench.step_time's JSON in FOLDER/step_time-TASK (a run folder's or a claim's)."""
+    """task → experiments.step_time's JSON in FOLDER/step_time-TASK (a run folder's or a claim's)."""
     return {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/step_time.json")}
 
 
@@ -359,7 +360,7 @@ def table3(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> st
     """SBM Table 3 from a claim's records, one table per task (the paper's columns): per-example inference FLOPs
     and memory relative to full attention (fused SDPA, and the explicit path), beside the paper's figures, with
     accuracy, density and the training step time against fair full attention (``step_times``: task → the JSON
-    of bench.step_time, which timed the settings side by side in one process), under a line of what the task's
+    of experiments.step_time, which timed the settings side by side in one process), under a line of what the task's
     accuracy says (accuracy_line)."""
     tasks = by(recs, "task")
     order = [t for t in claim_list.PAPER_TABLE3 if t in tasks] + sorted(set(tasks) - set(claim_list.PAPER_TABLE3))
@@ -369,7 +370,7 @@ def table3(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> st
 
 
 def step_time_table(step_time: dict) -> str:
-    """bench.step_time's JSON as its table: each variant's median [min-max] ms and its ratio to fair full
+    """experiments.step_time's JSON as its table: each variant's median [min-max] ms and its ratio to fair full
     attention's, and the CPU SDPA kernel full attention ran on (attention dropout moves it to the math path)."""
     fair = statistics.median(step_time["step_ms"].get("full (fair)") or [float("nan")])
     rows = [[label, f"{statistics.median(ms):.0f} [{min(ms):.0f}-{max(ms):.0f}]", f"{statistics.median(ms) / fair:.3f}",
@@ -378,7 +379,7 @@ def step_time_table(step_time: dict) -> str:
 
 
 def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
-    """bench.step_time's medians ÷ fair full attention's, by Table 3's setting labels ("full": as the recipe runs)."""
+    """experiments.step_time's medians ÷ fair full attention's, by Table 3's setting labels ("full": as the recipe runs)."""
     if not step_time or "full (fair)" not in step_time["step_ms"]:
         return {}
     fair = statistics.median(step_time["step_ms"]["full (fair)"])
@@ -444,7 +445,7 @@ def per_seed_ratio(rs: List[dict], refs: Dict[int, dict], get) -> Optional[float
 
 def adaptive_rows(recs: List[dict], step_time: Optional[dict] = None) -> Dict[str, dict]:
     """Per setting: its records and, against full attention of the same seed, its costs; its training step ÷ fair
-    full attention's from ``step_time`` (bench.step_time's JSON, the settings timed side by side in one
+    full attention's from ``step_time`` (experiments.step_time's JSON, the settings timed side by side in one
     process), else from the runs' own step times."""
     groups = by([dict(r, setting=setting_name(r)) for r in recs], "setting")
     refs = {r["seed"]: r for r in groups.get(REFERENCE, [])}
@@ -550,7 +551,7 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
     if claim.kind == "runs":
         recs = load(folder)[0]
         missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
-        out.append(f"Reproduce: `python -m bench.claims run {claim.name}` (records in {link}; `python -m bench.claims "
+        out.append(f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; `python -m experiments.claims "
                    f"list` prints each run's command, to run one with `--seed S --out DIR`).")
         out += [fig4_check(recs)] if recs and claim.name == "sbm-fig4" else []
         step_times = step_times_of(folder)
@@ -570,8 +571,8 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
 
 def results_readme(results: Path, captions: Dict[str, str]) -> str:
     return "\n\n".join([
-        "# Results", "Generated by `python -m bench.report --readme README.md` from the records in this folder; never "
-        "edited by hand. One section per claim of the papers (bench/claims.py), each with the command that reproduces "
+        "# Results", "Generated by `python -m experiments.report --readme README.md` from the records in this folder; never "
+        "edited by hand. One section per claim of the papers (experiments/claims.py), each with the command that reproduces "
         "it; the quick preview of `./run_all.sh` last. The repository's README summarises them.",
         *(claim_section(claim, results, captions) for claim in claim_list.CLAIMS),
         "## Quick preview: every method on every task (`./run_all.sh`)",
@@ -595,7 +596,7 @@ def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
 
 
 def ssa_curve(folder: Path) -> Optional[tuple]:
-    """Fig. 7's curve from bench.ssa_table's saved output: the dense figure on the "Self-ensembling" line and
+    """Fig. 7's curve from experiments.ssa_table's saved output: the dense figure on the "Self-ensembling" line and
     the rows of the sub-models table that follows it."""
     for path in sorted(folder.glob("*.md")):
         lines = path.read_text().splitlines()
@@ -725,7 +726,7 @@ def glance(results: Path, captions: Dict[str, str]) -> str:
         f"One row per method: the quick grid (`./run_all.sh`, [results/quick](results/quick): "
         f"{', '.join(sorted({r['device'] for r in recs}))}, seeds {sorted({r['seed'] for r in recs})}, "
         f"{lengths[0]}-{lengths[-1]} tokens) and the scaling table ([results/scaling](results/scaling): `python -m "
-        f"bench.scaling --methods {args.get('methods', '?')} --lengths {args.get('lengths', '?')}`). " + METHOD_TABLE,
+        f"experiments.scaling --methods {args.get('methods', '?')} --lengths {args.get('lengths', '?')}`). " + METHOD_TABLE,
         method_table(recs, plan, [], scaling_result, step_times, every=True),
         "What the records say (\"reach it\": within two standard errors of full attention's test accuracy, at least "
         f"1 point, or {BPB_NOISE} bits per byte):\n\n" + "\n".join(f"- {line}" for line in said),
@@ -734,7 +735,7 @@ def glance(results: Path, captions: Dict[str, str]) -> str:
 
 
 def main(argv=None) -> int:
-    p = cli.parser("python -m bench.report", __doc__.splitlines()[0])
+    p = cli.parser("python -m experiments.report", __doc__.splitlines()[0])
     p.add_argument("--results", default="results", help="the published records (one folder per claim)")
     p.add_argument("--readme", default=None,
                    help="rewrite this file's results section, RESULTS/README.md and the plots in RESULTS/plots")

@@ -1,13 +1,13 @@
 """Whether more threads hurt: fastRG's sampler and one SBM-Transformer forward+backward at torch's default thread
 count against one thread, on the machine as it is and beside a busy process on every core.
 
-    python -m bench.thread_cost                                  # n = 4096, densities 0.1% and 1%
-    python -m bench.thread_cost --lengths 1024,8192 --repeats 9 --out runs/thread_cost
+    python -m experiments.thread_cost                                  # n = 4096, densities 0.1% and 1%
+    python -m experiments.thread_cost --lengths 1024,8192 --repeats 9 --out runs/thread_cost
 
 Per (load, case, n, density): the wall time of the same call at the default thread count and at one thread
 (torch.set_num_threads around the call), the two interleaved call by call, median and [min-max] of --repeats
-calls after a warm-up. The cases: `fastrg.sample(X, S, Y, csr=True)` with K = 128 (bench.fastrg_bench's
-setting), and SBMAttention's fast path forward and backward at the density (bench.scaling's shifted
+calls after a warm-up. The cases: `fastrg.sample(X, S, Y, csr=True)` with K = 128 (experiments.fastrg_bench's
+setting), and SBMAttention's fast path forward and backward at the density (experiments.scaling's shifted
 module: B = 1, H = 2, D = 32, K = 128). The loads: the machine as it is, then with `python -c "while True:
 pass"` on each of --competitors cores, started and ended here. The ratio default ÷ one thread is what a second
 thread costs (> 1) or gains (< 1); the sampler and the module's sparse operations run in fastrg.one_thread,
@@ -23,8 +23,9 @@ import time
 import torch
 from tabulate import tabulate
 
-from bench import cli, scaling
-from bench.fastrg_bench import K
+from bench import cli
+from experiments import scaling
+from experiments.fastrg_bench import K
 import fastrg
 
 
@@ -79,7 +80,7 @@ def measure(args, load: str) -> list:
 
 
 def main(argv=None) -> int:
-    p = cli.parser("python -m bench.thread_cost", __doc__.splitlines()[0])
+    p = cli.parser("python -m experiments.thread_cost", __doc__.splitlines()[0])
     p.add_argument("--lengths", type=cli.positive_ints, default="4096", help="comma-separated n = m")
     p.add_argument("--densities", default="0.001,0.01", help="comma-separated expected densities in (0, 1)")
     p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed calls per variant (median)")

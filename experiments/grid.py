@@ -1,9 +1,9 @@
 """The comparison grid: methods × tasks × seeds, each cell its own process writing its own results record.
 
-    python -m bench.grid                          # the quick budget into runs/grid-quick (what ./run_all.sh runs)
-    python -m bench.grid --budget smoke           # every cell at a handful of steps: checks the plumbing
-    python -m bench.grid --budget full            # paper presets, 3 seeds (a GPU job)
-    python -m bench.grid --out X --methods full,sbm --tasks duplicates
+    python -m experiments.grid                          # the quick budget into runs/grid-quick (what ./run_all.sh runs)
+    python -m experiments.grid --budget smoke           # every cell at a handful of steps: checks the plumbing
+    python -m experiments.grid --budget full            # paper presets, 3 seeds (a GPU job)
+    python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
 Budgets (BUDGETS): ``quick`` trains each task at the per-task settings of QUICK, calibrated so that full
 attention clearly learns every task shown within the whole ./run_all.sh's time on a 2-core CPU (calibrated to 30
@@ -343,7 +343,7 @@ def parse_list(text: str, known: List[str], what: str) -> List[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("python -m bench.grid", __doc__.splitlines()[0])
+    p = cli.parser("python -m experiments.grid", __doc__.splitlines()[0])
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help="cells' training budget")
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=",".join(GRID_TASKS), help="comma-separated tasks")
@@ -416,7 +416,7 @@ def check_device(device: str) -> None:
 
 
 def checked_plan_options(args) -> tuple:
-    """(methods, tasks, seeds, run folder) of a grid's options (bench.grid's and ./run_all.sh's), each checked up
+    """(methods, tasks, seeds, run folder) of a grid's options (experiments.grid's and ./run_all.sh's), each checked up
     front: a ValueError says what is wrong before anything is made."""
     methods, tasks, seeds = selection(args)
     check_device(args.device)

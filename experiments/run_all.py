@@ -8,9 +8,9 @@ one run folder.
 Everything this writes goes to the run folder (--out, default runs/grid-BUDGET, an ignored path): the cells'
 records under OUT/runs/, the scaling measurements OUT/scaling.json, the report OUT/REPORT.md (printed at the
 end) and its plots OUT/*.png. Nothing tracked is modified. A rerun into the same folder resumes: complete
-cells and a scaling table of the same methods and lengths are kept (bench/grid.py says when a cell is redone).
+cells and a scaling table of the same methods and lengths are kept (experiments/grid.py says when a cell is redone).
 Publishing is a separate, explicit step for maintainers: copy a run into results/quick (``--out
-results/quick``) and regenerate the README with ``python -m bench.report --readme README.md``.
+results/quick``) and regenerate the README with ``python -m experiments.report --readme README.md``.
 """
 import argparse
 import os
@@ -26,7 +26,7 @@ SCALING = {"quick": "1024,2048", "smoke": "128", "full": "1024,2048,4096,8192"}
 SCALING_REPEATS = {"quick": dict(warmup_iters=2, repeats=5), "smoke": dict(warmup_iters=0, repeats=1),
                    "full": dict(warmup_iters=2, repeats=5)}
 SCALING_SECONDS = {"quick": 80, "smoke": 25, "full": 600}  # measured on a 2-core CPU, for the estimate
-STEP_TIME_REPEATS = {"quick": 3, "smoke": 1, "full": 5}  # rounds of bench.step_time per task
+STEP_TIME_REPEATS = {"quick": 3, "smoke": 1, "full": 5}  # rounds of experiments.step_time per task
 STEP_TIME_SECONDS = {"quick": 35, "smoke": 2, "full": 300}  # per task, for the estimate
 
 
@@ -73,7 +73,7 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
     """OUT/scaling.json, kept when it was measured with the same settings (a resumed run); a table of other
     methods, lengths or repetitions, or one an older version wrote with other setting names, is measured anew.
     Returns how many of its cells failed."""
-    from bench import grid, scaling
+    from experiments import grid, scaling
     path = out / "scaling.json"
     wanted = scaling_methods(methods)
     settings = {"methods": wanted, "lengths": lengths, **SCALING_REPEATS[budget]}
@@ -88,18 +88,18 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
 
 
 def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
-    """Per task with a full-attention record: bench.step_time over the task's cells of ``seed`` into
+    """Per task with a full-attention record: experiments.step_time over the task's cells of ``seed`` into
     OUT/step_time-TASK, every method's training step timed side by side in one process beside fair full
     attention (the report's step-time ratios; the smoke budget times its first task only, to check the
     plumbing). The number of tasks it failed on."""
     import subprocess
-    from bench import grid
+    from experiments import grid
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]
     for task in timed[:1] if budget == "smoke" else timed:
         print(f"step times: {task}: every method's training step side by side in one process ...", flush=True)
-        result = subprocess.run([sys.executable, "-m", "bench.step_time", "--task", task, "--runs",
+        result = subprocess.run([sys.executable, "-m", "experiments.step_time", "--task", task, "--runs",
                                  str(out / "runs" / f"*-{task}-{preset}-s{seed}"), "--repeats",
                                  str(STEP_TIME_REPEATS[budget]), "--out", str(out / f"step_time-{task}")],
                                 cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
@@ -126,7 +126,7 @@ def source_commit() -> str:
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    from bench import grid, report
+    from experiments import grid, report
     jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
     if args.tasks is None:
         args.tasks = ",".join(grid.GRID_TASKS)
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
               f"{'no scaling table' if args.no_scaling else 'attention scaling at n = ' + lengths}, the "
               f"report and plots; estimated total {cli.clock(estimate)}", flush=True)
         failures = grid.run_cells(out, plan["cells"], jobs)
-        if not args.device.startswith("cuda"):  # bench.step_time times CPU steps
+        if not args.device.startswith("cuda"):  # experiments.step_time times CPU steps
             failures += run_step_times(out, args.budget, tasks, seeds[0])
         if not args.no_scaling:
             failures += run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda")
