@@ -22,6 +22,10 @@ Two paths, one pattern (tests/test_window.py shows they agree in outputs and gra
 Density (INTERFACE.md): admissible pairs of the band / (valid queries × valid keys), per head, summed over the
 batch; the fast path's extra scored pairs outside the band are masked and not counted.
 
+A fixed head allocation (``full_heads`` = f > 0): heads 1..f attend to every admissible key (full attention),
+the others keep the window, so the model has a dense path for long-range content beside cheap local heads: the
+fixed counterpart of a learned allocation that makes one head dense and another sparse.
+
 Deviations: Longformer's dilation, per-layer window sizes and global tokens are left out (BigBird,
 baselines/bigbird.py, has global tokens); dropout acts on the attention weights, drawn from ``generator``.
 
@@ -68,25 +72,29 @@ def window_counts(valid: Tensor, window: int, causal: bool) -> Tensor:
 
 class WindowAttention(nn.Module):
     """Multi-head sliding-window attention (INTERFACE.md). Budget: ``window`` (half-width w, default 64) or
-    ``density`` (a target, w chosen per length; then ``window`` stays None). ``path``: "reference" or "fast"."""
+    ``density`` (a target, w chosen per length; then ``window`` stays None), and ``full_heads``, the heads that
+    attend to every key instead (default 0). ``path``: "reference" or "fast"."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, window: Optional[int] = None,
-                 density: Optional[float] = None, path: str = "fast"):
+                 density: Optional[float] = None, full_heads: int = 0, path: str = "fast"):
         super().__init__()
         check_core_arguments(dim, heads, head_dim, dropout)
         if window is not None and density is not None:
             raise ValueError(f"give window or density, not both (got window={window}, density={density})")
         if window is not None and window < 0:
             raise ValueError(f"window (the half-width w) must be >= 0, got {window}")
+        if not 0 <= full_heads <= heads:
+            raise ValueError(f"full_heads must be in [0, heads={heads}], got {full_heads}")
         check_pattern_options(density, path)
         self.heads, self.head_dim, self.dropout, self.path = heads, head_dim, dropout, path
+        self.full_heads = full_heads
         self.window, self.density = (64 if window is None and density is None else window), density
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
 
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, head_dim={self.head_dim}, window={self.window}, density={self.density}, "
-                f"path={self.path}")
+                f"full_heads={self.full_heads}, path={self.path}")
 
     def half_width(self, n: int, causal: bool) -> int:
         """w for length n: the fixed window, or the one nearest the target density; at most n − 1 (the same
@@ -100,16 +108,23 @@ class WindowAttention(nn.Module):
         check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
         valid = torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
-        w = self.half_width(n, causal)
         p_drop = self.dropout if self.training else 0.0
         core = self.reference_core if self.path == "reference" else self.fast_core
-        y = core(q, k, v, valid, w, causal, p_drop, generator).to(v.dtype)  # (B, H, N, D)
-        in_window = window_counts(valid, w, causal)  # (B, N)
-        y = y.masked_fill((in_window == 0)[:, None, :, None], 0.0)  # a query with no admissible key outputs 0
-        y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
-        # density: Σ over valid queries of the valid keys in their window / Σ_b (valid count)², per head
-        pairs, total = (in_window * valid).sum(), (valid.sum(1).to(torch.float64) ** 2).sum().clamp_min(1)
-        return self.out(y), {"density": (pairs / total).to(torch.float32).expand(self.heads).clone()}
+        total = (valid.sum(1).to(torch.float64) ** 2).sum().clamp_min(1)  # Σ_b (valid count)²
+        ys, densities = [], []
+        # the full heads are a window of half-width N − 1, which holds every key (causal: every earlier key)
+        for group, w in ((slice(0, self.full_heads), max(n - 1, 0)),
+                         (slice(self.full_heads, self.heads), self.half_width(n, causal))):
+            heads = group.stop - group.start
+            if heads == 0:
+                continue
+            y = core(q[:, group], k[:, group], v[:, group], valid, w, causal, p_drop, generator).to(v.dtype)
+            in_window = window_counts(valid, w, causal)  # (B, N)
+            ys.append(y.masked_fill((in_window == 0)[:, None, :, None], 0.0))  # no admissible key: output 0
+            # density: Σ over valid queries of the valid keys in their window / Σ_b (valid count)², per head
+            densities.append(((in_window * valid).sum() / total).to(torch.float32).expand(heads))
+        y = torch.cat(ys, 1).transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
+        return self.out(y), {"density": torch.cat(densities)}
 
     @staticmethod
     def reference_core(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, w: int, causal: bool, p_drop: float,

@@ -154,9 +154,40 @@ def test_bad_arguments_are_clear_value_errors_window():
 
 
 def test_extra_repr_shows_the_budget_window():
-    assert "window=64, density=None, path=fast" in WindowAttention(DIM, H, D).extra_repr()
-    assert "window=3, density=None, path=reference" in WindowAttention(DIM, H, D, window=3,
-                                                                       path="reference").extra_repr()
+    assert "window=64, density=None, full_heads=0, path=fast" in WindowAttention(DIM, H, D).extra_repr()
+    assert "window=3, density=None, full_heads=1, path=reference" in WindowAttention(
+        DIM, H, D, window=3, full_heads=1, path="reference").extra_repr()
+
+
+# ------------------------------------------------------------------------ a fixed head allocation (full_heads)
+@pytest.mark.parametrize("n, w", [(1, 0), (9, 2), (130, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("full_heads", [1, H])
+def test_full_heads_are_full_attention_and_the_rest_keep_the_window(n, w, causal, full_heads):
+    """Head by head, before the output projection: the first full_heads heads equal a window of N − 1 (every
+    admissible key), the others the window w, in outputs and densities; both paths agree."""
+    fast, reference = make_pair(WindowAttention, window=w, full_heads=full_heads)
+    x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
+    pad = padding(2, n)
+    assert_paths_agree(fast, reference, x, pad, causal)
+    alone = {width: WindowAttention(DIM, H, D, window=width).double() for width in (max(n - 1, 0), w)}
+    weights = fast.state_dict()
+    for module in (fast, *alone.values()):
+        module.load_state_dict(weights)
+        module.out = torch.nn.Identity()  # (B, N, H·D): the heads side by side
+    y, stats = fast(x, pad, causal)
+    (y_full, full), (y_window, window) = (alone[width](x, pad, causal) for width in (max(n - 1, 0), w))
+    split = full_heads * D
+    torch.testing.assert_close(y[..., :split], y_full[..., :split], rtol=0, atol=0)
+    torch.testing.assert_close(y[..., split:], y_window[..., split:], rtol=0, atol=0)
+    torch.testing.assert_close(stats["density"], torch.cat([full["density"][:full_heads],
+                                                            window["density"][full_heads:]]))
+
+
+def test_full_heads_out_of_range_is_a_clear_value_error():
+    for full_heads in (-1, H + 1):
+        with pytest.raises(ValueError, match=r"full_heads must be in \[0, heads=3\]"):
+            WindowAttention(DIM, H, D, full_heads=full_heads)
 
 
 # ------------------------------------------------------------------------------------------------ BigBird
