@@ -1,16 +1,13 @@
 """Tables and plots from the records under results/, never typed by hand; what they mean is written by a person
 in README.md, above the generated region, which this never rewrites.
 
-    python -m experiments.report --readme README.md     # README's generated region, results/README.md and
-                                                        # results/plots/, in one call (maintainers)
+    python -m experiments.report --readme README.md     # the generated region, results/README.md, results/plots/
     python -m experiments.report                        # results/README.md's text, printed
     python -m experiments.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
 
-The generated region (between <!-- results:start --> and <!-- results:end -->): the methods table of the quick
-grid, the claims table (the paper's figure, ours, the verdict of each claim's rule in experiments/claims.py, a link
-to its section), the main plots. results/README.md: one section per claim, then the quick grid. A run's REPORT.md:
-the methods table, the targets of experiments/grid.py, the cost per task, the scaling table. Every table that
-quotes a scaling run names it in its caption, and reads that one run only.
+The generated region (between the markers): the quick grid's methods table, the claims table (the paper's figure,
+ours, the verdict of the claim's rule in experiments/claims.py), the main plots. results/README.md: a section per
+claim, then the quick grid. A table that quotes a scaling run reads that one run and names it in its caption.
 """
 import json
 import math
@@ -39,8 +36,7 @@ COSTS = {  # what a training step costs, per record: the columns "× full" of th
     "train density": lambda r: r["train_density"] if r.get("train_density") is not None else r["density"],
     "attention FLOPs": lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["attention"],
     "model FLOPs": lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["model"],
-    "peak memory": lambda r: r["peak_memory_bytes"], "step time": lambda r: r["median_step_ms"],
-    "eval attention FLOPs": lambda r: r["flops_per_example"]["attention"]}
+    "peak memory": lambda r: r["peak_memory_bytes"], "step time": lambda r: r["median_step_ms"]}
 
 
 def fmt(values: List[float], metric: str) -> str:
@@ -98,9 +94,8 @@ def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
 
 
 def ratios(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[tuple, Dict[str, float]]:
-    """Per (method, task): each of COSTS relative to full attention's on the same task, where both have it; the
-    step time ÷ fair full attention's from ``step_times`` (task → experiments.step_time's JSON: every method's step
-    timed side by side in one process) where it timed the method, else from the runs' own medians."""
+    """Per (method, task): each of COSTS ÷ full attention's on the task; the step time ÷ fair full attention's from
+    ``step_times`` (task → experiments.step_time's JSON) where it timed the method, else the runs' own medians."""
     cells = by(recs, "method", "task")
     both = lambda rs, ref, get: mean(rs, get) and mean(ref, get)  # noqa: E731
     out = {(m, t): {k: mean(rs, get) / mean(cells[(REFERENCE, t)], get) for k, get in COSTS.items()
@@ -127,8 +122,8 @@ def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = Non
 
 
 def crossovers(result: Optional[dict]) -> Dict[str, dict]:
-    """Per method of a scaling run, for fwd+bwd time and peak memory: (the shortest length n from which it stays
-    below full attention's at every longer n measured, or None; whether n is the shortest length measured)."""
+    """Per method of a scaling run, for fwd+bwd time and peak memory: (the shortest n from which it stays below
+    full attention's at every longer n, or None; whether that n is the shortest measured)."""
     rows = [r for r in (result or {}).get("rows", []) if "error" not in r and not r.get("options")]
     ref = {r["n"]: r for r in rows if r["method"] == REFERENCE}
     lengths, out = sorted(ref), defaultdict(dict)
@@ -141,18 +136,17 @@ def crossovers(result: Optional[dict]) -> Dict[str, dict]:
     return out
 
 
-def method_caption(scaling_name: str) -> str:
-    return ("Columns: test metric per task; costs × full attention on the same task, geometric mean over tasks "
-            "(training attention pairs and FLOPs, peak memory, training step against fair full attention's timed "
-            "side by side in one process); the length n from which forward+backward time / peak memory stay below "
-            f"fused full attention's in the scaling run {scaling_name} (≤: from its shortest length; —: never "
-            "within its lengths).")
+METHOD_CAPTION = ("Columns: test metric per task; costs × full attention on the same task, geometric mean over tasks "
+                  "(training attention pairs and FLOPs, peak memory, training step against fair full attention's "
+                  "timed side by side in one process); the length n from which forward+backward time / peak memory "
+                  "stay below fused full attention's in the scaling run {} (≤: from its shortest length; —: never "
+                  "within its lengths).")
 
 
 def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_result: Optional[dict],
                  step_times: Optional[Dict[str, dict]] = None, every: bool = False) -> str:
-    """One row per method (the plan's and the records', or ``every`` registered one): the test metric per task,
-    the costs relative to full attention (relative_costs) and the crossover lengths of the scaling run."""
+    """One row per method (the plan's and the records', or ``every`` registered one): test metric per task, costs
+    ÷ full attention's (relative_costs), the crossover lengths of the scaling run."""
     cells, by_task, costs = by(recs, "method", "task"), by(recs, "task"), relative_costs(recs, step_times)
     cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
@@ -190,23 +184,8 @@ def targets_table(recs: List[dict]) -> str:
     return table(rows, ["task", "full attention", "base rate", "target", "met"])
 
 
-def cost_table(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> str:
-    cells, relative, rows = by(recs, "task", "method"), ratios(recs, step_times), []
-    for task in [t for t in grid.GRID_TASKS if any(k[0] == t for k in cells)]:
-        for method in method_order(m for t, m in cells if t == task):
-            rs, named = cells[(task, method)], relative[(method, task)]
-            ratio = lambda k: f"{named[k]:.2f}" if k in named else "–"  # noqa: E731
-            rows.append([task, method, f"{100 * mean(rs, COSTS['train density']):.1f}%", ratio("attention FLOPs"),
-                         ratio("eval attention FLOPs"), *(ratio(k) for k in ("model FLOPs", "peak memory", "step time")),
-                         f"{mean(rs, COSTS['step time']):.0f}", f"{100 * mean(rs, lambda r: r['density']):.1f}%"])
-    return table(rows, ["task", "method", "train density", "attention FLOPs × full", "eval attention FLOPs × full",
-                        "model FLOPs × full", "peak memory × full", "step time × fair full", "step ms (run)",
-                        "eval density"])
-
-
 def step_time_table(step_time: dict) -> str:
-    """experiments.step_time's JSON as its table: each variant's median [min-max] ms and its ratio to fair full
-    attention's, and the CPU SDPA kernel full attention ran on (attention dropout moves it to the math path)."""
+    """experiments.step_time's JSON: each variant's median [min-max] ms, ÷ fair full attention's, SDPA kernel."""
     fair = statistics.median(step_time["step_ms"].get("full (fair)") or [float("nan")])
     rows = [[label, f"{statistics.median(ms):.0f} [{min(ms):.0f}-{max(ms):.0f}]", f"{statistics.median(ms) / fair:.3f}",
              step_time.get("sdpa_kernel", {}).get(label, "–")] for label, ms in step_time["step_ms"].items()]
@@ -214,18 +193,15 @@ def step_time_table(step_time: dict) -> str:
 
 
 def run_section(folder: Path, scaling_path: Path, scaling_name: str, preview: bool = False) -> str:
-    """A run folder (./run_all.sh's output) as Markdown: the run, the method table, its status lines, the targets,
-    cost per task, the scaling run (``scaling_path``, named ``scaling_name``; rendered unless ``preview``)."""
+    """A run folder as Markdown; the method table quotes the scaling run ``scaling_path`` (rendered unless preview)."""
     plan, run = read_json(folder / "grid.json") or {}, read_json(folder / "run.json") or {}
     recs, failures = load(folder)
     if not recs and not failures:
         return f"No records in {folder} yet: run ./run_all.sh."
-    notes = [f"n/a: {n['method']} on {n['task']} ({n['reason']}), decided before the grid ran"
-             for n in plan.get("not_run", [])]
-    notes += [f"no data: {task}: {message}" for task, message in plan.get("missing_data", {}).items()]
-    notes += [f"left out of the {plan.get('budget')} budget: {task}: {reason}"
-              for task, reason in plan.get("left_out", {}).items()]
-    notes += [f"{f['status']}: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
+    notes = [f"n/a: {n['method']} on {n['task']} ({n['reason']})" for n in plan.get("not_run", [])] + [
+        f"no data: {task}: {message}" for task, message in plan.get("missing_data", {}).items()] + [
+        f"left out: {task}: {reason}" for task, reason in plan.get("left_out", {}).items()] + [
+        f"{f['status']}: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
     scaling_result, step_times = read_json(scaling_path), step_times_of(folder)
     budgets = {r["task"]: [r["task"], *(r["config"][k] for k in ("steps", "batch_size", "seq_len", "depth", "heads",
                                                                     "dim"))] for r in recs}
@@ -236,13 +212,11 @@ def run_section(folder: Path, scaling_path: Path, scaling_name: str, preview: bo
            table([budgets[t] for t in sorted(budgets)], ["task", "steps", "batch", "length", "layers", "heads", "width"])]
     out += [table([[again["commit"], ", ".join(again["cells"]), again["why"]] for again in run["reruns"]],
                   ["rerun at commit", "cells", "why"])] if run.get("reruns") else []
-    out += [method_caption(scaling_name) + "\n\n" + method_table(recs, plan, failures, scaling_result, step_times)]
+    out += [METHOD_CAPTION.format(scaling_name) + "\n\n" + method_table(recs, plan, failures, scaling_result, step_times)]
     out += ["\n".join(f"- {line}" for line in notes)] if notes else []
     out += [] if plan.get("budget") == "smoke" else ["Quick targets of full attention:\n\n" + targets_table(recs)]
-    out += ["Cost per task × full attention (training step; eval: the test pass):\n\n" + cost_table(recs, step_times)]
     out += [f"Scaling run {scaling_name}:\n\n" + scaling.render(scaling_result)] if scaling_result and not preview else []
-    return "\n\n".join(out + [f"Step times on {task}:\n\n" + step_time_table(timed)
-                              for task, timed in sorted(step_times.items())])
+    return "\n\n".join(out)
 
 
 def run_plots(folder: Path, budget: str) -> str:
@@ -257,8 +231,7 @@ def run_plots(folder: Path, budget: str) -> str:
 
 
 def write_run_report(folder: Path) -> str:
-    """OUT/REPORT.md and OUT/*.png of a run folder; returns the report's text. A smoke run says first that its
-    numbers carry no information."""
+    """OUT/REPORT.md and OUT/*.png of a run folder (a smoke run's first line says so); returns the text."""
     budget = (read_json(folder / "grid.json") or {}).get("budget", "?")
     text = ((SMOKE_LINE + "\n\n" if budget == "smoke" else "") + "# ./run_all.sh report\n\n"
             + run_section(folder, folder / "scaling.json", "scaling.json of this folder") + "\n\n"
@@ -295,10 +268,8 @@ def setting_label(r: dict) -> str:
 
 
 def table3(recs: List[dict]) -> str:
-    """SBM Table 3 from a claim's records, one table per task (the paper's columns): per-example inference FLOPs
-    and memory relative to full attention (fused SDPA, and the explicit path) beside the paper's figures, with
-    accuracy, the majority class and the density (with δ's random edges kept in a second test pass, as the
-    official code evaluates)."""
+    """SBM Table 3, one table per task: per-example inference FLOPs and memory ÷ full attention's (fused SDPA, and
+    the explicit path) beside the paper's, with accuracy and density (also with δ's edges kept in evaluation)."""
     out, order = [], ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")]
     for task, rs in sorted(by(recs, "task").items(), key=lambda kv: list(claim_list.PAPER_TABLE3).index(kv[0])
                            if kv[0] in claim_list.PAPER_TABLE3 else len(claim_list.PAPER_TABLE3)):
@@ -326,17 +297,11 @@ def table3(recs: List[dict]) -> str:
     return "\n\n".join(out)
 
 
-def anchor(title: str) -> str:
-    """The anchor GitHub gives a Markdown heading."""
-    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
-
-
 def verdict(claim, folder: Path) -> tuple:
     """(ours, verdict) by the claim's rule, or ("–", "not run yet ...") while its records or output are missing."""
     planned = len(claim.cells()) if claim.kind == "runs" else 0
-    missing = planned - len(load(folder)[0]) if planned else 0
-    if missing or not folder.is_dir():
-        return "–", f"not run yet ({missing} of {planned} runs)" if planned else "not run yet"
+    if planned and len(load(folder)[0]) < planned:
+        return "–", f"not run yet ({planned - len(load(folder)[0])} of {planned} runs)"
     try:
         return claim.rule(folder)
     except FileNotFoundError:
@@ -344,6 +309,7 @@ def verdict(claim, folder: Path) -> tuple:
 
 
 def claims_table(results: Path, link: str) -> str:
+    anchor = lambda title: re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")  # GitHub's  # noqa: E731
     rows = [[f"[{claim.title.split(':')[0]}]({link}#{anchor(claim.title)})", claim.figure or "–",
              *verdict(claim, results / claim.name)] for claim in claim_list.CLAIMS]
     return table(rows, ["claim", "paper", "ours", "verdict"])
@@ -388,6 +354,8 @@ def results_readme(results: Path, captions: Dict[str, str]) -> str:
 # ------------------------------------------------------------------------------------------------ plots
 FIGURES = {"sbm-fig4": ["sbm_fig4"], "adaptive-vs-fixed": ["adaptive_vs_fixed"], "ssa-table": ["ssa_fig7"],
            "scaling": ["scaling", "sbm_scaling"], "quick": ["accuracy_vs_cost"]}
+
+
 def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
     return [f"![{captions[name]}]({prefix}{name}.png)\n\n*{captions[name]}*" for name in names if name in captions]
 
@@ -402,7 +370,7 @@ def glance(results: Path, captions: Dict[str, str]) -> str:
         f"**Methods**: the quick grid ([results/quick](results/quick), `./run_all.sh`; {devices(recs) or '–'}; "
         f"seeds {sorted({r['seed'] for r in recs})}; {lengths[0]}-{lengths[-1]} tokens) and the scaling run "
         f"[results/{PUBLISHED_SCALING}](results/{PUBLISHED_SCALING}) (lengths "
-        f"{scaling_result['args'].get('lengths', '?')}). " + method_caption(f"results/{PUBLISHED_SCALING}"),
+        f"{scaling_result['args'].get('lengths', '?')}). " + METHOD_CAPTION.format(f"results/{PUBLISHED_SCALING}"),
         method_table(recs, plan, [], scaling_result, step_times_of(results / "quick"), every=True),
         "**Claims**: the paper's figure, ours, and the verdict of the claim's rule (experiments/claims.py); each "
         "claim's tables and command in [results/README.md](results/README.md).",
@@ -423,13 +391,12 @@ def main(argv=None) -> int:
     if args.run is not None:
         print(write_run_report(Path(args.run)))
         return 0
-    results = Path(args.results)
-    if args.readme is not None and not (Path(args.readme).is_file() and os.access(args.readme, os.R_OK | os.W_OK)):
-        p.error(f"--readme: {args.readme or repr(args.readme)} is not a file this process can read and write")
+    results, readme = Path(args.results), Path(args.readme or ".")
     if args.readme is None:
         print(results_readme(results, {}))
         return 0
-    readme = Path(args.readme)
+    if not (args.readme and readme.is_file() and os.access(readme, os.R_OK | os.W_OK)):
+        p.error(f"--readme: {args.readme or repr(args.readme)} is not a file this process can read and write")
     content = readme.read_text()
     if START not in content or END not in content:
         p.error(f"{readme} has no {START} ... {END} markers")
