@@ -9,12 +9,12 @@ results/CLAIM/runs/CELL). A claim of kind ``output`` is the saved output of a be
 its command and wall time on the first line; the scaling claim also keeps experiments.scaling's JSON). The report
 (experiments/report.py) gives each claim a section of results/README.md, in this order.
 
-Each claim carries its verdict rule: a function of its folder that returns what our records give (the "ours"
-cell) and the verdict, one of REPRODUCED, NO_INFORMATION or "differs: <how>", decided by the threshold written in
-the rule; the paper's own figure sits beside it (``figure``).
+Each claim carries its verdict rule: its folder → (what our records give, the verdict: REPRODUCED, NO_INFORMATION
+or "differs: <how>", by the threshold written in the rule), and the paper's figure beside it (``figure``).
 """
 import argparse
 import fnmatch
+import json
 import math
 import os
 import re
@@ -251,7 +251,7 @@ def fastrg_rule(folder: Path) -> Tuple[str, str]:
 def scaling_rule(folder: Path) -> Tuple[str, str]:
     """Table 3's ListOps column at 2K: SBM at a 1% density (sbm@0.01, near λ = 1e-1's 1.15%) against full attention:
     FLOPs ÷ fused full's and peak memory ÷ the explicit path's, within COST_SLACK × the paper's."""
-    rows = {(r["method"], r["n"]): r for r in read_json(folder / "scaling.json")["rows"] if "error" not in r}
+    rows = {(r["method"], r["n"]): r for r in json.loads((folder / "scaling.json").read_text())["rows"] if "error" not in r}
     sbm, full, explicit = rows[("sbm@0.01", 2048)], rows[("full", 2048)], rows[("full-ref", 2048)]
     flops, memory = sbm["flops"] / full["flops"], sbm["peak_bytes"] / explicit["peak_bytes"]
     paper = PAPER_TABLE3["listops"]["sbm λ=0.1"]

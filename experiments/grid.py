@@ -44,8 +44,7 @@ from bench.files import DataError, FolderLock, default_data_dir, folder_problem,
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "retrieval", "wikitext2"]
 EVAL = dict(eval_batches=2, final_eval_batches=8)
-KERNEL_QUICK = dict(analysis_sequences=32, predictor_steps=60, finetune_steps=60, thresholds="0.3,0.5,0.7",
-                    top_ks="1,3,5")
+KERNEL_QUICK = dict(analysis_sequences=32, predictor_steps=60, finetune_steps=60, thresholds="0.3,0.5,0.7", top_ks="1,3,5")
 # Per task: overrides of the CPU preset, and the CPU seconds of full attention's cell (process start and data
 # included; one measured run on a 2-core machine) from which the grid estimates its time.
 QUICK: Dict[str, tuple] = {

@@ -304,7 +304,7 @@ def verdict(claim, folder: Path) -> tuple:
         return "–", f"not run yet ({planned - len(load(folder)[0])} of {planned} runs)"
     try:
         return claim.rule(folder)
-    except FileNotFoundError:
+    except (FileNotFoundError, KeyError):  # its output, or a setting the rule compares, is missing
         return "–", "not run yet"
 
 
