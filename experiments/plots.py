@@ -6,6 +6,7 @@ Each function writes one PNG and returns its caption; ``available()`` says wheth
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -75,7 +76,7 @@ def scaling(result: dict, path: Path, what: str) -> str:
     save(fig, path, axes[0], "sequence length n", ["forward+backward time (ms)", "peak memory of one fwd+bwd (MiB)"])
     return (f"Forward+backward time (left) and peak memory (right) against sequence length, log-log: {what}; "
             f"batch {result['args']['batch_size']}, {result['args']['heads']} heads × {result['args']['head_dim']}, "
-            f"{result['device']}.")
+            + re.sub(r"\b1 threads\b", "1 thread", result["device"]) + ".")
 
 
 QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot's columns: what a training step costs

@@ -5,10 +5,8 @@ in README.md, above the generated region, which this never rewrites.
     python -m experiments.report                        # results/README.md's text, printed
     python -m experiments.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
 
-The generated region (between the markers): the quick grid's methods table, the claims table (the paper's figure,
-ours, the verdict of the claim's rule in experiments/claims.py), the main plots. results/README.md: a section per
-claim, then the quick grid. A table that quotes a scaling run reads that one run and names it in its caption.
-"""
+The generated region: the quick grid's methods table, the claims table (paper, ours, the verdict of each claim's rule
+in experiments/claims.py), the main plots. A table quoting a scaling run reads that one run and names it."""
 import json
 import math
 import os
@@ -94,8 +92,7 @@ def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
 
 
 def ratios(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[tuple, Dict[str, float]]:
-    """Per (method, task): each of COSTS ÷ full attention's on the task; the step time ÷ fair full attention's from
-    ``step_times`` (task → experiments.step_time's JSON) where it timed the method, else the runs' own medians."""
+    """Per (method, task): COSTS ÷ full attention's; step time ÷ fair full's from ``step_times`` where timed."""
     cells = by(recs, "method", "task")
     both = lambda rs, ref, get: mean(rs, get) and mean(ref, get)  # noqa: E731
     out = {(m, t): {k: mean(rs, get) / mean(cells[(REFERENCE, t)], get) for k, get in COSTS.items()
@@ -122,8 +119,7 @@ def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = Non
 
 
 def crossovers(result: Optional[dict]) -> Dict[str, dict]:
-    """Per method of a scaling run, for fwd+bwd time and peak memory: (the shortest n from which it stays below
-    full attention's at every longer n, or None; whether that n is the shortest measured)."""
+    """Per method, time and memory: (the n from which it stays below full attention's or None, n is the first)."""
     rows = [r for r in (result or {}).get("rows", []) if "error" not in r and not r.get("options")]
     ref = {r["n"]: r for r in rows if r["method"] == REFERENCE}
     lengths, out = sorted(ref), defaultdict(dict)
@@ -145,8 +141,7 @@ METHOD_CAPTION = ("Columns: test metric per task; costs × full attention on the
 
 def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_result: Optional[dict],
                  step_times: Optional[Dict[str, dict]] = None, every: bool = False) -> str:
-    """One row per method (the plan's and the records', or ``every`` registered one): test metric per task, costs
-    ÷ full attention's (relative_costs), the crossover lengths of the scaling run."""
+    """A row per method (the plan's and the records', or ``every`` registered one): metrics, costs, crossovers."""
     cells, by_task, costs = by(recs, "method", "task"), by(recs, "task"), relative_costs(recs, step_times)
     cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
@@ -165,8 +160,8 @@ def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_res
     based = {t: [r for r in by_task[t] if r.get("base_rate") is not None] for t in tasks}
     rows.append(["base rate"] + [fmt([mean(based[t], lambda r: r["base_rate"])], based[t][0]["metric"])
                                  if based[t] else "–" for t in tasks] + [""] * 5)
-    units = {t: "acc %" if by_task[t][0]["metric"] == "accuracy" else "bpb" for t in tasks}
-    return table(rows, ["method", *(f"{t} ({units[t]})" for t in tasks), "train density × full",
+    return table(rows, ["method", *(f"{t} ({'acc %' if by_task[t][0]['metric'] == 'accuracy' else 'bpb'})"
+                                    for t in tasks), "train density × full",
                         "attention FLOPs × full", "peak memory × full", "step time × full",
                         "below full from n (time / memory)"])
 
@@ -194,8 +189,7 @@ def step_time_table(step_time: dict) -> str:
 
 def run_section(folder: Path, scaling_path: Path, scaling_name: str, preview: bool = False) -> str:
     """A run folder as Markdown; the method table quotes the scaling run ``scaling_path`` (rendered unless preview)."""
-    plan, run = read_json(folder / "grid.json") or {}, read_json(folder / "run.json") or {}
-    recs, failures = load(folder)
+    (plan, run), (recs, failures) = (read_json(folder / name) or {} for name in ("grid.json", "run.json")), load(folder)
     if not recs and not failures:
         return f"No records in {folder} yet: run ./run_all.sh."
     notes = [f"n/a: {n['method']} on {n['task']} ({n['reason']})" for n in plan.get("not_run", [])] + [
@@ -242,19 +236,14 @@ def write_run_report(folder: Path) -> str:
 
 # ------------------------------------------------------------------------------------------------ claims
 def runs_table(recs: List[dict]) -> str:
-    groups: Dict[str, List[dict]] = defaultdict(list)
-    for r in recs:
-        command = r["cell"].get("command", [])
-        setting = [c for i, c in enumerate(command) if c != "--seed" and (i == 0 or command[i - 1] != "--seed")]
-        groups[" ".join(["python", *setting])].append(r)
-    rows = []
-    for command, rs in groups.items():
-        rs.sort(key=lambda r: r["seed"])
-        rows.append([f"`{command}`", ", ".join(str(r["seed"]) for r in rs), tests(rs),
-                     " / ".join(tests([r]) for r in rs), f"{100 * mean(rs, lambda r: r['density']):.2f}%",
-                     " / ".join("–" if r["median_step_ms"] is None else f"{r['median_step_ms']:.0f}" for r in rs),
-                     " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
-                     " / ".join(duration(r["cell"].get("cpu_s")) for r in rs)])
+    groups = by([dict(r, setting=re.sub(r" --seed \S+", "", " ".join(["python", *r["cell"].get("command", [])])))
+                 for r in recs], "setting")  # a command without its --seed S
+    rows = [[f"`{command}`", ", ".join(str(r["seed"]) for r in rs), tests(rs), " / ".join(tests([r]) for r in rs),
+             f"{100 * mean(rs, lambda r: r['density']):.2f}%",
+             " / ".join("–" if r["median_step_ms"] is None else f"{r['median_step_ms']:.0f}" for r in rs),
+             " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
+             " / ".join(duration(r["cell"].get("cpu_s")) for r in rs)]
+            for command, rs in ((c, sorted(rs, key=lambda r: r["seed"])) for c, rs in groups.items())]
     unit = "test acc %" if recs[0]["metric"] == "accuracy" else "test bpb"
     return table(rows, ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
                         "median step ms", "wall per seed", "CPU per seed"])
@@ -262,14 +251,12 @@ def runs_table(recs: List[dict]) -> str:
 
 def setting_label(r: dict) -> str:
     """A Table 3 record's setting: the method, SBM's λ, full attention's explicit path."""
-    weight = r["config"].get("density_weight")
-    return (r["method"] + (f" λ={float(weight):g}" if weight else "")
+    return (r["method"] + (f" λ={float(r['config']['density_weight']):g}" if r["config"].get("density_weight") else "")
             + (" (explicit path)" if "path=reference" in r["cell"].get("command", []) else ""))
 
 
 def table3(recs: List[dict]) -> str:
-    """SBM Table 3, one table per task: per-example inference FLOPs and memory ÷ full attention's (fused SDPA, and
-    the explicit path) beside the paper's, with accuracy and density (also with δ's edges kept in evaluation)."""
+    """SBM Table 3 per task: inference FLOPs and memory ÷ full attention's (SDPA, explicit path) beside the paper's."""
     out, order = [], ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")]
     for task, rs in sorted(by(recs, "task").items(), key=lambda kv: list(claim_list.PAPER_TABLE3).index(kv[0])
                            if kv[0] in claim_list.PAPER_TABLE3 else len(claim_list.PAPER_TABLE3)):
@@ -290,18 +277,18 @@ def table3(recs: List[dict]) -> str:
                          ratio(rs, explicit, memory), ratio(rs, full, memory), f"{mean(rs, memory) / 2 ** 20:.1f}",
                          "/".join(f" {v:.2f} " for v in paper[label]).strip() if label in paper else "–"])
         out.append(f"{task} ({rs[0]['config']['seq_len']} tokens):\n\n" + table(rows, [
-            "setting", "seeds", "test acc %", "majority class %", "test density (per layer %)",
-            "with δ in eval: acc % (density)", "FLOPs ÷ full", "attention FLOPs ÷ full", "memory ÷ explicit full",
-            "memory ÷ SDPA full", "MiB per example", "paper FLOPs / memory"]) if full else
+            "setting", "seeds", "test acc %", "majority class %", "test density (per layer %)", "with δ in eval: acc % "
+            "(density)", "FLOPs ÷ full", "attention FLOPs ÷ full", "memory ÷ explicit full", "memory ÷ SDPA full",
+            "MiB per example", "paper FLOPs / memory"]) if full else
             f"{task}: full attention's record is missing, no ratio can be given.")
     return "\n\n".join(out)
 
 
 def verdict(claim, folder: Path) -> tuple:
     """(ours, verdict) by the claim's rule, or ("–", "not run yet ...") while its records or output are missing."""
-    planned = len(claim.cells()) if claim.kind == "runs" else 0
-    if planned and len(load(folder)[0]) < planned:
-        return "–", f"not run yet ({planned - len(load(folder)[0])} of {planned} runs)"
+    missing, planned = len(claim.cells()) - len(load(folder)[0]), len(claim.cells())
+    if missing > 0:  # a claim of kind "output" plans no cells
+        return "–", f"not run yet ({missing} of {planned} runs)"
     try:
         return claim.rule(folder)
     except (FileNotFoundError, KeyError):  # its output, or a setting the rule compares, is missing
@@ -315,16 +302,24 @@ def claims_table(results: Path, link: str) -> str:
     return table(rows, ["claim", "paper", "ours", "verdict"])
 
 
+FIGURES = {"sbm-fig4": ["sbm_fig4"], "adaptive-vs-fixed": ["adaptive_vs_fixed"], "ssa-table": ["ssa_fig7"],
+           "scaling": ["scaling", "sbm_scaling"], "quick": ["accuracy_vs_cost"]}
+
+
+def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
+    return [f"![{captions[name]}]({prefix}{name}.png)\n\n*{captions[name]}*" for name in names if name in captions]
+
+
 def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
-    """One claim as Markdown for results/README.md (links relative to results/)."""
+    """One claim as Markdown for results/README.md (links relative to results/), with its plots (FIGURES)."""
     folder, link = results / claim.name, f"[{claim.name}/]({claim.name}/)"
     out = [f"## {claim.title}", f"Paper: {claim.paper}",
            table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"])]
     if claim.kind == "runs":
         recs = load(folder)[0]
         missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
-        out.append(f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; `python -m "
-                   f"experiments.claims list` prints each run's command, to run one with `--seed S --out DIR`).")
+        out.append(f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each run's "
+                   "command: `python -m experiments.claims list`).")
         out += [table3(recs) if claim.name == "sbm-table3" else runs_table(recs)] if recs else []
         out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
                 for task, timed in sorted(step_times_of(folder).items())
@@ -350,22 +345,12 @@ def results_readme(results: Path, captions: Dict[str, str]) -> str:
         run_section(quick, results / PUBLISHED_SCALING, PUBLISHED_SCALING, preview=True) if quick.exists() else
         "Not published yet: `./run_all.sh --out results/quick`.", *figures(FIGURES["quick"], captions, "plots/")])
 
-
-# ------------------------------------------------------------------------------------------------ plots
-FIGURES = {"sbm-fig4": ["sbm_fig4"], "adaptive-vs-fixed": ["adaptive_vs_fixed"], "ssa-table": ["ssa_fig7"],
-           "scaling": ["scaling", "sbm_scaling"], "quick": ["accuracy_vs_cost"]}
-
-
-def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
-    return [f"![{captions[name]}]({prefix}{name}.png)\n\n*{captions[name]}*" for name in names if name in captions]
-
-
 # ------------------------------------------------------------------------------------------------ the glance
 def glance(results: Path, captions: Dict[str, str]) -> str:
     """The README's generated region: the methods table, the claims table with verdicts, the main plots."""
     recs, plan = load(results / "quick")[0], read_json(results / "quick" / "grid.json") or {}
-    scaling_result = read_json(results / PUBLISHED_SCALING) or {"rows": [], "args": {}}
-    lengths = sorted({r["config"]["seq_len"] for r in recs}) or ["?"]
+    scaling_result, lengths = read_json(results / PUBLISHED_SCALING) or {"rows": [], "args": {}}, sorted(
+        {r["config"]["seq_len"] for r in recs}) or ["?"]
     return "\n\n".join([
         f"**Methods**: the quick grid ([results/quick](results/quick), `./run_all.sh`; {devices(recs) or '–'}; "
         f"seeds {sorted({r['seed'] for r in recs})}; {lengths[0]}-{lengths[-1]} tokens) and the scaling run "
