@@ -13,17 +13,17 @@ runs a few steps of every cell at tiny shapes. ``full`` runs the paper presets. 
 same backbone and recipe; only the attention differs, and every record states its config.
 
 Cells are planned before any process starts (OUT/grid.json): a method with no form for a task (registry
-``causal=False`` on a causal LM task) is "n/a", and a task whose data are missing is one "no data" line with
-the task's own message, instead of one failure per method. The kernel method is a masked-LM pipeline
-(paper 003 §4) and runs on ``wikitext2`` only, where no other method runs (bench/methods.py).
+``causal=False`` on a causal LM task) is "n/a", and a task whose data are missing is one "no data" line with the
+task's own message. The kernel method is a masked-LM pipeline (Karkhanis, Roberts, Krishnan, "A Kernel based
+approach to Learning Sparse Attention in Transformers", a CMU report without arXiv id, §4) and runs on
+``wikitext2`` only, where no other method runs (bench/methods.py).
 
-Resumable within its folder: a cell whose record is complete and whose command is the planned one is kept;
-a cell left with a checkpoint is resumed; a cell made with another budget is redone from scratch, and the
-grid says so. A folder holds one grid at a time (OUT/grid.lock names the holder); stopping the grid
-(SIGTERM, SIGINT, or SIGKILL on Linux) stops its cells too. A failed cell writes OUT/runs/CELL/failed.json
-with the last lines of its output, and the grid goes on. --jobs runs cells side by side, each on
-cores // jobs threads; the progress line gives elapsed time and an ETA scaled by how the finished cells
-compared with their estimates.
+Resumable within its folder: a cell whose record is complete and whose command is the planned one is kept; a
+cell left with a checkpoint is resumed; a cell made with another budget is redone from scratch, and the grid says
+so. A folder holds one grid at a time (OUT/grid.lock names the holder); stopping the grid (SIGTERM, SIGINT, or
+SIGKILL on Linux) stops its cells too. A failed cell writes OUT/runs/CELL/failed.json with the last lines of its
+output, and the grid goes on. --jobs runs cells side by side, each on cores // jobs threads; the progress line
+gives elapsed time and an ETA scaled by how the finished cells compared with their estimates.
 """
 import argparse
 import ctypes
@@ -44,8 +44,7 @@ from bench.files import DataError, FolderLock, default_data_dir, folder_problem,
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "retrieval", "wikitext2"]
 EVAL = dict(eval_batches=2, final_eval_batches=8)
-KERNEL_QUICK = dict(analysis_sequences=32, predictor_steps=60, finetune_steps=60, thresholds="0.3,0.5,0.7",
-                    top_ks="1,3,5")
+KERNEL_QUICK = dict(analysis_sequences=32, predictor_steps=60, finetune_steps=60, thresholds="0.3,0.5,0.7", top_ks="1,3,5")
 # Per task: overrides of the CPU preset, and the CPU seconds of full attention's cell (process start and data
 # included; one measured run on a 2-core machine) from which the grid estimates its time.
 QUICK: Dict[str, tuple] = {
@@ -81,9 +80,8 @@ QUICK_LEFT_OUT = {
             "of one core for one method), short of 60%; measured by the paper preset (`./run_all.sh --full`, a GPU job)",
     "pathfinder": "full attention stays at 51% on 16x16 images after 600 steps; measured by the paper preset "
                   "(`./run_all.sh --full`, a GPU job)",
-    "retrieval": "LRA's AAN files are user-supplied, so no quick budget was calibrated on them; measured by the paper "
-                 "preset (`./run_all.sh --full`)",
-}
+    "retrieval": "LRA's AAN files are user-supplied, so no quick budget was calibrated on them; measured by the "
+                 "paper preset (`./run_all.sh --full`)"}
 # ListOps draws its 24,000 trees at setup: at 100 tokens that is fastest (shorter lengths reject more trees).
 SMOKE_SHAPES = {"duplicates": 16, "listops": 100, "bytes": 32, "text": 32, "image": 16, "pathfinder": 256,
                 "retrieval": 32, "wikitext2": 32}

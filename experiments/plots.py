@@ -4,9 +4,14 @@ Each function writes one PNG and returns its caption; ``available()`` says wheth
 (without it the report writes its tables only and says so in one line).
 """
 import importlib.util
+import json
 import math
+import re
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
+
+from bench.files import read_json
+from experiments.claims import load, setting_name
 
 
 def available() -> bool:
@@ -69,15 +74,16 @@ def scaling(result: dict, path: Path, what: str) -> str:
         ax.set_yscale("log")
     axes[0, 0].legend(fontsize=7)
     save(fig, path, axes[0], "sequence length n", ["forward+backward time (ms)", "peak memory of one fwd+bwd (MiB)"])
-    return (f"Forward+backward time (left) and peak memory of one forward+backward (right) against sequence length, "
-            f"log-log: {what}; batch {result['args']['batch_size']}, {result['args']['heads']} heads × "
-            f"{result['args']['head_dim']}, one run ({result['device']}).")
+    return (f"Forward+backward time (left) and peak memory (right) against sequence length, log-log: {what}; "
+            f"batch {result['args']['batch_size']}, {result['args']['heads']} heads × {result['args']['head_dim']}, "
+            + re.sub(r"\b1 threads\b", "1 thread", result["device"]) + ".")
 
 
 QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot's columns: what a training step costs
 
 
-def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], reference: str = "full") -> str:
+def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], budget: str,
+                     reference: str = "full") -> str:
     """One row per task: the test metric against what a training step costs relative to full attention on the
     same task (``costs``: name → a record's value; the QUICK_COSTS columns), one colour and marker per method,
     named once in the legend (no labels beside the points: they overlap where methods cost alike)."""
@@ -110,10 +116,8 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
     plt.close(fig)
-    return (f"Quick grid: each method's test metric against its training step's attention FLOPs, time and peak "
-            f"memory (columns; × {reference} attention on the same task, log scale), one row per task that "
-            f"{reference} attention ran; the dotted line is the task's base rate (majority class, or unigram "
-            f"entropy for bits per byte).")
+    return (f"{budget.capitalize()} grid: test metric against a training step's attention FLOPs, time and peak "
+            f"memory × {reference} attention (log), one row per task; dotted: the task's base rate.")
 
 
 def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
@@ -130,8 +134,8 @@ def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
     left.legend(fontsize=7, loc="lower right")  # the curves rise through the upper left
     right.set_ylim(0, 1.05)
     save(fig, path, axes[0], "training step", ["validation token accuracy (%)", "SBM mask density (validation)"])
-    return ("SBM Fig. 4 on duplicates (the paper's recipe): validation token accuracy of every method over training "
-            "(left) and SBM-Transformer's mask density on the validation split (right), from each run's log.jsonl.")
+    return ("SBM Fig. 4, duplicates, the paper's recipe: validation token accuracy over training (left), SBM's "
+            "mask density (right).")
 
 
 def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path) -> str:
@@ -144,8 +148,8 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
     ax.set_xticks(samples, [str(s) for s in samples])
     ax.legend(fontsize=8)
     save(fig, path, [ax], "sub-models averaged", ["validation bits per byte"])
-    return ("SSA Fig. 7's shape: validation bits per byte (lower is better) of S-L4's self-ensemble against the number "
-            "of sampled sub-models averaged, beside dense (renormalised) inference of the same model.")
+    return ("SSA Fig. 7: validation bits per byte of S-L4's self-ensemble against the sub-models averaged, beside "
+            "dense inference.")
 
 
 def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -> str:
@@ -168,6 +172,64 @@ def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -
     save(fig, path, axes[0], ["attention density on the test split (log)",
                               "training step time ÷ full attention's (log)"],
          ["test token accuracy (%)", "test token accuracy (%)"])
-    return (f"Adaptive vs fixed sparsity on duplicates at {length} tokens: each run's test token accuracy against its "
-            "attention density (left) and its setting's training step time relative to fair full attention, timed "
-            "side by side in one process (right), one point per method and seed.")
+    return (f"Adaptive vs fixed sparsity, duplicates at {length} tokens: test accuracy against density (left) "
+            "and training step ÷ fair full attention's (right), one point per run.")
+
+
+SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
+    "scaling": "every method at its default budget (sbm untrained at ~25% density, sbm@0.01 at 1%; full: fused "
+               "SDPA, full-ref: the explicit path)",
+    "sbm_scaling": "SBM's attention core (core@d) and module (sbm@d; sbm-dense@d, its dense path) at densities d, "
+                   "beside full attention (fused SDPA, full-ref)"}
+
+
+def log_lines(folder: Path) -> List[dict]:
+    lines = []
+    for line in (folder / "log.jsonl").read_text().splitlines() if (folder / "log.jsonl").exists() else []:
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            break  # a torn last line of a killed run
+    return lines
+
+
+def ssa_curve(folder: Path) -> Optional[tuple]:
+    """Fig. 7's curve from experiments.ssa_table's saved output: the dense figure on the "Self-ensembling" line and
+    the rows of the sub-models table that follows it."""
+    for path in sorted(folder.glob("*.md")):
+        lines = path.read_text().splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith("Self-ensembling")), None)
+        if start is not None:
+            rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[start + 1:]
+                    if line.startswith("|") and line.strip("|").split("|")[0].strip().isdigit()]
+            return [int(r[0]) for r in rows], [float(r[1]) for r in rows], float(lines[start].rsplit(" ", 1)[1])
+    return None
+
+
+def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object], step_ratios) -> Dict[str, str]:
+    """Every published plot into plot_dir, once; {name: caption} of those drawn. ``step_ratios``: a claim folder →
+    {setting: training step ÷ fair full attention's} (experiments.step_time's, timed side by side)."""
+    if not available():
+        return {}
+    plot_dir.mkdir(exist_ok=True)
+    captions, fig4, quick = {}, load(results / "sbm-fig4")[0], load(results / "quick")[0]
+    if fig4:
+        captions["sbm_fig4"] = sbm_training({r["method"]: log_lines(r["folder"]) for r in fig4},
+                                            plot_dir / "sbm_fig4.png")
+    if ssa_curve(results / "ssa-table"):
+        captions["ssa_fig7"] = ssa_ensemble(*ssa_curve(results / "ssa-table"), plot_dir / "ssa_fig7.png")
+    for name, what in SCALING_PLOTS.items():
+        if (results / "scaling" / f"{name}.json").exists():
+            captions[name] = scaling(read_json(results / "scaling" / f"{name}.json"), plot_dir / f"{name}.png",
+                                     f"results/scaling/{name}.json, {what}")
+    adaptive = load(results / "adaptive-vs-fixed")[0]
+    if adaptive:  # one point per run: density, its setting's step ÷ fair full attention's, accuracy
+        fair, points = step_ratios(results / "adaptive-vs-fixed"), {}
+        for r in adaptive:
+            points.setdefault(setting_name(r), []).append((r["density"], fair.get(setting_name(r)), 100 * r["test"]))
+        captions["adaptive_vs_fixed"] = adaptive_vs_fixed(
+            {name: runs for name, runs in sorted(points.items(), key=lambda kv: kv[1][0][0]) if runs[0][1]},
+            plot_dir / "adaptive_vs_fixed.png", adaptive[0]["config"]["seq_len"])
+    if quick:
+        captions["accuracy_vs_cost"] = accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png", costs, "quick")
+    return captions

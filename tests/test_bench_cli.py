@@ -180,31 +180,36 @@ def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_p
         {"commit": "def5678", "cells": ["full-duplicates-cpu-s0"], "why": "a fix to full attention"}]}))
     text = report.write_run_report(out)
     assert "| full " in text and "diverged: full on listops (exit 3): " + failure["reason"] in text
-    assert "seeds [0]" in text and "(commit abc1234)" in text
-    assert "Rerun at commit def5678: full-duplicates-cpu-s0 (a fix to full attention)." in text  # the cells' own code
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| ")]
+    run_row = next(row for row in rows if row[0] == "quick")  # budget, preset, device, seeds, command, commit, ...
+    assert run_row[3] == "[0]" and run_row[5] == "abc1234"
+    assert ["def5678", "full-duplicates-cpu-s0", "a fix to full attention"] in rows  # the cells' own code
 
 
 def test_one_command_writes_the_readme_glance_and_the_claims_into_results_readme(tmp_path):
-    """--readme rewrites only the README's results section (the glance: every registered method, "not run yet"
-    without records, and a link to results/README.md) and writes results/README.md: one section per claim, in
-    the order of experiments/claims.py, the quick preview last."""
+    """--readme rewrites only the README's generated region (every registered method, "not run yet" without
+    records; the claims table linking to results/README.md) and leaves the hand-written text around it as it was;
+    it writes results/README.md: one section per claim, in the order of experiments/claims.py, the quick grid last."""
     results = tmp_path / "results"
     (results / "fastrg").mkdir(parents=True)
     (results / "fastrg" / "fastrg.md").write_text("`python -m experiments.fastrg_bench`\n\n| fastrg table |\n")
     readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- results:start -->\nold\n<!-- results:end -->\noutro\n")
+    head = "intro\n\n### What the results mean\n\nA person's words, *kept* | as written.\n\n"
+    readme.write_text(head + "<!-- results:start -->\nold\n<!-- results:end -->\noutro\n")
     run("experiments.report", "--results", str(results), "--readme", str(readme))
     text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+    assert text.startswith(head + "<!-- results:start -->\n") and text.endswith("<!-- results:end -->\noutro\n")
+    assert "old" not in text
     section = text.split("<!-- results:start -->")[1].split("<!-- results:end -->")[0]
     from experiments.claims import CLAIMS
     from bench.methods import METHODS
     rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
     assert all(m in rows and "not run yet" in rows[m] for m in METHODS if m != "kernel")
-    assert "[results/README.md](results/README.md)" in section and "### " not in section
+    assert "[results/README.md](results/README.md)" in section and "### " not in section and "\n- " not in section
+    assert sum(line.startswith("| [") and "(results/README.md#" in line for line in section.splitlines()) == len(CLAIMS)
     claims = (results / "README.md").read_text()
     positions = [claims.index(f"## {claim.title}") for claim in CLAIMS]
-    assert positions == sorted(positions) and positions[-1] < claims.index("## Quick preview")
+    assert positions == sorted(positions) and positions[-1] < claims.index("## Quick grid")
     assert "| fastrg table |" in claims and "Not yet run:" in claims and "](fastrg/)" in claims
     assert "Not published yet: `./run_all.sh --out results/quick`" in claims
     printed = run("experiments.report", "--results", str(results)).stdout

@@ -105,7 +105,7 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path):
 def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
     from experiments import plots, report
     monkeypatch.setattr(plots, "available", lambda: False)
-    assert "matplotlib is not installed" in report.run_plots(tmp_path)
+    assert "matplotlib is not installed" in report.run_plots(tmp_path, "quick")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -158,19 +158,16 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
                       inference_memory_per_example_bytes=memory * 2 ** 20, median_step_ms=step_ms,
                       density_per_layer=[0.5, 0.25], steps=0 if step_ms is None else 600)
         (folder / "metrics.json").write_text(json.dumps(record))
-    step_time = {"step_ms": {"full (as run)": [250.0, 260.0, 240.0], "full (fair)": [100.0, 90.0, 110.0],
-                             "sbm λ=0.1": [250.0] * 3, "performer": [120.0] * 3}}  # experiments.step_time's JSON
-    title, table = report.table3(report.load(tmp_path / claim.name)[0], {"listops": step_time}).split("\n\n", 1)
+    title, table = report.table3(report.load(tmp_path / claim.name)[0]).split("\n\n", 1)
     assert title.startswith("listops (")  # one table per task; only ListOps records here
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in table.splitlines()[2:]}
     assert list(rows) == ["full", "full (explicit path)", "sbm λ=0.1", "performer"]
-    seeds, acc, density, explored, flops, attention, vs_explicit, vs_sdpa, mib, step, paper = rows["sbm λ=0.1"]
-    assert (seeds, acc, density, explored) == ("0, 1", "31.00 ± 1.41", "50.0% (50.0 / 25.0)", "–")
+    seeds, acc, majority, density, explored, flops, attention, vs_explicit, vs_sdpa, mib, paper = rows["sbm λ=0.1"]
+    assert (seeds, acc, majority, density, explored) == ("0, 1", "31.00 ± 1.41", "–", "50.0% (50.0 / 25.0)", "–")
     assert (flops, attention) == (f"{85 / 1005:.3f}", "0.080")  # model FLOPs averaged over the seeds first
-    assert (vs_explicit, vs_sdpa, mib, step, paper) == ("0.150", "1.500", "30.0", "2.500", "0.07 / 0.19")
-    assert rows["performer"][1] == "untrained" and rows["performer"][9] == "1.200" and rows["full"][9] == "2.500"
-    assert rows["performer"][-1] == "0.18 / 0.76" and rows["full (explicit path)"][7] == "10.000"
-    assert rows["full (explicit path)"][9] == "–"  # step_time timed no explicit path
+    assert (vs_explicit, vs_sdpa, mib, paper) == ("0.150", "1.500", "30.0", "0.07 / 0.19")
+    assert rows["performer"][1] == "untrained" and rows["performer"][-1] == "0.18 / 0.76"
+    assert rows["full (explicit path)"][8] == "10.000"
 
 
 def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
@@ -180,6 +177,7 @@ def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
 
     def record(task, method, weight=None, flops=1.0, memory=100.0, steps=600):
         return {"task": task, "method": method, "seed": 0, "steps": steps, "test": 0.2, "density": 0.5,
+                "metric": "accuracy",
                 "density_per_layer": [0.5, 0.5],
                 "config": {"seq_len": {"listops": 2048, "image": 1024}[task], "density_weight": weight},
                 "cell": {"command": []}, "flops_per_example": {"model": flops, "attention": flops},
@@ -201,38 +199,6 @@ def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
     assert "untrained" in linear_image and "0.04 / 0.42" in linear_image
 
 
-def table3_record(task, method, test, base_rate, weight=None, steps=600):
-    return {"task": task, "method": method, "seed": 0, "steps": steps, "metric": "accuracy", "test": test,
-            "base_rate": base_rate, "scored": {"test": 500}, "density": 0.5, "density_per_layer": [0.5],
-            "config": {"seq_len": 2048, "density_weight": weight}, "cell": {"command": []},
-            "flops_per_example": {"model": 1.0, "attention": 1.0}, "inference_memory_per_example_bytes": 100.0,
-            "median_step_ms": 10.0}
-
-
-def test_table3_says_so_when_accuracy_carries_no_information():
-    """Every trained setting, full attention included, at the majority class: one line says accuracy carries no
-    information and each trained row says "no information" instead of a figure; a full attention that learned
-    removes the line, and a row at the base rate is then marked so."""
-    from experiments import report
-    base = 0.17
-    at_base = [table3_record("listops", "full", base - 0.01, base), table3_record("listops", "sbm", base, base, 0.1),
-               table3_record("listops", "linear", 0.125, 0.25, steps=0)]
-    text = report.table3(at_base)
-    title, table = text.split("\n\n", 1)
-    assert "accuracy carries no information here" in title and "full attention included" in title
-    assert report.fmt([base], "accuracy", True) in title  # the majority class, from the records
-    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
-    assert "| no information " in rows["full"] and "| no information " in rows["sbm λ=0.1"]
-    assert report.fmt([base], "accuracy") not in rows["sbm λ=0.1"] and "untrained" in rows["linear"]
-    learned = [dict(at_base[0], test=base + 0.2)] + at_base[1:]
-    title, table = report.table3(learned).split("\n\n", 1)
-    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
-    assert "(base rate)" in rows["sbm λ=0.1"] and "no information" not in table
-    assert "no information" not in title
-    assert f"full attention reaches {report.fmt([base + 0.2], 'accuracy', True)}" in title
-    assert "at the base rate: sbm λ=0.1" in title
-
-
 def quick_record(folder, method, task, test, attention, step_ms, metric="accuracy"):
     """A quick-grid cell's record as the grid leaves it, with the fields the glance reads."""
     record = {"status": "complete", "method": method, "task": task, "seed": 0, "metric": metric, "test": test,
@@ -248,7 +214,7 @@ def quick_record(folder, method, task, test, attention, step_ms, metric="accurac
 
 def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path):
     """The README's table: every registered method, "not run yet" where no record exists; test metrics, cost
-    ratios and the scaling crossover computed from the records; the sentences name each side of full attention."""
+    ratios and the scaling crossover computed from the records; no sentences, no base-rate marks."""
     from bench import methods
     from experiments import report
     quick = tmp_path / "quick"
@@ -275,24 +241,13 @@ def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path)
     assert table["linear"][4] == f"{linear['median_step_ms'] / full['median_step_ms']:.2f}"
     assert table["linear"][-1] == "64 / —"  # faster from n = 64 on, never smaller
     assert table["performer"][-1] == "128 / —"  # below at n = 32 and 128, not 64: it stays below from 128 only
-    assert table["performer"][0] == report.fmt([at_base["test"]], "accuracy") + " (base rate)"
-    sentence = next(line for line in text.splitlines() if line.startswith("- duplicates:"))
-    assert f"fall short: linear {report.fmt([linear['test']], 'accuracy', True)}" in sentence
-    assert "at the base rate: performer" in sentence and "reach it" not in sentence
-    assert "[results/README.md](results/README.md)" in text
-
-
-def test_the_fig4_check_names_methods_on_each_side_of_99_percent():
-    from experiments import report
-    records = lambda tests: [{"method": m, "test": t} for m, t in tests.items()]  # noqa: E731
-    text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "performer": 0.74}))
-    assert "At ≥ 99% test accuracy: full 99.98%, sbm 99.50%. Below: performer 74.00%." in text
-    assert text.endswith("the records agree.")
-    text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "reformer": 0.9975, "performer": 0.74}))
-    assert "reformer 99.75%" in text and text.endswith("the records agree.")  # Reformer is neither low-rank nor kernel
-    text = report.fig4_check(records({"full": 0.9998, "sbm": 0.995, "linear": 0.9967, "performer": 0.74}))
-    assert text.endswith("they differ for linear, which reaches 99% too.")
-    assert report.fig4_check(records({"full": 0.9998, "sbm": 0.84})).endswith("do not agree: sbm stays below 99%.")
+    assert table["performer"][0] == report.fmt([at_base["test"]], "accuracy")  # the base rate row says the rest
+    assert table["base rate"][0] == "50.00" and "(base rate)" not in text and "\n- " not in text
+    assert "results/scaling/scaling.json" in text.split("| method")[0]  # the caption names the scaling run
+    claims = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| [")}
+    assert len(claims) == len(__import__("experiments.claims").claims.CLAIMS)
+    assert all("not run yet" in line for line in claims.values())  # no claim has records here
+    assert "(results/README.md#sbm-transformer-fig-4-duplicates-every-method-the-papers-recipe)" in text
 
 
 def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path):
@@ -377,77 +332,73 @@ def test_fixed_patterns_do_not_run_while_sbm_has_no_record(tmp_path, monkeypatch
         in capsys.readouterr().out
 
 
-def test_the_adaptive_verdict_says_whether_adaptivity_paid(tmp_path):
-    from experiments import claims, report
-    claim = claims.BY_NAME["adaptive-vs-fixed"]
-    results = {"full": (0.99, 1.0, 100.0, 200), "sbm-lambda0.01": (0.97, 0.01, 300.0, 100),
-               "window-at-sbm-density": (0.70, 0.01, 20.0, 20), "bigbird-at-sbm-density": (0.75, 0.012, 30.0, 30),
-               "window-at-4x-sbm-density": (0.72, 0.04, 25.0, 25), "bigbird-at-4x-sbm-density": (0.975, 0.04, 40.0, 40)}
-    for cell in claim.cells(tmp_path / claim.name / "runs"):
-        setting = cell["name"].rsplit("-duplicates", 1)[0]
-        if setting not in results:
-            continue
-        test, density, step_ms, memory = results[setting]
-        folder = tmp_path / claim.name / "runs" / cell["name"]
-        write_record(folder, cell, test + 0.01 * cell["seed"])
-        record = json.loads((folder / "metrics.json").read_text())
-        record.update(task="duplicates", density=density, median_step_ms=step_ms, peak_memory_bytes=memory,
-                      flops_per_example={"model": 2 * density, "attention": density})
-        (folder / "metrics.json").write_text(json.dumps(record))
-    text = report.claim_section(claim, tmp_path, {})
-    assert "with λ = 1e-2 its test density falls to 1.00% and it reaches 97.50 ± 0.71%" in text
-    assert "adaptivity paid, 22.0 points above the better of them" in text
-    assert report.adaptive_verdict(report.load(tmp_path / claim.name)[0]).endswith(
-        "So adaptivity paid at 1.00%: SBM λ = 1e-2 beats the fixed patterns at its own density.")
-    assert "within a point of SBM, adaptivity bought nothing here" in text  # BigBird at 4× the density
-    assert "spends 0.01× full attention's attention FLOPs, 3× its training step time and 0.5× its peak memory" in text
-    row = next(line for line in text.splitlines() if line.startswith("| window-at-sbm-density "))
-    assert "| 70.50 ± 0.71 " in row and "| 1.00% " in row and "| 0.2 " in row
 
 
-def test_the_adaptive_verdict_says_when_nothing_learns_at_the_learned_density(tmp_path):
-    """SBM λ = 1e-2 and the fixed patterns at its density all at the majority label's rate: the table marks them
-    and the words say that this density cannot answer, instead of ranking base rates."""
-    from experiments import claims, report
-    claim = claims.BY_NAME["adaptive-vs-fixed"]
-    results = {"full": 0.99, "sbm-lambda0.01": 0.631, "window-at-sbm-density": 0.632, "bigbird-at-sbm-density": 0.630,
-               "sbm": 0.985, "linear": 0.7, "reformer": 0.99}
+def claim_records(tmp_path, claim_name, tests, **fields):
+    """Records for the cells of a claim whose setting (the cell's name without task, preset and seed) is in
+    ``tests`` (setting → test accuracy), with ``fields`` (setting → extra fields) merged in."""
+    from experiments import claims
+    claim = claims.BY_NAME[claim_name]
     for cell in claim.cells(tmp_path / claim.name / "runs"):
-        setting = cell["name"].rsplit("-duplicates", 1)[0]
-        if setting in results:
+        setting = cell["name"].rsplit(f"-{cell['task']}-", 1)[0]
+        if setting in tests:
             folder = tmp_path / claim.name / "runs" / cell["name"]
-            write_record(folder, cell, results[setting])
+            write_record(folder, cell, tests[setting])
             record = json.loads((folder / "metrics.json").read_text())
-            record.update(task="duplicates", base_rate=0.632, scored={"valid": 32768, "test": 32768},
-                          peak_memory_bytes=10, flops_per_example={"model": 2, "attention": 1},
-                          density={"sbm": 0.97, "linear": 1.0, "reformer": 0.664}.get(setting, record["density"]))
+            record.update(task=cell["task"], base_rate=0.632, scored={"test": 32768}, **fields.get(setting, {}))
             (folder / "metrics.json").write_text(json.dumps(record))
-    text = report.claim_section(claim, tmp_path, {})
-    assert "reaches 63.10 ± 0.00%, the base rate: at that density it learns nothing" in text
-    assert ("the fixed patterns (test density 50.00% and 50.00%, the nearest each pattern takes) reach "
-            "window-at-sbm-density 63.20 ± 0.00% (the base rate) and bigbird-at-sbm-density 63.00 ± 0.00% (the base "
-            "rate): nothing learns there, adaptive or fixed") in text
-    assert "SBM with λ = 0 reaches 98.50 ± 0.00% at a test density of 97.00%: it learns the task by making its " \
-           "graph nearly dense" in text
-    assert ("the other methods (at full density where none is given): reach it: reformer at 66.4% density 99.00 ± "
-            "0.00%; fall short: linear 70.00 ± 0.00%") in text
-    # an incomplete claim gives no answer
-    assert "so it answers nothing yet." in text and "adaptivity did not pay" not in text
-    recs = report.load(tmp_path / claim.name)[0]
-    assert report.adaptive_verdict(recs).endswith(
-        "So on this task and recipe adaptivity did not pay: SBM learned it only with a nearly dense graph, and at the "
-        "density its regulariser chose (50.00%) nothing learned, adaptive or fixed; of the other methods, reformer at "
-        "66.4% density 99.00 ± 0.00% reaches full attention's accuracy.")
-    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    assert "(base rate)" in rows["sbm-lambda0.01"] and "(base rate)" in rows["window-at-sbm-density"]
-    assert "(base rate)" not in rows["full"]
+    return claim, tmp_path / claim.name
 
 
-def test_the_glance_says_an_incomplete_adaptive_claim_answers_nothing_yet(tmp_path):
+def test_the_fig4_rule_reproduces_only_when_full_and_sbm_reach_99_and_the_low_rank_methods_do_not(tmp_path):
+    from experiments import claims
+    claim, folder = claim_records(tmp_path / "a", "sbm-fig4", {"full": 0.9998, "sbm": 0.995, "performer": 0.74})
+    ours, verdict = claim.rule(folder)
+    assert verdict == claims.REPRODUCED and ours == "≥ 99%: full, sbm; below: performer 74.0%"
+    claim, folder = claim_records(tmp_path / "b", "sbm-fig4", {"full": 0.9998, "sbm": 0.995, "linear": 0.9967})
+    assert claim.rule(folder)[1] == "differs: linear reaches 99% too"
+    claim, folder = claim_records(tmp_path / "c", "sbm-fig4", {"full": 0.9998, "sbm": 0.84})
+    assert claim.rule(folder)[1] == "differs: sbm below 99%"
+
+
+def test_the_adaptive_rule_has_no_information_where_nothing_learns_and_a_margin_rule_elsewhere(tmp_path):
+    from experiments import claims
+    tests = {"full": 0.99, "sbm": 0.985, "sbm-lambda0.01": 0.631, "window-at-sbm-density": 0.632,
+             "bigbird-at-sbm-density": 0.630}
+    claim, folder = claim_records(tmp_path / "a", "adaptive-vs-fixed", tests)
+    ours, verdict = claim.rule(folder)
+    assert verdict == claims.NO_INFORMATION and ours.startswith("SBM λ = 1e-2 63.10% at 50.00%")
+    claim, folder = claim_records(tmp_path / "b", "adaptive-vs-fixed", dict(tests, **{"sbm-lambda0.01": 0.97}))
+    assert claim.rule(folder)[1] == claims.REPRODUCED  # 97% against the better fixed pattern's 63.2%
+    claim, folder = claim_records(tmp_path / "c", "adaptive-vs-fixed", dict(tests, **{
+        "sbm-lambda0.01": 0.97, "bigbird-at-sbm-density": 0.965}))
+    assert claim.rule(folder)[1] == "differs: fixed patterns as accurate"
+
+
+def test_the_claims_table_puts_the_rule_s_verdict_beside_the_paper_s_figure(tmp_path):
     from experiments import claims, report
-    claim = claims.BY_NAME["adaptive-vs-fixed"]
-    for cell in claim.cells(tmp_path / claim.name / "runs"):
-        if cell["name"].startswith("full-"):
-            write_record(tmp_path / claim.name / "runs" / cell["name"], cell, 0.99 + 0.005 * cell["seed"])
-    said = next(s for s in report.claim_sentences(tmp_path) if s.startswith("Adaptive vs fixed"))
-    assert f"{len(claim.cells()) - 2} of its {len(claim.cells())} runs are not yet run, so it answers nothing yet" in said
+    claim_records(tmp_path, "sbm-fig4", {m: 0.995 if m in ("full", "sbm") else 0.7 for m in
+                                         ("full", "sbm", "performer", "linformer", "linear", "nystromformer",
+                                          "ssa", "reformer")})
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in report.claims_table(tmp_path, "x.md").splitlines()[2:]}
+    fig4 = rows["[SBM-Transformer Fig. 4](x.md#sbm-transformer-fig-4-duplicates-every-method-the-papers-recipe)"]
+    assert fig4 == [claims.BY_NAME["sbm-fig4"].figure, "≥ 99%: full, sbm; below: " + ", ".join(
+        f"{m} 70.0%" for m in ("linear", "linformer", "nystromformer", "performer", "reformer", "ssa")), "reproduced"]
+    listops = next(row for name, row in rows.items() if name.startswith("[SBM-Transformer Tables 1-2]"))
+    assert listops[1:] == ["–", "not run yet (9 of 9 runs)"]
+
+
+def test_a_smoke_report_says_first_that_its_numbers_carry_no_information(tmp_path):
+    from experiments import report
+    quick_record(tmp_path, "full", "duplicates", 0.5, attention=400, step_ms=10.0)  # at the base rate
+    (tmp_path / "grid.json").write_text(json.dumps({"budget": "smoke", "methods": ["full"], "not_run": []}))
+    text = report.write_run_report(tmp_path)
+    assert text.splitlines()[0] == report.SMOKE_LINE and "carry no information" in text.splitlines()[0]
+    assert "NOT learned" not in text and "(base rate)" not in text and "Quick grid" not in text
+    assert "Quick targets" not in text  # a smoke run has no targets to meet
+    if __import__("importlib").util.find_spec("matplotlib"):
+        assert "![Smoke grid:" in text
+    (tmp_path / "grid.json").write_text(json.dumps({"budget": "quick", "methods": ["full"], "not_run": []}))
+    text = report.write_run_report(tmp_path)
+    assert text.startswith("# ./run_all.sh report") and "| duplicates | 50.00" in text  # the targets table
