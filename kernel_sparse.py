@@ -43,93 +43,16 @@ from torch import Tensor, nn
 
 from alibi import alibi_bias, alibi_slopes
 
-FAMILIES = ("standard", "handcrafted", "learned")
-LOSSES = ("max", "per-kernel")
 PATHS = ("fast", "reference")
 SELECTS = ("threshold", "topk")
 # §4.2.1: (window length, dilation) of the forward kernels (offsets d, 2d, …, w·d) and, mirrored, the backward ones;
 # with the identity, 17 kernels. Ours: Fig. 4a is a picture without lengths or dilations. Nested windows reach 32
 # tokens, the dilated ones 64 and 256.
 STANDARD_WINDOWS = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (16, 4), (32, 8))
-
-
-def _floats(text: str) -> Tuple[float, ...]:
-    return tuple(float(t) for t in text.split(",") if t)
-
-
-def _ints(text: str) -> Tuple[int, ...]:
-    return tuple(int(t) for t in text.split(",") if t)
-
-
-def _names(text: str) -> Tuple[str, ...]:
-    return tuple(t for t in text.split(",") if t)
-
-
-@dataclass
-class KernelConfig:
-    """The pipeline's settings (the paper's values where it gives them), each also an option of this file's CLI."""
-    families: Tuple[str, ...] = field(default=FAMILIES, metadata={
-        "type": _names, "help": "kernel families to fit, comma-separated"})
-    losses: Tuple[str, ...] = field(default=LOSSES, metadata={
-        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)"})
-    target: str = field(default="threshold", metadata={
-        "choices": ("threshold", "topk"), "help": "binary targets: the threshold (§4.2) or the top-k of each row"})
-    target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
-    target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
-    handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
-    learned_kernels: int = field(default=14, metadata={"help": "learned kernels per layer (§4.2.3)"})
-    window: int = field(default=5, metadata={"help": "tokens in the predictor's window, odd (§6.1)"})
-    hidden: int = field(default=64, metadata={"help": "predictor hidden width (§4.2: 32 or 64)"})
-    hidden_layers: int = field(default=2, metadata={"help": "predictor hidden layers (§4.2: 2 or 3)"})
-    select: str = field(default="threshold", metadata={
-        "choices": SELECTS, "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)"})
-    threshold: float = field(default=0.5, metadata={"help": "τ: take kernels with α > τ"})
-    top_k: int = field(default=3, metadata={"help": "K: take the K largest α"})
-    analysis_sequences: int = field(default=128, metadata={
-        "help": "training sequences shown to the analysis and the predictors"})
-    predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
-    predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
-    predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
-    predictor_rows: int = field(default=32, metadata={
-        "help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"})
-    thresholds: Tuple[float, ...] = field(default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={
-        "type": _floats, "help": "Fig. 5 thresholds, comma-separated"})
-    top_ks: Tuple[int, ...] = field(default=(1, 2, 3, 5, 8), metadata={
-        "type": _ints, "help": "Fig. 5 top-K values, comma-separated"})
-    sweep: str = field(default="standard/max", metadata={"help": "FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning"})
-    flops_budget: float = field(default=0.6, metadata={
-        "help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"})
-    finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
-    finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    alibi: bool = field(default=True, metadata={
-        "help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"})
-
-    def __post_init__(self):
-        unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
-        if unknown or not self.families or not self.losses:
-            raise ValueError(f"families must be in {FAMILIES} and losses in {LOSSES}, got {unknown}")
-        family, _, loss = self.sweep.partition("/")
-        if family not in self.families or loss not in self.losses or (family == "learned" and loss != "max"):
-            raise ValueError(f"sweep must be FAMILY/LOSS among the fitted variants, got {self.sweep!r}")
-        if self.target not in ("threshold", "topk") or self.select not in SELECTS:
-            raise ValueError(f"target and select must be 'threshold' or 'topk', got {self.target}, {self.select}")
-        if self.window < 1 or self.window % 2 == 0:
-            raise ValueError(f"the predictor window must be an odd number of tokens, got {self.window}")
-        for name in ("target_topk", "handcrafted_k", "learned_kernels", "hidden", "hidden_layers", "top_k",
-                     "analysis_sequences", "predictor_batch", "predictor_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        floats = (self.threshold, self.target_threshold, self.predictor_lr, self.finetune_lr, self.flops_budget,
-                  *self.thresholds)
-        if not all(math.isfinite(v) for v in floats):
-            raise ValueError("threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget "
-                             "must be finite")
-        if min(self.predictor_steps, self.finetune_steps) < 0 or min(self.top_ks, default=1) < 1:
-            raise ValueError("steps must be >= 0 and top-K values >= 1")
-
-    def variants(self) -> List[str]:
-        """FAMILY/LOSS names of the fitted predictors, in table order."""
-        return [f"{f}/{x}" for x in self.losses for f in self.families if not (f == "learned" and x != "max")]
+# The attention's defaults, and the pipeline's: learned kernels per layer (§4.2.3), the predictor's window (§6.1),
+# hidden width and layers (§4.2: 32 or 64 units, 2 or 3 layers), and the selection at inference (§5.2).
+LEARNED_KERNELS, WINDOW, HIDDEN, HIDDEN_LAYERS = 14, 5, 64, 2
+SELECT, THRESHOLD, TOP_K = "threshold", 0.5, 3
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -240,8 +163,7 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def init_learned_kernels(max_len: int, count: int = KernelConfig.learned_kernels,
-                         generator: Optional[torch.Generator] = None) -> KernelBank:
+def init_learned_kernels(max_len: int, count: int, generator: Optional[torch.Generator] = None) -> KernelBank:
     """§4.2.3: `count` local kernels of length 2L−1 per layer (1023 at L = 512), logits N(0, 1), shared by heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
     empty = torch.zeros(1, count, max_len)
@@ -254,9 +176,8 @@ class KernelPredictor(nn.Module):
     concatenated window is a Conv1d over the sequence; the location enters through its own map into the same units."""
     # Ours: one predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 
-    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = KernelConfig.window,
-                 hidden: int = KernelConfig.hidden, hidden_layers: int = KernelConfig.hidden_layers,
-                 location_dim: int = 4):
+    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = WINDOW, hidden: int = HIDDEN,
+                 hidden_layers: int = HIDDEN_LAYERS, location_dim: int = 4):
         super().__init__()
         if bank.row.shape[0] not in (1, heads):
             raise ValueError(f"kernel groups must be 1 or heads={heads}, got {bank.row.shape[0]}")
@@ -449,10 +370,9 @@ class KernelSparseAttention(nn.Module):
     (`path="fast"`) or as a masked dense softmax (`path="reference"`)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
-                 kernels: str = "standard", learned_kernels: int = KernelConfig.learned_kernels,
-                 window: int = KernelConfig.window, hidden: int = KernelConfig.hidden,
-                 hidden_layers: int = KernelConfig.hidden_layers, select: str = KernelConfig.select,
-                 threshold: float = KernelConfig.threshold, top_k: int = KernelConfig.top_k, sparse: bool = True,
+                 kernels: str = "standard", learned_kernels: int = LEARNED_KERNELS, window: int = WINDOW,
+                 hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS, select: str = SELECT,
+                 threshold: float = THRESHOLD, top_k: int = TOP_K, sparse: bool = True,
                  path: str = "fast", alibi: bool = False):
         super().__init__()
         if min(dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k) < 1:
@@ -569,6 +489,90 @@ class KernelSparseAttention(nn.Module):
             mask = bias.masked_fill(~mask, float("-inf"))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return y.masked_fill(empty, 0.0), counts
+
+
+# ------------------------------------------------------------------------------------ the pipeline's settings
+FAMILIES = ("standard", "handcrafted", "learned")
+LOSSES = ("max", "per-kernel")
+
+
+def _floats(text: str) -> Tuple[float, ...]:
+    return tuple(float(t) for t in text.split(",") if t)
+
+
+def _ints(text: str) -> Tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t)
+
+
+def _names(text: str) -> Tuple[str, ...]:
+    return tuple(t for t in text.split(",") if t)
+
+
+@dataclass
+class KernelConfig:
+    """The pipeline's settings (the paper's values where it gives them), each also an option of this file's CLI."""
+    families: Tuple[str, ...] = field(default=FAMILIES, metadata={
+        "type": _names, "help": "kernel families to fit, comma-separated"})
+    losses: Tuple[str, ...] = field(default=LOSSES, metadata={
+        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)"})
+    target: str = field(default="threshold", metadata={
+        "choices": ("threshold", "topk"), "help": "binary targets: the threshold (§4.2) or the top-k of each row"})
+    target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
+    target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
+    handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
+    learned_kernels: int = field(default=LEARNED_KERNELS, metadata={"help": "learned kernels per layer (§4.2.3)"})
+    window: int = field(default=WINDOW, metadata={"help": "tokens in the predictor's window, odd (§6.1)"})
+    hidden: int = field(default=HIDDEN, metadata={"help": "predictor hidden width (§4.2: 32 or 64)"})
+    hidden_layers: int = field(default=HIDDEN_LAYERS, metadata={"help": "predictor hidden layers (§4.2: 2 or 3)"})
+    select: str = field(default=SELECT, metadata={
+        "choices": SELECTS, "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)"})
+    threshold: float = field(default=THRESHOLD, metadata={"help": "τ: take kernels with α > τ"})
+    top_k: int = field(default=TOP_K, metadata={"help": "K: take the K largest α"})
+    analysis_sequences: int = field(default=128, metadata={
+        "help": "training sequences shown to the analysis and the predictors"})
+    predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
+    predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
+    predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
+    predictor_rows: int = field(default=32, metadata={
+        "help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"})
+    thresholds: Tuple[float, ...] = field(default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={
+        "type": _floats, "help": "Fig. 5 thresholds, comma-separated"})
+    top_ks: Tuple[int, ...] = field(default=(1, 2, 3, 5, 8), metadata={
+        "type": _ints, "help": "Fig. 5 top-K values, comma-separated"})
+    sweep: str = field(default="standard/max", metadata={"help": "FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning"})
+    flops_budget: float = field(default=0.6, metadata={
+        "help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"})
+    finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
+    finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
+    alibi: bool = field(default=True, metadata={
+        "help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"})
+
+    def __post_init__(self):
+        unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
+        if unknown or not self.families or not self.losses:
+            raise ValueError(f"families must be in {FAMILIES} and losses in {LOSSES}, got {unknown}")
+        family, _, loss = self.sweep.partition("/")
+        if family not in self.families or loss not in self.losses or (family == "learned" and loss != "max"):
+            raise ValueError(f"sweep must be FAMILY/LOSS among the fitted variants, got {self.sweep!r}")
+        if self.target not in ("threshold", "topk") or self.select not in SELECTS:
+            raise ValueError(f"target and select must be 'threshold' or 'topk', got {self.target}, {self.select}")
+        if self.window < 1 or self.window % 2 == 0:
+            raise ValueError(f"the predictor window must be an odd number of tokens, got {self.window}")
+        for name in ("target_topk", "handcrafted_k", "learned_kernels", "hidden", "hidden_layers", "top_k",
+                     "analysis_sequences", "predictor_batch", "predictor_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        floats = (self.threshold, self.target_threshold, self.predictor_lr, self.finetune_lr, self.flops_budget,
+                  *self.thresholds)
+        if not all(math.isfinite(v) for v in floats):
+            raise ValueError("threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget "
+                             "must be finite")
+        if min(self.predictor_steps, self.finetune_steps) < 0 or min(self.top_ks, default=1) < 1:
+            raise ValueError("steps must be >= 0 and top-K values >= 1")
+
+    def variants(self) -> List[str]:
+        """FAMILY/LOSS names of the fitted predictors, in table order."""
+        return [f"{f}/{x}" for x in self.losses for f in self.families if not (f == "learned" and x != "max")]
 
 
 # ------------------------------------------------------------------------------------------------ §4.1 analysis
