@@ -113,8 +113,8 @@ def one_thread():
     Python threads' torch ops run on one thread meanwhile). The sampler is many mid-sized ops, and with several
     threads on a shared CPU each op waits at a barrier for a descheduled thread. Without this scope, at n = 1024-
     8192, K = 128, densities 0.1-10% on 2 cores, 2 threads took down to 0.73× the one-thread time on a quiet
-    machine but 1.6-31× beside a busy process on each core (`python -m experiments.thread_cost`). The
-    graph drawn does not depend on the thread count."""
+    machine but 1.6-31× beside a busy process on each core (results/notes/thread_cost.md). The graph drawn
+    does not depend on the thread count."""
     threads = torch.get_num_threads()
     if threads > 1:
         torch.set_num_threads(1)

@@ -21,7 +21,8 @@ sparse model's numbers, the teacher's under kernel.teacher; kernel_report.md is 
     python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
     python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
-    python -m experiments.kernel_time                                  # one layer's inference time, sparse beside dense
+
+One layer's inference time, sparse beside dense, at n = 256-4096: results/notes/kernel_time.md.
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model width, K kernels, G kernel groups
 (1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, P offsets
@@ -991,6 +992,94 @@ def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: Li
     return final
 
 
+# ----------------------------------------------------------------------------------- the pipeline on bench
+class Pipeline:
+    """What the pipeline asks of bench's trained run (bench/ from here on; the attention above needs only torch):
+    perplexities, the validation of the model as installed with FLOPs and inference time on one fixed
+    validation batch (Tables 1, 3), and the backbone's fine-tuning (§6.2)."""
+
+    def __init__(self, run, cfg, kernel: KernelConfig):
+        self.run, self.cfg, self.kernel, self.model = run, cfg, kernel, run.model
+        self.model.eval()
+        install(self.model, sparse=False)
+        self.inputs = self.batches("valid", 1)[0]  # the batch that FLOPs and times are measured on
+        self.dense = self.flops()  # the teacher's
+
+    def batches(self, split: str, count: int) -> List[dict]:
+        """The model's keyword arguments of the split's first `count` evaluation batches."""
+        from bench import loop
+        batches = self.run.task.eval_batches(split, self.cfg.batch_size, count)
+        return [loop.model_inputs(batch, self.run.device) for batch in batches]
+
+    def flops(self) -> dict:
+        """attention_flops of the model as installed, on the fixed batch."""
+        from bench import measure
+        model = self.model
+        counts = measure.count_flops(lambda: model(**self.inputs), attention_parts(model), root=model)
+        return attention_flops(counts, len(self.inputs["tokens"]))
+
+    def evaluate(self, split: str = "valid", limit: Optional[int] = None) -> dict:
+        return self.run.evaluate(split, self.cfg.eval_batches if limit is None else limit)
+
+    def ppl(self, split: str, limit: Optional[int] = None) -> float:
+        return math.exp(self.evaluate(split, limit)["loss"])
+
+    def measured(self, limit: Optional[int] = None) -> dict:
+        """sparse_result of the model as installed: `limit` validation batches (default --eval-batches),
+        inference time × dense on the fixed batch."""
+        from bench import measure
+        result = self.evaluate("valid", limit)
+        timed = time_x_dense(self.model, lambda: self.model(**self.inputs), 5,
+                             lambda: measure.synchronize(self.run.device))
+        return sparse_result(result, self.flops(), self.dense, self.inputs["tokens"].shape[1], timed)
+
+    def tune_backbone(self) -> List[float]:
+        """--finetune-steps of the backbone on the masked reference path; the training losses."""
+        from bench import fine_tune
+        cfg, kernel = self.cfg, self.kernel
+        with reference_path(self.model):
+            return fine_tune.fine_tune(self.model, self.run.task, backbone_parameters(self.model),
+                                       kernel.finetune_steps, kernel.finetune_lr, cfg.weight_decay,
+                                       cfg.batch_size, cfg.grad_clip, cfg.seed)
+
+
+def teacher_numbers(pipeline: Pipeline) -> dict:
+    """(1) The dense teacher's validation and test perplexity (--final-eval-batches) and FLOPs."""
+    final = pipeline.cfg.final_eval_batches
+    teacher = {f"{split}_ppl": pipeline.ppl(split, final) for split in ("valid", "test")}
+    print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
+    return {**teacher, "flops": pipeline.dense}
+
+
+def analyse_teacher(pipeline: Pipeline) -> Tuple[List[LayerData], list]:
+    """(2) §4.1 on --analysis-sequences training sequences (batches of their own seeds): the predictors' data and
+    the record's summary; the maps saved as analysis.pt."""
+    from bench import loop
+    run, cfg = pipeline.run, pipeline.cfg
+    batches = [run.task.train_batch(cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i))
+               for i in range(-(-pipeline.kernel.analysis_sequences // cfg.batch_size))]
+    inputs = [loop.model_inputs(batch, run.device) for batch in batches]
+    data, maps, summary = analysis(pipeline.model, inputs, pipeline.kernel)
+    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
+    return data, summary
+
+
+def publish(pipeline: Pipeline, report: dict, record: dict, start: float) -> None:
+    """finetuned.pt, kernel_report.md (also printed: a claim's saved output holds the tables, time beside FLOPs)
+    and the record: the fine-tuned sparse model's numbers, the pipeline's report under `kernel`."""
+    from bench.kernel_report import render
+    folder, f = pipeline.cfg.folder, report["finetune"]
+    torch.save({"model": pipeline.model.state_dict(), "setting": f["setting"]}, folder / "finetuned.pt")
+    report["seconds"] = time.time() - start
+    text = render(report)
+    (folder / "kernel_report.md").write_text(text)
+    print(text, flush=True)
+    record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
+                  valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]),
+                  density=f["density"], density_per_layer=f["density_per_layer"],
+                  flops_per_example={"model": f["flops"]["model"], "attention": f["flops"]["attention"]})
+
+
 # -------------------------------------------------------------------------------------------------- main
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense
@@ -999,9 +1088,9 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     predicted masks (§6.2) beside a dense control. The record is the sparse model's; kernel.teacher the teacher's."""
     import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs only torch and alibi.py)")
-    from bench import cli, fine_tune, loop, measure
-    from bench.kernel_report import render
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention "
+                 "needs only torch and alibi.py)")
+    from bench import cli, loop
     from bench.tasks import get_task
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
                             "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig,
@@ -1015,54 +1104,21 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
         loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
         record = loop.final_record(run)
         if record is not None:
-            start, model, task, final = time.time(), run.model, run.task, cfg.final_eval_batches
-            model.eval()
-            install(model, sparse=False)
-            inputs = loop.model_inputs(next(task.eval_batches("valid", cfg.batch_size, 1)), run.device)
-
-            def flops() -> dict:
-                counts = measure.count_flops(lambda: model(**inputs), attention_parts(model), root=model)
-                return attention_flops(counts, len(inputs["tokens"]))
-
-            def measured(limit: int = cfg.eval_batches) -> dict:  # inference time × dense timed on `inputs`
-                result = run.evaluate("valid", limit)
-                timed = time_x_dense(model, lambda: model(**inputs), 5, lambda: measure.synchronize(run.device))
-                return sparse_result(result, flops(), dense, inputs["tokens"].shape[1], timed)
-
-            def tune_backbone() -> List[float]:
-                with reference_path(model):
-                    return fine_tune.fine_tune(model, task, backbone_parameters(model), kernel.finetune_steps,
-                                               kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
-
-            dense = flops()
-            teacher = {f"{split}_ppl": math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
-            report = {"config": asdict(kernel), "teacher": {**teacher, "flops": dense}}
-            print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
-            batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i))
-                       for i in range(-(-kernel.analysis_sequences // cfg.batch_size))]  # their own seeds
-            data, maps, report["analysis"] = analysis(model, [loop.model_inputs(b, run.device) for b in batches],
-                                                      kernel)  # (2)
-            torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
-            quality = [loop.model_inputs(b, run.device) for b in task.eval_batches("valid", cfg.batch_size, 2)]
-            predictors, report["variants"] = fit_variants(model, data, kernel, torch.Generator().manual_seed(cfg.seed),
-                                                          measured, quality)  # (3), (4)
-            report["fig5"], report["fig6"] = sweeps(model, predictors[kernel.sweep], kernel, measured,
-                                                    lambda: run.evaluate("valid", cfg.eval_batches))  # (4)
-            report["finetune"] = f = fine_tune_best(model, predictors[kernel.sweep], report["fig5"], teacher, kernel,
-                                                    tune_backbone, lambda: measured(final),
-                                                    lambda: math.exp(run.evaluate("test", final)["loss"]))  # (5)
-            torch.save({"model": model.state_dict(), "setting": f["setting"]}, cfg.folder / "finetuned.pt")
-            report["seconds"] = time.time() - start
-            text = render(report)  # also printed: the claim's saved output holds the tables, time beside FLOPs
-            (cfg.folder / "kernel_report.md").write_text(text)
-            print(text, flush=True)
-            record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
-                          valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]), density=f["density"],
-                          density_per_layer=f["density_per_layer"],
-                          flops_per_example={"model": f["flops"]["model"], "attention": f["flops"]["attention"]})
+            start, pipeline, final = time.time(), Pipeline(run, cfg, kernel), cfg.final_eval_batches
+            report = {"config": asdict(kernel), "teacher": teacher_numbers(pipeline)}
+            data, report["analysis"] = analyse_teacher(pipeline)  # (2)
+            predictors, report["variants"] = fit_variants(  # (3) kernels and predictors, (4) sparsified
+                pipeline.model, data, kernel, torch.Generator().manual_seed(cfg.seed), pipeline.measured,
+                pipeline.batches("valid", 2))
+            chosen = predictors[kernel.sweep]
+            report["fig5"], report["fig6"] = sweeps(pipeline.model, chosen, kernel, pipeline.measured,
+                                                    pipeline.evaluate)  # (4)
+            report["finetune"] = fine_tune_best(  # (5)
+                pipeline.model, chosen, report["fig5"], report["teacher"], kernel, pipeline.tune_backbone,
+                lambda: pipeline.measured(final), lambda: pipeline.ppl("test", final))
+            publish(pipeline, report, record, start)
         loop.finish(run, record)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
