@@ -1,7 +1,8 @@
 """fastRG: sample sparse random graphs whose expectation is low rank, X S Yᵀ, in time linear in the edges.
 
 Rohe, Tao, Han, Binkiewicz, "A Note on Quickly Sampling a Sparse Matrix with Low Rank Expectation", JMLR 19(77),
-2018, arXiv 1703.02998; Algorithm 1 of SBM-Transformer (Cho et al., NeurIPS 2022, §4.1, Eq. 8; papers/000).
+2018, arXiv 1703.02998; Algorithm 1 of SBM-Transformer (Cho et al., NeurIPS 2022, arXiv 2210.15541,
+§4.1, Eq. 8).
 Inputs: non-negative memberships X (n × K), Y (m × K) and a block matrix S (K × K); leading dims broadcast and
 are flattened into R graphs; X or Y may come as a tuple of parts (n × K_a), their concatenation along K, which
 the samplers never form. With λ = X S Yᵀ, λ_ij = Σ_uv X_iu S_uv Y_jv:
