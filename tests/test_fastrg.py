@@ -296,15 +296,6 @@ def test_factors_in_parts_draw_the_graph_of_their_concatenation(monkeypatch, set
 
 def test_cpu_primitives_match_torch():
     g = torch.Generator().manual_seed(32)
-    counts = torch.randint(0, 4, (50,), generator=g)
-    counts[[0, 7, 49]] = 0
-    values = torch.randn(50, generator=g)
-    total = int(counts.sum())
-    expected = torch.repeat_interleave(values, counts)
-    assert torch.equal(fastrg.repeat_interleave(values, counts, total), expected)  # through numpy
-    with_grad = values.clone().requires_grad_()
-    fastrg.repeat_interleave(with_grad, counts, total).sum().backward()  # with a gradient: torch's own kernel
-    assert torch.equal(with_grad.grad, counts.float())
     key = torch.randint(0, 1 << 20, (1000,), dtype=torch.int32, generator=g)
     assert torch.equal(fastrg.sort_integers(key.clone()), torch.sort(key).values)
     state = g.get_state()
