@@ -50,8 +50,9 @@ SELECTS = ("threshold", "topk")
 # with the identity, 17 kernels. Ours: Fig. 4a is a picture without lengths or dilations. Nested windows reach 32
 # tokens, the dilated ones 64 and 256.
 STANDARD_WINDOWS = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (16, 4), (32, 8))
-# The attention's defaults, and the pipeline's: learned kernels per layer (§4.2.3), the predictor's window (§6.1),
-# hidden width and layers (§4.2: 32 or 64 units, 2 or 3 layers), and the selection at inference (§5.2).
+# The attention's defaults, and the pipeline's: learned kernels per layer (§4.2.3), the predictor's
+# window (§6.1), hidden width and layers (§4.2: 32 or 64 units, 2 or 3 layers), and the selection at
+# inference (§5.2).
 LEARNED_KERNELS, WINDOW, HIDDEN, HIDDEN_LAYERS = 14, 5, 64, 2
 SELECT, THRESHOLD, TOP_K = "threshold", 0.5, 3
 
@@ -164,7 +165,8 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def init_learned_kernels(max_len: int, count: int, generator: Optional[torch.Generator] = None) -> KernelBank:
+def init_learned_kernels(max_len: int, count: int,
+                         generator: Optional[torch.Generator] = None) -> KernelBank:
     """§4.2.3: `count` local kernels of length 2L−1 per layer (1023 at L = 512), logits N(0, 1), shared by heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
     empty = torch.zeros(1, count, max_len)
@@ -177,8 +179,8 @@ class KernelPredictor(nn.Module):
     concatenated window is a Conv1d over the sequence; the location enters through its own map into the same units."""
     # Ours: one predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 
-    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = WINDOW, hidden: int = HIDDEN,
-                 hidden_layers: int = HIDDEN_LAYERS, location_dim: int = 4):
+    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = WINDOW,
+                 hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS, location_dim: int = 4):
         super().__init__()
         if bank.row.shape[0] not in (1, heads):
             raise ValueError(f"kernel groups must be 1 or heads={heads}, got {bank.row.shape[0]}")
@@ -371,8 +373,9 @@ class KernelSparseAttention(nn.Module):
     (`path="fast"`) or as a masked dense softmax (`path="reference"`)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
-                 kernels: str = "standard", learned_kernels: int = LEARNED_KERNELS, window: int = WINDOW,
-                 hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS, select: str = SELECT,
+                 kernels: str = "standard", learned_kernels: int = LEARNED_KERNELS,
+                 window: int = WINDOW, hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS,
+                 select: str = SELECT,
                  threshold: float = THRESHOLD, top_k: int = TOP_K, sparse: bool = True,
                  path: str = "fast", alibi: bool = False):
         super().__init__()
@@ -521,10 +524,14 @@ class KernelConfig:
     target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
     target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
     handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
-    learned_kernels: int = field(default=LEARNED_KERNELS, metadata={"help": "learned kernels per layer (§4.2.3)"})
-    window: int = field(default=WINDOW, metadata={"help": "tokens in the predictor's window, odd (§6.1)"})
-    hidden: int = field(default=HIDDEN, metadata={"help": "predictor hidden width (§4.2: 32 or 64)"})
-    hidden_layers: int = field(default=HIDDEN_LAYERS, metadata={"help": "predictor hidden layers (§4.2: 2 or 3)"})
+    learned_kernels: int = field(default=LEARNED_KERNELS, metadata={
+        "help": "learned kernels per layer (§4.2.3)"})
+    window: int = field(default=WINDOW, metadata={
+        "help": "tokens in the predictor's window, odd (§6.1)"})
+    hidden: int = field(default=HIDDEN, metadata={
+        "help": "predictor hidden width (§4.2: 32 or 64)"})
+    hidden_layers: int = field(default=HIDDEN_LAYERS, metadata={
+        "help": "predictor hidden layers (§4.2: 2 or 3)"})
     select: str = field(default=SELECT, metadata={
         "choices": SELECTS, "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)"})
     threshold: float = field(default=THRESHOLD, metadata={"help": "τ: take kernels with α > τ"})
@@ -992,14 +999,16 @@ def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: Li
     return final
 
 
-# ----------------------------------------------------------------------------------- the pipeline on bench
+# ------------------------------------------------------------------------ the pipeline on bench
 class Pipeline:
-    """What the pipeline asks of bench's trained run (bench/ from here on; the attention above needs only torch):
-    perplexities, the validation of the model as installed with FLOPs and inference time on one fixed
-    validation batch (Tables 1, 3), and the backbone's fine-tuning (§6.2)."""
+    """What the pipeline asks of bench's trained run, through the bench modules main() passes (the
+    attention above needs only torch): perplexities, the validation of the model as installed with
+    FLOPs and inference time on one fixed validation batch (Tables 1, 3), and the backbone's
+    fine-tuning (§6.2)."""
 
-    def __init__(self, run, cfg, kernel: KernelConfig):
+    def __init__(self, run, cfg, kernel: KernelConfig, loop, measure, fine_tune):
         self.run, self.cfg, self.kernel, self.model = run, cfg, kernel, run.model
+        self.loop, self.measure, self.fine_tune = loop, measure, fine_tune
         self.model.eval()
         install(self.model, sparse=False)
         self.inputs = self.batches("valid", 1)[0]  # the batch that FLOPs and times are measured on
@@ -1007,15 +1016,14 @@ class Pipeline:
 
     def batches(self, split: str, count: int) -> List[dict]:
         """The model's keyword arguments of the split's first `count` evaluation batches."""
-        from bench import loop
         batches = self.run.task.eval_batches(split, self.cfg.batch_size, count)
-        return [loop.model_inputs(batch, self.run.device) for batch in batches]
+        return [self.loop.model_inputs(batch, self.run.device) for batch in batches]
 
     def flops(self) -> dict:
         """attention_flops of the model as installed, on the fixed batch."""
-        from bench import measure
         model = self.model
-        counts = measure.count_flops(lambda: model(**self.inputs), attention_parts(model), root=model)
+        counts = self.measure.count_flops(lambda: model(**self.inputs), attention_parts(model),
+                                          root=model)
         return attention_flops(counts, len(self.inputs["tokens"]))
 
     def evaluate(self, split: str = "valid", limit: Optional[int] = None) -> dict:
@@ -1025,51 +1033,54 @@ class Pipeline:
         return math.exp(self.evaluate(split, limit)["loss"])
 
     def measured(self, limit: Optional[int] = None) -> dict:
-        """sparse_result of the model as installed: `limit` validation batches (default --eval-batches),
-        inference time × dense on the fixed batch."""
-        from bench import measure
+        """sparse_result of the model as installed: `limit` validation batches (default
+        --eval-batches), inference time × dense on the fixed batch."""
         result = self.evaluate("valid", limit)
         timed = time_x_dense(self.model, lambda: self.model(**self.inputs), 5,
-                             lambda: measure.synchronize(self.run.device))
-        return sparse_result(result, self.flops(), self.dense, self.inputs["tokens"].shape[1], timed)
+                             lambda: self.measure.synchronize(self.run.device))
+        n = self.inputs["tokens"].shape[1]
+        return sparse_result(result, self.flops(), self.dense, n, timed)
 
     def tune_backbone(self) -> List[float]:
         """--finetune-steps of the backbone on the masked reference path; the training losses."""
-        from bench import fine_tune
-        cfg, kernel = self.cfg, self.kernel
-        with reference_path(self.model):
-            return fine_tune.fine_tune(self.model, self.run.task, backbone_parameters(self.model),
-                                       kernel.finetune_steps, kernel.finetune_lr, cfg.weight_decay,
-                                       cfg.batch_size, cfg.grad_clip, cfg.seed)
+        cfg, kernel, model = self.cfg, self.kernel, self.model
+        with reference_path(model):
+            return self.fine_tune.fine_tune(
+                model, self.run.task, backbone_parameters(model), kernel.finetune_steps,
+                kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
 
 
 def teacher_numbers(pipeline: Pipeline) -> dict:
     """(1) The dense teacher's validation and test perplexity (--final-eval-batches) and FLOPs."""
     final = pipeline.cfg.final_eval_batches
     teacher = {f"{split}_ppl": pipeline.ppl(split, final) for split in ("valid", "test")}
-    print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
+    print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}",
+          flush=True)
     return {**teacher, "flops": pipeline.dense}
 
 
 def analyse_teacher(pipeline: Pipeline) -> Tuple[List[LayerData], list]:
-    """(2) §4.1 on --analysis-sequences training sequences (batches of their own seeds): the predictors' data and
-    the record's summary; the maps saved as analysis.pt."""
-    from bench import loop
+    """(2) §4.1 on --analysis-sequences training sequences (batches of their own seeds): the
+    predictors' data and the record's summary; the maps saved as analysis.pt."""
     run, cfg = pipeline.run, pipeline.cfg
-    batches = [run.task.train_batch(cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i))
-               for i in range(-(-pipeline.kernel.analysis_sequences // cfg.batch_size))]
-    inputs = [loop.model_inputs(batch, run.device) for batch in batches]
+    count = -(-pipeline.kernel.analysis_sequences // cfg.batch_size)  # batches, rounded up
+    generators = [torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i) for i in range(count)]
+    batches = [run.task.train_batch(cfg.batch_size, generator) for generator in generators]
+    inputs = [pipeline.loop.model_inputs(batch, run.device) for batch in batches]
     data, maps, summary = analysis(pipeline.model, inputs, pipeline.kernel)
-    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
+    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps],
+               cfg.folder / "analysis.pt")
     return data, summary
 
 
-def publish(pipeline: Pipeline, report: dict, record: dict, start: float) -> None:
-    """finetuned.pt, kernel_report.md (also printed: a claim's saved output holds the tables, time beside FLOPs)
-    and the record: the fine-tuned sparse model's numbers, the pipeline's report under `kernel`."""
-    from bench.kernel_report import render
+def publish(pipeline: Pipeline, report: dict, record: dict, start: float,
+            render: Callable[[dict], str]) -> None:
+    """finetuned.pt, kernel_report.md (`render`ed; also printed: a claim's saved output holds the
+    tables, time beside FLOPs) and the record: the fine-tuned sparse model's numbers, the pipeline's
+    report under `kernel`."""
     folder, f = pipeline.cfg.folder, report["finetune"]
-    torch.save({"model": pipeline.model.state_dict(), "setting": f["setting"]}, folder / "finetuned.pt")
+    torch.save({"model": pipeline.model.state_dict(), "setting": f["setting"]},
+               folder / "finetuned.pt")
     report["seconds"] = time.time() - start
     text = render(report)
     (folder / "kernel_report.md").write_text(text)
@@ -1077,7 +1088,8 @@ def publish(pipeline: Pipeline, report: dict, record: dict, start: float) -> Non
     record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
                   valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]),
                   density=f["density"], density_per_layer=f["density_per_layer"],
-                  flops_per_example={"model": f["flops"]["model"], "attention": f["flops"]["attention"]})
+                  flops_per_example={"model": f["flops"]["model"],
+                                     "attention": f["flops"]["attention"]})
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -1088,9 +1100,10 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     predicted masks (§6.2) beside a dense control. The record is the sparse model's; kernel.teacher the teacher's."""
     import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention "
-                 "needs only torch and alibi.py)")
-    from bench import cli, loop
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file "
+                 "(KernelSparseAttention needs only torch and alibi.py)")
+    from bench import cli, fine_tune, loop, measure
+    from bench.kernel_report import render
     from bench.tasks import get_task
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
                             "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig,
@@ -1104,19 +1117,20 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
         loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
         record = loop.final_record(run)
         if record is not None:
-            start, pipeline, final = time.time(), Pipeline(run, cfg, kernel), cfg.final_eval_batches
+            start, final = time.time(), cfg.final_eval_batches
+            pipeline = Pipeline(run, cfg, kernel, loop, measure, fine_tune)
             report = {"config": asdict(kernel), "teacher": teacher_numbers(pipeline)}
             data, report["analysis"] = analyse_teacher(pipeline)  # (2)
-            predictors, report["variants"] = fit_variants(  # (3) kernels and predictors, (4) sparsified
-                pipeline.model, data, kernel, torch.Generator().manual_seed(cfg.seed), pipeline.measured,
-                pipeline.batches("valid", 2))
+            model, seeded = pipeline.model, torch.Generator().manual_seed(cfg.seed)
+            predictors, report["variants"] = fit_variants(  # (3) kernels, predictors; (4) inference
+                model, data, kernel, seeded, pipeline.measured, pipeline.batches("valid", 2))
             chosen = predictors[kernel.sweep]
-            report["fig5"], report["fig6"] = sweeps(pipeline.model, chosen, kernel, pipeline.measured,
+            report["fig5"], report["fig6"] = sweeps(model, chosen, kernel, pipeline.measured,
                                                     pipeline.evaluate)  # (4)
             report["finetune"] = fine_tune_best(  # (5)
-                pipeline.model, chosen, report["fig5"], report["teacher"], kernel, pipeline.tune_backbone,
+                model, chosen, report["fig5"], report["teacher"], kernel, pipeline.tune_backbone,
                 lambda: pipeline.measured(final), lambda: pipeline.ppl("test", final))
-            publish(pipeline, report, record, start)
+            publish(pipeline, report, record, start, render)
         loop.finish(run, record)
     return 0
 
