@@ -1,7 +1,8 @@
 """fastRG: sample sparse random graphs whose expectation is low rank, X S Yᵀ, in time linear in the edges.
 
 Rohe, Tao, Han, Binkiewicz, "A Note on Quickly Sampling a Sparse Matrix with Low Rank Expectation", JMLR 19(77),
-2018, arXiv 1703.02998; Algorithm 1 of SBM-Transformer (Cho et al., NeurIPS 2022, §4.1, Eq. 8; papers/000).
+2018, arXiv 1703.02998; Algorithm 1 of SBM-Transformer (Cho et al., NeurIPS 2022, arXiv 2210.15541,
+§4.1, Eq. 8).
 Inputs: non-negative memberships X (n × K), Y (m × K) and a block matrix S (K × K); leading dims broadcast and
 are flattened into R graphs; X or Y may come as a tuple of parts (n × K_a), their concatenation along K, which
 the samplers never form. With λ = X S Yᵀ, λ_ij = Σ_uv X_iu S_uv Y_jv:
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 __all__ = ["sample_reference", "sample", "sample_block_csr", "expected_edges", "edge_probability", "one_thread",
-           "repeat_interleave", "nonzero", "sort_integers"]
+           "sort_integers"]
 
 Factor = torch.Tensor | tuple[torch.Tensor, ...]  # X or Y: a tensor, or its parts along K (never concatenated)
 _WORK = torch.float64  # rates, CDFs: float32 running sums drift (n = 16384: 2% of an even entry's mass, +33% on a tail)
@@ -103,8 +104,8 @@ _COPY_ROWS = 64  # fewest CDF rows a block: the transposing copy is fastest over
 _GAP = 1 << 16  # CDF entries of rows without draws between two rows with draws above which a block is cut
 _GUIDE = 1 << 18  # CDF entries counted at a time in a full guide table: bounded temporaries
 _CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
-_FEW = 8  # draws a side up to which each drawn row is searched alone (_draw_few): at n = 8192, K = 128 a call with
-# one expected edge takes 4.7 ms instead of 6.0 (one thread, medians of 40 interleaved calls)
+_FEW = 8  # draws a side up to which each drawn row is searched alone (_draw_few): the sampler 1.6× faster on a
+# near-empty graph (3 edges, n = 8192, K = 128; results/notes/fastrg_parts.md)
 
 
 @contextlib.contextmanager
@@ -113,8 +114,8 @@ def one_thread():
     Python threads' torch ops run on one thread meanwhile). The sampler is many mid-sized ops, and with several
     threads on a shared CPU each op waits at a barrier for a descheduled thread. Without this scope, at n = 1024-
     8192, K = 128, densities 0.1-10% on 2 cores, 2 threads took down to 0.73× the one-thread time on a quiet
-    machine but 1.6-31× beside a busy process on each core (`python -m experiments.thread_cost`). The
-    graph drawn does not depend on the thread count."""
+    machine but 1.6-31× beside a busy process on each core (results/notes/thread_cost.md). The graph drawn
+    does not depend on the thread count."""
     threads = torch.get_num_threads()
     if threads > 1:
         torch.set_num_threads(1)
@@ -148,7 +149,7 @@ def sample(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator 
             return _empty(R, n, device, csr)
         per_graph = counts.view(R, -1).sum(1)
         E = int(per_graph.sum())
-        r = repeat_interleave(torch.arange(R, device=device), per_graph, E)
+        r = torch.repeat_interleave(torch.arange(R, device=device), per_graph, output_size=E)
         i, j = torch.empty_like(r), torch.empty_like(r)
         streams = _uniforms(generator, device), _uniforms(generator, device)
         for r0, r1, e0, e1 in _chunks(per_graph):
@@ -324,7 +325,7 @@ def _spread(values: torch.Tensor, ends: np.ndarray, a: int, z: int) -> torch.Ten
     lo = int(np.searchsorted(ends, a, side="right"))                 # the group of position a
     hi = int(np.searchsorted(ends, z - 1, side="right")) + 1         # one past the group of position z − 1
     sizes = np.diff(ends[lo:hi].clip(max=z), prepend=a)              # (hi − lo,) each group's positions in a..z − 1
-    return repeat_interleave(values[lo:hi], torch.from_numpy(sizes).to(values.device), z - a)
+    return torch.repeat_interleave(values[lo:hi], torch.from_numpy(sizes).to(values.device), output_size=z - a)
 
 
 def _blocks(per_row: torch.Tensor, K: int, L: int):
@@ -381,8 +382,8 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
     if G == L:
         # Counting: the first entry at or above c/L (c ≥ 1) is the number of entries with ⌊CDF·L⌋ < c (exact: L a
         # power of two), one bincount for a range of rows; for c = 0 the first entry above 0 (a first entry at 0
-        # has zero weight, and may start a long run of them). One thread, K = 128: 3.6-4.0× torch.searchsorted
-        # of the L levels.
+        # has zero weight, and may start a long run of them). Beside torch.searchsorted of the L levels: the
+        # sampler 1.6× faster at n = 4096, density 10%, 2.8× at n = 8192, 1% (results/notes/fastrg_parts.md).
         guide = torch.empty(rows, L + 1, dtype=dtype, device=cdf.device)
         step = max(1, _GUIDE // L)
         for a in range(0, rows, step):
@@ -405,13 +406,13 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
 def _search(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tensor, L: int, steps: bool):
     """The first flat index in [lo, hi] whose CDF exceeds U, for draws whose cdf[hi] > U (all (E,)). With `steps`
     (a full guide, whose intervals mostly hold one or two entries) two steps first, which settle most draws, then
-    a bisection of the others (one thread: 1.05-1.08× faster end to end than bisecting all at n = 2048-8192,
-    densities 1-10%; even at n = 1024, 5%); else a bisection."""
+    a bisection of the others (the sampler 1.08× faster at n = 4096, density 10%, alike at 1%; its index additions
+    are in SBM-Transformer's recorded FLOP counts, which bisecting all would change); else a bisection."""
     if not steps:
         return _bisect(cdf, lo, hi, U, L)
     for _ in range(2):
         lo += cdf.index_select(0, lo) <= U                           # step past an entry ≤ U
-    rest = nonzero(cdf.index_select(0, lo) <= U)                     # not settled: the answer is in [lo + 1, hi]
+    rest = (cdf.index_select(0, lo) <= U).nonzero().squeeze(1)  # not settled: the answer is in [lo + 1, hi]
     lo[rest] = _bisect(cdf, lo.index_select(0, rest) + 1, hi.index_select(0, rest), U.index_select(0, rest), L)
     return lo
 
@@ -466,7 +467,7 @@ def _sorted_key(X, S, Y, generator, dedup: bool):
             key |= r0 << (bn + bm)
         else:                                                        # several graphs: at most about _EDGES edges
             graph = torch.arange(r0, r1, dtype=dtype, device=key.device) << (bn + bm)
-            key |= repeat_interleave(graph, per_graph[r0:r1], e1 - e0)
+            key |= torch.repeat_interleave(graph, per_graph[r0:r1], output_size=e1 - e0)
         key = sort_integers(key)                                     # the one sort
         if dedup:
             key = torch.unique_consecutive(key)
@@ -481,8 +482,9 @@ def _sorted_key(X, S, Y, generator, dedup: bool):
 
 def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
     """(R·n + 1,) int32 row offsets of sorted keys (rows q = r·n + i): up to 32 edges a row, a count of the keys
-    by row; with more, where each row's first key would go, one search per row. One thread, n = 8192: counting
-    is 4.6× the search's speed at 8 edges a row, the search 1.8× counting's at 82 and 7× at 800."""
+    by row; with more, where each row's first key would go, one search per row. Either alone leaves the sampler's
+    speed within 1.05× (results/notes/fastrg_parts.md); the rule stays as SBM-Transformer's recorded FLOP counts
+    were made (the count's cumsum is in them, the search is not)."""
     bn = _bits(n)
     row_ptr = torch.full((R * n + 1,), len(key), dtype=torch.int32, device=key.device)
     if len(key) <= 32 * R * n:
@@ -507,27 +509,12 @@ def _empty(R: int, n: int, device: torch.device, csr: bool) -> tuple[torch.Tenso
 
 
 # ------------------------------------------------------------------------------ CPU primitives
-# Steps that torch runs slowly on CPU go through numpy there (same results). Factors: one thread, medians of 9
-# interleaved calls, the sizes of SBM-Transformer's graphs (n = 1024-8192, K = 128, densities 0.1-10%).
-def repeat_interleave(values: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
-    """torch.repeat_interleave(values, counts, output_size=total) for 1-D values without gradient (np.repeat
-    fills whole runs: 2.2-7× torch's at 67k-6.7M outputs)."""
-    if values.device.type == "cpu" and not values.requires_grad:
-        return torch.from_numpy(np.repeat(values.numpy(), counts.numpy()))
-    return torch.repeat_interleave(values, counts, output_size=total)
-
-
-def nonzero(mask: torch.Tensor) -> torch.Tensor:
-    """(E,) bool → int64 positions of its True entries (np.flatnonzero: 6× torch.nonzero at half True, 1.3× at
-    5%, 0.67M-6.7M entries)."""
-    if mask.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(mask.numpy()))
-    return mask.nonzero().squeeze(1)
-
-
+# Steps that torch runs slowly on CPU go through numpy there (same results). Factors: the whole sampler's speed
+# (sample_block_csr) against torch's own call, one thread, K = 128, n = 1024-8192, densities 0.1-10% and a
+# near-empty graph (results/notes/fastrg_parts.md).
 def sort_integers(key: torch.Tensor) -> torch.Tensor:
-    """1-D integer keys without gradient, sorted ascending, in place on CPU (numpy's vectorised sort: 3.0-7.2×
-    torch.sort at 67k-6.7M int32 keys, 5-6× at 5.4M-54M int64 keys)."""
+    """1-D integer keys without gradient, sorted ascending, in place on CPU (numpy's vectorised sort beside
+    torch.sort: the sampler 1.2× faster at n = 4096, 1%, 1.8× at 10%, 1.3× at n = 8192, 1%)."""
     if key.device.type == "cpu":
         key.numpy().sort()
         return key
@@ -545,7 +532,8 @@ def _uniforms(generator: torch.Generator | None, device: torch.device):
 
 
 def _scaled_floor(C: torch.Tensor, L: int) -> torch.Tensor:
-    """⌊C·L⌋ as int64 for C ≥ 0 (numpy's product cast in one pass: 2.3× torch's product and conversion)."""
+    """⌊C·L⌋ as int64 for C ≥ 0 (numpy's product cast in one pass: the sampler up to 1.07× faster, n = 4096, 1%;
+    torch's product would enter SBM-Transformer's recorded FLOP counts)."""
     if C.device.type == "cpu":
         out = np.empty(C.shape, dtype=np.int64)
         np.multiply(C.numpy(), L, out=out, casting="unsafe")         # a C cast truncates: ⌊·⌋ for C ≥ 0
@@ -554,8 +542,9 @@ def _scaled_floor(C: torch.Tensor, L: int) -> torch.Tensor:
 
 
 def _column_sums(W: torch.Tensor) -> torch.Tensor:
-    """(R, n, K) → (R, K) float64 column sums (numpy's adds rows in one pass: 1.9-3.2× torch's sum over the
-    middle dim at R·n = 8192-65536, K = 128)."""
+    """(R, n, K) → (R, K) float64 column sums (numpy's adds rows in one pass: the sampler 1.5× faster on a
+    near-empty graph at n = 8192, K = 128, and the sums, rounded unlike torch's, are those of the draws behind
+    results/)."""
     if W.device.type == "cpu" and W.dtype in (torch.float32, torch.float64):
         return torch.from_numpy(W.numpy().sum(axis=1, dtype=np.float64))
     return W.sum(1, dtype=_WORK)
@@ -564,7 +553,7 @@ def _column_sums(W: torch.Tensor) -> torch.Tensor:
 def _columns(W: torch.Tensor, u0: int, u1: int, out: torch.Tensor) -> None:
     """Columns u0..u1 − 1 of W (n, K) as rows: out (u1 − u0, n) float64 ← W[:, u0:u1]ᵀ, one transposing, converting
     copy. On CPU numpy's, a tile of rows at a time so that its source and destination stay in the L1 cache
-    (K = 128: 3.1× torch's strided copy at n = 8192, 1.3× at 8 graphs of 1024; 0.8× at one of 1024, 0.03 ms)."""
+    (beside torch's strided copy, K = 128: the sampler 1.15× faster at n = 4096, 1%, 1.13× at n = 8192, 1%)."""
     if W.device.type == "cpu" and W.dtype in (torch.float32, torch.float64):
         n, tile = W.shape[0], max(64, 8192 // (u1 - u0))            # 64 rows of 128 columns: 32 KiB of float32
         source, target = W.numpy(), out.numpy()
@@ -587,15 +576,12 @@ def _check_factor(name: str, t) -> None:
 
 def _check_values(name: str, t: torch.Tensor, high: bool = True) -> None:
     """One pass (aminmax): a NaN propagates to both ends, an infinity shows at one of them. With high=False the
-    minimum alone, for a caller whose column sums show a +inf (numpy's on CPU: 1.6× torch.aminmax's speed at
-    8192 × 128 float32)."""
+    minimum alone, for a caller whose column sums show a +inf."""
     if t.dtype == torch.bool or t.numel() == 0:
         return
     t = t.detach()
     if high:
         low, top = (float(v) for v in torch.aminmax(t))
-    elif t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64):
-        low, top = float(t.numpy().min()), 0.0
     else:
         low, top = float(t.min()), 0.0
     if not (math.isfinite(low) and math.isfinite(top)):

@@ -21,7 +21,8 @@ sparse model's numbers, the teacher's under kernel.teacher; kernel_report.md is 
     python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
     python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
-    python -m experiments.kernel_time                                  # one layer's inference time, sparse beside dense
+
+One layer's inference time, sparse beside dense, at n = 256-4096: results/notes/kernel_time.md.
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model width, K kernels, G kernel groups
 (1 or H), L max length, R rows (queries) taken, S selected (row, head, kernel) triples or sequences, P offsets
@@ -43,93 +44,17 @@ from torch import Tensor, nn
 
 from alibi import alibi_bias, alibi_slopes
 
-FAMILIES = ("standard", "handcrafted", "learned")
-LOSSES = ("max", "per-kernel")
 PATHS = ("fast", "reference")
 SELECTS = ("threshold", "topk")
 # §4.2.1: (window length, dilation) of the forward kernels (offsets d, 2d, …, w·d) and, mirrored, the backward ones;
 # with the identity, 17 kernels. Ours: Fig. 4a is a picture without lengths or dilations. Nested windows reach 32
 # tokens, the dilated ones 64 and 256.
 STANDARD_WINDOWS = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (32, 1), (16, 4), (32, 8))
-
-
-def _floats(text: str) -> Tuple[float, ...]:
-    return tuple(float(t) for t in text.split(",") if t)
-
-
-def _ints(text: str) -> Tuple[int, ...]:
-    return tuple(int(t) for t in text.split(",") if t)
-
-
-def _names(text: str) -> Tuple[str, ...]:
-    return tuple(t for t in text.split(",") if t)
-
-
-@dataclass
-class KernelConfig:
-    """The pipeline's settings (the paper's values where it gives them), each also an option of this file's CLI."""
-    families: Tuple[str, ...] = field(default=FAMILIES, metadata={
-        "type": _names, "help": "kernel families to fit, comma-separated"})
-    losses: Tuple[str, ...] = field(default=LOSSES, metadata={
-        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)"})
-    target: str = field(default="threshold", metadata={
-        "choices": ("threshold", "topk"), "help": "binary targets: the threshold (§4.2) or the top-k of each row"})
-    target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
-    target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
-    handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
-    learned_kernels: int = field(default=14, metadata={"help": "learned kernels per layer (§4.2.3)"})
-    window: int = field(default=5, metadata={"help": "tokens in the predictor's window, odd (§6.1)"})
-    hidden: int = field(default=64, metadata={"help": "predictor hidden width (§4.2: 32 or 64)"})
-    hidden_layers: int = field(default=2, metadata={"help": "predictor hidden layers (§4.2: 2 or 3)"})
-    select: str = field(default="threshold", metadata={
-        "choices": SELECTS, "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)"})
-    threshold: float = field(default=0.5, metadata={"help": "τ: take kernels with α > τ"})
-    top_k: int = field(default=3, metadata={"help": "K: take the K largest α"})
-    analysis_sequences: int = field(default=128, metadata={
-        "help": "training sequences shown to the analysis and the predictors"})
-    predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
-    predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
-    predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
-    predictor_rows: int = field(default=32, metadata={
-        "help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"})
-    thresholds: Tuple[float, ...] = field(default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={
-        "type": _floats, "help": "Fig. 5 thresholds, comma-separated"})
-    top_ks: Tuple[int, ...] = field(default=(1, 2, 3, 5, 8), metadata={
-        "type": _ints, "help": "Fig. 5 top-K values, comma-separated"})
-    sweep: str = field(default="standard/max", metadata={"help": "FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning"})
-    flops_budget: float = field(default=0.6, metadata={
-        "help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"})
-    finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
-    finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    alibi: bool = field(default=True, metadata={
-        "help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"})
-
-    def __post_init__(self):
-        unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
-        if unknown or not self.families or not self.losses:
-            raise ValueError(f"families must be in {FAMILIES} and losses in {LOSSES}, got {unknown}")
-        family, _, loss = self.sweep.partition("/")
-        if family not in self.families or loss not in self.losses or (family == "learned" and loss != "max"):
-            raise ValueError(f"sweep must be FAMILY/LOSS among the fitted variants, got {self.sweep!r}")
-        if self.target not in ("threshold", "topk") or self.select not in SELECTS:
-            raise ValueError(f"target and select must be 'threshold' or 'topk', got {self.target}, {self.select}")
-        if self.window < 1 or self.window % 2 == 0:
-            raise ValueError(f"the predictor window must be an odd number of tokens, got {self.window}")
-        for name in ("target_topk", "handcrafted_k", "learned_kernels", "hidden", "hidden_layers", "top_k",
-                     "analysis_sequences", "predictor_batch", "predictor_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        floats = (self.threshold, self.target_threshold, self.predictor_lr, self.finetune_lr, self.flops_budget,
-                  *self.thresholds)
-        if not all(math.isfinite(v) for v in floats):
-            raise ValueError("threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget "
-                             "must be finite")
-        if min(self.predictor_steps, self.finetune_steps) < 0 or min(self.top_ks, default=1) < 1:
-            raise ValueError("steps must be >= 0 and top-K values >= 1")
-
-    def variants(self) -> List[str]:
-        """FAMILY/LOSS names of the fitted predictors, in table order."""
-        return [f"{f}/{x}" for x in self.losses for f in self.families if not (f == "learned" and x != "max")]
+# The attention's defaults, and the pipeline's: learned kernels per layer (§4.2.3), the predictor's
+# window (§6.1), hidden width and layers (§4.2: 32 or 64 units, 2 or 3 layers), and the selection at
+# inference (§5.2).
+LEARNED_KERNELS, WINDOW, HIDDEN, HIDDEN_LAYERS = 14, 5, 64, 2
+SELECT, THRESHOLD, TOP_K = "threshold", 0.5, 3
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -240,7 +165,7 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def init_learned_kernels(max_len: int, count: int = KernelConfig.learned_kernels,
+def init_learned_kernels(max_len: int, count: int,
                          generator: Optional[torch.Generator] = None) -> KernelBank:
     """§4.2.3: `count` local kernels of length 2L−1 per layer (1023 at L = 512), logits N(0, 1), shared by heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
@@ -254,9 +179,8 @@ class KernelPredictor(nn.Module):
     concatenated window is a Conv1d over the sequence; the location enters through its own map into the same units."""
     # Ours: one predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 
-    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = KernelConfig.window,
-                 hidden: int = KernelConfig.hidden, hidden_layers: int = KernelConfig.hidden_layers,
-                 location_dim: int = 4):
+    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = WINDOW,
+                 hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS, location_dim: int = 4):
         super().__init__()
         if bank.row.shape[0] not in (1, heads):
             raise ValueError(f"kernel groups must be 1 or heads={heads}, got {bank.row.shape[0]}")
@@ -449,10 +373,10 @@ class KernelSparseAttention(nn.Module):
     (`path="fast"`) or as a masked dense softmax (`path="reference"`)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
-                 kernels: str = "standard", learned_kernels: int = KernelConfig.learned_kernels,
-                 window: int = KernelConfig.window, hidden: int = KernelConfig.hidden,
-                 hidden_layers: int = KernelConfig.hidden_layers, select: str = KernelConfig.select,
-                 threshold: float = KernelConfig.threshold, top_k: int = KernelConfig.top_k, sparse: bool = True,
+                 kernels: str = "standard", learned_kernels: int = LEARNED_KERNELS,
+                 window: int = WINDOW, hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS,
+                 select: str = SELECT,
+                 threshold: float = THRESHOLD, top_k: int = TOP_K, sparse: bool = True,
                  path: str = "fast", alibi: bool = False):
         super().__init__()
         if min(dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k) < 1:
@@ -569,6 +493,94 @@ class KernelSparseAttention(nn.Module):
             mask = bias.masked_fill(~mask, float("-inf"))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return y.masked_fill(empty, 0.0), counts
+
+
+# ------------------------------------------------------------------------------------ the pipeline's settings
+FAMILIES = ("standard", "handcrafted", "learned")
+LOSSES = ("max", "per-kernel")
+
+
+def _floats(text: str) -> Tuple[float, ...]:
+    return tuple(float(t) for t in text.split(",") if t)
+
+
+def _ints(text: str) -> Tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t)
+
+
+def _names(text: str) -> Tuple[str, ...]:
+    return tuple(t for t in text.split(",") if t)
+
+
+@dataclass
+class KernelConfig:
+    """The pipeline's settings (the paper's values where it gives them), each also an option of this file's CLI."""
+    families: Tuple[str, ...] = field(default=FAMILIES, metadata={
+        "type": _names, "help": "kernel families to fit, comma-separated"})
+    losses: Tuple[str, ...] = field(default=LOSSES, metadata={
+        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)"})
+    target: str = field(default="threshold", metadata={
+        "choices": ("threshold", "topk"), "help": "binary targets: the threshold (§4.2) or the top-k of each row"})
+    target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
+    target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
+    handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
+    learned_kernels: int = field(default=LEARNED_KERNELS, metadata={
+        "help": "learned kernels per layer (§4.2.3)"})
+    window: int = field(default=WINDOW, metadata={
+        "help": "tokens in the predictor's window, odd (§6.1)"})
+    hidden: int = field(default=HIDDEN, metadata={
+        "help": "predictor hidden width (§4.2: 32 or 64)"})
+    hidden_layers: int = field(default=HIDDEN_LAYERS, metadata={
+        "help": "predictor hidden layers (§4.2: 2 or 3)"})
+    select: str = field(default=SELECT, metadata={
+        "choices": SELECTS, "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)"})
+    threshold: float = field(default=THRESHOLD, metadata={"help": "τ: take kernels with α > τ"})
+    top_k: int = field(default=TOP_K, metadata={"help": "K: take the K largest α"})
+    analysis_sequences: int = field(default=128, metadata={
+        "help": "training sequences shown to the analysis and the predictors"})
+    predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
+    predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
+    predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
+    predictor_rows: int = field(default=32, metadata={
+        "help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"})
+    thresholds: Tuple[float, ...] = field(default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={
+        "type": _floats, "help": "Fig. 5 thresholds, comma-separated"})
+    top_ks: Tuple[int, ...] = field(default=(1, 2, 3, 5, 8), metadata={
+        "type": _ints, "help": "Fig. 5 top-K values, comma-separated"})
+    sweep: str = field(default="standard/max", metadata={"help": "FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning"})
+    flops_budget: float = field(default=0.6, metadata={
+        "help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"})
+    finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
+    finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
+    alibi: bool = field(default=True, metadata={
+        "help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"})
+
+    def __post_init__(self):
+        unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
+        if unknown or not self.families or not self.losses:
+            raise ValueError(f"families must be in {FAMILIES} and losses in {LOSSES}, got {unknown}")
+        family, _, loss = self.sweep.partition("/")
+        if family not in self.families or loss not in self.losses or (family == "learned" and loss != "max"):
+            raise ValueError(f"sweep must be FAMILY/LOSS among the fitted variants, got {self.sweep!r}")
+        if self.target not in ("threshold", "topk") or self.select not in SELECTS:
+            raise ValueError(f"target and select must be 'threshold' or 'topk', got {self.target}, {self.select}")
+        if self.window < 1 or self.window % 2 == 0:
+            raise ValueError(f"the predictor window must be an odd number of tokens, got {self.window}")
+        for name in ("target_topk", "handcrafted_k", "learned_kernels", "hidden", "hidden_layers", "top_k",
+                     "analysis_sequences", "predictor_batch", "predictor_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        floats = (self.threshold, self.target_threshold, self.predictor_lr, self.finetune_lr, self.flops_budget,
+                  *self.thresholds)
+        if not all(math.isfinite(v) for v in floats):
+            raise ValueError("threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget "
+                             "must be finite")
+        if min(self.predictor_steps, self.finetune_steps) < 0 or min(self.top_ks, default=1) < 1:
+            raise ValueError("steps must be >= 0 and top-K values >= 1")
+
+    def variants(self) -> List[str]:
+        """FAMILY/LOSS names of the fitted predictors, in table order."""
+        return [f"{f}/{x}" for x in self.losses for f in self.families if not (f == "learned" and x != "max")]
 
 
 # ------------------------------------------------------------------------------------------------ §4.1 analysis
@@ -987,6 +999,99 @@ def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: Li
     return final
 
 
+# ------------------------------------------------------------------------ the pipeline on bench
+class Pipeline:
+    """What the pipeline asks of bench's trained run, through the bench modules main() passes (the
+    attention above needs only torch): perplexities, the validation of the model as installed with
+    FLOPs and inference time on one fixed validation batch (Tables 1, 3), and the backbone's
+    fine-tuning (§6.2)."""
+
+    def __init__(self, run, cfg, kernel: KernelConfig, loop, measure, fine_tune):
+        self.run, self.cfg, self.kernel, self.model = run, cfg, kernel, run.model
+        self.loop, self.measure, self.fine_tune = loop, measure, fine_tune
+        self.model.eval()
+        install(self.model, sparse=False)
+        self.inputs = self.batches("valid", 1)[0]  # the batch that FLOPs and times are measured on
+        self.dense = self.flops()  # the teacher's
+
+    def batches(self, split: str, count: int) -> List[dict]:
+        """The model's keyword arguments of the split's first `count` evaluation batches."""
+        batches = self.run.task.eval_batches(split, self.cfg.batch_size, count)
+        return [self.loop.model_inputs(batch, self.run.device) for batch in batches]
+
+    def flops(self) -> dict:
+        """attention_flops of the model as installed, on the fixed batch."""
+        model = self.model
+        counts = self.measure.count_flops(lambda: model(**self.inputs), attention_parts(model),
+                                          root=model)
+        return attention_flops(counts, len(self.inputs["tokens"]))
+
+    def evaluate(self, split: str = "valid", limit: Optional[int] = None) -> dict:
+        return self.run.evaluate(split, self.cfg.eval_batches if limit is None else limit)
+
+    def ppl(self, split: str, limit: Optional[int] = None) -> float:
+        return math.exp(self.evaluate(split, limit)["loss"])
+
+    def measured(self, limit: Optional[int] = None) -> dict:
+        """sparse_result of the model as installed: `limit` validation batches (default
+        --eval-batches), inference time × dense on the fixed batch."""
+        result = self.evaluate("valid", limit)
+        timed = time_x_dense(self.model, lambda: self.model(**self.inputs), 5,
+                             lambda: self.measure.synchronize(self.run.device))
+        n = self.inputs["tokens"].shape[1]
+        return sparse_result(result, self.flops(), self.dense, n, timed)
+
+    def tune_backbone(self) -> List[float]:
+        """--finetune-steps of the backbone on the masked reference path; the training losses."""
+        cfg, kernel, model = self.cfg, self.kernel, self.model
+        with reference_path(model):
+            return self.fine_tune.fine_tune(
+                model, self.run.task, backbone_parameters(model), kernel.finetune_steps,
+                kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
+
+
+def teacher_numbers(pipeline: Pipeline) -> dict:
+    """(1) The dense teacher's validation and test perplexity (--final-eval-batches) and FLOPs."""
+    final = pipeline.cfg.final_eval_batches
+    teacher = {f"{split}_ppl": pipeline.ppl(split, final) for split in ("valid", "test")}
+    print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}",
+          flush=True)
+    return {**teacher, "flops": pipeline.dense}
+
+
+def analyse_teacher(pipeline: Pipeline) -> Tuple[List[LayerData], list]:
+    """(2) §4.1 on --analysis-sequences training sequences (batches of their own seeds): the
+    predictors' data and the record's summary; the maps saved as analysis.pt."""
+    run, cfg = pipeline.run, pipeline.cfg
+    count = -(-pipeline.kernel.analysis_sequences // cfg.batch_size)  # batches, rounded up
+    generators = [torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i) for i in range(count)]
+    batches = [run.task.train_batch(cfg.batch_size, generator) for generator in generators]
+    inputs = [pipeline.loop.model_inputs(batch, run.device) for batch in batches]
+    data, maps, summary = analysis(pipeline.model, inputs, pipeline.kernel)
+    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps],
+               cfg.folder / "analysis.pt")
+    return data, summary
+
+
+def publish(pipeline: Pipeline, report: dict, record: dict, start: float,
+            render: Callable[[dict], str]) -> None:
+    """finetuned.pt, kernel_report.md (`render`ed; also printed: a claim's saved output holds the
+    tables, time beside FLOPs) and the record: the fine-tuned sparse model's numbers, the pipeline's
+    report under `kernel`."""
+    folder, f = pipeline.cfg.folder, report["finetune"]
+    torch.save({"model": pipeline.model.state_dict(), "setting": f["setting"]},
+               folder / "finetuned.pt")
+    report["seconds"] = time.time() - start
+    text = render(report)
+    (folder / "kernel_report.md").write_text(text)
+    print(text, flush=True)
+    record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
+                  valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]),
+                  density=f["density"], density_per_layer=f["density_per_layer"],
+                  flops_per_example={"model": f["flops"]["model"],
+                                     "attention": f["flops"]["attention"]})
+
+
 # -------------------------------------------------------------------------------------------------- main
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense
@@ -995,7 +1100,8 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     predicted masks (§6.2) beside a dense control. The record is the sparse model's; kernel.teacher the teacher's."""
     import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (KernelSparseAttention needs only torch and alibi.py)")
+        sys.exit(f"{prog}: training needs the repository's bench/ beside this file "
+                 "(KernelSparseAttention needs only torch and alibi.py)")
     from bench import cli, fine_tune, loop, measure
     from bench.kernel_report import render
     from bench.tasks import get_task
@@ -1011,54 +1117,22 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
         loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
         record = loop.final_record(run)
         if record is not None:
-            start, model, task, final = time.time(), run.model, run.task, cfg.final_eval_batches
-            model.eval()
-            install(model, sparse=False)
-            inputs = loop.model_inputs(next(task.eval_batches("valid", cfg.batch_size, 1)), run.device)
-
-            def flops() -> dict:
-                counts = measure.count_flops(lambda: model(**inputs), attention_parts(model), root=model)
-                return attention_flops(counts, len(inputs["tokens"]))
-
-            def measured(limit: int = cfg.eval_batches) -> dict:  # inference time × dense timed on `inputs`
-                result = run.evaluate("valid", limit)
-                timed = time_x_dense(model, lambda: model(**inputs), 5, lambda: measure.synchronize(run.device))
-                return sparse_result(result, flops(), dense, inputs["tokens"].shape[1], timed)
-
-            def tune_backbone() -> List[float]:
-                with reference_path(model):
-                    return fine_tune.fine_tune(model, task, backbone_parameters(model), kernel.finetune_steps,
-                                               kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
-
-            dense = flops()
-            teacher = {f"{split}_ppl": math.exp(run.evaluate(split, final)["loss"]) for split in ("valid", "test")}
-            report = {"config": asdict(kernel), "teacher": {**teacher, "flops": dense}}
-            print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
-            batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i))
-                       for i in range(-(-kernel.analysis_sequences // cfg.batch_size))]  # their own seeds
-            data, maps, report["analysis"] = analysis(model, [loop.model_inputs(b, run.device) for b in batches],
-                                                      kernel)  # (2)
-            torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
-            quality = [loop.model_inputs(b, run.device) for b in task.eval_batches("valid", cfg.batch_size, 2)]
-            predictors, report["variants"] = fit_variants(model, data, kernel, torch.Generator().manual_seed(cfg.seed),
-                                                          measured, quality)  # (3), (4)
-            report["fig5"], report["fig6"] = sweeps(model, predictors[kernel.sweep], kernel, measured,
-                                                    lambda: run.evaluate("valid", cfg.eval_batches))  # (4)
-            report["finetune"] = f = fine_tune_best(model, predictors[kernel.sweep], report["fig5"], teacher, kernel,
-                                                    tune_backbone, lambda: measured(final),
-                                                    lambda: math.exp(run.evaluate("test", final)["loss"]))  # (5)
-            torch.save({"model": model.state_dict(), "setting": f["setting"]}, cfg.folder / "finetuned.pt")
-            report["seconds"] = time.time() - start
-            text = render(report)  # also printed: the claim's saved output holds the tables, time beside FLOPs
-            (cfg.folder / "kernel_report.md").write_text(text)
-            print(text, flush=True)
-            record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
-                          valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]), density=f["density"],
-                          density_per_layer=f["density_per_layer"],
-                          flops_per_example={"model": f["flops"]["model"], "attention": f["flops"]["attention"]})
+            start, final = time.time(), cfg.final_eval_batches
+            pipeline = Pipeline(run, cfg, kernel, loop, measure, fine_tune)
+            report = {"config": asdict(kernel), "teacher": teacher_numbers(pipeline)}
+            data, report["analysis"] = analyse_teacher(pipeline)  # (2)
+            model, seeded = pipeline.model, torch.Generator().manual_seed(cfg.seed)
+            predictors, report["variants"] = fit_variants(  # (3) kernels, predictors; (4) inference
+                model, data, kernel, seeded, pipeline.measured, pipeline.batches("valid", 2))
+            chosen = predictors[kernel.sweep]
+            report["fig5"], report["fig6"] = sweeps(model, chosen, kernel, pipeline.measured,
+                                                    pipeline.evaluate)  # (4)
+            report["finetune"] = fine_tune_best(  # (5)
+                model, chosen, report["fig5"], report["teacher"], kernel, pipeline.tune_backbone,
+                lambda: pipeline.measured(final), lambda: pipeline.ppl("test", final))
+            publish(pipeline, report, record, start, render)
         loop.finish(run, record)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -379,9 +379,9 @@ class Edges:
                     key = fastrg.sort_integers(key)  # by (key, query)
                     perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
                     perm.bitwise_and_((1 << bits) - 1)
-                    row = fastrg.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
-                                                                device=key.device),
-                                                   self.row_len[g0 * self.N:g1 * self.N], b - a)  # CSR order
+                    row = torch.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
+                                                               device=key.device),
+                                                  self.row_len[g0 * self.N:g1 * self.N], output_size=b - a)  # CSR order
                     for c in range(0, b - a, CHUNK):
                         row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
                     del key, row  # before the next block's
@@ -409,7 +409,7 @@ class Edges:
 
     def to_rows(self, per_row: Tensor) -> Tensor:
         """(R·N,) → (E,): each edge gets its query's value (edges are grouped by query)."""
-        return fastrg.repeat_interleave(per_row, self.row_len, self.E)
+        return torch.repeat_interleave(per_row, self.row_len, output_size=self.E)
 
     def chunks(self, key_major: bool = False):
         """Consecutive ranges of whole queries (of whole keys with key_major=True) holding about CHUNK edges:
@@ -543,7 +543,7 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
             allowed = part.col <= part.to_rows(diagonal[q0:q1])
             unsure &= allowed
             ok &= allowed
-        index = fastrg.nonzero(unsure)
+        index = unsure.nonzero().squeeze(1)
         checked = Edges.from_csr(_kept_offsets(unsure, part.row_ptr), part.col.index_select(0, index), 1, part.N,
                                  part.M)
         pi = _sddmm(checked.csr(_zeros(checked, x)), x[q0:q1], w) + delta

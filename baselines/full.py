@@ -59,7 +59,7 @@ class FullAttention(nn.Module):
     """Multi-head softmax attention, the repository's one attention interface (INTERFACE.md).
 
     Budget: none (every admissible pair). Options: ``path`` selects SDPA ("fast") or the reference path
-    (False); ``alibi`` adds ALiBi biases.
+    ("reference"); ``alibi`` adds ALiBi biases.
     """
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, path: str = "fast",

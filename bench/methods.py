@@ -10,8 +10,8 @@ reads it, so adding a method is its file plus one entry here.
 - ``causal``: whether the method has a causal form. A method without one (Linformer's and Nyströmformer's
   projections mix every position) is "n/a" on the causal language-modelling tasks, decided before any process
   starts.
-- ``tasks``: the only tasks the method runs on (the kernel method is a masked-LM pipeline, paper 003 §4), or
-  ``None`` for every task that no method reserves.
+- ``tasks``: the only tasks the method runs on (the kernel method is a masked-LM pipeline:
+  Karkhanis et al., "A Kernel based approach…", §4), or ``None`` for every task no method reserves.
 - ``cost``: a quick-grid cell's CPU time relative to full attention's on the same task (64-256 tokens, one
   thread; the mean over the quick tasks of one measured run: at these lengths every method's fixed costs
   outweigh full attention's quadratic term, which only long sequences change). The grid estimates its time from

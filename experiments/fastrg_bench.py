@@ -29,7 +29,7 @@ By default (--allocator keep) glibc is told to keep freed memory (mallopt M_MMAP
 every call; --allocator default leaves glibc's defaults. The setting is printed with the table, which is also
 written with its settings as JSON to OUT/fastrg_bench.json.
 
-The cost or gain of a second thread, beside busy processes: `python -m experiments.thread_cost`.
+The cost or gain of a second thread, beside busy processes: results/notes/thread_cost.md.
 
     python -m experiments.fastrg_bench
     python -m experiments.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg

@@ -296,15 +296,6 @@ def test_factors_in_parts_draw_the_graph_of_their_concatenation(monkeypatch, set
 
 def test_cpu_primitives_match_torch():
     g = torch.Generator().manual_seed(32)
-    counts = torch.randint(0, 4, (50,), generator=g)
-    counts[[0, 7, 49]] = 0
-    values = torch.randn(50, generator=g)
-    total = int(counts.sum())
-    expected = torch.repeat_interleave(values, counts)
-    assert torch.equal(fastrg.repeat_interleave(values, counts, total), expected)  # through numpy
-    with_grad = values.clone().requires_grad_()
-    fastrg.repeat_interleave(with_grad, counts, total).sum().backward()  # with a gradient: torch's own kernel
-    assert torch.equal(with_grad.grad, counts.float())
     key = torch.randint(0, 1 << 20, (1000,), dtype=torch.int32, generator=g)
     assert torch.equal(fastrg.sort_integers(key.clone()), torch.sort(key).values)
     state = g.get_state()
@@ -728,25 +719,6 @@ def test_benchmark_times_igraph_beside_when_asked(capsys, tmp_path, monkeypatch)
     assert fastrg_bench.main(args) == 0
     row = json.loads((tmp_path / "fastrg_bench.json").read_text())["rows"][0]
     assert float(row["igraph_ms"]) > 0 and float(row["fastrg_over_igraph"]) > 0 and "igraph" in capsys.readouterr().out
-
-
-def test_thread_cost_times_default_and_one_thread_idle_and_busy(capsys, tmp_path):
-    import json
-
-    from experiments import thread_cost
-    assert thread_cost.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--competitors", "1",
-                             "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "Thread cost" in out and "1 busy" in out and "SBM fwd+bwd" in out and "fastrg.sample" in out
-    rows = json.loads((tmp_path / "thread_cost.json").read_text())["rows"]
-    assert [row["load"] for row in rows] == ["as is"] * 2 + ["1 busy"] * 2
-    assert all(row["1 thread"]["median_ms"] > 0 for row in rows)
-    for bad in (["--densities", "1.5"], ["--competitors", "0"], ["--repeats", "0"]):
-        with pytest.raises(SystemExit) as exc:
-            thread_cost.main(bad)
-        assert exc.value.code == 2
-
-
 def test_benchmark_help_runs_nothing(capsys):
     from experiments import fastrg_bench
     with pytest.raises(SystemExit) as exc:

@@ -908,16 +908,3 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
     assert report in capsys.readouterr().out and "core FLOPs × dense | model time × dense" in report  # printed too
     assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
     assert (out / "kernel_report.md").is_file() and (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
-
-
-def test_kernel_time_benchmark_runs_and_writes_its_record(tmp_path, capsys):
-    """experiments.kernel_time (one layer, sparse beside dense, interleaved) at a tiny size: a row per length, with the
-    keys per query the layer reports and a compared copy of this file timed beside."""
-    from experiments import kernel_time
-    assert kernel_time.main(["--lengths", "16,24", "--tokens", "32", "--repeats", "1", "--warmup-iters", "1",
-                             "--compare", ks.__file__, "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "kernel_time.json").read_text())["rows"]
-    assert [(r["n"], r["batch"]) for r in rows] == [(16, 2), (24, 1)]
-    assert all(0 < r["keys_per_query"] <= r["n"] and r["compared"]["median_ms"] > 0 for r in rows)
-    assert all(r[v]["cpu_median_ms"] >= 0 for r in rows for v in ("dense", "sparse", "compared"))
-    assert "sparse ÷ dense, CPU time" in capsys.readouterr().out
