@@ -22,7 +22,8 @@ counter: we report the peak resident set size above the baseline taken just befo
 (``PeakRSS``), and the scaling benchmark runs each measured cell in its own process.
 
 Time. Warm-up iterations, then the median of repeated ones; CUDA synchronised around each; forward and
-forward+backward measured apart (``time_fn``).
+forward+backward measured apart (``time_fn``); variants compared side by side with their calls interleaved
+(``interleaved``).
 """
 import ctypes
 import ctypes.util
@@ -32,6 +33,7 @@ import resource
 import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -320,15 +322,40 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class Timed:
+    """One variant's times (ms) over the timed rounds and what each of its calls returned."""
+    ms: List[float]
+    results: list
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ms)
+
+
+def interleaved(variants: Dict[str, Callable[[int], object]], device: torch.device, repeats: int, warmup: int = 1,
+                clock: Callable[[], float] = time.perf_counter, alternate: bool = False,
+                after_round: Optional[Callable[[int], None]] = None) -> Dict[str, Timed]:
+    """Each variant timed side by side: ``warmup`` untimed rounds, then ``repeats`` timed ones, each round calling
+    every variant once with the round's index (``alternate``: in reverse order every other round), so that load
+    on a shared machine falls on all alike; by ``clock``, CUDA synchronised around each call. Returns each
+    variant's ms and results of the timed rounds (keep the results small: they all stay alive)."""
+    timed = {name: Timed([], []) for name in variants}
+    names = list(variants)
+    for round_ in range(warmup + repeats):
+        for name in (names[::-1] if alternate and round_ % 2 else names):
+            synchronize(device)
+            start = clock()
+            result = variants[name](round_)
+            synchronize(device)
+            if round_ >= warmup:
+                timed[name].ms.append((clock() - start) * 1e3)
+                timed[name].results.append(result)
+        if after_round is not None:
+            after_round(round_)
+    return timed
+
+
 def time_fn(fn: Callable[[], object], device: torch.device, warmup: int = 2, repeats: int = 5) -> float:
     """Median wall time of fn() in milliseconds, after warm-up, synchronised on CUDA."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return interleaved({"fn": lambda _: fn()}, device, repeats, warmup)["fn"].median
