@@ -1,29 +1,19 @@
-"""Files: a run's folder, its checkpoints and log, files written atomically, JSON, locks, and where the data live.
+"""Run folders and the files they hold: checkpoints, the log, files written atomically, JSON, locks, and where
+the data live. The standard library only at the top (torch where a checkpoint is read or written).
 
-A file is written into a temporary file beside it, synced and renamed over it, so a reader (or a run killed
-at any instant) sees the old file or the whole new one, never a part. The standard library only at the top
-(torch where a checkpoint is read or written): the command lines' ``--help`` stays light.
-
-Run folders: what a run keeps on disk, and how a fresh, overwriting or resumed run treats what is there.
-
-A run folder (``--out``) holds one run: ``checkpoint.pt`` (and ``checkpoint-STEP.pt`` snapshots), ``log.jsonl``
-and, once the run has finished, ``metrics.json`` — the only sign of a finished run (``"status": "complete"``).
-- A fresh run refuses a folder that already holds a run's files (exit 2) unless ``--overwrite`` is given: an
-  earlier run's hours are not replaced because a command was repeated or an --out mistyped. Files of others
-  (a caller's train.log) do not count. With ``--overwrite`` (as with ``--resume``) the old files go only once
-  the new run's settings, data and model are ready (``begin``), so a run refused for bad input changes
-  nothing, and metrics.json goes first: a run killed at any instant never leaves a folder that looks finished
-  beside a checkpoint and log of another run.
-- ``--resume`` continues a killed run from checkpoint.pt, which must have been trained with this run's settings,
-  all but those that only observe (``OBSERVING``); log.jsonl keeps its complete lines up to the checkpoint's
-  step: a line torn by a kill mid-write, and what was logged after the checkpoint, are dropped. A run that
-  should differ (other settings from a step on, a fine-tuning) is a fresh run with ``--init-from CHECKPOINT``:
-  it starts from that checkpoint's model weights (a snapshot, or a finished run's checkpoint.pt), with its own
-  settings, optimizer and schedule, and its config records where it started.
-- A folder holds one run at a time: OUT/run.lock, held while the run trains, names its holder.
-- Checkpoints are plain ``torch.save`` dicts (``torch.load(path, weights_only=True)`` reads one), written
-  atomically; before one is used, every member of its archive is read against its CRC-32, so a damaged,
-  truncated or empty one is refused in one line before torch reads it.
+- A file is written to a temporary file beside it, synced and renamed over it: a reader, or a run killed at any
+  instant, sees the old file or the whole new one, never a part.
+- A run folder (``--out``) holds one run: ``checkpoint.pt`` (and ``checkpoint-STEP.pt`` snapshots),
+  ``log.jsonl`` and, once finished, ``metrics.json`` (``"status": "complete"``). A fresh run refuses a folder
+  holding a run's files (exit 2) unless ``--overwrite``; the old files go only once the new run is ready to
+  train (``begin``), metrics.json first, so a refused run changes nothing and a killed one never leaves a
+  folder that looks finished beside another run's files. OUT/run.lock names the one process training there.
+- ``--resume`` continues a killed run from checkpoint.pt, trained with this run's settings but for those that
+  only observe (``OBSERVING``); log.jsonl keeps its whole lines up to the checkpoint's step. A run that should
+  differ (a fine-tuning, other settings from a step on) is a fresh one with ``--init-from CHECKPOINT``: that
+  checkpoint's model weights with the run's own settings, optimizer and schedule, recorded in its config.
+- Checkpoints are ``torch.save`` dicts (``torch.load(path, weights_only=True)`` reads one); every member of the
+  archive is read against its CRC-32 before use, so a damaged, truncated or empty one is refused in one line.
 """
 import errno
 import fcntl
@@ -35,13 +25,15 @@ import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, List, Optional, Tuple
+from typing import BinaryIO, Callable, List, Optional
 
 # What --resume lets differ from the checkpoint's settings: where the run lives and what it reports (the device
 # string: its type and the bf16 autocast are compared instead, as they change the numbers; eval_every:
 # evaluations draw from their own seeds)
 OBSERVING = ("out", "resume", "overwrite", "log_every", "snapshot_at", "eval_every", "final_eval_batches",
              "data_dir", "no_download", "device")
+
+
 class DataError(RuntimeError):
     """A dataset is missing, corrupt or cannot be fetched; the message says what to do (exit 1)."""
 
@@ -110,28 +102,22 @@ def plain_mode(mode: int) -> int:
     return mode & ~umask
 
 
-def temporary_file(path: Path) -> Tuple[int, str]:
-    """A temporary file beside ``path`` with the permissions a plain open() would give (mkstemp's are 0600)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.chmod(tmp, plain_mode(0o666))
-    return fd, tmp
-
-
 def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(file)`` into a temporary file, synced and renamed over ``path``. An OS error (no space, a file
-    over the size limit) is a WriteError naming ``path``; the temporary file is removed, ``path`` untouched."""
+    """``write(file)`` into a temporary file (with the permissions a plain open() gives; mkstemp's are 0600),
+    synced and renamed over ``path``. An OS error (no space, a file over the size limit) is a WriteError naming
+    ``path``; the temporary file is removed, ``path`` untouched."""
+    tmp = None
     try:
-        fd, tmp = temporary_file(Path(path))
-    except OSError as exc:
-        raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from None
-    try:
+        fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=Path(path).name + ".", suffix=".tmp")
+        os.chmod(tmp, plain_mode(0o666))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and not isinstance(exc, WriteError):
             raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise

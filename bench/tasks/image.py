@@ -23,7 +23,6 @@ from pathlib import Path, PurePosixPath
 from typing import Dict, Optional
 
 import numpy as np
-import torch
 
 from bench.tasks.data_files import DataError, array_problem, cached, fetch, iter_archive, source_key
 from bench.tasks.lra import LRATask, fixed_permutation, lra_presets, square_side
@@ -209,12 +208,3 @@ class Image(LRATask):
             # a fixed shuffle of each split, so that any evaluation prefix mixes the classes
             order = fixed_permutation(len(arrays[f"{split}_y"]), 3 + salt)
             self.splits[split] = (pool_image(arrays[f"{split}_x"][order], side), arrays[f"{split}_y"][order])
-
-    def split_size(self, split):
-        return len(self.splits[split][1])
-
-    def batch(self, split, idx):
-        x, y = self.splits[split]
-        return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
-
-

@@ -84,10 +84,13 @@ class LRATask(Task):
     data_file: Optional[str] = None
 
     def split_size(self, split: str) -> int:
-        raise NotImplementedError
+        return len(self.splits[split][-1])  # its labels
 
     def batch(self, split: str, idx: np.ndarray) -> Dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """The examples ``idx`` of a split of (pixels, labels) arrays (image, pathfinder; text and retrieval
+        have their own)."""
+        x, y = self.splits[split]
+        return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
 
     def train_batch(self, batch_size, generator):
         idx = torch.randint(self.split_size("train"), (batch_size,), generator=generator).numpy()
@@ -221,9 +224,6 @@ class Text(LRATask):
             problem = f"has {int(arrays['test'].sum())} test reviews, expected {n // 2}"
         return problem
 
-    def split_size(self, split):
-        return len(self.splits[split][1])
-
     def batch(self, split, idx):
         docs, rows, labels = self.splits[split]
         tokens, mask = docs.tokens(rows[idx], self.seq_len)
@@ -322,9 +322,6 @@ class Retrieval(LRATask):
             if problem:
                 return problem
         return None
-
-    def split_size(self, split):
-        return len(self.splits[split][2])
 
     def batch(self, split, idx):
         a, b, order, labels = self.splits[split]

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
 import numpy as np
-import torch
 
 from bench.tasks.data_files import array_problem, cached
 from bench.tasks.lra import LRATask, lra_presets, square_side
@@ -336,12 +335,3 @@ class Pathfinder(LRATask):
             rng = np.random.default_rng([seed % 2**32, offset, 7])
             arrays[f"{split}_x"], arrays[f"{split}_y"] = generate_pathfinder(sizes[split], params, rng)
         return arrays
-
-    def split_size(self, split):
-        return len(self.splits[split][1])
-
-    def batch(self, split, idx):
-        x, y = self.splits[split]
-        return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
-
-
