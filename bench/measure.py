@@ -63,20 +63,14 @@ def _numel(x) -> int:
     return x.numel() if isinstance(x, torch.Tensor) else 0
 
 
-@_raw
-def _elementwise(*args, out_val=None, **kwargs) -> int:
-    return _numel(out_val)
-
-
-@_raw
-def _reduction(*args, out_val=None, **kwargs) -> int:
-    return _numel(args[0])
-
-
-@_raw
-def _scatter(*args, out_val=None, **kwargs) -> int:
-    # scatter_add(self, dim, index, src) / index_add(self, dim, index, source): one add per source element.
-    return _numel(args[3]) if len(args) > 3 else _numel(kwargs.get("src", kwargs.get("source")))
+_elementwise = _raw(lambda *args, out_val=None, **kwargs: _numel(out_val))
+_reduction = _raw(lambda *args, out_val=None, **kwargs: _numel(args[0]))
+# scatter_add(self, dim, index, src) / index_add(self, dim, index, source): one add per source element
+_scatter = _raw(lambda *args, out_val=None, **kwargs:
+                _numel(args[3]) if len(args) > 3 else _numel(kwargs.get("src", kwargs.get("source"))))
+_softmax = _raw(lambda *args, out_val=None, **kwargs: SOFTMAX_FLOPS_PER_ELEMENT * _numel(out_val))
+_softmax_backward = _raw(lambda *args, out_val=None, **kwargs:
+                         SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val))
 
 
 def _sparse(x) -> bool:
@@ -93,24 +87,9 @@ def _mm(a, b, *args, out_val=None, **kwargs) -> int:
     return 2 * a.shape[0] * a.shape[1] * b.shape[1]
 
 
-@_raw
-def _addmm(bias, a, b, *args, out_val=None, **kwargs) -> int:
-    return _mm(a, b)
-
-
-@_raw
-def _sampled_addmm(pattern, a, b, *args, out_val=None, **kwargs) -> int:
-    return 2 * pattern._nnz() * a.shape[-1]  # one dot product of length a.shape[-1] per stored entry
-
-
-@_raw
-def _softmax(*args, out_val=None, **kwargs) -> int:
-    return SOFTMAX_FLOPS_PER_ELEMENT * _numel(out_val)
-
-
-@_raw
-def _softmax_backward(*args, out_val=None, **kwargs) -> int:
-    return SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val)
+_addmm = _raw(lambda bias, a, b, *args, out_val=None, **kwargs: _mm(a, b))
+# SDDMM: one dot product of length a.shape[-1] per stored entry
+_sampled_addmm = _raw(lambda pattern, a, b, *args, out_val=None, **kwargs: 2 * pattern._nnz() * a.shape[-1])
 
 
 @_raw
