@@ -1,24 +1,16 @@
 """The command lines: one vocabulary for every entry point, a method's settings dataclass as its flags, and bad
-input as one line.
+input as one line. The standard library only at the top: ``--help`` of the light tools stays fast.
 
-The same name means the same thing everywhere: --seq-len / --lengths, --batch-size, --heads, --head-dim,
---methods / --method, --tasks / --task, --seeds / --seed, --warmup (learning-rate warm-up steps only),
---warmup-iters (untimed timing iterations), --repeats, --threads, --device, --attn, --path (reference or fast),
---alibi / --no-alibi, --out DIR (always a folder), --data-dir.
-
-``parse(argv, method, prog, description, settings)`` is a training entry point's command line: the task and
-preset, the run's options, the preset's overrides, and the fields of the method's settings dataclass (each a
-flag: ``--field-name``; its metadata may give ``flag``, ``help``, ``metavar``, ``type``, ``nargs``,
-``choices``; a bool that defaults to true is ``--name/--no-name``). It returns the ``RunConfig`` and the
-settings. ``one_line_errors()`` turns a DataError into exit 1 and a SetupError into exit 2, one line each.
-The module imports only the standard library at the top, so that ``--help`` of the light tools stays fast.
-
-Bad input is refused while the options parse, before anything is made: every ``--out`` of a ``parser()`` is a
-folder that exists or can be made and written (``out_folder``: not a file, not under a file, not read-only,
-no name too long; a probe folder is made and removed to know); sizes have bounds (``--seq-len`` at most
-2^20, counts at most 10^9) and a run whose activations alone would not fit in the memory there is refused
-(``memory_problem``); a float setting of a method is finite. An OS error while a run writes (no space left,
-a file over the size limit) ends it in one line, exit 1: the files written before are whole (bench/files.py).
+One name means one thing everywhere: --seq-len / --lengths, --batch-size, --heads, --head-dim, --methods /
+--method, --tasks / --task, --seeds / --seed, --warmup (learning-rate warm-up steps), --warmup-iters (untimed
+timing iterations), --repeats, --threads, --device, --attn, --path, --alibi / --no-alibi, --out DIR (always a
+folder), --data-dir. ``parse`` is a method file's command line: the task and preset, the run's options, the
+preset's overrides and the fields of the method's settings dataclass, each a flag (its metadata may give
+``flag``, ``help``, ``metavar``, ``type``, ``nargs``, ``choices``; a bool true by default is
+``--name/--no-name``). Bad input is refused while the options parse, before anything is made: an ``--out`` that
+cannot be a folder written to (``out_folder``), sizes out of bounds or whose activations alone would not fit
+in memory (``memory_problem``), a float setting that is not finite. ``one_line_errors()`` ends a run on bad
+data (exit 1), a bad setting (2), divergence (3) or an OS error while writing (1), in one line.
 """
 import argparse
 import contextlib
@@ -55,6 +47,10 @@ class Parser(argparse.ArgumentParser):
         if "--out" in names and "type" not in kwargs and kwargs.get("action", "store") == "store":
             kwargs["type"] = out_folder
         return super().add_argument(*names, **kwargs)
+
+    def format_help(self):  # an epilog given as a function is made only when --help asks for it
+        self.epilog = self.epilog() if callable(self.epilog) else self.epilog
+        return super().format_help()
 
 
 def parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
@@ -184,7 +180,8 @@ def shown(value, joiner: str = ",") -> str:
 
 
 def preset_tables() -> str:
-    """Every task's presets, the values a preset override takes when not given (the --help epilog)."""
+    """Every task's presets, the values a preset override takes when not given (the --help epilog: it imports
+    every task's module)."""
     from bench.tasks import TASKS, get_task
     presets = [(name, preset, values) for name in sorted(TASKS)
                for preset, values in get_task(name).presets.items()]
@@ -204,7 +201,7 @@ def task_parser(prog: str, description: str, out_help: str) -> argparse.Argument
     """The options of a tool that builds a task's model: task, preset, seed, device, output folder, data, and the
     preset's overrides (the sizes and recipe of the tables in the epilog)."""
     from bench.tasks import TASKS
-    p = parser(prog, description, epilog=preset_tables(), allow_abbrev=False)
+    p = parser(prog, description, epilog=preset_tables, allow_abbrev=False)
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
     p.add_argument("--seed", type=seed, default=0, help="random seed")
