@@ -1,13 +1,10 @@
 """A run's configuration as data, and the rules that read it.
 
-``RunConfig`` is everything one training run is made of: the task's preset (the backbone's sizes and the
-training recipe, ``Preset``) with the command line's overrides, where the run lives and how it reports, a
-baseline's budget (``attn``) or a method's own settings dataclass (``settings``). It is built once, by
-bench/cli.py or by code, and read by the loop; ``as_record()`` is the flat dict that checkpoints and
-metrics.json store.
-
-The rules: the learning-rate schedule (``lr_at``), the seeds of every random draw (``derive_seed``) and the
-device (``resolve_device``); which settings ``--resume`` may change is bench/files.py's (``OBSERVING``).
+``RunConfig``: the task's preset (``Preset``: the backbone's sizes and the training recipe) with the command
+line's overrides, where the run lives and how it reports, a baseline's budget (``attn``) or a method's settings
+dataclass (``settings``); ``as_record()`` is the flat dict checkpoints and metrics.json store. The rules: the
+learning-rate schedule (``lr_at``), the seeds of every random draw (``derive_seed``), the device
+(``resolve_device``).
 """
 import dataclasses
 import hashlib

@@ -1,12 +1,8 @@
-"""The tasks: name → task class, named by module path ("module:Class") so that a run imports only its own task's
-module; ``get_task(name)`` gives a fresh task. Adding a task is its class and one entry here.
-
-- bench/tasks/base.py: what a task is (``Task``, the batch format); a task's presets are bench.config.Preset;
-- bench/tasks/synthetic.py: ``duplicates`` and ``listops``, generated from the seed;
-- bench/tasks/language.py: the byte-level language models ``enwik8``, ``bytes`` and ``wikitext2``;
-- bench/tasks/lra.py: the LRA tasks' base, ``text`` and ``retrieval``; bench/tasks/image.py ``image``;
-  bench/tasks/pathfinder.py ``pathfinder`` (its images drawn there);
-- bench/tasks/data_files.py: where data are looked for, downloads, archives and caches.
+"""The tasks: name → task class, named by module path ("module:Class") so that a run imports only its own
+task's module; ``get_task(name)`` gives a fresh task. Adding a task is its class and one entry here. base.py:
+what a task is; synthetic.py: ``duplicates``, ``listops``; language.py: ``enwik8``, ``bytes``, ``wikitext2``;
+lra.py: the LRA base, ``text``, ``retrieval``; image.py: ``image``; pathfinder.py: ``pathfinder``;
+data_files.py: where data are looked for, downloads, archives and caches.
 """
 import importlib
 from typing import Dict

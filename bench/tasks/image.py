@@ -1,17 +1,12 @@
-"""The LRA image task (Tay et al. 2021, arXiv:2011.04006; presets and splits as bench/tasks/lra.py says).
-
-- ``image`` — CIFAR-10 (Krizhevsky 2009) as a sequence of grayscale pixels, 10 classes. LRA's conversion
-  (``tf.image.rgb_to_grayscale``: 0.2989 R + 0.5870 G + 0.1140 B in float32, back to uint8 by truncating
-  x * 255.5). Tokens are the intensities 0-255 (vocabulary 256). Every pixel is a real token: there is no
-  padding and ``key_padding_mask`` is None (loaders that treat 0 as padding mask black pixels). Splits
-  45,000 / 5,000 / 10,000 as LRA (train[:90%] / train[90%:] / test): from ``cifar-10-python`` the last 5,000
-  training images in batch order are the validation set (LRA takes TFDS's stored, hash-shuffled order, which
-  cannot be reproduced without TFDS); from an image-folder tree the last 500 per class. Paper length 1024
-  (32x32); a shorter ``seq_len`` (256 = 16x16, 64 = 8x8) averages 2x2 or 4x4 blocks — the CPU preset uses 256.
-  Reads the lossless ``cifar-10-python.tar.gz`` (or its extracted ``cifar-10-batches-py/``; md5 of every
-  batch checked before it is unpickled, and unpickled with only numpy's array constructors allowed) or an
-  image-folder tree ``{train,test}/<class>/*.jpg|png`` such as the local ``cifar10/cifar10_jpeg.tar.gz``
-  (lossy JPEG; decoding needs Pillow: ``pip install -r requirements-extra.txt``).
+"""LRA ``image`` (Tay et al. 2021; presets as bench/tasks/lra.py says): CIFAR-10 (Krizhevsky 2009) as a
+sequence of grayscale pixels, 10 classes, by LRA's conversion (``tf.image.rgb_to_grayscale``: 0.2989 R + 0.5870
+G + 0.1140 B in float32, to uint8 by truncating x * 255.5). Tokens are the intensities 0-255; no padding
+(loaders that treat 0 as padding mask black pixels). Splits 45,000 / 5,000 / 10,000 as LRA: the last 5,000
+training images in batch order are validation (LRA's TFDS order cannot be reproduced without TFDS), or the
+last 500 per class of an image-folder tree. Paper length 1024 (32x32); 256 (the CPU preset) or 64 average
+2x2 or 4x4 blocks. Reads ``cifar-10-python.tar.gz`` or its extracted folder (every batch's md5 checked, then
+unpickled with numpy's array constructors only), or an image-folder tree ``{train,test}/<class>/*.jpg|png``
+such as the local ``cifar10/cifar10_jpeg.tar.gz`` (lossy JPEG; needs Pillow, requirements-extra.txt).
 
 Shape legend: B batch, S image side, P pixels (S*S).
 """

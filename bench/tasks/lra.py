@@ -1,36 +1,27 @@
-"""Long Range Arena tasks (Tay et al. 2021, arXiv:2011.04006): the tasks' shared base and
-``text`` and ``retrieval``; ``image`` is bench/tasks/image.py, ``pathfinder`` bench/tasks/pathfinder.py.
+"""Long Range Arena (Tay et al. 2021, arXiv:2011.04006): the tasks' base, ``text`` and ``retrieval``
+(``image``: bench/tasks/image.py, ``pathfinder``: bench/tasks/pathfinder.py).
 
-Every task has a ``cpu`` preset (a few minutes of training on 2 cores: 256-token sequences, batch 32 or 16,
-800 steps, evaluation on 1024-example prefixes of the fixed validation and test splits) and a ``paper``
-preset: the SBM paper's Table 7 (Cho et al. 2022, App. C: 2 layers, 2 heads, width 64, FFN 128, head dim 32,
-dropout and attention dropout 0.1, mean pooling; per task length, batch, learning rate and steps) with the
-warm-up, evaluation period and weight decay 0 of the LRA configuration its code uses (``lra_config.py``
-of the Nyströmformer/SBM PyTorch LRA code). Table 7 calls the step counts "epochs"; they are optimiser steps.
-The harness's schedule (linear warm-up, cosine decay to 10%) replaces that code's linear decay.
+Each task has a ``cpu`` preset (minutes on 2 cores: 256 tokens, batch 32 or 16, 800 steps, evaluation on
+1024-example prefixes of the fixed splits) and a ``paper`` preset: the SBM paper's Table 7 (Cho et al. 2022,
+App. C: 2 layers, 2 heads, width 64, FFN 128, head dim 32, dropout and attention dropout 0.1, mean pooling; per
+task length, batch, learning rate and steps; its "epochs" are optimiser steps) with the warm-up, evaluation
+period and weight decay 0 of the ``lra_config.py`` its code uses. The harness's schedule (warm-up, cosine to
+10%) replaces that code's linear decay.
 
-- ``text`` — byte-level IMDB sentiment (Maas et al. 2011), 2 classes. A byte b is token b + 1 and 0 is
-  padding (vocabulary 257; TFDS's ByteTextEncoder, which LRA uses, likewise shifts bytes past reserved ids).
-  Reviews are truncated to ``seq_len`` bytes: paper 3072 (Table 7; the SBM code keeps 3000 bytes and pads to
-  3072, LRA's own config 1000, S4-style loaders 4096). Splits: LRA has none for validation and evaluates on
-  the test set (valid = test); we hold out a fixed 10% of the training reviews (2,500, drawn with a fixed
-  seed, whatever ``--seed``) as validation, train on the other 22,500 and keep the 25,000 test reviews for
-  the test metric. Reads the aclImdb layout (train/pos, train/neg, test/pos, test/neg) from an extracted
-  folder or straight from the .tar.gz (the local ``imdb/aclImdb_v1_labeled.tar.gz`` or the official
-  ``aclImdb_v1.tar.gz``, whose ``train/unsup`` is skipped); downloads the official archive (sha256-checked)
-  when none is present and downloads are allowed.
-- ``retrieval`` — LRA's AAN citation matching (Radev et al. 2009): two byte-level documents (tokens as in
-  ``text``, each truncated to ``seq_len`` after LRA's 10,000-byte clip), encoded by the same encoder (the
-  ``pair`` head), 2 classes. Reads LRA's released TSVs ``tsv_data/new_aan_pairs.{train,eval,test}.tsv``
-  (tab-separated, no header, columns label, id1, id2, text1, text2; 147,086 / 18,090 / 17,437 pairs) from
-  the extracted LRA release, or extracts just them from ``lra_release.gz`` when that archive is in the data
-  folder. Paper length 4096 per document (Table 7; the SBM code keeps 4000 bytes and pads to 4096).
+- ``text`` — byte-level IMDB sentiment (Maas et al. 2011), 2 classes; byte b is token b + 1, 0 is padding (as
+  TFDS's ByteTextEncoder, which LRA uses). Reviews truncated to ``seq_len`` bytes: paper 3072 (Table 7; the
+  SBM code keeps 3000 and pads, LRA's config 1000). LRA evaluates on test (valid = test); we hold out a fixed
+  10% of the training reviews (2,500, whatever ``--seed``) as validation, train on 22,500, test on 25,000.
+  Reads the aclImdb layout from a folder or the .tar.gz (the local ``imdb/aclImdb_v1_labeled.tar.gz`` or the
+  official ``aclImdb_v1.tar.gz``, ``train/unsup`` skipped); else downloads the official one (sha256 checked).
+- ``retrieval`` — LRA's AAN citation matching (Radev et al. 2009): two byte documents (tokens as ``text``,
+  each truncated to ``seq_len`` after LRA's 10,000-byte clip) through the same encoder (the ``pair`` head), 2
+  classes. Reads LRA's ``tsv_data/new_aan_pairs.{train,eval,test}.tsv`` (label, id1, id2, text1, text2;
+  147,086 / 18,090 / 17,437 pairs) from the extracted release, or extracts them from ``lra_release.gz`` in the
+  data folder. Paper length 4096 per document (Table 7; the SBM code keeps 4000 bytes and pads).
 
-Data and caches. Files are looked up under ``--data-dir`` (``$SPARSE_ATTN_DATA``, else ``./data``), or at
-``--data-file`` (an archive or folder for text, the TSV folder for retrieval). Archives are read
-safely, downloads checked, and decoded data cached by bench/tasks/data_files.py (see there).
-
-Shape legend: B batch, N tokens (seq_len).
+Files: under ``--data-dir``, or ``--data-file`` (text: an archive or folder; retrieval: the TSV folder), read,
+checked and cached by bench/tasks/data_files.py. Shape legend: B batch, N tokens (seq_len).
 """
 import hashlib
 import io
