@@ -17,10 +17,10 @@ Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training
 - linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
 
 Per repetition every side of every pair is timed once (bench.measure.interleaved), the order reversed every
-other repetition, so a change of machine load falls on both sides alike; reported are the medians and their ratio, and the spread of the
-per-repetition ratios (quartiles). The glibc setting of experiments.scaling (MALLOC_MMAP_MAX_=0,
-MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the header says whether
-it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
+other repetition, so a change of machine load falls on both sides alike; reported are the medians and their
+ratio, and the spread of the per-repetition ratios (quartiles). The glibc setting of experiments.scaling
+(MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the
+header says whether it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
 """
 import importlib.util
 import os

@@ -590,7 +590,8 @@ def test_image_training_run_on_the_local_jpeg_copy(tmp_path):
 
 
 def test_pathfinder_training_run(tmp_path, cache):
-    prelude = f"import bench.tasks.pathfinder as L; L.Pathfinder.default_sizes = staticmethod(lambda side: {PATHFINDER_SIZES!r})"
+    prelude = (f"import bench.tasks.pathfinder as L; "
+               f"L.Pathfinder.default_sizes = staticmethod(lambda side: {PATHFINDER_SIZES!r})")
     rec = train("--task", "pathfinder", "--seq-len", "256", *TINY, "--data-dir", str(cache),
                 "--out", str(tmp_path / "run"), prelude=prelude)
     assert rec["task"] == "pathfinder" and rec["scored"]["valid"] == 8

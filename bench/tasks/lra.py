@@ -34,8 +34,8 @@ import torch
 
 from bench.config import Preset
 from bench.tasks.base import Task
-from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, offline, ragged_problem, safe_extract,
-                                    source_key)
+from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, offline,
+                                    ragged_problem, safe_extract, source_key)
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
 
