@@ -105,12 +105,7 @@ class RunConfig(Preset):
         if self.settings is not None:
             values.update(dataclasses.asdict(self.settings))
         values.update(self.flags)
-        return as_json(values)
-
-
-def as_json(obj):
-    """What ``obj`` is after a JSON round trip (tuples become lists): how configs are stored and compared."""
-    return json.loads(json.dumps(obj, default=str))
+        return json.loads(json.dumps(values, default=str))  # as stored and compared
 
 
 def derive_seed(*parts) -> int:

@@ -17,13 +17,10 @@ elementwise, reduction and scatter ops, and CPU SDPA is not counted at all, so w
 A sparse method is thereby counted from the work it actually does on its edges: scoring E edges with an
 elementwise product and a sum is 2·E·D, the same as the dense multiply-add count for E pairs.
 
-Peak memory. On CUDA, ``torch.cuda.max_memory_allocated`` after a reset. On CPU there is no allocator
-counter: we report the peak resident set size above the baseline taken just before the measured work
-(``PeakRSS``), and the scaling benchmark runs each measured cell in its own process.
-
-Time. Warm-up iterations, then the median of repeated ones; CUDA synchronised around each; forward and
-forward+backward measured apart (``time_fn``); variants compared side by side with their calls interleaved
-(``interleaved``).
+Peak memory: CUDA's ``max_memory_allocated`` after a reset; on CPU, the peak resident set above a baseline
+taken just before the measured work (``PeakRSS``; the scaling benchmarks run each cell in its own process).
+Time: warm-up, then the median of repeated calls, CUDA synchronised around each (``time_fn``); variants side
+by side with their calls interleaved (``interleaved``).
 """
 import ctypes
 import ctypes.util

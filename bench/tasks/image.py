@@ -80,10 +80,10 @@ class Image(LRATask):
         given = self.given_file()
         if given is not None:
             return given
-        for name in self.PYTHON_FOLDERS + self.PYTHON_ARCHIVES + self.IMAGE_FOLDERS + self.IMAGE_ARCHIVES:
+        looked = self.PYTHON_FOLDERS + self.PYTHON_ARCHIVES + self.IMAGE_FOLDERS + self.IMAGE_ARCHIVES
+        for name in looked:
             if (data_dir / name).exists():
                 return data_dir / name
-        looked = self.PYTHON_FOLDERS + self.PYTHON_ARCHIVES + self.IMAGE_FOLDERS + self.IMAGE_ARCHIVES
         help_text = (f"image: no CIFAR-10 under {data_dir} (looked for "
                      f"{', '.join(str(data_dir / n) for n in looked)}). "
                      f"Download {self.URL} (md5 {self.MD5}) into {data_dir / 'cifar10'}, or pass --data-file with "
