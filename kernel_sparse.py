@@ -1108,12 +1108,10 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
                             "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig,
                             tasks=("wikitext2",))  # the pipeline is a masked LM (§4): no form for other tasks
-    teacher_settings = ("window", "hidden", "hidden_layers", "alibi")  # shape the teacher's modules: must match
     with cli.one_line_errors():
         run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda layer: KernelSparseAttention(
             m.dim, m.heads, m.head_dim, m.attn_dropout, max_len=m.max_len, window=kernel.window, hidden=kernel.hidden,
-            hidden_layers=kernel.hidden_layers, sparse=False, alibi=kernel.alibi),
-            later={name: (lambda c: c["steps"]) for name in asdict(kernel) if name not in teacher_settings})
+            hidden_layers=kernel.hidden_layers, sparse=False, alibi=kernel.alibi))
         loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
         record = loop.final_record(run)
         if record is not None:

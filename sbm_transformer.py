@@ -794,8 +794,11 @@ def main(argv=None, prog: str = "python sbm_transformer.py") -> int:
     from bench import cli, loop
     from bench.tasks import get_task
     cfg, sbm = cli.parse(argv, "sbm", prog, "Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one "
-                         "task.", SBMConfig, profiles={"official": (SBMConfig.official, "the official code's "
-                         "choices: the reference path, hardtanh STE, δ in evaluation, one MLP for all heads")})
+                         "task.", SBMConfig, flags={"official": "the official code's choices where no other is "
+                         "given: the reference path, hardtanh STE, δ in evaluation, one MLP for all heads"})
+    if cfg.flags["official"]:
+        cfg = cfg.with_settings(**vars(SBMConfig.official()))
+        sbm = cfg.settings
     with cli.one_line_errors():
         run = loop.setup(cfg, get_task(cfg.task), lambda m: make_attention_factory(sbm, m.dim, m.heads, m.head_dim,
                                                                                    m.attn_dropout, m.depth))

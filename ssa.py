@@ -430,9 +430,7 @@ def main(argv=None, prog: str = "python ssa.py") -> int:
             cfg = cfg.with_defaults(pos_emb=False)
         tail = fine_tune_start(cfg.steps, ssa.finetune_fraction)
         run = loop.setup(cfg, task, lambda m: make_attention_factory(ssa, m.dim, m.heads, m.head_dim, m.attn_dropout,
-                                                                    m.depth),
-                         later={"finetune_fraction": lambda c: fine_tune_start(c["steps"], c["finetune_fraction"]),
-                                "ensemble_samples": lambda c: c["steps"]})  # what --resume may still change
+                                                                    m.depth))
         loop.train(run, until=tail)  # each step trains one sampled sub-model
         if tail < cfg.steps:  # +FT: the last steps train the dense model
             for module in ssa_modules(run.model):

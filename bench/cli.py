@@ -1,24 +1,16 @@
 """The command lines: one vocabulary for every entry point, a method's settings dataclass as its flags, and bad
-input as one line.
+input as one line. The standard library only at the top: ``--help`` of the light tools stays fast.
 
-The same name means the same thing everywhere: --seq-len / --lengths, --batch-size, --heads, --head-dim,
---methods / --method, --tasks / --task, --seeds / --seed, --warmup (learning-rate warm-up steps only),
---warmup-iters (untimed timing iterations), --repeats, --threads, --device, --attn, --path (reference or fast),
---alibi / --no-alibi, --out DIR (always a folder), --data-dir.
-
-``parse(argv, method, prog, description, settings)`` is a training entry point's command line: the task and
-preset, the run's options, the preset's overrides, and the fields of the method's settings dataclass (each a
-flag: ``--field-name``; its metadata may give ``flag``, ``help``, ``metavar``, ``type``, ``nargs``,
-``choices``; a bool that defaults to true is ``--name/--no-name``). It returns the ``RunConfig`` and the
-settings. ``one_line_errors()`` turns a DataError into exit 1 and a SetupError into exit 2, one line each.
-The module imports only the standard library at the top, so that ``--help`` of the light tools stays fast.
-
-Bad input is refused while the options parse, before anything is made: every ``--out`` of a ``parser()`` is a
-folder that exists or can be made and written (``out_folder``: not a file, not under a file, not read-only,
-no name too long; a probe folder is made and removed to know); sizes have bounds (``--seq-len`` at most
-2^20, counts at most 10^9) and a run whose activations alone would not fit in the memory there is refused
-(``memory_problem``); a float setting of a method is finite. An OS error while a run writes (no space left,
-a file over the size limit) ends it in one line, exit 1: the files written before are whole (bench/files.py).
+One name means one thing everywhere: --seq-len / --lengths, --batch-size, --heads, --head-dim, --methods /
+--method, --tasks / --task, --seeds / --seed, --warmup (learning-rate warm-up steps), --warmup-iters (untimed
+timing iterations), --repeats, --threads, --device, --attn, --path, --alibi / --no-alibi, --out DIR (always a
+folder), --data-dir. ``parse`` is a method file's command line: the task and preset, the run's options, the
+preset's overrides and the fields of the method's settings dataclass, each a flag (its metadata may give
+``flag``, ``help``, ``metavar``, ``type``, ``nargs``, ``choices``; a bool true by default is
+``--name/--no-name``). Bad input is refused while the options parse, before anything is made: an ``--out`` that
+cannot be a folder written to (``out_folder``), sizes out of bounds or whose activations alone would not fit
+in memory (``memory_problem``), a float setting that is not finite. ``one_line_errors()`` ends a run on bad
+data (exit 1), a bad setting (2), divergence (3) or an OS error while writing (1), in one line.
 """
 import argparse
 import contextlib
@@ -28,7 +20,7 @@ import os
 import sys
 import typing
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 LOG_EVERY = 50
 
@@ -55,6 +47,10 @@ class Parser(argparse.ArgumentParser):
         if "--out" in names and "type" not in kwargs and kwargs.get("action", "store") == "store":
             kwargs["type"] = out_folder
         return super().add_argument(*names, **kwargs)
+
+    def format_help(self):  # an epilog given as a function is made only when --help asks for it
+        self.epilog = self.epilog() if callable(self.epilog) else self.epilog
+        return super().format_help()
 
 
 def parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
@@ -184,7 +180,8 @@ def shown(value, joiner: str = ",") -> str:
 
 
 def preset_tables() -> str:
-    """Every task's presets, the values a preset override takes when not given (the --help epilog)."""
+    """Every task's presets, the values a preset override takes when not given (the --help epilog: it imports
+    every task's module)."""
     from bench.tasks import TASKS, get_task
     presets = [(name, preset, values) for name in sorted(TASKS)
                for preset, values in get_task(name).presets.items()]
@@ -204,7 +201,7 @@ def task_parser(prog: str, description: str, out_help: str) -> argparse.Argument
     """The options of a tool that builds a task's model: task, preset, seed, device, output folder, data, and the
     preset's overrides (the sizes and recipe of the tables in the epilog)."""
     from bench.tasks import TASKS
-    p = parser(prog, description, epilog=preset_tables(), allow_abbrev=False)
+    p = parser(prog, description, epilog=preset_tables, allow_abbrev=False)
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
     p.add_argument("--seed", type=seed, default=0, help="random seed")
@@ -248,6 +245,9 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
                        help="continue the run in --out from its checkpoint (trained with the same settings)")
     again.add_argument("--overwrite", action="store_true",
                        help="replace the run already in --out (without it, a folder holding a run is refused)")
+    p.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="start from the model weights of CHECKPOINT (a snapshot, or a finished run's "
+                        "OUT/checkpoint.pt), with this run's own settings, optimizer and schedule")
     p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient-norm clipping (0 = off)")
     p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
                    help="shape of the decay after warm-up, from the peak to the floor at the last step")
@@ -256,8 +256,8 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, help="steps between progress lines")
     p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
     p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
-                   help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from which a run "
-                        "that differs only later can --resume (repeatable)")
+                   help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from whose weights "
+                        "another run may start (--init-from; repeatable)")
     return p
 
 
@@ -268,12 +268,11 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
     from bench.config import PRESET_FIELDS, RunConfig, SetupError
     from bench.tasks import get_task
     overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
+    options = ("seed", "device", "out", "resume", "overwrite", "init_from", "data_dir", "data_file", "no_download",
+               "grad_clip", "lr_decay", "lr_floor", "log_every", "no_amp")
     cfg = RunConfig.of(get_task(args.task).presets[args.preset], overrides, method=method, task=args.task,
-                       preset=args.preset, seed=args.seed, device=args.device, out=args.out, resume=args.resume,
-                       overwrite=args.overwrite, data_dir=args.data_dir, data_file=args.data_file,
-                       no_download=args.no_download, grad_clip=args.grad_clip, lr_decay=args.lr_decay,
-                       lr_floor=args.lr_floor, log_every=args.log_every, no_amp=args.no_amp,
-                       snapshot_at=tuple(args.snapshot_at), attn=attn or {}, settings=settings)
+                       preset=args.preset, snapshot_at=tuple(args.snapshot_at), attn=attn or {},
+                       settings=settings, **{name: getattr(args, name) for name in options})
     from bench.files import folder_problem
     problem = folder_problem(cfg.folder)
     if problem:
@@ -331,83 +330,64 @@ def memory_problem(cfg) -> Optional[str]:
 
 
 def parse(argv: Optional[List[str]], method: str, prog: str, description: str, settings: type,
-          profiles: Optional[Dict[str, Tuple[Callable, str]]] = None, tasks: Optional[Tuple[str, ...]] = None):
-    """A method file's command line → (RunConfig, the method's settings). ``profiles``: flags naming another
-    constructor of the settings (SBM's --official); a field such a profile changes takes the profile's value
-    unless given. ``tasks``: the only tasks the method has a form for. A bad setting (the dataclass's ValueError)
-    is argparse's one-line error, exit 2."""
+          flags: Optional[Dict[str, str]] = None, tasks: Optional[Tuple[str, ...]] = None):
+    """A method file's command line → (RunConfig, the method's settings). ``flags``: the method's own switches
+    (name → help, e.g. SBM's --official), each a plain flag whose value, in ``cfg.flags``, the method's main
+    applies; ``cfg.given`` names the settings given on the command line. ``tasks``: the only tasks the method
+    has a form for. A bad setting (the dataclass's ValueError) is argparse's one-line error, exit 2."""
     p = run_parser(prog, description)
     if tasks is not None:
         p._option_string_actions["--task"].choices = list(tasks)
-    add_settings(p, settings, f"{method} options", profiles or {})
+    group = add_settings(p, settings, f"{method} options")
+    for name, help_text in (flags or {}).items():
+        group.add_argument(f"--{name}", action="store_true", help=help_text)
     args = p.parse_args(argv)
     from bench.config import SetupError
     try:
-        chosen = settings_of(args, settings, profiles or {})
-        return run_config(args, method, chosen), chosen
+        chosen = settings_of(args, settings)
+        cfg = run_config(args, method, chosen)
+        given = {f.name for f, _, dest, _ in settings_flags(settings) if getattr(args, dest) is not None}
+        return dataclasses.replace(cfg, flags={name: getattr(args, name) for name in flags or {}},
+                                   given=cfg.given | given), chosen
     except (ValueError, SetupError) as exc:
         p.error(str(exc))
 
 
 # ------------------------------------------------------------------------------------------------ settings
-NOT_GIVEN = None  # the argparse default of a field a profile may set: given or not is told apart
-
-
-def settings_flags(settings: type, profiles: Dict[str, tuple]):
-    """(field, flag, dest, add_argument's kwargs) for each field of the settings dataclass."""
+def settings_flags(settings: type):
+    """(field, flag, dest, add_argument's kwargs) for each field of the settings dataclass; a flag not given
+    parses as None (the field's default), so that what was given is known."""
     hints = typing.get_type_hints(settings)
-    profiled = profiled_fields(settings, profiles)
     for f in dataclasses.fields(settings):
         meta, default = f.metadata, f.default
         flag = meta.get("flag", "--" + f.name.replace("_", "-"))
         dest = flag.lstrip("-").replace("-", "_")
-        words = [f"{shown(value, ' ' if 'nargs' in meta else ',')} with --{name}"
-                 for name, value in profiled.get(f.name, {}).items()]
-        default_text = f" (default: {'; '.join([shown(default, ' ' if 'nargs' in meta else ','), *words])})"
-        kwargs = {"dest": dest}
-        if hints[f.name] is bool and default is True:
-            kwargs.update(action=argparse.BooleanOptionalAction, default=True, help=meta.get("help", "") + default_text)
-        elif hints[f.name] is bool:
-            kwargs.update(action="store_true", help=meta.get("help", "") + default_text)
+        default_text = f" (default: {shown(default, ' ' if 'nargs' in meta else ',')})"
+        kwargs = {"dest": dest, "default": None}
+        if hints[f.name] is bool:
+            action = argparse.BooleanOptionalAction if default is True else "store_true"
+            kwargs.update(action=action, help=meta.get("help", "") + default_text)
         else:
             kind = meta.get("type", plain_type(hints[f.name]))
             kwargs.update(type={float: finite_float, int: any_int}.get(kind, kind),
-                          default=NOT_GIVEN if f.name in profiled else default,
                           help=meta.get("help", "") + ("" if default is None else default_text))
             kwargs.update({k: meta[k] for k in ("metavar", "nargs", "choices") if k in meta})
         yield f, flag, dest, kwargs
 
 
-def profiled_fields(settings: type, profiles: Dict[str, tuple]) -> Dict[str, Dict[str, object]]:
-    """field → {profile flag: its value there} for each field a profile changes."""
-    plain = dataclasses.asdict(settings())
-    changed = {}
-    for name, (make, _) in profiles.items():
-        for key, value in dataclasses.asdict(make()).items():
-            if value != plain[key]:
-                changed.setdefault(key, {})[name] = value
-    return changed
-
-
-def add_settings(p: argparse.ArgumentParser, settings: type, title: str, profiles: Dict[str, tuple]) -> None:
+def add_settings(p: argparse.ArgumentParser, settings: type, title: str):
+    """The settings' flags, in a group of their own (returned)."""
     group = p.add_argument_group(title)
-    for _, flag, _, kwargs in settings_flags(settings, profiles):
+    for _, flag, _, kwargs in settings_flags(settings):
         group.add_argument(flag, **kwargs)
-    for name, (_, help_text) in profiles.items():
-        group.add_argument(f"--{name}", action="store_true", help=help_text)
+    return group
 
 
-def settings_of(args: argparse.Namespace, settings: type, profiles: Dict[str, tuple]):
-    """The settings from parsed arguments (ValueError from the dataclass for a bad value)."""
-    profiled = profiled_fields(settings, profiles)
-    values = {}
-    for f, _, dest, _ in settings_flags(settings, profiles):
-        value = getattr(args, dest)
-        if f.name in profiled and (value is NOT_GIVEN or value is False):
-            continue  # the profile's value (or the default) stands
-        values[f.name] = value
-    make = next((make for name, (make, _) in profiles.items() if getattr(args, name)), settings)
-    return make(**values)
+def settings_of(args: argparse.Namespace, settings: type):
+    """The settings from parsed arguments, a field not given at its default (ValueError from the dataclass for a
+    bad value)."""
+    return settings(**{f.name: getattr(args, dest) for f, _, dest, _ in settings_flags(settings)
+                       if getattr(args, dest) is not None})
 
 
 def plain_type(declared):

@@ -1,17 +1,37 @@
-"""Files written atomically, JSON read and written, and where the data live: what run folders, grids and the
-tasks' data files share.
+"""Run folders and the files they hold: checkpoints, the log, files written atomically, JSON, locks, and where
+the data live. The standard library only at the top (torch where a checkpoint is read or written).
 
-A file is written into a temporary file beside it, synced and renamed over it, so a reader (or a run killed
-at any instant) sees the old file or the whole new one, never a part. Standard library only: the command
-lines' ``--help`` stays light.
+- A file is written to a temporary file beside it, synced and renamed over it: a reader, or a run killed at any
+  instant, sees the old file or the whole new one, never a part.
+- A run folder (``--out``) holds one run: ``checkpoint.pt`` (and ``checkpoint-STEP.pt`` snapshots),
+  ``log.jsonl`` and, once finished, ``metrics.json`` (``"status": "complete"``). A fresh run refuses a folder
+  holding a run's files (exit 2) unless ``--overwrite``; the old files go only once the new run is ready to
+  train (``begin``), metrics.json first, so a refused run changes nothing and a killed one never leaves a
+  folder that looks finished beside another run's files. OUT/run.lock names the one process training there.
+- ``--resume`` continues a killed run from checkpoint.pt, trained with this run's settings but for those that
+  only observe (``OBSERVING``); log.jsonl keeps its whole lines up to the checkpoint's step. A run that should
+  differ (a fine-tuning, other settings from a step on) is a fresh one with ``--init-from CHECKPOINT``: that
+  checkpoint's model weights with the run's own settings, optimizer and schedule, recorded in its config.
+- Checkpoints are ``torch.save`` dicts (``torch.load(path, weights_only=True)`` reads one); every member of the
+  archive is read against its CRC-32 before use, so a damaged, truncated or empty one is refused in one line.
 """
 import errno
 import fcntl
+import hashlib
+import io
 import json
 import os
 import tempfile
+import zipfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional, Tuple
+from typing import BinaryIO, Callable, List, Optional
+
+# What --resume lets differ from the checkpoint's settings: where the run lives and what it reports (the device
+# string: its type and the bf16 autocast are compared instead, as they change the numbers; eval_every:
+# evaluations draw from their own seeds)
+OBSERVING = ("out", "resume", "overwrite", "log_every", "snapshot_at", "eval_every", "final_eval_batches",
+             "data_dir", "no_download", "device")
 
 
 class DataError(RuntimeError):
@@ -82,28 +102,22 @@ def plain_mode(mode: int) -> int:
     return mode & ~umask
 
 
-def temporary_file(path: Path) -> Tuple[int, str]:
-    """A temporary file beside ``path`` with the permissions a plain open() would give (mkstemp's are 0600)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.chmod(tmp, plain_mode(0o666))
-    return fd, tmp
-
-
 def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """``write(file)`` into a temporary file, synced and renamed over ``path``. An OS error (no space, a file
-    over the size limit) is a WriteError naming ``path``; the temporary file is removed, ``path`` untouched."""
+    """``write(file)`` into a temporary file (with the permissions a plain open() gives; mkstemp's are 0600),
+    synced and renamed over ``path``. An OS error (no space, a file over the size limit) is a WriteError naming
+    ``path``; the temporary file is removed, ``path`` untouched."""
+    tmp = None
     try:
-        fd, tmp = temporary_file(Path(path))
-    except OSError as exc:
-        raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from None
-    try:
+        fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=Path(path).name + ".", suffix=".tmp")
+        os.chmod(tmp, plain_mode(0o666))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and not isinstance(exc, WriteError):
             raise WriteError(exc.errno, exc.strerror or str(exc), str(path)) from None
         raise
@@ -163,3 +177,151 @@ class FolderLock:
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
+
+
+# ------------------------------------------------------------------------------------------------ run folders
+@dataclass
+class Progress:
+    """What a run has done, kept in its checkpoints: a resumed run ends with an uninterrupted one's record."""
+    step: int = 0
+    elapsed: float = 0.0  # seconds of training steps
+    wall_time_s: float = 0.0  # seconds of the whole run: set-up, evaluations, every process
+    step_times: List[float] = field(default_factory=list)  # ms per step
+    train_density: List = field(default_factory=list)  # (L,) tensors: the density each step computed, per layer
+    peak_memory_bytes: int = 0  # of the training steps
+
+    def state(self) -> dict:
+        import torch
+        return {**asdict(self), "train_density": torch.stack(self.train_density) if self.train_density else None}
+
+    @classmethod
+    def of(cls, state: dict) -> "Progress":
+        density = state["train_density"]
+        return cls(**{**state, "step_times": list(state["step_times"]),
+                      "train_density": list(density) if density is not None else []})
+
+
+def record_divergence(cfg, step: int, lr: float, done: Progress) -> None:
+    """metrics.json of a run stopped at a non-finite loss: status "diverged", the step and its learning rate."""
+    write_json(cfg.folder / "metrics.json", {
+        "status": "diverged", "method": cfg.method, "task": cfg.task, "preset": cfg.preset, "seed": cfg.seed,
+        "diverged_at_step": step, "lr": lr, "steps": cfg.steps, "train_time_s": done.elapsed,
+        "wall_time_s": done.wall_time_s, "config": cfg.as_record()})
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """``torch.save(state)``, written atomically."""
+    import torch
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(path, buffer.getvalue())
+
+
+def load_checkpoint(path: Path, map_location="cpu") -> dict:
+    """The state saved by ``save_checkpoint``. A file that is empty, not a torch archive, has a member whose bytes
+    fail their CRC-32 (truncated, altered) or cannot be read is refused with a SetupError naming it."""
+    import torch
+    from bench.config import SetupError
+
+    def refuse(reason: str):
+        return SetupError(f"the checkpoint {path} {reason}; it cannot be used: start afresh with --overwrite "
+                          f"(or resume from a good copy)")
+
+    try:
+        if not Path(path).is_file():  # a device or a link to one would be read without bound
+            raise refuse("is not a regular file")
+        if Path(path).stat().st_size == 0:
+            raise refuse("is empty")
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":  # torch.save's archive begins with its first member
+                raise refuse("is damaged: not a torch archive (altered, or written by something else)")
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # reads every member against the CRC-32 its header records
+    except OSError as exc:
+        raise refuse(f"cannot be read ({exc.strerror})") from None
+    except (zipfile.BadZipFile, EOFError, ValueError):
+        raise refuse("is damaged: not a whole torch archive (truncated or altered)") from None
+    if damaged is not None:
+        raise refuse(f"is damaged: its member {damaged} fails its CRC-32 (altered)")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 — any failure of a checked file is one line, not a torch traceback
+        raise refuse(f"cannot be read by this torch ({type(exc).__name__})") from None
+
+
+def run_files(out: Path) -> List[Path]:
+    """The files of a run in ``out``: record, checkpoint, snapshots and log (not leftovers of atomic writes)."""
+    if not out.is_dir():
+        return []
+    found = [out / name for name in ("metrics.json", "checkpoint.pt", "log.jsonl") if (out / name).is_file()]
+    return found + sorted(out.glob("checkpoint-*.pt"))
+
+
+def open_folder(cfg, context: dict, device) -> Optional[dict]:
+    """The run folder checked before anything is read or made: a fresh run refuses a folder holding a run unless
+    --overwrite; with --resume the checkpoint, verified and trained with this run's settings (``context``: the
+    processes, device type and autocast, which change every step's numbers too), is returned, else None."""
+    from bench.config import SetupError
+    out = cfg.folder
+    if not cfg.resume:
+        existing = run_files(out)
+        if existing and not cfg.overwrite:
+            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): continue it "
+                             f"with --resume, or replace it with --overwrite")
+        return None
+    if not (out / "checkpoint.pt").exists():
+        raise DataError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}")
+    saved = load_checkpoint(out / "checkpoint.pt", map_location=device)
+    record, trained = cfg.as_record(), saved["config"]  # a setting a checkpoint predates counts as null
+    conflicts = [f"--{name.replace('_', '-')} {json.dumps(trained.get(name))} → {json.dumps(record.get(name))}"
+                 for name in dict.fromkeys([*record, *trained])
+                 if name not in OBSERVING and trained.get(name) != record.get(name)]
+    conflicts += [f"{key.replace('_', ' ')} {json.dumps(saved.get(key))} → {json.dumps(value)}"
+                  for key, value in context.items() if saved.get(key) != value]
+    if conflicts:
+        raise SetupError(f"--resume: {out / 'checkpoint.pt'} (step {saved['progress']['step']}) was trained with "
+                         f"other settings: {', '.join(conflicts)}; a resumed run changes only what observes (start "
+                         f"afresh with --overwrite, or from its weights with --init-from)")
+    return saved
+
+
+def parameter_fingerprint(model) -> str:
+    """sha256 of all parameters' bytes, in registration order: equal iff the weights are identical."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def kept_log(log_file: Path, step: int) -> bytes:
+    """log.jsonl's complete lines with a step ≤ ``step``: what follows the last newline (a line torn by a kill
+    mid-write) and any line that is not a JSON record are dropped."""
+    if not log_file.is_file():
+        return b""
+    kept = []
+    for line in log_file.read_bytes().split(b"\n")[:-1]:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line + b"\n")
+    return b"".join(kept)
+
+
+def begin(out: Path, resume: bool, step: int) -> None:
+    """Once the run is ready to train: metrics.json goes first (from then on the folder does not look finished),
+    then leftovers of atomic writes; a resumed run keeps its checkpoints and its log up to the checkpoint's step
+    (rewritten atomically), a fresh one removes the old checkpoints, then the old log."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").unlink(missing_ok=True)
+    for leftover in [*out.glob("metrics.json*.tmp"), *out.glob("checkpoint*.pt*.tmp"), *out.glob("log.jsonl*.tmp")]:
+        leftover.unlink(missing_ok=True)
+    log_file = out / "log.jsonl"
+    if resume:
+        if log_file.exists():
+            write_atomic(log_file, kept_log(log_file, step))
+        return
+    for checkpoint in [out / "checkpoint.pt", *out.glob("checkpoint-*.pt")]:
+        checkpoint.unlink(missing_ok=True)
+    log_file.unlink(missing_ok=True)

@@ -19,7 +19,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -27,9 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from bench import measure, runs
+from bench import files, measure
 from bench.config import Diverged, RunConfig, SetupError, derive_seed, lr_at, resolve_device
-from bench.files import FolderLock, write_json
 from bench.model import Model, ModelConfig
 from bench.tasks import IGNORE, DataError, Task, base_rate, default_data_dir, model_inputs, task_loss
 
@@ -46,11 +45,11 @@ class Run:
     world: int
     rank: int
     context: dict  # what --resume compares besides the config: processes, device type, bf16 autocast
-    done: runs.Progress = field(default_factory=runs.Progress)
+    done: files.Progress = field(default_factory=files.Progress)
     started: float = field(default_factory=time.time)  # when this process took the run up
     eval_seconds: Optional[float] = None  # what one periodic evaluation took: the ETA's estimate of the rest
     memory: Optional[measure.PeakRSS] = None  # the CPU's peak-memory meter, from this process's first step
-    lock: Optional[FolderLock] = None  # OUT/run.lock, held while the process lives
+    lock: Optional[files.FolderLock] = None  # OUT/run.lock, held while the process lives
 
     @property
     def is_main(self) -> bool:  # the process that evaluates, logs, checkpoints and writes the record
@@ -73,24 +72,23 @@ class Run:
                 with open(self.cfg.folder / "log.jsonl", "a") as f:
                     f.write(json.dumps({"time": stamp, **log}) + "\n")
 
-    def progress(self) -> runs.Progress:
+    def progress(self) -> files.Progress:
         """What the run has done, up to now: wall time and peak memory include this process's."""
         peak = max(self.done.peak_memory_bytes, measure.peak_memory_bytes(self.device, self.memory))
         return dataclasses.replace(self.done, wall_time_s=self.done.wall_time_s + time.time() - self.started,
                                    peak_memory_bytes=peak)
 
     def save(self, name: str) -> None:
-        runs.save_checkpoint(self.cfg.folder / name, {
+        files.save_checkpoint(self.cfg.folder / name, {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "progress": self.progress().state(), "config": self.cfg.as_record(), **self.context})
 
 
 # ------------------------------------------------------------------------------------------------ setup
-def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Callable[[int], nn.Module]],
-          later: Optional[Dict[str, Callable[[dict], int]]] = None) -> Run:
-    """Device, run folder (with --resume its checkpoint), data, model, optimizer, processes; a bad setting is
-    refused (SetupError) before anything is written. ``make_attention(model_cfg)``: the backbone's
-    ``layer_index -> attention``; ``later``: a method's settings that act from a step on (--resume may change)."""
+def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Callable[[int], nn.Module]]) -> Run:
+    """Device, run folder (with --resume its checkpoint), data, model (with --init-from a checkpoint's weights),
+    optimizer, processes; a bad setting is refused (SetupError) before anything is written.
+    ``make_attention(model_cfg)``: the backbone's ``layer_index -> attention``."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     out = cfg.folder
     try:
@@ -99,7 +97,7 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         amp = device.type == "cuda" and not cfg.no_amp
         context = {"world_size": world, "device_type": device.type, "bf16_autocast": amp}
-        saved = runs.open_folder(cfg, context, later or {}, device)
+        saved = files.open_folder(cfg, context, device)
         model = build_model(cfg, task, device, make_attention)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
@@ -108,22 +106,25 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
                                    {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}],
                                   lr=cfg.lr)
     run = Run(cfg, task, model, optimizer, device, amp, world, rank, context)
-    if saved is not None:
-        try:
-            model.load_state_dict(saved["model"])
+    start = saved or (files.load_checkpoint(Path(cfg.init_from), device) if cfg.init_from else None)
+    try:
+        if start is not None:
+            model.load_state_dict(start["model"])
+        if saved is not None:
             optimizer.load_state_dict(saved["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as exc:
-            raise SetupError(f"--resume: {out / 'checkpoint.pt'} does not fit this model: "
-                             f"{str(exc).splitlines()[0]}") from None
-        run.done = runs.Progress.of(saved["progress"])
+            run.done = files.Progress.of(saved["progress"])
+    except (RuntimeError, KeyError, ValueError) as exc:
+        where = out / "checkpoint.pt" if saved is not None else cfg.init_from
+        raise SetupError(f"{'--resume' if saved is not None else '--init-from'}: {where} does not fit this model: "
+                         f"{str(exc).splitlines()[0]}") from None
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if run.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        run.lock = FolderLock(out, "run.lock", "run").__enter__()  # released when the process ends
-        runs.begin(out, cfg.resume, run.step)
+        run.lock = files.FolderLock(out, "run.lock", "run").__enter__()  # released when the process ends
+        files.begin(out, cfg.resume, run.step)
     run.memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
     warm_only = (f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} steps, so the learning "
@@ -131,6 +132,7 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
     run.say(f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
             f"{cfg.batch_size} at length {cfg.seq_len}, {sum(p.numel() for p in model.parameters()):,} parameters, "
             f"{measure.device_name(device)}" + (f", resumed at step {run.step}" if run.step else "")
+            + (f", from the weights of {cfg.init_from}" if cfg.init_from and not run.step else "")
             + f"; run folder {out}" + warm_only)
     return run
 
@@ -225,7 +227,7 @@ def stop_if_diverged(run: Run, loss: torch.Tensor) -> None:
         return
     lr = lr_at(run.step, vars(run.cfg))
     if run.is_main:
-        runs.record_divergence(run.cfg, run.step + 1, lr, run.progress())
+        files.record_divergence(run.cfg, run.step + 1, lr, run.progress())
     raise Diverged(f"the run diverged: the loss of step {run.step + 1} is not finite (learning rate {lr:g}); "
                    f"recorded in {run.cfg.folder / 'metrics.json'}")
 
@@ -282,7 +284,7 @@ def final_record(run: Run) -> Optional[dict]:
     process's weights' fingerprint. A method adds its own entries before ``finish``. Other processes get None."""
     cfg, device, model, task = run.cfg, run.device, run.model, run.task
     done = run.progress()
-    fingerprints = [runs.parameter_fingerprint(model)]
+    fingerprints = [files.parameter_fingerprint(model)]
     if run.world > 1:
         gathered = [None] * run.world
         dist.all_gather_object(gathered, fingerprints[0])
@@ -325,7 +327,7 @@ def finish(run: Run, record: Optional[dict]) -> None:
     a method may have replaced the dense evaluation's); the processes end together."""
     if run.is_main:
         record["wall_time_s"] = run.progress().wall_time_s
-        write_json(run.cfg.folder / "metrics.json", record)
+        files.write_json(run.cfg.folder / "metrics.json", record)
         print(f"final: valid {run.task.metric} {record['valid']:.4f} | test {run.task.metric} {record['test']:.4f} | "
               f"density {record['density']:.3f} | {record['train_time_s']:.1f} s training, "
               f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}", flush=True)

@@ -17,12 +17,10 @@ elementwise, reduction and scatter ops, and CPU SDPA is not counted at all, so w
 A sparse method is thereby counted from the work it actually does on its edges: scoring E edges with an
 elementwise product and a sum is 2·E·D, the same as the dense multiply-add count for E pairs.
 
-Peak memory. On CUDA, ``torch.cuda.max_memory_allocated`` after a reset. On CPU there is no allocator
-counter: we report the peak resident set size above the baseline taken just before the measured work
-(``PeakRSS``), and the scaling benchmark runs each measured cell in its own process.
-
-Time. Warm-up iterations, then the median of repeated ones; CUDA synchronised around each; forward and
-forward+backward measured apart (``time_fn``).
+Peak memory: CUDA's ``max_memory_allocated`` after a reset; on CPU, the peak resident set above a baseline
+taken just before the measured work (``PeakRSS``; the scaling benchmarks run each cell in its own process).
+Time: warm-up, then the median of repeated calls, CUDA synchronised around each (``time_fn``); variants side
+by side with their calls interleaved (``interleaved``).
 """
 import ctypes
 import ctypes.util
@@ -32,6 +30,7 @@ import resource
 import statistics
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -61,20 +60,14 @@ def _numel(x) -> int:
     return x.numel() if isinstance(x, torch.Tensor) else 0
 
 
-@_raw
-def _elementwise(*args, out_val=None, **kwargs) -> int:
-    return _numel(out_val)
-
-
-@_raw
-def _reduction(*args, out_val=None, **kwargs) -> int:
-    return _numel(args[0])
-
-
-@_raw
-def _scatter(*args, out_val=None, **kwargs) -> int:
-    # scatter_add(self, dim, index, src) / index_add(self, dim, index, source): one add per source element.
-    return _numel(args[3]) if len(args) > 3 else _numel(kwargs.get("src", kwargs.get("source")))
+_elementwise = _raw(lambda *args, out_val=None, **kwargs: _numel(out_val))
+_reduction = _raw(lambda *args, out_val=None, **kwargs: _numel(args[0]))
+# scatter_add(self, dim, index, src) / index_add(self, dim, index, source): one add per source element
+_scatter = _raw(lambda *args, out_val=None, **kwargs:
+                _numel(args[3]) if len(args) > 3 else _numel(kwargs.get("src", kwargs.get("source"))))
+_softmax = _raw(lambda *args, out_val=None, **kwargs: SOFTMAX_FLOPS_PER_ELEMENT * _numel(out_val))
+_softmax_backward = _raw(lambda *args, out_val=None, **kwargs:
+                         SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val))
 
 
 def _sparse(x) -> bool:
@@ -91,24 +84,9 @@ def _mm(a, b, *args, out_val=None, **kwargs) -> int:
     return 2 * a.shape[0] * a.shape[1] * b.shape[1]
 
 
-@_raw
-def _addmm(bias, a, b, *args, out_val=None, **kwargs) -> int:
-    return _mm(a, b)
-
-
-@_raw
-def _sampled_addmm(pattern, a, b, *args, out_val=None, **kwargs) -> int:
-    return 2 * pattern._nnz() * a.shape[-1]  # one dot product of length a.shape[-1] per stored entry
-
-
-@_raw
-def _softmax(*args, out_val=None, **kwargs) -> int:
-    return SOFTMAX_FLOPS_PER_ELEMENT * _numel(out_val)
-
-
-@_raw
-def _softmax_backward(*args, out_val=None, **kwargs) -> int:
-    return SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val)
+_addmm = _raw(lambda bias, a, b, *args, out_val=None, **kwargs: _mm(a, b))
+# SDDMM: one dot product of length a.shape[-1] per stored entry
+_sampled_addmm = _raw(lambda pattern, a, b, *args, out_val=None, **kwargs: 2 * pattern._nnz() * a.shape[-1])
 
 
 @_raw
@@ -320,15 +298,40 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class Timed:
+    """One variant's times (ms) over the timed rounds and what each of its calls returned."""
+    ms: List[float]
+    results: list
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ms)
+
+
+def interleaved(variants: Dict[str, Callable[[int], object]], device: torch.device, repeats: int, warmup: int = 1,
+                clock: Callable[[], float] = time.perf_counter, alternate: bool = False,
+                after_round: Optional[Callable[[int], None]] = None) -> Dict[str, Timed]:
+    """Each variant timed side by side: ``warmup`` untimed rounds, then ``repeats`` timed ones, each round calling
+    every variant once with the round's index (``alternate``: in reverse order every other round), so that load
+    on a shared machine falls on all alike; by ``clock``, CUDA synchronised around each call. Returns each
+    variant's ms and results of the timed rounds (keep the results small: they all stay alive)."""
+    timed = {name: Timed([], []) for name in variants}
+    names = list(variants)
+    for round_ in range(warmup + repeats):
+        for name in (names[::-1] if alternate and round_ % 2 else names):
+            synchronize(device)
+            start = clock()
+            result = variants[name](round_)
+            synchronize(device)
+            if round_ >= warmup:
+                timed[name].ms.append((clock() - start) * 1e3)
+                timed[name].results.append(result)
+        if after_round is not None:
+            after_round(round_)
+    return timed
+
+
 def time_fn(fn: Callable[[], object], device: torch.device, warmup: int = 2, repeats: int = 5) -> float:
     """Median wall time of fn() in milliseconds, after warm-up, synchronised on CUDA."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return interleaved({"fn": lambda _: fn()}, device, repeats, warmup)["fn"].median

@@ -30,7 +30,7 @@ import typing
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, Optional
 
-from bench.cli import parse_bool
+from bench.cli import parse_bool, plain_type
 
 CORE_ARGUMENTS = ("dim", "heads", "head_dim", "dropout")  # the interface's; any other constructor argument is a budget
 
@@ -140,10 +140,8 @@ def attention_options(method: str, texts: Dict[str, str]) -> dict:
 
 def optional_of(declared):
     """X for Optional[X], else None."""
-    args = typing.get_args(declared)
-    if type(None) in args and len(args) == 2:
-        return next(a for a in args if a is not type(None))
-    return None
+    plain = plain_type(declared)
+    return plain if plain is not declared else None
 
 
 def parse_as(text: str, declared):

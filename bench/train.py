@@ -11,7 +11,7 @@ to that file's ``main()``, which holds the method's procedure: ``python -m bench
 """
 import argparse
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from bench import cli
 from bench import methods as registry
@@ -25,23 +25,12 @@ def parse_attn_option(text: str):
     return key, value
 
 
-def method_asked(argv: List[str]) -> str:
+def method_asked(argv: List[str]) -> Tuple[str, List[str]]:
+    """The --method asked for, and argv less it (what a method's own file parses)."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--method", default="full")
-    return pre.parse_known_args(argv)[0].method
-
-
-def without_method(argv: List[str]) -> List[str]:
-    """argv less its --method NAME (or --method=NAME): what the method's own file parses."""
-    kept, skip = [], False
-    for i, word in enumerate(argv):
-        if skip:
-            skip = False
-        elif word == "--method":
-            skip = True
-        elif not word.startswith("--method="):
-            kept.append(word)
-    return kept
+    asked, rest = pre.parse_known_args(argv)
+    return asked.method, rest
 
 
 def build_parser(prog: str = "python -m bench.train") -> argparse.ArgumentParser:
@@ -56,10 +45,10 @@ def build_parser(prog: str = "python -m bench.train") -> argparse.ArgumentParser
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    name = method_asked(argv)
+    name, rest = method_asked(argv)
     if name in registry.available() and registry.get(name).script:
         prog = f"python -m bench.train --method {name}"
-        return registry.get(name).module().main(without_method(argv), prog=prog)
+        return registry.get(name).module().main(rest, prog=prog)
     p = build_parser()
     args = p.parse_args(argv)
     with cli.one_line_errors():

@@ -43,7 +43,6 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,7 +54,7 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fastrg  # noqa: E402
-from bench import cli  # noqa: E402
+from bench import cli, measure  # noqa: E402
 
 K = 128
 NAIVE_BLOCK = 1 << 24  # entries of P per block in the naive draw
@@ -70,29 +69,6 @@ def keep_freed_memory() -> str:
     m_trim_threshold, m_mmap_max = -1, -4
     ok = libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
     return "glibc keeps freed memory (M_MMAP_MAX=0, M_TRIM_THRESHOLD=2^31-1)" if ok else "mallopt failed: default"
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fns: list, device: torch.device, repeats: int, clock=time.perf_counter, warmup: int = 1) -> tuple[list, list]:
-    """Median time in ms (by `clock`) of `repeats` calls of each function after `warmup` untimed ones, the calls
-    interleaved (one of each per round, so that load on a shared machine falls on all alike), and each one's
-    last result (keep it small: every function's result stays alive)."""
-    outs = [fn() for fn in fns]  # at least one call each: the results
-    for _ in range(warmup - 1):
-        outs = [fn() for fn in fns]
-    sync(device)
-    times = [[] for _ in fns]
-    for _ in range(repeats):
-        for k, fn in enumerate(fns):
-            t0 = clock()
-            outs[k] = fn()
-            sync(device)
-            times[k].append((clock() - t0) * 1e3)
-    return [statistics.median(t) for t in times], outs
 
 
 def naive_draw(X, S, Y, generator):
@@ -199,7 +175,9 @@ def main(argv=None) -> int:
         if args.igraph:
             fns += [igraph_sbm(n, density, S0) for density in [1 / (n * n), *args.densities]]
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
-        times, outs = timed(fns, device, args.repeats, clock, args.warmup_iters)
+        timed = measure.interleaved({str(k): lambda _, fn=fn: fn() for k, fn in enumerate(fns)}, device,
+                                    args.repeats, args.warmup_iters, clock)
+        times, outs = [t.median for t in timed.values()], [t.results[-1] for t in timed.values()]
         naive_ms, _, fixed_ms, tables_ms = times[:4]
         fast_ms, edges = times[4:4 + len(args.densities)], outs[4:4 + len(args.densities)]
         graph_ms = times[4 + len(args.densities):] or [None] * (1 + len(args.densities))

@@ -16,11 +16,11 @@ Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training
   (nb_features=256, which keeps its features unless a PerformerLM redraws them);
 - linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
 
-Per repetition every pair is timed once each way, the order alternating between repetitions, so a change of
-machine load falls on both sides alike; reported are the medians and their ratio, and the spread of the
-per-repetition ratios (quartiles). The glibc setting of experiments.scaling (MALLOC_MMAP_MAX_=0,
-MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the header says whether
-it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
+Per repetition every side of every pair is timed once (bench.measure.interleaved), the order reversed every
+other repetition, so a change of machine load falls on both sides alike; reported are the medians and their
+ratio, and the spread of the per-repetition ratios (quartiles). The glibc setting of experiments.scaling
+(MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the
+header says whether it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
 """
 import importlib.util
 import os
@@ -75,32 +75,30 @@ def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module
     }
 
 
-def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor", grad: "torch.Tensor") -> float:
-    """One forward+backward; its wall time in ms."""
-    start = time.perf_counter()
-    call(module, x).backward(grad)
-    elapsed = time.perf_counter() - start
+def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor", grad: "torch.Tensor") -> None:
+    """One forward+backward, from cleared gradients."""
     x.grad = None
     module.zero_grad(set_to_none=True)
-    return 1e3 * elapsed
+    call(module.train(), x).backward(grad)
 
 
 def measure(n: int, args) -> List[list]:
     import torch
+
+    from bench.measure import interleaved
     torch.manual_seed(0)
     built = pairs(n, args.heads, args.head_dim)
     chosen = {name: built[name] for name in args.methods}
     x = torch.randn(args.batch_size, n, args.heads * args.head_dim, requires_grad=True)
     grad = torch.randn_like(x)
-    times: Dict[str, Tuple[list, list]] = {name: ([], []) for name in chosen}
-    for rep in range(args.warmup_iters + args.repeats):
-        for name, (ours, ours_call, peer, peer_call) in chosen.items():
-            sides = [(0, ours, ours_call), (1, peer, peer_call)]
-            for side, module, call in (sides if rep % 2 == 0 else sides[::-1]):
-                ms = forward_backward(module.train(), call, x, grad)
-                if rep >= args.warmup_iters:
-                    times[name][side].append(ms)
-        print(f"  n={n} repetition {rep + 1}/{args.warmup_iters + args.repeats}", file=sys.stderr, flush=True)
+    variants = {f"{name} {side}": lambda _, m=module, c=call: forward_backward(m, c, x, grad)
+                for name, (ours, ours_call, peer, peer_call) in chosen.items()
+                for side, module, call in (("ours", ours, ours_call), ("peer", peer, peer_call))}
+    total = args.warmup_iters + args.repeats
+    timed = interleaved(variants, torch.device("cpu"), args.repeats, args.warmup_iters, alternate=True,
+                        after_round=lambda r: print(f"  n={n} repetition {r + 1}/{total}", file=sys.stderr,
+                                                    flush=True))
+    times = {name: (timed[f"{name} ours"].ms, timed[f"{name} peer"].ms) for name in chosen}
     rows = []
     for name, (ours, peer) in times.items():
         ratios = sorted(a / b for a, b in zip(ours, peer))

@@ -12,10 +12,9 @@ Settings (the SSA paper's names, §4 and Table 8; SSA on every layer, σ ramped 
               the paper's Table 8 compares the two; U<x> names the percentage dropped)
 Every setting trains in its own process with the same model, data order and budget, one after another, so
 step times are taken on an otherwise idle machine; a setting whose record is complete is skipped on a re-run.
-S-L4+FT is S-L4 until its dense tail starts (same seed, data, draws and learning-rate schedule: every random
-draw of step t is seeded by t), so it resumes from S-L4's checkpoint at that step and trains only the tail;
-tests/test_bench_cli.py checks that this gives the parameters of a run trained from scratch, bit for bit. Its
-step times are S-L4's before the branch and its own after; its peak memory is the tail's (dense, the larger).
+S-L4+FT is one run with its dense tail in its settings (--finetune-fraction): S-L4 until the tail starts (same
+seed, data, draws and learning-rate schedule: every random draw of step t is seeded by t), then dense; its peak
+memory is the tail's (dense, the larger).
 The ALiBi decoder of the paper's App. B.1 (no positional embeddings) at the CPU preset's width, trained with
 App. B.1's schedule shape: after the preset's warm-up the learning rate falls linearly to half its peak (the
 paper: 1e-3 → 5e-4 over 10k steps), so the +FT tail (§3.4: "the schedule simply continues") trains at half the
@@ -28,7 +27,6 @@ printed: S-L4 step time ≤ 0.65 × S0's; S-L4+FT within 2 % of S0's bits per by
 """
 import contextlib
 import io
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,12 +48,10 @@ SETTINGS = {
 }
 PAPER_SCHEDULE = ["--lr-decay", "linear", "--lr-floor", "0.5"]  # App. B.1; options given later override it
 ENSEMBLED = "S-L4"
-BRANCH_FROM, BRANCHED = "S-L4", "S-L4+FT"
 
 
-def run_setting(folder: Path, name: str, common: list, ensemble: int, branch: int) -> dict:
-    """Runs one setting in its own process (or skips it if complete). `branch` > 0: the step at which S-L4+FT
-    leaves S-L4 — S-L4 keeps a checkpoint there and S-L4+FT resumes from it."""
+def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
+    """Runs one setting in its own process (or skips it if complete)."""
     record_path = folder / "metrics.json"
     done = read_json(record_path) or {}
     if done.get("status") == "complete":
@@ -63,22 +59,10 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int, branch: in
         return done
     folder.mkdir(parents=True, exist_ok=True)
     extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
-    header = ""
-    if branch and name == BRANCH_FROM:
-        extra += ["--snapshot-at", str(branch)]
-    snapshot = folder.parent / BRANCH_FROM / f"checkpoint-{branch}.pt"
-    if branch and name == BRANCHED and snapshot.exists():
-        shutil.copyfile(snapshot, folder / "checkpoint.pt")
-        shutil.copyfile(snapshot.parent / "log.jsonl", folder / "log.jsonl")  # --resume keeps steps ≤ branch
-        extra += ["--resume"]
-        header = f"resumed from {snapshot} (S-L4 until step {branch}), trains the dense tail\n"
-    else:
-        extra += ["--overwrite"]  # an unfinished setting starts again
+    extra += ["--overwrite"]  # an unfinished setting starts again
     cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder)]
     print(f"{name}: {' '.join(cmd[1:])}", flush=True)
     with open(folder / "train.log", "w") as log:
-        log.write(header)
-        log.flush()
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)  # dies with us
     if code != 0:
         tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
@@ -180,21 +164,18 @@ def main(argv=None) -> int:
     if args.ensemble_samples < 0 or (args.steps is not None and args.steps < 0):
         p.error("--ensemble-samples and --steps must be >= 0")
     from bench.tasks import TASKS, get_task  # after parsing: --help imports nothing heavy
-    from ssa import fine_tune_start
     if args.task not in TASKS or get_task(args.task).metric != "bpb":
         p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")
     steps = args.steps if args.steps is not None else get_task(args.task).presets[args.preset].steps
     common = ["--task", args.task, "--preset", args.preset, "--steps", str(steps), "--seq-len", str(args.seq_len),
               "--pos-emb", "false", *PAPER_SCHEDULE, *extra]
-    branch = fine_tune_start(steps, FT_FRACTION) if {BRANCH_FROM, BRANCHED} <= set(names) else 0
-    branch = branch if 0 < branch < steps else 0  # no dense tail (tiny runs): nothing to share
     out = Path(args.out)
     cfg = check_settings(p, names, common, out)
     with cli.one_line_errors():  # the data, before any setting's folder is made
         task = get_task(args.task)
         task.data_file, task.download_allowed = cfg.data_file, not cfg.no_download
         task.setup(args.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), 0)
-    records = {name: run_setting(out / name, name, common, args.ensemble_samples, branch) for name in names}
+    records = {name: run_setting(out / name, name, common, args.ensemble_samples) for name in names}
     text = render(records)
     with cli.one_line_errors():
         write_atomic(out / "table.md", text.encode())

@@ -28,7 +28,6 @@ import inspect
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -39,6 +38,7 @@ from bench import cli
 from bench import methods as registry
 from bench.config import PRESET_FIELDS, RunConfig, SetupError, derive_seed
 from bench.loop import model_inputs, task_loss
+from bench.measure import interleaved
 from bench.model import Model, ModelConfig
 from bench.tasks import default_data_dir, get_task
 
@@ -217,27 +217,29 @@ def main(argv=None) -> int:
                    for i in range(args.warmup_iters + args.repeats)]
         built = run_variants(cfg, task, records, batches[0]) if args.runs else \
             variants(cfg, task, names, densities, batches[0])
-    optimizers = {label: torch.optim.AdamW(model.parameters(), lr=cfg.lr) for label, (model, _) in built.items()}
-    times, kernel, density = {label: [] for label in built}, {}, {label: [] for label in built}
-    for round_, batch in enumerate(batches):
-        for label, (model, trim) in built.items():
-            used = trimmed(batch) if trim else batch
-            inputs = model_inputs(used, torch.device("cpu"))
+    def training_step(model, trim: bool, optimizer):
+        def step(round_: int) -> float:  # the density the step computed
+            used = trimmed(batches[round_]) if trim else batches[round_]
             model.train()
             torch.manual_seed(derive_seed(cfg.seed, round_))
-            start = time.perf_counter()
-            logits, stats = model(**inputs)
+            logits, stats = model(**model_inputs(used, torch.device("cpu")))
             (task_loss(logits, used["targets"]) + stats["aux_loss"]).backward()
-            optimizers[label].step()
-            optimizers[label].zero_grad(set_to_none=True)
-            if round_ >= args.warmup_iters:
-                times[label].append((time.perf_counter() - start) * 1e3)
-                density[label].append(float(stats["density"].mean()))
-            if label.startswith("full"):
-                q = torch.zeros(1, 1, inputs["tokens"].shape[1], 8)
-                kernel[label] = {0: "math", 1: "flash"}.get(
-                    int(torch._fused_sdp_choice(q, q, q, None, model.cfg.attn_dropout, False)), "other")
-    as_run, fair = (statistics.median(times[k]) if k in times else None for k in ("full (as run)", "full (fair)"))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return float(stats["density"].mean())
+        return step
+
+    timed = interleaved({label: training_step(model, trim, torch.optim.AdamW(model.parameters(), lr=cfg.lr))
+                         for label, (model, trim) in built.items()}, torch.device("cpu"), args.repeats,
+                        args.warmup_iters)
+    times, density = {label: t.ms for label, t in timed.items()}, {label: t.results for label, t in timed.items()}
+    kernel = {}
+    for label, (model, trim) in built.items():
+        if label.startswith("full"):  # the SDPA kernel the last round's length takes
+            q = torch.zeros(1, 1, (trimmed(batches[-1]) if trim else batches[-1])["tokens"].shape[1], 8)
+            kernel[label] = {0: "math", 1: "flash"}.get(
+                int(torch._fused_sdp_choice(q, q, q, None, model.cfg.attn_dropout, False)), "other")
+    as_run, fair = (timed[k].median if k in timed else None for k in ("full (as run)", "full (fair)"))
     rows = [[label, f"{statistics.median(t):.0f} [{min(t):.0f}-{max(t):.0f}]",
              *(f"{statistics.median(t) / ref:.3f}" if ref else "–" for ref in (fair, as_run)),
              f"{statistics.mean(density[label]):.2%}", kernel.get(label, "–")]

@@ -297,30 +297,33 @@ def test_ssa_table_runs_every_setting_and_normalises_to_s0(tmp_path):
     assert rerun.stdout.count("complete, skipped") == 5
 
 
-def test_ssa_table_branches_the_fine_tuned_run_from_s_l4_with_the_parameters_of_a_full_run(tmp_path):
-    import pytest
-    from conftest import DATA
-    if not (DATA / "wikitext-2" / "valid.txt").is_file():
-        pytest.skip(f"no WikiText-2 in {DATA} (set SPARSE_ATTN_DATA)")
-    out, scratch = tmp_path / "ssa", tmp_path / "scratch"
-    tiny = [*TINY[2:-2], "--eval-every", "4", "--data-dir", str(DATA), "--eval-context", "8"]
-    table = run("experiments.ssa_table", "--out", str(out), "--seq-len", "32", "--steps", "10", "--ensemble-samples", "0",
-                "--settings", "S0,S-L4,S-L4+FT", *tiny)
-    assert "--snapshot-at 9" in table.stdout  # 10 steps: the dense tail is the last one
-    assert (out / "S-L4" / "checkpoint-9.pt").is_file()
-    assert (out / "S-L4+FT" / "train.log").read_text().startswith("resumed from")
-    from experiments.ssa_table import PAPER_SCHEDULE
-    full = subprocess.run([sys.executable, str(ROOT / "ssa.py"), "--task", "bytes", "--seq-len", "32", "--steps", "10",
-                           "--pos-emb", "false", *PAPER_SCHEDULE, "--windows", "4", "--finetune-fraction", "0.1", *tiny,
-                           "--out", str(scratch)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert full.returncode == 0, full.stdout + full.stderr
-    branched = json.loads((out / "S-L4+FT" / "metrics.json").read_text())
-    reference = json.loads((scratch / "metrics.json").read_text())
-    assert branched["param_fingerprints"] == reference["param_fingerprints"]
-    assert branched["test"] == reference["test"] and len(branched["config"]) == len(reference["config"])
-    lines = [json.loads(line) for line in (out / "S-L4+FT" / "log.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines if line["split"] == "valid"] == [4, 8, 10]  # S-L4's evaluations before the branch, then the tail's
+def test_init_from_starts_a_fresh_run_from_a_snapshot_s_weights_with_its_own_settings(tmp_path):
+    """--init-from: a fresh run (its own steps, schedule and optimizer) from a snapshot's model weights, recorded
+    in its config; --resume refuses a changed setting and points to it; a checkpoint of another model is one line."""
+    import hashlib
+
+    import torch
+    from bench.files import load_checkpoint
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["bench.train", "--task", "duplicates", *TINY, "--steps", "4", "--eval-every", "2"]
+    run(*common, "--snapshot-at", "2", "--out", str(first))
+    snapshot = first / "checkpoint-2.pt"
+    started = run(*common, "--lr", "0.01", "--init-from", str(snapshot), "--out", str(second))
+    assert f"from the weights of {snapshot}" in started.stdout
+    record = json.loads((second / "metrics.json").read_text())
+    assert record["config"]["init_from"] == str(snapshot) and record["config"]["lr"] == 0.01
+    assert load_checkpoint(second / "checkpoint.pt")["progress"]["step"] == 4
+    run(*common, "--steps", "0", "--init-from", str(snapshot), "--out", str(tmp_path / "untrained"))
+    digest = hashlib.sha256()  # full attention keeps no persistent buffer: its state is its parameters, in order
+    for tensor in torch.load(snapshot, weights_only=True)["model"].values():
+        digest.update(tensor.contiguous().numpy().tobytes())
+    assert json.loads((tmp_path / "untrained" / "metrics.json").read_text())["param_fingerprints"] == [
+        digest.hexdigest()]
+    refused = run(*common, "--lr", "0.02", "--init-from", str(snapshot), "--out", str(second), "--resume", check=False)
+    assert refused.returncode == 2 and "--lr 0.01 → 0.02" in refused.stderr and "--init-from" in refused.stderr
+    wide = run("bench.train", "--task", "duplicates", *TINY, "--dim", "32", "--init-from", str(snapshot), "--out",
+               str(tmp_path / "wide"), check=False)
+    assert wide.returncode == 2 and f"--init-from: {snapshot} does not fit this model" in wide.stderr
 
 
 def test_ssa_table_refuses_a_task_that_is_not_language_modelling(tmp_path):

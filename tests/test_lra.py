@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.tasks import data_files as data, lra, pathfinder
+from bench.tasks import data_files as data, image, lra, pathfinder
 from bench.tasks import DataError, get_task
 
 from conftest import DATA as SHARED_DATA
@@ -210,8 +210,8 @@ def test_a_failed_download_leaves_no_file_and_no_folder(tmp_path, monkeypatch):
 
 def test_missing_data_messages_say_what_where_and_how(tmp_path):
     for name, needles in [("text", [str(tmp_path / "imdb" / "aclImdb"), lra.Text.URL, lra.Text.SHA256]),
-                          ("image", [str(tmp_path / "cifar10" / "cifar-10-python.tar.gz"), lra.Image.URL,
-                                     lra.Image.MD5]),
+                          ("image", [str(tmp_path / "cifar10" / "cifar-10-python.tar.gz"), image.Image.URL,
+                                     image.Image.MD5]),
                           ("retrieval", [str(tmp_path / "lra_release" / "tsv_data"), "new_aan_pairs",
                                          lra.Retrieval.RELEASE_URL])]:
         with pytest.raises(DataError) as info:
@@ -293,7 +293,7 @@ def _cifar_python(path: Path, per_batch: int = 12, test: int = 10) -> Path:
     """A cifar-10-python.tar.gz stand-in: six pickled batches of random images."""
     rng = np.random.default_rng(0)
     with tarfile.open(path, "w:gz") as tf:
-        for name in list(lra.CIFAR_PY_MD5):
+        for name in list(image.CIFAR_PY_MD5):
             n = test if name == "test_batch" else per_batch
             batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
                      b"labels": [int(v) for v in rng.integers(0, 10, n)], b"batch_label": name.encode()}
@@ -312,27 +312,27 @@ def test_lra_grayscale_matches_tensorflows_rounding():
     rgb = np.array([[0, 0, 0], [255, 255, 255], [255, 0, 0], [0, 255, 0], [0, 0, 255], [10, 200, 30]], np.uint8)
     expected = [int(np.float32(v) * np.float32(255.5)) for v in
                 (np.array(rgb, np.float32) / np.float32(255)) @ np.array([0.2989, 0.5870, 0.1140], np.float32)]
-    assert lra.lra_grayscale(rgb).tolist() == expected == [0, 255, 76, 149, 29, 124]
+    assert image.lra_grayscale(rgb).tolist() == expected == [0, 255, 76, 149, 29, 124]
     pixels = np.arange(16, dtype=np.uint8).reshape(1, 16)  # a 4x4 image
-    assert lra.pool_image(pixels, 2).tolist() == [[2, 4, 10, 12]]  # 2x2 block means, rounded half to even
+    assert image.pool_image(pixels, 2).tolist() == [[2, 4, 10, 12]]  # 2x2 block means, rounded half to even
 
 
 def test_image_reads_cifar_python_with_checked_md5s_and_a_safe_unpickler(tmp_path, monkeypatch):
     archive = _cifar_python(tmp_path / "cifar-10-python.tar.gz")
-    monkeypatch.setattr(lra.Image, "COUNTS", {"train": 60, "test": 10})
-    monkeypatch.setattr(lra.Image, "VALID", 6)
+    monkeypatch.setattr(image.Image, "COUNTS", {"train": 60, "test": 10})
+    monkeypatch.setattr(image.Image, "VALID", 6)
     task = get_task("image")
     task.data_file = str(archive)
     with pytest.raises(DataError, match="data_batch_1 has md5 .* refusing to unpickle"):
         task.setup(1024, 0, tmp_path)
-    monkeypatch.setattr(lra, "CIFAR_PY_MD5", _md5s(archive))
+    monkeypatch.setattr(image, "CIFAR_PY_MD5", _md5s(archive))
     arrays = task.read(archive)
     assert arrays["train_x"].shape == (54, 1024) and arrays["valid_x"].shape == (6, 1024)
     assert arrays["test_x"].shape == (10, 1024) and arrays["train_x"].dtype == np.uint8
     with tarfile.open(archive) as tf:  # the last 6 training images (data_batch_5's tail) are the validation set
         last = pickle.loads(tf.extractfile("cifar-10-batches-py/data_batch_5").read())
     rgb = last[b"data"][-6:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    assert np.array_equal(arrays["valid_x"], lra.lra_grayscale(rgb).reshape(6, 1024))
+    assert np.array_equal(arrays["valid_x"], image.lra_grayscale(rgb).reshape(6, 1024))
     assert arrays["valid_y"].tolist() == last[b"labels"][-6:]
     task.setup(256, 0, tmp_path)
     batch = task.train_batch(5, torch.Generator().manual_seed(0))
@@ -341,11 +341,11 @@ def test_image_reads_cifar_python_with_checked_md5s_and_a_safe_unpickler(tmp_pat
     # a pickle that would run code is refused even when its md5 is "right"
     evil = tmp_path / "evil.tar.gz"
     payload = pickle.dumps({b"data": os.system}, protocol=2)
-    members = [(f"cifar-10-batches-py/{n}", "file", payload) for n in lra.CIFAR_PY_MD5]
+    members = [(f"cifar-10-batches-py/{n}", "file", payload) for n in image.CIFAR_PY_MD5]
     _tar(evil, members)
-    monkeypatch.setattr(lra, "CIFAR_PY_MD5", {n: hashlib.md5(payload).hexdigest() for n in lra.CIFAR_PY_MD5})
+    monkeypatch.setattr(image, "CIFAR_PY_MD5", {n: hashlib.md5(payload).hexdigest() for n in image.CIFAR_PY_MD5})
     with pytest.raises(DataError, match="refused global"):
-        lra.Image().read(evil)
+        image.Image().read(evil)
 
 
 def test_image_folder_without_pillow_names_the_extra(tmp_path, monkeypatch):
@@ -366,14 +366,14 @@ def test_image_folder_tree_with_pillow(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     root = tmp_path / "tree"
     for split, per_class in (("train", 4), ("test", 1)):
-        for label in lra.CIFAR_CLASSES:
+        for label in image.CIFAR_CLASSES:
             (root / split / label).mkdir(parents=True)
             for i in range(per_class):
                 PILImage.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
                     root / split / label / f"{i:04d}.png")
-    monkeypatch.setattr(lra.Image, "COUNTS", {"train": 40, "test": 10})
-    monkeypatch.setattr(lra.Image, "VALID", 10)
-    arrays = lra.Image().read(root)
+    monkeypatch.setattr(image.Image, "COUNTS", {"train": 40, "test": 10})
+    monkeypatch.setattr(image.Image, "VALID", 10)
+    arrays = image.Image().read(root)
     assert sorted(arrays["valid_y"].tolist()) == list(range(10))  # the last one per class
     assert arrays["train_x"].shape == (30, 1024) and sorted(arrays["test_y"].tolist()) == list(range(10))
 
@@ -446,8 +446,8 @@ PATHFINDER_SIZES = {"train": 600, "valid": 200, "test": 200}  # small stand-ins 
 
 
 def test_pathfinder_task_generates_caches_and_batches(cache):
-    assert lra.Pathfinder.default_sizes(16) == {"train": 12_000, "valid": 2_000, "test": 2_000}
-    assert lra.Pathfinder.default_sizes(32) == {"train": 160_000, "valid": 20_000, "test": 20_000}
+    assert pathfinder.Pathfinder.default_sizes(16) == {"train": 12_000, "valid": 2_000, "test": 2_000}
+    assert pathfinder.Pathfinder.default_sizes(32) == {"train": 160_000, "valid": 20_000, "test": 20_000}
     task = get_task("pathfinder")  # the CPU preset's images: 16x16
     task.sizes = PATHFINDER_SIZES
     start = time.perf_counter()
@@ -569,7 +569,7 @@ def test_text_training_run(tmp_path):
 
 def test_image_training_run_on_cifar_python(tmp_path):
     archive = _cifar_python(tmp_path / "cifar-10-python.tar.gz")
-    prelude = (f"import bench.tasks.lra as L; L.CIFAR_PY_MD5 = {_md5s(archive)!r}; "
+    prelude = (f"import bench.tasks.image as L; L.CIFAR_PY_MD5 = {_md5s(archive)!r}; "
                f"L.Image.COUNTS = {{'train': 60, 'test': 10}}; L.Image.VALID = 6")
     rec = train("--task", "image", "--seq-len", "64", *TINY, "--data-file", str(archive),
                 "--out", str(tmp_path / "run"), prelude=prelude)
@@ -581,7 +581,7 @@ def test_image_training_run_on_cifar_python(tmp_path):
 def test_image_training_run_on_the_local_jpeg_copy(tmp_path):
     # Decoding all 60,000 JPEGs takes 10-25 s on 2 cores; the run reads the archive but decodes only the
     # first 50 images per class and split (the cache lives in this test session's folder only).
-    prelude = ("import bench.tasks.lra as L; wanted = L.Image._wanted; "
+    prelude = ("import bench.tasks.image as L; wanted = L.Image._wanted; "
                "L.Image._wanted = staticmethod(lambda rel: wanted(rel) and int(rel.stem) < 50); "
                "L.Image.COUNTS = {'train': 500, 'test': 500}; L.Image.VALID = 50")
     rec = train("--task", "image", "--seq-len", "256", *TINY, "--data-dir", str(SHARED_DATA),
@@ -590,7 +590,8 @@ def test_image_training_run_on_the_local_jpeg_copy(tmp_path):
 
 
 def test_pathfinder_training_run(tmp_path, cache):
-    prelude = f"import bench.tasks.lra as L; L.Pathfinder.default_sizes = staticmethod(lambda side: {PATHFINDER_SIZES!r})"
+    prelude = (f"import bench.tasks.pathfinder as L; "
+               f"L.Pathfinder.default_sizes = staticmethod(lambda side: {PATHFINDER_SIZES!r})")
     rec = train("--task", "pathfinder", "--seq-len", "256", *TINY, "--data-dir", str(cache),
                 "--out", str(tmp_path / "run"), prelude=prelude)
     assert rec["task"] == "pathfinder" and rec["scored"]["valid"] == 8

@@ -136,3 +136,12 @@ def test_time_fn_returns_a_median_in_milliseconds():
     calls = []
     ms = measure.time_fn(lambda: calls.append(1), torch.device("cpu"), warmup=2, repeats=3)
     assert len(calls) == 5 and 0 <= ms < 100
+
+
+def test_interleaved_calls_every_variant_once_a_round_and_times_the_rounds_after_the_warm_up():
+    calls, rounds = [], []
+    timed = measure.interleaved({"a": lambda r: calls.append(("a", r)) or r, "b": lambda r: calls.append(("b", r))},
+                                torch.device("cpu"), repeats=3, warmup=1, alternate=True, after_round=rounds.append)
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
+    assert rounds == [0, 1, 2, 3] and timed["a"].results == [1, 2, 3] and len(timed["b"].ms) == 3
+    assert timed["a"].median == sorted(timed["a"].ms)[1] and min(timed["b"].ms) >= 0

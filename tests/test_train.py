@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.runs import load_checkpoint
+from bench.files import load_checkpoint
 from conftest import DATA as SHARED_DATA, ROOT, valid_steps
 TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1",
         "--batch-size", "4", "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2"]
@@ -140,7 +140,7 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
     fingerprints = rec["param_fingerprints"]
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
     # the fingerprint is of the weights that were trained: it matches the checkpoint's
-    from bench.runs import parameter_fingerprint
+    from bench.files import parameter_fingerprint
     from bench.model import Model, ModelConfig
     from baselines.full import FullAttention
     state = load_checkpoint(out / "checkpoint.pt")["model"]
@@ -206,23 +206,22 @@ def test_a_methods_options_are_its_settings_dataclass(module, settings):
     from bench import cli
     cls = getattr(importlib.import_module(module), settings)
     p = cli.run_parser("python x.py", "")
-    cli.add_settings(p, cls, "options", {})
-    flags = [flag for _, flag, _, _ in cli.settings_flags(cls, {})]
+    cli.add_settings(p, cls, "options")
+    flags = [flag for _, flag, _, _ in cli.settings_flags(cls)]
     assert len(flags) == len(dataclasses.fields(cls)) and set(flags) <= set(p._option_string_actions)
-    assert cli.settings_of(p.parse_args(["--task", "duplicates"]), cls, {}) == cls()
+    assert cli.settings_of(p.parse_args(["--task", "duplicates"]), cls) == cls()
 
 
-def test_a_profile_flag_gives_its_constructor_s_values_unless_a_field_is_given():
-    """SBM's --official: the official code's choices, each field still settable on the command line."""
+def test_sbm_s_official_flag_gives_the_official_choices_unless_a_field_is_given():
+    """SBM's --official, a plain flag its main applies: the official code's choices, each field still settable."""
     from bench import cli
     from sbm_transformer import SBMConfig
-    profiles = {"official": (SBMConfig.official, "")}
-    p = cli.run_parser("python x.py", "")
-    cli.add_settings(p, SBMConfig, "options", profiles)
-    assert cli.settings_of(p.parse_args(["--task", "duplicates", "--official"]), SBMConfig, profiles) == \
-        SBMConfig.official()
-    given = cli.settings_of(p.parse_args(["--task", "duplicates", "--official", "--path", "fast"]), SBMConfig, profiles)
-    assert given == SBMConfig.official(path="fast")
+    argv = ["--task", "duplicates", "--official"]
+    cfg, sbm = cli.parse(argv, "sbm", "python x.py", "", SBMConfig, flags={"official": ""})
+    assert cfg.flags == {"official": True} and sbm == SBMConfig()
+    assert cfg.with_settings(**vars(SBMConfig.official())).settings == SBMConfig.official()
+    cfg, _ = cli.parse([*argv, "--path", "fast"], "sbm", "python x.py", "", SBMConfig, flags={"official": ""})
+    assert cfg.with_settings(**vars(SBMConfig.official())).settings == SBMConfig.official(path="fast")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,13 +1,9 @@
-"""What a task is: every task gives batches as dicts of tensors,
-
-    tokens (B, N) long · targets ((B,) or (B, N) long, -100 where not scored) · key_padding_mask (B, N) bool
-    (True at padding) or None · for the ``pair`` head also tokens2 / key_padding_mask2,
-
-through ``train_batch(batch_size, generator)`` (a fresh, reproducible draw for every step) and
-``eval_batches(split, batch_size, limit)`` (a fixed, deterministic pass over the validation or test split).
-A task's presets (bench.config.Preset) give its model sizes and training recipe at each scale. A batch becomes
-the model's arguments by ``model_inputs``, is scored by ``task_loss``, and ``base_rate`` is what its targets
-give a model that sees no input.
+"""What a task is: batches as dicts of tensors — tokens (B, N) long, targets ((B,) or (B, N) long, -100 where
+not scored), key_padding_mask (B, N) bool (True at padding) or None, and tokens2 / key_padding_mask2 for the
+``pair`` head — through ``train_batch(batch_size, generator)`` (a fresh, reproducible draw each step) and
+``eval_batches(split, batch_size, limit)`` (a fixed pass over the validation or test split). Its presets
+(bench.config.Preset) give its sizes and recipe. ``model_inputs`` makes a batch the model's arguments,
+``task_loss`` scores it, ``base_rate`` is what its targets give a model that sees no input.
 """
 from dataclasses import dataclass, field
 from pathlib import Path

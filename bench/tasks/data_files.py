@@ -1,27 +1,18 @@
-"""The tasks' data files: archives read or extracted safely, the one downloader, and the caches of decoded
-data. Every task that reads files (bench/tasks/language.py, bench/tasks/lra.py) reads them through it.
+"""The tasks' data files, looked up under ``--data-dir`` ($SPARSE_ATTN_DATA, else ./data): archives read or
+extracted safely, the one downloader, and the caches of decoded data. A missing or corrupt file is a DataError
+saying what was looked for, where, and how to get it (exit 1).
 
-Files are looked up under ``--data-dir`` (``$SPARSE_ATTN_DATA``, else ``./data``). A missing or corrupt file
-raises ``DataError`` with what was looked for, where, and how to get it; the entry points print it and exit 1.
-
-Downloads (``fetch``) go to a ``.partial`` file beside the target and are renamed into place only after their
-checksum (and any check of their content) passed; a failed download is deleted, with the folders made for it
-(``created_folders``). ``SPARSE_ATTN_OFFLINE`` turns every download off.
-
-Archives are read or extracted member by member: absolute names, ``..`` components, links and device files
-are refused with a DataError and nothing is written outside the destination folder. A member is read into
-memory only up to ``MAX_MEMBER_BYTES`` (64 MiB; the largest real one, a CIFAR-10 batch, is 31 MB) and
-extracted to disk only up to ``MAX_EXTRACTED_BYTES`` (16 GiB): a larger declared size is refused before
-anything of it is read. Extraction goes to a temporary folder, moved into place only once the whole archive
-passed, so a refused archive leaves no members behind.
-
-Caches: decoded data are kept as uncompressed ``.npz`` files keyed by the source's sha256 (archives) or by a
-listing of names, sizes and modification times (folders), written atomically, under ``$SPARSE_ATTN_CACHE``,
-else ``<data-dir>/cache`` when it is writable, else ``~/.cache/sparse-attn`` (a cache found in any of them is
-read; the folder is made only when a cache is written, after the data were read successfully). A cache is
-checked before use against what its task expects (its arrays, their shapes and counts): one of another
-version, cut short or damaged is rebuilt, never trained on. With no writable cache folder (a read-only data
-folder and home) the data are decoded and used without being kept, said in one line.
+- Downloads (``fetch``) go to a ``.partial`` file, renamed into place once their checksum passed; a failed one
+  is deleted with the folders made for it. ``SPARSE_ATTN_OFFLINE`` turns every download off.
+- Archives are read member by member: absolute names, ``..``, links and device files are refused; a member is
+  read into memory up to ``MAX_MEMBER_BYTES``, extracted up to ``MAX_EXTRACTED_BYTES``, a larger declared size
+  refused before it is read. Extraction goes to a temporary folder moved into place once the whole archive
+  passed, so a refused archive leaves nothing behind.
+- Caches: uncompressed ``.npz`` files keyed by the source's sha256 (archives) or its names, sizes and times
+  (folders), written atomically under $SPARSE_ATTN_CACHE, else <data-dir>/cache if writable, else
+  ~/.cache/sparse-attn. A cache is checked against what its task expects (arrays, shapes, counts): one of
+  another version, cut short or damaged is rebuilt, never trained on; with no writable folder, the data are
+  used without being kept, said in one line.
 """
 import contextlib
 import hashlib

@@ -1,20 +1,14 @@
 """Byte-level language modelling: enwik8, any local text, and WikiText-2 as a masked LM.
 
-- ``enwik8`` — byte-level LM on the first 10⁸ bytes of Wikipedia (Mahoney), standard 90M/5M/5M split; read
-  from ``--data-file`` (enwik8.zip or the unzipped file) or the data folder (the file or the zip), else
-  the zip is downloaded from the canonical URL; checked against the sha256 of the unzipped bytes; bits per
-  byte.
-- ``bytes`` — the same LM on local text: a folder with train/valid/test.txt, or any file split 90/5/5.
-  The default is the WikiText-2 copy under the data folder; with only its valid.txt and test.txt present,
-  valid.txt is split 95/5 into train/valid and test.txt is the test split.
+- ``enwik8`` — the first 10⁸ bytes of Wikipedia (Mahoney), split 90M/5M/5M, bits per byte: ``--data-file``
+  (the zip or the unzipped file), else the data folder, else downloaded; sha256 of the unzipped bytes checked.
+- ``bytes`` — the same LM on local text: a folder with train/valid/test.txt, or any file split 90/5/5; by
+  default the data folder's WikiText-2 (with only valid.txt and test.txt, valid.txt is split 95/5).
 - ``wikitext2`` — the same bytes as a masked LM (15% scored, RoBERTa's 80/10/10), the dense teacher's task in
   kernel_sparse.py; perplexity per masked byte.
 
-LM evaluation slides a window of N bytes with stride N − context (``eval_context``, the SSA paper scores
-enwik8 with 3072 bytes of context in 4096-byte windows): the first window scores all its positions, later
-ones only their last ``stride`` positions, so every byte is scored once with at least ``context`` bytes
-before it (fewer only at the start). Data are read through bench/tasks/data_files.py: a missing or corrupt
-file raises ``DataError`` with what was looked for, where, and how to get it.
+LM evaluation slides a window of N bytes with stride N − ``eval_context`` (the SSA paper: 3072 bytes of context
+in 4096-byte windows): every byte is scored once, with at least the context before it but at the start.
 """
 import hashlib
 import zipfile

@@ -1,15 +1,25 @@
-"""The Pathfinder generator of the ``pathfinder`` task (bench/lra.py): LRA Pathfinder-style images (Linsley et
-al. 2018) — two markers, joined by one snake of paddles (label 1) or lying on two different snakes (label 0),
-among distractor snakes. ``generate_pathfinder`` says how an image is drawn and where it differs from the
-original generator; ``PathfinderParams`` holds the settings (LRA's pathfinder32 values, scaled for other sides).
-numpy only.
+"""The LRA ``pathfinder`` task (Tay et al. 2021; presets as bench/tasks/lra.py says) and its generator: LRA
+Pathfinder-style images (Linsley et al. 2018) — two markers, joined by one snake of paddles (label 1) or lying
+on two different snakes (label 0), among distractor snakes. ``generate_pathfinder`` says how an image is drawn
+and where it differs from the original generator; ``PathfinderParams`` holds the settings (LRA's pathfinder32
+values, scaled for other sides).
+
+2 classes: are the two markers joined by one path? Pixels 0-255 as tokens, no padding. LRA's 32x32 settings at
+seq_len 1024 (paper); the CPU preset draws 16x16 images (seq_len 256) with the lengths scaled down
+(``PathfinderParams.for_side``). Sizes: LRA's 80/10/10 of 200,000 images at 32x32 and above, 12,000 / 2,000 /
+2,000 below; generated from ``--seed`` (like ``listops``) and cached as bench/tasks/data_files.py caches.
 
 Shape legend: S image side, P pixels (S*S), K snake steps.
 """
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Dict, Optional
 
 import numpy as np
+
+from bench.tasks.data_files import array_problem, cached
+from bench.tasks.lra import LRATask, lra_presets, square_side
 
 
 @dataclass(frozen=True)
@@ -278,3 +288,50 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
     if records:
         return images, labels, [everything[i][2] for i in order]
     return images, labels
+
+
+# ------------------------------------------------------------------------------------------ the task
+class Pathfinder(LRATask):
+    """LRA Pathfinder from our generator. CPU preset: 16x16 images (256 tokens), 12,000 training images,
+    batch 32, 800 steps. Paper preset (Table 7 "Pathfinder"): 32x32 (1024 tokens), 160,000 training images,
+    batch 1024, lr 5e-4, 62,400 steps, warm-up 312."""
+    GENERATOR_VERSION = 1  # bump when the generator changes: old caches are then ignored
+    reads_files = False  # generated
+
+    def __init__(self):
+        super().__init__("pathfinder", "cls", vocab_size=256, num_classes=2, metric="accuracy",
+                         presets=lra_presets(1024, 1024, 5e-4, 62_400, 312, 312, 20))
+        self.sizes: Optional[Dict[str, int]] = None  # None: by image side (see the module docstring)
+
+    @staticmethod
+    def default_sizes(side: int) -> Dict[str, int]:
+        if side >= 32:
+            return {"train": 160_000, "valid": 20_000, "test": 20_000}
+        return {"train": 12_000, "valid": 2_000, "test": 2_000}
+
+    def setup(self, seq_len, seed, data_dir, eval_context=0):
+        side = square_side(seq_len, "pathfinder")
+        if side < 16:
+            raise ValueError(f"pathfinder: images need a side of at least 16 px (seq_len 256), got {seq_len}")
+        params = PathfinderParams.for_side(side)
+        sizes = self.sizes or self.default_sizes(side)
+        key = hashlib.sha256(repr((self.GENERATOR_VERSION, asdict(params), sorted(sizes.items()), seed)).encode())
+        arrays = cached(data_dir, f"pathfinder-{key.hexdigest()[:20]}", lambda: self.generate(params, sizes, seed),
+                        lambda arrays: self.cache_problem(arrays, side, sizes))
+        self.splits = {split: (arrays[f"{split}_x"].reshape(-1, side * side), arrays[f"{split}_y"])
+                       for split in ("train", "valid", "test")}
+
+    @staticmethod
+    def cache_problem(arrays, side: int, sizes: Dict[str, int]) -> Optional[str]:
+        """What ``generate`` makes: ``sizes[split]`` images of side × side pixels and their labels per split."""
+        return array_problem(arrays, {**{f"{s}_x": (n, side, side) for s, n in sizes.items()},
+                                      **{f"{s}_y": (n,) for s, n in sizes.items()}},
+                             {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}})
+
+    @staticmethod
+    def generate(params, sizes, seed):
+        arrays = {}
+        for offset, split in enumerate(("train", "valid", "test")):
+            rng = np.random.default_rng([seed % 2**32, offset, 7])
+            arrays[f"{split}_x"], arrays[f"{split}_y"] = generate_pathfinder(sizes[split], params, rng)
+        return arrays
