@@ -12,9 +12,9 @@ with queries Q, keys K, values V and k cluster embeddings C (§4.1-4.2):
     loss += λ · mean density, density = edges / (valid queries × valid keys)  (§5.2)
 
 Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
-forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges with fastRG (fastrg.py,
-Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor; `path="auto"` (default)
-takes, per call, whichever costs less for the expected edges. Departures from the paper are named where they act.
+(default) forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges with fastRG
+(fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor: the one for long
+sequences at low density. Departures from the paper are named where they act.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 import fastrg
 
-PATHS = ("auto", "fast", "reference")
+PATHS = ("reference", "fast")
 STE_FORMS = ("paper", "official")
 
 
@@ -54,9 +54,9 @@ class SBMConfig:
         "metavar": "LAMBDA", "help": "λ of the density regulariser (§5.2; Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1; "
                                      "Table 1 is λ = 0)"})
     self_loops: bool = field(default=False, metadata={"help": "the (+I) variant: M_ii = 1 (Table 8)"})
-    path: str = field(default="auto", metadata={
-        "choices": PATHS, "help": "fast (sparse, fastRG), reference (dense masks; the same law) or auto (the one that "
-                                  "costs less for the expected edges, per call)"})
+    path: str = field(default="reference", metadata={
+        "choices": PATHS, "help": "reference (dense masks, O(N²k): faster at the CPU presets' lengths) or fast "
+                                  "(sparse, fastRG, O(E): long sequences at low density); the same law"})
     ste: str = field(default="paper", metadata={"choices": STE_FORMS,
                                                 "help": "the straight-through estimator: paper (Eq. 9) or official "
                                                         "(hardtanh)"})
@@ -75,15 +75,7 @@ class SBMConfig:
 class SBMAttention(nn.Module):
     """Multi-head SBM attention (INTERFACE.md). Budget: clusters (k), delta (δ), density_weight (λ of this layer),
     self_loops; options: path, ste, explore_in_eval, shared_mlp (SBMConfig). The methods below are the reference
-    path; `path="fast"` replaces the mask by a graph of edges (sample_sparse, attend_edges: the fast path).
-
-    Learning rate. Eq. 9 gives a sampled edge ∂L/∂s_e · s_e, positive wherever the loss asks for smaller scores
-    (flatter attention, as early in training), so it lowers every sampled edge's probability at once, λ = 0
-    included; Adam turns that steady pull into steps of about lr. In a model of one such layer (k = 16, causal,
-    the README's) on a toy task the density fell from 13% to 1-3% within 300 AdamW steps at lr 1e-3 and 3e-3 (λ = 0
-    and 1e-2 alike) while the loss rose, and held at 3e-4 (tests: the probe). Take lr ≤ 3e-4 with Adam in a new
-    model (the paper: 1e-4 to 1e-3 at batches of 32-1024, Table 7), or ste="official" (its clipped ∂L/∂s_e sums to
-    ~0 over a query's edges), whose density held at 3e-3 with λ = 0."""
+    path; `path="fast"` replaces the mask by a graph of edges (sample_edges, attend_edges: the fast path)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
                  clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
@@ -101,7 +93,7 @@ class SBMAttention(nn.Module):
         self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
         self.delta, self.density_weight, self.self_loops = delta, density_weight, self_loops
         self.path, self.ste, self.explore_in_eval, self.shared_mlp = path, ste, explore_in_eval, shared_mlp
-        self.last_path = None  # the path the last forward took (path="auto" chooses per call)
+        self.shift = 0.0  # β added to the membership logits: 0 in the paper; at_density sets it to place SBM at a density
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         # The node MLP d → d → d of Eq. 6-7, for queries and keys alike: one per head, as §4.1 says ("each attention
@@ -121,7 +113,8 @@ class SBMAttention(nn.Module):
     def memberships(self, t: Tensor) -> Tensor:
         """σ(MLP(t) Cᵀ) (Eq. 6-7): (B, H, N, D) → (B, H, N, K) in (0, 1)."""
         node = F.relu(t @ self.mlp_w[0] + self.mlp_b[0]) @ self.mlp_w[1] + self.mlp_b[1]  # (B, H, N, D)
-        return torch.sigmoid(node @ self.centers.transpose(1, 2))
+        logits = node @ self.centers.transpose(1, 2)  # (B, H, N, K)
+        return torch.sigmoid(logits + self.shift if self.shift else logits)
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
@@ -135,7 +128,7 @@ class SBMAttention(nn.Module):
         # scores, softmax and sampling in float32 (≥); the fast path's many mid-sized ops on one thread (fastrg.py's
         # one_thread: on a shared CPU a second thread's barrier waits cost more than it gives)
         with torch.autocast(x.device.type, enabled=False), \
-                (fastrg.one_thread() if self.path != "reference" else contextlib.nullcontext()):
+                (fastrg.one_thread() if self.path == "fast" else contextlib.nullcontext()):
             dtype = torch.promote_types(q.dtype, torch.float32)
             q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
             # M is sampled in evaluation too, as in the official code and Table 1's test-time densities
@@ -155,36 +148,19 @@ class SBMAttention(nn.Module):
     def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
         """M ~ SBM(Q̂, Ŝ, K̂) (Eq. 8): {"mask": (B, H, N, M) bool, "prob": P} on the reference path, {"edges": Edges}
         on the fast one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient; p_ij = x_i · w_j) of the STE."""
-        B, H, N, _ = q.shape
-        sparse = self.path == "fast" or self.path == "auto" and B * H * N * k.shape[2] > AUTO_DENSE_PAIRS
-        if sparse:  # keeps none of their intermediates; its backward recomputes them on one thread (fast path)
-            params = (self.mlp_w, self.mlp_b, self.centers)
-            (x,), (z, s, w) = recomputed(self.query_factors, (q,), params), recomputed(self.key_factors, (k,), params)
-        else:
-            x, z, s, w = self.factors(q, k)
-        self.last_path = "fast" if sparse else self.path if self.path != "auto" else \
-            cheaper_path(x, w, self.exploration())
-        if self.last_path == "reference":
+        x, z, s, w = self.factors(q, k)
+        if self.path == "reference":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
         with torch.no_grad():
-            return {"edges": self.sample_sparse(x, z, w, s, valid, causal, generator), "x": x, "w": w}
+            edges = sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops, generator)
+        return {"edges": edges, "x": x, "w": w}
 
     def factors(self, q: Tensor, k: Tensor) -> tuple:
         """The SBM's factors: x = Q̂ (B, H, N, K), z = K̂ (B, H, M, K), s = Ŝ (H, K, K), w = K̂Ŝᵀ (B, H, M, K)."""
-        return self.query_factors(q) + self.key_factors(k)
-
-    def query_factors(self, q: Tensor) -> tuple:
-        with _part("memberships"):  # _part: a profiler label (experiments.sbm_scaling), nothing else
-            return (self.memberships(q),)
-
-    def key_factors(self, k: Tensor) -> tuple:
-        with _part("memberships"):
-            z = self.memberships(k)
-        with _part("block matrix"):
-            s = self.block_matrix()
-            return z, s, z @ s.transpose(1, 2)
+        x, z, s = self.memberships(q), self.memberships(k), self.block_matrix()
+        return x, z, s, z @ s.transpose(1, 2)
 
     def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
         """One Bernoulli(min(1, P + δ)) per admissible pair (Eq. 8), as the official code draws M."""
@@ -225,15 +201,10 @@ class SBMAttention(nn.Module):
             y, counts = attend_edges(q, k, v, graph, p_drop, self.ste, self.self_loops, generator)
         # edges / (valid queries × valid keys); δ-edges and self-loops count, as in the official code, whose
         # denominator is all b·n·m pairs, padding included
-        with _part("density"):
-            per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
-            density = counts.sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
-            per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
+        per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
+        density = counts.sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
+        per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
         return y, density, per_example
-
-    def sample_sparse(self, x, z, w, s, valid, causal, generator) -> "Edges":
-        """The fast path's draw of the same M: `sample_edges` below."""
-        return sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops, generator)
 
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, head_dim={self.head_dim}, clusters={self.clusters}, delta={self.delta}, "
@@ -281,38 +252,15 @@ class StraightThrough(torch.autograd.Function):
 # its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs; with the
 # chunks below, fwd+bwd takes 10-25% longer at n = 2048-8192, D = 32), builds the key-major copy of the graph (CSC,
 # one sort a block of graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows and frees it.
-# Of the memberships it keeps Q̂ and K̂Ŝᵀ for the STE, and recomputes the rest in its backward (recomputed). Per-edge
+# The memberships' intermediates stay with autograd: recomputing them in the backward saved 16 MiB of 81 at n = 8192
+# but cost <MEASURED> of the step at n = 4096. Per-edge
 # temporaries are taken a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays
 # of 4 bytes: graph, key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
 # O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D =
 # 32 they dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
-PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
-
-
-AUTO_DENSE_PAIRS = 1 << 26  # path="auto" never forms more (B·H·N·M) pairs: ~50 bytes each in training, 3 GiB
-
-
-@torch.compiler.disable  # a data-dependent choice: torch.compile makes it eagerly
-def cheaper_path(x: Tensor, w: Tensor, delta: float) -> str:
-    """path="auto": "reference" where the dense path costs less than the sparse one for the expected number of
-    edges, else "fast"; both draw the same law of M. Per graph, in units of one dense pair (O(N·M·(K + D))), the
-    sparse path costs about K² (fastRG's block counts) + (N + M)·K/2 (its tables, thinning) + 4 per edge, fitted to
-    both paths' forward+backward on this CPU at N = 64-2048, K = 128, densities 2-50%: the dense path wins above
-    ~20% density at long lengths and at every density on short ones (N·M ≲ K²). Above AUTO_DENSE_PAIRS pairs the
-    caller takes the fast path without asking."""
-    B, H, N, K = x.shape
-    M = w.shape[2]
-    edges = float((x.sum(2) * w.sum(2)).sum().detach()) / (B * H) + delta * N * M  # Σ_ij p_ij + δ per graph (Eq. 8)
-    return "reference" if N * M <= K * K + (N + M) * K / 2 + 4 * edges else "fast"
-
-
-def _part(name: str):
-    """Labels a stage of the forward for experiments.sbm_scaling's per-part profile (PARTS); costs nothing unless a
-    profiler runs."""
-    return torch.profiler.record_function("sbm: " + name)
 
 
 def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
@@ -368,25 +316,24 @@ class Edges:
         the high one), so a block is one allocation of 8 bytes an edge; its build adds its queries in CSR order,
         4 more."""
         if self._key_major is None:
-            with _part("CSR/CSC build"):
-                bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
-                for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
-                    a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
-                    key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
-                    key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
-                    for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
-                        key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
-                    key = fastrg.sort_integers(key)  # by (key, query)
-                    perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
-                    perm.bitwise_and_((1 << bits) - 1)
-                    row = fastrg.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
-                                                                device=key.device),
-                                                   self.row_len[g0 * self.N:g1 * self.N], b - a)  # CSR order
-                    for c in range(0, b - a, CHUNK):
-                        row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
-                    del key, row  # before the next block's
-                    blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
-                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
+            bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
+            for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
+                a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
+                key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
+                key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
+                for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
+                    key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
+                key = fastrg.sort_integers(key)  # by (key, query)
+                perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
+                perm.bitwise_and_((1 << bits) - 1)
+                row = fastrg.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
+                                                            device=key.device),
+                                               self.row_len[g0 * self.N:g1 * self.N], b - a)  # CSR order
+                for c in range(0, b - a, CHUNK):
+                    row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
+                del key, row  # before the next block's
+                blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
+            self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
         return self._key_major
 
     def to_mask(self) -> Tensor:
@@ -491,33 +438,31 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
     thinning keeps that order, so the graph is never sorted here."""
     B, H, N, K = x.shape
     M, R = z.shape[2], B * H
-    with _part("proposal"):
-        keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
-        if not bool(valid.all()):  # without padding, no pass over z
-            z = z * keys
-        # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
-        bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
-        bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
-        scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
-        xs, zs = x * scale[..., None], z  # (B, H, N, K) X = diag(c) Q̂
-        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py); its column
-            xs, zs = (xs, scale[..., None]), (z, keys)  # goes beside, never concatenated (no copy of K̂)
-            s = F.pad(s, (0, 1, 0, 1))
-            s[:, K, K] = delta
-        row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
-        del xs, zs, z  # before thinning's temporaries
-    with _part("thinning"):
-        keep, row_ptr = thin(Edges.from_csr(row_ptr, col, R, N, M), causal, x, w, bound, scale, delta, generator)
-        edges = Edges.from_csr(row_ptr, _select(col, keep), R, N, M)
-        del col, keep
-        if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
-            row = edges.to_rows(torch.arange(R * N, device=x.device))
-            loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
-            off = (row % N) != (edges.col % M)
-            row = torch.cat([row[off], loops])
-            col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
-            order = torch.argsort(row * M + col % M)
-            edges = Edges.build(row[order], col[order], R, N, M)
+    keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
+    if not bool(valid.all()):  # without padding, no pass over z
+        z = z * keys
+    # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
+    bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
+    bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
+    scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
+    xs, zs = x * scale[..., None], z  # (B, H, N, K) X = diag(c) Q̂
+    if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py); its column
+        xs, zs = (xs, scale[..., None]), (z, keys)  # goes beside, never concatenated (no copy of K̂)
+        s = F.pad(s, (0, 1, 0, 1))
+        s[:, K, K] = delta
+    row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
+    del xs, zs, z  # before thinning's temporaries
+    keep, row_ptr = thin(Edges.from_csr(row_ptr, col, R, N, M), causal, x, w, bound, scale, delta, generator)
+    edges = Edges.from_csr(row_ptr, _select(col, keep), R, N, M)
+    del col, keep
+    if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
+        row = edges.to_rows(torch.arange(R * N, device=x.device))
+        loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
+        off = (row % N) != (edges.col % M)
+        row = torch.cat([row[off], loops])
+        col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
+        order = torch.argsort(row * M + col % M)
+        edges = Edges.build(row[order], col[order], R, N, M)
     return edges
 
 
@@ -552,44 +497,6 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
         keep[at] = ok
         kept[q0:q1] = _kept_offsets(ok, part.row_ptr).diff()
     return keep, _offsets(kept)
-
-
-@torch.compiler.disable  # a backward that runs autograd itself: eager under torch.compile
-def recomputed(fn, args: tuple, params: tuple) -> tuple:
-    """fn(*args), a tuple of tensors computed from args and the parameters `params` that fn reads, keeping none of
-    its intermediates between forward and backward: the backward runs fn again and differentiates it (Recomputed).
-    The fast path's memberships, queries' and keys' apart (SBMAttention.query_factors, key_factors), whose MLP,
-    sigmoid and K̂ would otherwise stay alive: at n = 8192, K = 128 the peak of one fwd+bwd drops from 81 to 65 MiB
-    of tensors (1% density, B = 1, H = 2, D = 32)."""
-    return Recomputed.apply(fn, len(args), *args, *params)
-
-
-class Recomputed(torch.autograd.Function):
-    """`recomputed`'s function: the same operations on the same values give the same gradients as plain autograd
-    (tests). The backward runs on one thread (fastrg.one_thread), as the fast path's other backward functions do. A
-    second derivative is refused, as through EdgeAttention."""
-
-    @staticmethod
-    def forward(ctx, fn, count: int, *inputs):
-        ctx.fn, ctx.params = fn, inputs[count:]
-        ctx.save_for_backward(*inputs[:count])
-        ctx.set_materialize_grads(False)  # outputs used only without gradient (z, s in the sampler) stay None
-        return fn(*inputs[:count])
-
-    @staticmethod
-    @fastrg.one_thread()
-    def backward(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError("SBMAttention's fast path has no second derivative: a double backward "
-                               "(create_graph=True) is refused; its reference path (path='reference') has one")
-        args = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
-        with torch.enable_grad():
-            outputs = ctx.fn(*args)
-        used = [(out, grad) for out, grad in zip(outputs, grads) if grad is not None]
-        inputs = args + list(ctx.params)
-        found = iter(torch.autograd.grad([out for out, _ in used], [t for t in inputs if t.requires_grad],
-                                         [grad for _, grad in used], allow_unused=True))
-        return (None, None, *(next(found) if t.requires_grad else None for t in inputs))
 
 
 class EdgeAttention(torch.autograd.Function):
@@ -725,16 +632,14 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
     with the STE's gradient path (StraightThroughEdges), as the reference path computes them on a mask."""
     B, H, N, D = q.shape
     x, w, edges = graph["x"], graph["w"], graph["edges"]
-    with _part("p_e and STE"):
-        mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges,
-                                                  self_loops)
-    with _part("core"):
-        keep = None
-        if p_drop > 0:  # on the normalised weights, as on the reference path
-            source = generator.device if generator is not None else q.device
-            keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
-        y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
-                                mask, edges, keep, p_drop, ste).view(B, H, N, D)
+    mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges,
+                                              self_loops)
+    keep = None
+    if p_drop > 0:  # on the normalised weights, as on the reference path
+        source = generator.device if generator is not None else q.device
+        keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
+    y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
+                            mask, edges, keep, p_drop, ste).view(B, H, N, D)
     return y, counts.view(B, H)
 
 
@@ -747,6 +652,24 @@ def make_attention_factory(cfg: SBMConfig, dim: int, heads: int, head_dim: int, 
                             density_weight=cfg.density_weight / depth, self_loops=cfg.self_loops, path=cfg.path,
                             ste=cfg.ste, explore_in_eval=cfg.explore_in_eval, shared_mlp=cfg.shared_mlp)
     return make_attention
+
+
+def at_density(module: SBMAttention, x: Tensor, density: float) -> SBMAttention:
+    """The module with its membership logits shifted by one constant β (module.shift), bisected so that its
+    expected density on the inputs x (B, N, dim), Σ_ij (p_ij + δ) / (B·H·N²) (Eq. 6-8; p ≪ 1 there, so min(1, ·)
+    is inactive), is `density`: SBM as a trained model at that density samples, to measure its cost."""
+    b, n, _ = x.shape
+    with torch.no_grad():
+        q, k, _ = module.qkv(x).view(b, n, 3, module.heads, module.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, N, D)
+        low, high = -40.0, 40.0
+        for _ in range(50):
+            module.shift = (low + high) / 2
+            edges = fastrg.expected_edges(module.memberships(q), module.block_matrix(), module.memberships(k))
+            if float(edges.sum()) / (b * module.heads * n * n) + module.delta > density:
+                high = module.shift
+            else:
+                low = module.shift
+    return module
 
 
 def density_profile(model: nn.Module, evaluate, split: str, limit: Optional[int]) -> dict:
