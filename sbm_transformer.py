@@ -93,7 +93,7 @@ class SBMAttention(nn.Module):
         self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
         self.delta, self.density_weight, self.self_loops = delta, density_weight, self_loops
         self.path, self.ste, self.explore_in_eval, self.shared_mlp = path, ste, explore_in_eval, shared_mlp
-        self.shift = 0.0  # β added to the membership logits: 0 in the paper; at_density sets it to place SBM at a density
+        self.shift = 0.0  # β on the membership logits: 0 in the paper, set by at_density
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         # The node MLP d → d → d of Eq. 6-7, for queries and keys alike: one per head, as §4.1 says ("each attention
@@ -245,19 +245,18 @@ class StraightThrough(torch.autograd.Function):
         return grad, (grad * scores if ctx.ste == "paper" else grad.clamp(-1.0, 1.0)), None
 
 
-# ---- fast path: sparse attention on a fastRG graph, O(E) -------------------------------------------------------
-# fastRG proposes edges already grouped by query (CSR), thinning makes them exact Bernoulli(min(1, P + δ)) and keeps
-# that order, scores are computed on the edges only, a softmax per query by segment reductions, aggregation by
-# sparse (CSR) products. Between forward and backward a layer keeps only its graph (4 bytes an edge; with dropout
-# its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs; with the
-# chunks below, fwd+bwd takes 10-25% longer at n = 2048-8192, D = 32), builds the key-major copy of the graph (CSC,
-# one sort a block of graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows and frees it.
-# The memberships' intermediates stay with autograd: recomputing them in the backward saved 16 MiB of 81 at n = 8192
-# but cost <MEASURED> of the step at n = 4096. Per-edge
-# temporaries are taken a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays
-# of 4 bytes: graph, key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
-# O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D =
-# 32 they dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
+# ---- fast path: Eq. 5-9 on the sampled edges, O(E) -----------------------------------------------------------
+# Eq. 8: sample_edges draws M as a graph grouped by query (CSR, Edges): fastRG proposes, thinning makes each pair
+# exact Bernoulli(min(1, P + δ)) and keeps the order. Eq. 3-4: EdgeAttention scores the edges only (SDDMM), takes
+# a softmax per query (segment reductions), aggregates by sparse products. Eq. 9: StraightThroughEdges carries
+# ∂L/∂p_e to Q̂ and K̂Ŝᵀ. Between forward and backward a layer keeps its graph (4 bytes an edge; dropout's mask 1
+# more): the backward recomputes scores and α with the forward's kernels (fwd+bwd 10-25% longer at n = 2048-8192,
+# D = 32) and builds the key-major copy (CSC) for dK, dV and ∂L/∂K̂, which the STE's backward reuses and frees.
+# The memberships' intermediates stay with autograd: RECOMPUTED
+# Per-edge temporaries go a chunk of queries or keys at a time (CHUNK): the peak holds four E-sized arrays of 4
+# bytes (graph, key-major copy (two), ∂L/∂p). Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
+# O(E + N(K + D) + RK²); App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts, which at
+# K = 128 > D = 32 dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
@@ -504,15 +503,11 @@ class EdgeAttention(torch.autograd.Function):
 
     Inputs q (R·N, D), k, v (R·M, D), p (E,) edge probabilities (their value is not used: the mask is the
     binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves two floats per query (the
-    softmax's maximum and sum) and nothing per edge but the graph: the backward recomputes the scores s_e and α
-    with the forward's kernels, bit for bit. Every product is a sparse kernel over the edges: SDDMM for scores
-    and ∂L/∂α, CSR products for the output and dQ, and for dK, dV the same on the key-major copy of the graph,
-    whose SDDMMs (k_j·q_i, v_j·dO_i) give the same values as the query-major ones. Per-edge temporaries are taken
-    a chunk of queries or keys at a time (Edges.chunks), with the same kernels on the same values: chunking
-    changes no bit. The backward's sparse products have no derivative of their own: a double backward
-    (create_graph=True: a gradient penalty, gradgradcheck) raises at once instead of returning a wrong second
-    derivative.
-    """
+    softmax's maximum and sum) and nothing per edge but the graph: the backward recomputes s_e and α with the
+    forward's kernels, bit for bit. Products are sparse kernels over the edges: SDDMM for scores and ∂L/∂α, CSR
+    products for the output and dQ, the same on the key-major copy for dK, dV (its SDDMMs k_j·q_i, v_j·dO_i give
+    the query-major values). Chunks (Edges.chunks) change no bit. The backward's sparse products have no
+    derivative: a double backward (create_graph=True: a gradient penalty, gradgradcheck) raises at once."""
 
     @staticmethod
     def forward(ctx, q, k, v, p, edges: Edges, keep: Optional[Tensor], p_drop: float, ste: str):
@@ -665,10 +660,8 @@ def at_density(module: SBMAttention, x: Tensor, density: float) -> SBMAttention:
         for _ in range(50):
             module.shift = (low + high) / 2
             edges = fastrg.expected_edges(module.memberships(q), module.block_matrix(), module.memberships(k))
-            if float(edges.sum()) / (b * module.heads * n * n) + module.delta > density:
-                high = module.shift
-            else:
-                low = module.shift
+            above = float(edges.sum()) / (b * module.heads * n * n) + module.delta > density
+            low, high = (low, module.shift) if above else (module.shift, high)
     return module
 
 

@@ -341,8 +341,8 @@ def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal, chunk, monk
     block = module.block_matrix().detach()  # (1, 3, 3)
     w = z @ block[0].T
     valid = torch.ones(T, n, dtype=torch.bool)
-    edges = module.sample_sparse(x.expand(T, 1, n, 3), z.expand(T, 1, n, 3), w.expand(T, 1, n, 3), block, valid,
-                                 causal, seeded(3))
+    edges = sbm.sample_edges(x.expand(T, 1, n, 3), z.expand(T, 1, n, 3), w.expand(T, 1, n, 3), block, valid,
+                             causal, module.exploration(), False, seeded(3))
     freq = edges.to_mask().double().mean(0)  # (N, M)
     prob = (x @ w.T + 0.01).clamp(max=1.0)
     if causal:
