@@ -12,9 +12,9 @@ with queries Q, keys K, values V and k cluster embeddings C (§4.1-4.2):
     loss += λ · mean density, density = edges / (valid queries × valid keys)  (§5.2)
 
 Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
-(default) forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges with fastRG
-(fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor: the one for long
-sequences at low density. Departures from the paper are named where they act.
+(default) forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges
+with fastRG (fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M
+tensor: for long sequences at low density. Departures from the paper are named where they act.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 import fastrg
 
-PATHS = ("reference", "fast")
+PATHS = ("reference", "fast")  # the default first: fast fwd+bwd 1.5-4.3× at n = 64-512, 0.06× at 4096, 1%
 STE_FORMS = ("paper", "official")
 
 
@@ -55,8 +55,8 @@ class SBMConfig:
                                      "Table 1 is λ = 0)"})
     self_loops: bool = field(default=False, metadata={"help": "the (+I) variant: M_ii = 1 (Table 8)"})
     path: str = field(default="reference", metadata={
-        "choices": PATHS, "help": "reference (dense masks, O(N²k): faster at the CPU presets' lengths) or fast "
-                                  "(sparse, fastRG, O(E): long sequences at low density); the same law"})
+        "choices": PATHS, "help": "reference (dense masks, O(N²k); faster at the CPU presets' lengths) "
+                                  "or fast (fastRG, O(E); long sequences at low density): one law"})
     ste: str = field(default="paper", metadata={"choices": STE_FORMS,
                                                 "help": "the straight-through estimator: paper (Eq. 9) or official "
                                                         "(hardtanh)"})
@@ -75,7 +75,7 @@ class SBMConfig:
 class SBMAttention(nn.Module):
     """Multi-head SBM attention (INTERFACE.md). Budget: clusters (k), delta (δ), density_weight (λ of this layer),
     self_loops; options: path, ste, explore_in_eval, shared_mlp (SBMConfig). The methods below are the reference
-    path; `path="fast"` replaces the mask by a graph of edges (sample_edges, attend_edges: the fast path)."""
+    path; `path="fast"` replaces the mask by a graph of edges (sample_edges, attend_edges)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
                  clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
@@ -154,7 +154,8 @@ class SBMAttention(nn.Module):
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
         with torch.no_grad():
-            edges = sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops, generator)
+            edges = sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops,
+                                 generator)
         return {"edges": edges, "x": x, "w": w}
 
     def factors(self, q: Tensor, k: Tensor) -> tuple:
@@ -245,18 +246,20 @@ class StraightThrough(torch.autograd.Function):
         return grad, (grad * scores if ctx.ste == "paper" else grad.clamp(-1.0, 1.0)), None
 
 
-# ---- fast path: Eq. 5-9 on the sampled edges, O(E) -----------------------------------------------------------
-# Eq. 8: sample_edges draws M as a graph grouped by query (CSR, Edges): fastRG proposes, thinning makes each pair
-# exact Bernoulli(min(1, P + δ)) and keeps the order. Eq. 3-4: EdgeAttention scores the edges only (SDDMM), takes
-# a softmax per query (segment reductions), aggregates by sparse products. Eq. 9: StraightThroughEdges carries
-# ∂L/∂p_e to Q̂ and K̂Ŝᵀ. Between forward and backward a layer keeps its graph (4 bytes an edge; dropout's mask 1
-# more): the backward recomputes scores and α with the forward's kernels (fwd+bwd 10-25% longer at n = 2048-8192,
-# D = 32) and builds the key-major copy (CSC) for dK, dV and ∂L/∂K̂, which the STE's backward reuses and frees.
-# The memberships' intermediates stay with autograd: RECOMPUTED
-# Per-edge temporaries go a chunk of queries or keys at a time (CHUNK): the peak holds four E-sized arrays of 4
-# bytes (graph, key-major copy (two), ∂L/∂p). Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
-# O(E + N(K + D) + RK²); App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts, which at
-# K = 128 > D = 32 dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
+# ---- fast path: Eq. 5-9 on the sampled edges, O(E) -----------------------------------------------
+# Eq. 8: sample_edges draws M as a graph grouped by query (CSR, Edges): fastRG proposes, thinning
+# makes each pair exact Bernoulli(min(1, P + δ)), in order. Eq. 3-4: EdgeAttention scores the edges
+# alone (SDDMM), a softmax per query by segment reductions, Y by sparse products. Eq. 9:
+# StraightThroughEdges carries ∂L/∂p_e to Q̂ and K̂Ŝᵀ. Between forward and backward a layer keeps
+# its graph (4 bytes an edge; dropout's mask, 1): the backward recomputes scores and α (fwd+bwd
+# 10-25% longer at n = 2048-8192, D = 32) and builds the key-major copy (CSC) for dK, dV and ∂L/∂K̂,
+# which the STE's backward reuses and frees. Autograd keeps the memberships' intermediates:
+# recomputing them in the backward saves 8 MiB at n = 4096 (42 → 34 MiB of tensors at 1%) but costs
+# 7-12% of the step there; the crossover with SDPA stays at 1.4%. Per-edge temporaries go a chunk of
+# queries or keys at a time (CHUNK): the peak holds four E-sized arrays of 4 bytes. Time O(E(D + K)
+# + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²); App. B's Table 5 omits the N·K² of
+# K̂Ŝᵀ and fastRG's R·K² block counts, which at K = 128 > D = 32 dominate short sequences (ListOps
+# at N = 200 costs more FLOPs than full attention).
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
@@ -277,10 +280,9 @@ def _offsets(counts: Tensor) -> Tensor:
 
 @dataclass
 class Edges:
-    """The edges of R query→key graphs grouped by query (CSR: row_ptr, col), plus a key-major copy (CSC:
-    col_ptr, row_t, perm) for the transposed products of the backward, built on first use (so inference never
-    sorts). Indices are int32 (the sparse BLAS kernels' type); keys of `col` are sorted within each row. Per-edge
-    work goes a chunk of queries or keys at a time (chunks)."""
+    """The edges of R query→key graphs grouped by query (CSR: row_ptr, col; int32, the sparse BLAS
+    kernels' type; keys sorted within each row), and a key-major copy (CSC) for the backward's transposed
+    products, built on first use (inference never sorts)."""
     R: int
     N: int
     M: int
@@ -307,13 +309,11 @@ class Edges:
         return cls.build(row, row // N * M + j, R, N, M)
 
     def key_major(self) -> tuple:
-        """(col_ptr (R·M + 1,), blocks), built on first use a block of whole graphs at a time (about BLOCK edges).
-        Block (first key, end key, row_t, perm): row_t (E_b,) the query of each of its edges in key-major order,
-        perm (E_b,) its CSR position, int32, from one sort of the block's integer keys key·2^b + CSR position (b =
-        bits of E): the values alone carry the permutation, and queries stay in order within a key. perm and
-        row_t are the two halves of the sorted int64 keys (little-endian: perm the low one, row_t written over
-        the high one), so a block is one allocation of 8 bytes an edge; its build adds its queries in CSR order,
-        4 more."""
+        """(col_ptr (R·M + 1,), blocks), built a block of whole graphs (about BLOCK edges) at a time. Block
+        (first key, end key, row_t, perm): row_t (E_b,) each edge's query in key-major order, perm (E_b,) its
+        CSR position, int32, from one sort of the integers key·2^b + CSR position (b = bits of E): queries
+        stay in order within a key. perm and row_t are the low and high halves of the sorted int64 keys
+        (row_t written over), one allocation of 8 bytes an edge; the build adds 4 (queries in CSR order)."""
         if self._key_major is None:
             bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
             for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
@@ -398,24 +398,21 @@ def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
 
 
 def _select(values: Tensor, keep: Tensor) -> Tensor:
-    """values[keep], 1-D (numpy's boolean index on CPU: only the output, where torch.masked_select also makes an
-    int64 index, 8 bytes an entry)."""
+    """values[keep], 1-D; on CPU by numpy, which allocates only the output (masked_select: + 8 bytes each)."""
     if values.device.type == "cpu":
         return torch.from_numpy(values.numpy()[keep.numpy()])
     return values.masked_select(keep)
 
 
 def _kept_offsets(keep: Tensor, row_ptr: Tensor) -> Tensor:
-    """Row offsets of the edges that `keep` (E,) keeps, from the offsets row_ptr of all of them: the number kept
-    before each row's first edge."""
+    """Row offsets of the edges `keep` (E,) keeps, from row_ptr of all: the number kept before each row."""
     before = torch.zeros(len(keep) + 1, dtype=torch.int32, device=keep.device)
     torch.cumsum(keep, 0, dtype=torch.int32, out=before[1:])
     return before.index_select(0, row_ptr)
 
 
 def _zeros(edges: Edges, like: Tensor) -> Tensor:
-    """Values of an SDDMM pattern, which _sddmm overwrites: sampled_addmm reads them even at beta = 0 (NaN · 0),
-    so they must be finite."""
+    """An SDDMM pattern's values, which _sddmm overwrites; finite: sampled_addmm reads them (NaN · 0)."""
     return like.new_zeros(edges.E)
 
 
@@ -423,18 +420,16 @@ def _zeros(edges: Edges, like: Tensor) -> Tensor:
 def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, generator) -> Edges:
     """M_ij ~ Bernoulli(min(1, π_ij)), π = p + δ, p = x_i · w_j = Q̂_iŜK̂_jᵀ, from a fastRG proposal thinned to exact.
 
-    fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present with probability 1 − e^{−λ_ij}, never
-    above 0.632 for λ ≤ 1, so Algorithm 1 as printed cannot reach the full attention of Fig. 4 although Eq. 8 states
-    p(i, j) = Q̂_iŜK̂_jᵀ. We propose with λ_ij = c_i π_ij (still rank K + 1: query rows scaled by c_i) and keep a pair
-    with probability min(1, π)/(1 − e^{−c_i π}) ≤ 1 (thin), so P(edge) = min(1, π_ij), the official code's law.
-    c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j + δ ≥ max_j π_ij, capped at 1 − CAP. The proposal's
-    overhead c_i − 1 ≈ u_i/2 is about 15% at initialisation, but up to 5.9 as π → 1: for a graph near full
-    attention (Fig. 4's end point) the reference path is the faster one, with the same law.
-    Causal: proposed pairs with j > i are dropped before thinning, so each pair's law depends only on its query
-    and key; for a fixed generator the realised draw of one row still depends on the other tokens (one vectorised
-    proposal per batch), so realisation-level invariance to future tokens holds on the dense path, and on the
-    sparse path given the graph (tests). The proposal comes grouped by query (fastrg.sample_block_csr) and
-    thinning keeps that order, so the graph is never sorted here."""
+    fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present with probability 1 − e^{−λ_ij},
+    never above 0.632 for λ ≤ 1, so Algorithm 1 as printed cannot reach Fig. 4's full attention although Eq. 8
+    states p(i, j) = Q̂_iŜK̂_jᵀ. We propose with λ_ij = c_i π_ij (still rank K + 1) and keep a pair with
+    probability min(1, π)/(1 − e^{−c_i π}) ≤ 1 (thin): P(edge) = min(1, π_ij), the official code's law.
+    c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j + δ ≥ max_j π_ij, capped at 1 − CAP; the overhead
+    c_i − 1 ≈ u_i/2 is about 15% at initialisation, up to 5.9 as π → 1 (there the reference path is faster).
+    Causal: pairs with j > i are dropped before thinning, so each pair's law depends only on its query and
+    key; a fixed generator's draw of one row still depends on the other tokens (one proposal per batch), so
+    realisation-level invariance to future tokens holds on the dense path, and here given the graph (tests).
+    The proposal comes grouped by query (fastrg.sample_block_csr); thinning keeps that order: no sort."""
     B, H, N, K = x.shape
     M, R = z.shape[2], B * H
     keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
@@ -650,16 +645,18 @@ def make_attention_factory(cfg: SBMConfig, dim: int, heads: int, head_dim: int, 
 
 
 def at_density(module: SBMAttention, x: Tensor, density: float) -> SBMAttention:
-    """The module with its membership logits shifted by one constant β (module.shift), bisected so that its
-    expected density on the inputs x (B, N, dim), Σ_ij (p_ij + δ) / (B·H·N²) (Eq. 6-8; p ≪ 1 there, so min(1, ·)
-    is inactive), is `density`: SBM as a trained model at that density samples, to measure its cost."""
+    """The module with its membership logits shifted by one constant β (module.shift), bisected so
+    that its expected density on the inputs x (B, N, dim), Σ_ij (p_ij + δ) / (B·H·N²) (Eq. 6-8; p ≪ 1
+    there, so min(1, ·) is inactive), is `density`: SBM as a trained model at that density samples."""
     b, n, _ = x.shape
     with torch.no_grad():
-        q, k, _ = module.qkv(x).view(b, n, 3, module.heads, module.head_dim).permute(2, 0, 3, 1, 4)  # (B, H, N, D)
+        qkv = module.qkv(x).view(b, n, 3, module.heads, module.head_dim)
+        q, k, _ = qkv.permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
         low, high = -40.0, 40.0
         for _ in range(50):
             module.shift = (low + high) / 2
-            edges = fastrg.expected_edges(module.memberships(q), module.block_matrix(), module.memberships(k))
+            x_hat, z_hat = module.memberships(q), module.memberships(k)  # (B, H, N, K)
+            edges = fastrg.expected_edges(x_hat, module.block_matrix(), z_hat)  # (B·H,)
             above = float(edges.sum()) / (b * module.heads * n * n) + module.delta > density
             low, high = (low, module.shift) if above else (module.shift, high)
     return module

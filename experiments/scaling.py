@@ -40,7 +40,7 @@ ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its 
 
 
 def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path: str):
-    """SBMAttention on `path` at expected density `density` on the inputs x (sbm_transformer.at_density)."""
+    """SBMAttention on `path` at expected density `density` on x (sbm_transformer.at_density)."""
     import sbm_transformer
 
     module = sbm_transformer.SBMAttention(dim, heads, head_dim, path=path).to(x.device).train()

@@ -52,8 +52,8 @@ def trimmed(batch: dict) -> dict:
 
 
 def shift_sbm(model: Model, inputs: dict, density: float) -> None:
-    """Each SBM layer at expected density ``density`` (δ included) on the inputs that layer sees for ``inputs``
-    (sbm_transformer.at_density)."""
+    """Each SBM layer at expected density ``density`` (δ included) on the inputs that layer sees for
+    ``inputs`` (sbm_transformer.at_density)."""
     from sbm_transformer import at_density
     seen = {}
     hooks = [block.attn.register_forward_pre_hook(lambda m, args, i=i: seen.setdefault(i, args[0].detach()))

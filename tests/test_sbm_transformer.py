@@ -187,8 +187,9 @@ def test_edge_attention_double_backward_is_refused():
 
 @pytest.mark.parametrize("density", [0.01, 0.05])
 def test_at_density_places_the_module_at_that_expected_and_sampled_density(density):
-    """sbm.at_density shifts the membership logits by one constant: the expected density Σ(p + δ)/pairs is the
-    one asked for, the fast path samples about it, and the shift is all it changes (β = 0: the module as built)."""
+    """sbm.at_density shifts the membership logits by one constant: the expected density Σ(p + δ)/pairs
+    is the one asked for, the fast path samples about it, and the shift is all it changes (β = 0: the
+    module as built)."""
     module = make(torch.float32, clusters=16)
     x = torch.randn(2, 256, DIM)
     with torch.no_grad():
@@ -196,7 +197,8 @@ def test_at_density_places_the_module_at_that_expected_and_sampled_density(densi
         sbm.at_density(module, x, density)
         assert module.shift < 0
         q, k, _ = qkv(module, x)
-        expected = fastrg.expected_edges(module.memberships(q), module.block_matrix(), module.memberships(k))
+        x_hat, z_hat = module.memberships(q), module.memberships(k)
+        expected = fastrg.expected_edges(x_hat, module.block_matrix(), z_hat)
         assert abs(float(expected.sum()) / (2 * H * 256 ** 2) + module.delta - density) < 1e-6
         sampled = module(x, generator=seeded(1))[1]["density"]
         assert ((sampled - density).abs() < 0.15 * density).all(), sampled
@@ -341,8 +343,8 @@ def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal, chunk, monk
     block = module.block_matrix().detach()  # (1, 3, 3)
     w = z @ block[0].T
     valid = torch.ones(T, n, dtype=torch.bool)
-    edges = sbm.sample_edges(x.expand(T, 1, n, 3), z.expand(T, 1, n, 3), w.expand(T, 1, n, 3), block, valid,
-                             causal, module.exploration(), False, seeded(3))
+    edges = sbm.sample_edges(x.expand(T, 1, n, 3), z.expand(T, 1, n, 3), w.expand(T, 1, n, 3), block,
+                             valid, causal, module.exploration(), False, seeded(3))
     freq = edges.to_mask().double().mean(0)  # (N, M)
     prob = (x @ w.T + 0.01).clamp(max=1.0)
     if causal:
@@ -540,7 +542,7 @@ def test_a_forward_and_backward_emit_no_warning():
 
 
 def density_after_training(lr: float, steps: int, **options) -> tuple:
-    """The learning-rate probe of the README's SBM snippet: its block (k = 16, λ as given, causal) on a
+    """The README's learning-rate probe: its SBM block (k = 16, λ as given, causal) on a
     causal toy task (each token's label: whether 1s are the majority so far, which any attention that keeps a
     share of the past can learn), AdamW; the layer's density at the start and after `steps` steps."""
     torch.manual_seed(0)
