@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 import fastrg
 
-PATHS = ("reference", "fast")  # the default first: fast fwd+bwd 1.5-4.3× at n = 64-512, 0.06× at 4096, 1%
+PATHS = ("reference", "fast")  # default first: fast fwd+bwd 1.5-4.3× at n ≤ 512, 0.06× at 4096, 1%
 STE_FORMS = ("paper", "official")
 
 
@@ -427,9 +427,10 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
     c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j + δ ≥ max_j π_ij, capped at 1 − CAP; the overhead
     c_i − 1 ≈ u_i/2 is about 15% at initialisation, up to 5.9 as π → 1 (there the reference path is faster).
     Causal: pairs with j > i are dropped before thinning, so each pair's law depends only on its query and
-    key; a fixed generator's draw of one row still depends on the other tokens (one proposal per batch), so
-    realisation-level invariance to future tokens holds on the dense path, and here given the graph (tests).
-    The proposal comes grouped by query (fastrg.sample_block_csr); thinning keeps that order: no sort."""
+    key; for a fixed generator the realised draw of one row still depends on the other tokens (one vectorised
+    proposal per batch), so realisation-level invariance to future tokens holds on the dense path, and on the
+    sparse path given the graph (tests). The proposal comes grouped by query (fastrg.sample_block_csr);
+    thinning keeps that order: no sort."""
     B, H, N, K = x.shape
     M, R = z.shape[2], B * H
     keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
