@@ -12,9 +12,9 @@ with queries Q, keys K, values V and k cluster embeddings C (§4.1-4.2):
     loss += λ · mean density, density = edges / (valid queries × valid keys)  (§5.2)
 
 Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
-forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges with fastRG (fastrg.py,
-Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor; `path="auto"` (default)
-takes, per call, whichever costs less for the expected edges. Departures from the paper are named where they act.
+(default) forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges
+with fastRG (fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M
+tensor: for long sequences at low density. Departures from the paper are named where they act.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 import fastrg
 
-PATHS = ("auto", "fast", "reference")
+PATHS = ("reference", "fast")  # default first: fast fwd+bwd 1.5-4.3× at n ≤ 512, 0.06× at 4096, 1%
 STE_FORMS = ("paper", "official")
 
 
@@ -54,9 +54,9 @@ class SBMConfig:
         "metavar": "LAMBDA", "help": "λ of the density regulariser (§5.2; Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1; "
                                      "Table 1 is λ = 0)"})
     self_loops: bool = field(default=False, metadata={"help": "the (+I) variant: M_ii = 1 (Table 8)"})
-    path: str = field(default="auto", metadata={
-        "choices": PATHS, "help": "fast (sparse, fastRG), reference (dense masks; the same law) or auto (the one that "
-                                  "costs less for the expected edges, per call)"})
+    path: str = field(default="reference", metadata={
+        "choices": PATHS, "help": "reference (dense masks, O(N²k); faster at the CPU presets' lengths) "
+                                  "or fast (fastRG, O(E); long sequences at low density): one law"})
     ste: str = field(default="paper", metadata={"choices": STE_FORMS,
                                                 "help": "the straight-through estimator: paper (Eq. 9) or official "
                                                         "(hardtanh)"})
@@ -75,15 +75,7 @@ class SBMConfig:
 class SBMAttention(nn.Module):
     """Multi-head SBM attention (INTERFACE.md). Budget: clusters (k), delta (δ), density_weight (λ of this layer),
     self_loops; options: path, ste, explore_in_eval, shared_mlp (SBMConfig). The methods below are the reference
-    path; `path="fast"` replaces the mask by a graph of edges (sample_sparse, attend_edges: the fast path).
-
-    Learning rate. Eq. 9 gives a sampled edge ∂L/∂s_e · s_e, positive wherever the loss asks for smaller scores
-    (flatter attention, as early in training), so it lowers every sampled edge's probability at once, λ = 0
-    included; Adam turns that steady pull into steps of about lr. In a model of one such layer (k = 16, causal,
-    the README's) on a toy task the density fell from 13% to 1-3% within 300 AdamW steps at lr 1e-3 and 3e-3 (λ = 0
-    and 1e-2 alike) while the loss rose, and held at 3e-4 (tests: the probe). Take lr ≤ 3e-4 with Adam in a new
-    model (the paper: 1e-4 to 1e-3 at batches of 32-1024, Table 7), or ste="official" (its clipped ∂L/∂s_e sums to
-    ~0 over a query's edges), whose density held at 3e-3 with λ = 0."""
+    path; `path="fast"` replaces the mask by a graph of edges (sample_edges, attend_edges)."""
 
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
                  clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
@@ -101,7 +93,7 @@ class SBMAttention(nn.Module):
         self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
         self.delta, self.density_weight, self.self_loops = delta, density_weight, self_loops
         self.path, self.ste, self.explore_in_eval, self.shared_mlp = path, ste, explore_in_eval, shared_mlp
-        self.last_path = None  # the path the last forward took (path="auto" chooses per call)
+        self.shift = 0.0  # β on the membership logits: 0 in the paper, set by at_density
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         # The node MLP d → d → d of Eq. 6-7, for queries and keys alike: one per head, as §4.1 says ("each attention
@@ -121,7 +113,8 @@ class SBMAttention(nn.Module):
     def memberships(self, t: Tensor) -> Tensor:
         """σ(MLP(t) Cᵀ) (Eq. 6-7): (B, H, N, D) → (B, H, N, K) in (0, 1)."""
         node = F.relu(t @ self.mlp_w[0] + self.mlp_b[0]) @ self.mlp_w[1] + self.mlp_b[1]  # (B, H, N, D)
-        return torch.sigmoid(node @ self.centers.transpose(1, 2))
+        logits = node @ self.centers.transpose(1, 2)  # (B, H, N, K)
+        return torch.sigmoid(logits + self.shift if self.shift else logits)
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
                 generator: Optional[torch.Generator] = None):
@@ -135,7 +128,7 @@ class SBMAttention(nn.Module):
         # scores, softmax and sampling in float32 (≥); the fast path's many mid-sized ops on one thread (fastrg.py's
         # one_thread: on a shared CPU a second thread's barrier waits cost more than it gives)
         with torch.autocast(x.device.type, enabled=False), \
-                (fastrg.one_thread() if self.path != "reference" else contextlib.nullcontext()):
+                (fastrg.one_thread() if self.path == "fast" else contextlib.nullcontext()):
             dtype = torch.promote_types(q.dtype, torch.float32)
             q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
             # M is sampled in evaluation too, as in the official code and Table 1's test-time densities
@@ -155,36 +148,20 @@ class SBMAttention(nn.Module):
     def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
         """M ~ SBM(Q̂, Ŝ, K̂) (Eq. 8): {"mask": (B, H, N, M) bool, "prob": P} on the reference path, {"edges": Edges}
         on the fast one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient; p_ij = x_i · w_j) of the STE."""
-        B, H, N, _ = q.shape
-        sparse = self.path == "fast" or self.path == "auto" and B * H * N * k.shape[2] > AUTO_DENSE_PAIRS
-        if sparse:  # keeps none of their intermediates; its backward recomputes them on one thread (fast path)
-            params = (self.mlp_w, self.mlp_b, self.centers)
-            (x,), (z, s, w) = recomputed(self.query_factors, (q,), params), recomputed(self.key_factors, (k,), params)
-        else:
-            x, z, s, w = self.factors(q, k)
-        self.last_path = "fast" if sparse else self.path if self.path != "auto" else \
-            cheaper_path(x, w, self.exploration())
-        if self.last_path == "reference":
+        x, z, s, w = self.factors(q, k)
+        if self.path == "reference":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
         with torch.no_grad():
-            return {"edges": self.sample_sparse(x, z, w, s, valid, causal, generator), "x": x, "w": w}
+            edges = sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops,
+                                 generator)
+        return {"edges": edges, "x": x, "w": w}
 
     def factors(self, q: Tensor, k: Tensor) -> tuple:
         """The SBM's factors: x = Q̂ (B, H, N, K), z = K̂ (B, H, M, K), s = Ŝ (H, K, K), w = K̂Ŝᵀ (B, H, M, K)."""
-        return self.query_factors(q) + self.key_factors(k)
-
-    def query_factors(self, q: Tensor) -> tuple:
-        with _part("memberships"):  # _part: a profiler label (experiments.sbm_scaling), nothing else
-            return (self.memberships(q),)
-
-    def key_factors(self, k: Tensor) -> tuple:
-        with _part("memberships"):
-            z = self.memberships(k)
-        with _part("block matrix"):
-            s = self.block_matrix()
-            return z, s, z @ s.transpose(1, 2)
+        x, z, s = self.memberships(q), self.memberships(k), self.block_matrix()
+        return x, z, s, z @ s.transpose(1, 2)
 
     def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
         """One Bernoulli(min(1, P + δ)) per admissible pair (Eq. 8), as the official code draws M."""
@@ -225,15 +202,10 @@ class SBMAttention(nn.Module):
             y, counts = attend_edges(q, k, v, graph, p_drop, self.ste, self.self_loops, generator)
         # edges / (valid queries × valid keys); δ-edges and self-loops count, as in the official code, whose
         # denominator is all b·n·m pairs, padding included
-        with _part("density"):
-            per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
-            density = counts.sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
-            per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
+        per_pairs = valid.sum(1).to(q.dtype) ** 2  # (B,) valid queries × valid keys
+        density = counts.sum(0) / per_pairs.sum().clamp_min(1)  # (H,)
+        per_example = (counts / per_pairs.clamp_min(1)[:, None]).detach()
         return y, density, per_example
-
-    def sample_sparse(self, x, z, w, s, valid, causal, generator) -> "Edges":
-        """The fast path's draw of the same M: `sample_edges` below."""
-        return sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops, generator)
 
     def extra_repr(self) -> str:
         return (f"heads={self.heads}, head_dim={self.head_dim}, clusters={self.clusters}, delta={self.delta}, "
@@ -274,45 +246,23 @@ class StraightThrough(torch.autograd.Function):
         return grad, (grad * scores if ctx.ste == "paper" else grad.clamp(-1.0, 1.0)), None
 
 
-# ---- fast path: sparse attention on a fastRG graph, O(E) -------------------------------------------------------
-# fastRG proposes edges already grouped by query (CSR), thinning makes them exact Bernoulli(min(1, P + δ)) and keeps
-# that order, scores are computed on the edges only, a softmax per query by segment reductions, aggregation by
-# sparse (CSR) products. Between forward and backward a layer keeps only its graph (4 bytes an edge; with dropout
-# its mask, 1 more): the backward recomputes the scores and α with the forward's kernels (3 more SDDMMs; with the
-# chunks below, fwd+bwd takes 10-25% longer at n = 2048-8192, D = 32), builds the key-major copy of the graph (CSC,
-# one sort a block of graphs) for dK, dV and ∂L/∂K̂, and keeps it for the STE's backward, which follows and frees it.
-# Of the memberships it keeps Q̂ and K̂Ŝᵀ for the STE, and recomputes the rest in its backward (recomputed). Per-edge
-# temporaries are taken a chunk of queries or keys at a time (CHUNK), so that the peak holds four E-sized arrays
-# of 4 bytes: graph, key-major copy (two), ∂L/∂p. Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory
-# O(E + N(K + D) + RK²). App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts: at K = 128 > D =
-# 32 they dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
-PARTS = ("memberships", "block matrix", "proposal", "thinning", "CSR/CSC build", "p_e and STE", "core", "density")
+# ---- fast path: Eq. 5-9 on the sampled edges, O(E) -----------------------------------------------
+# Eq. 8: sample_edges draws M as a graph grouped by query (CSR, Edges): fastRG proposes, thinning
+# makes each pair exact Bernoulli(min(1, P + δ)), in order. Eq. 3-4: EdgeAttention scores the edges
+# alone (SDDMM), a softmax per query by segment reductions, Y by sparse products. Eq. 9:
+# StraightThroughEdges carries ∂L/∂p_e to Q̂ and K̂Ŝᵀ. Between forward and backward a layer keeps
+# its graph (4 bytes an edge; dropout's mask, 1): the backward recomputes scores and α (fwd+bwd
+# 10-25% longer at n = 2048-8192, D = 32) and builds the key-major copy (CSC) for dK, dV and ∂L/∂K̂,
+# which the STE's backward reuses and frees. Autograd keeps the memberships' intermediates:
+# recomputing them in the backward saves 8 MiB at n = 4096 (42 → 34 MiB of tensors at 1%) but costs
+# 7-12% of the step there; the crossover with SDPA stays at 1.4%. Per-edge temporaries go a chunk of
+# queries or keys at a time (CHUNK): the peak holds four E-sized arrays of 4 bytes. Time O(E(D + K)
+# + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²); App. B's Table 5 omits the N·K² of
+# K̂Ŝᵀ and fastRG's R·K² block counts, which at K = 128 > D = 32 dominate short sequences (ListOps
+# at N = 200 costs more FLOPs than full attention).
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
-
-
-AUTO_DENSE_PAIRS = 1 << 26  # path="auto" never forms more (B·H·N·M) pairs: ~50 bytes each in training, 3 GiB
-
-
-@torch.compiler.disable  # a data-dependent choice: torch.compile makes it eagerly
-def cheaper_path(x: Tensor, w: Tensor, delta: float) -> str:
-    """path="auto": "reference" where the dense path costs less than the sparse one for the expected number of
-    edges, else "fast"; both draw the same law of M. Per graph, in units of one dense pair (O(N·M·(K + D))), the
-    sparse path costs about K² (fastRG's block counts) + (N + M)·K/2 (its tables, thinning) + 4 per edge, fitted to
-    both paths' forward+backward on this CPU at N = 64-2048, K = 128, densities 2-50%: the dense path wins above
-    ~20% density at long lengths and at every density on short ones (N·M ≲ K²). Above AUTO_DENSE_PAIRS pairs the
-    caller takes the fast path without asking."""
-    B, H, N, K = x.shape
-    M = w.shape[2]
-    edges = float((x.sum(2) * w.sum(2)).sum().detach()) / (B * H) + delta * N * M  # Σ_ij p_ij + δ per graph (Eq. 8)
-    return "reference" if N * M <= K * K + (N + M) * K / 2 + 4 * edges else "fast"
-
-
-def _part(name: str):
-    """Labels a stage of the forward for experiments.sbm_scaling's per-part profile (PARTS); costs nothing unless a
-    profiler runs."""
-    return torch.profiler.record_function("sbm: " + name)
 
 
 def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
@@ -330,10 +280,9 @@ def _offsets(counts: Tensor) -> Tensor:
 
 @dataclass
 class Edges:
-    """The edges of R query→key graphs grouped by query (CSR: row_ptr, col), plus a key-major copy (CSC:
-    col_ptr, row_t, perm) for the transposed products of the backward, built on first use (so inference never
-    sorts). Indices are int32 (the sparse BLAS kernels' type); keys of `col` are sorted within each row. Per-edge
-    work goes a chunk of queries or keys at a time (chunks)."""
+    """The edges of R query→key graphs grouped by query (CSR: row_ptr, col; int32, the sparse BLAS
+    kernels' type; keys sorted within each row), and a key-major copy (CSC) for the backward's transposed
+    products, built on first use (inference never sorts)."""
     R: int
     N: int
     M: int
@@ -360,33 +309,30 @@ class Edges:
         return cls.build(row, row // N * M + j, R, N, M)
 
     def key_major(self) -> tuple:
-        """(col_ptr (R·M + 1,), blocks), built on first use a block of whole graphs at a time (about BLOCK edges).
-        Block (first key, end key, row_t, perm): row_t (E_b,) the query of each of its edges in key-major order,
-        perm (E_b,) its CSR position, int32, from one sort of the block's integer keys key·2^b + CSR position (b =
-        bits of E): the values alone carry the permutation, and queries stay in order within a key. perm and
-        row_t are the two halves of the sorted int64 keys (little-endian: perm the low one, row_t written over
-        the high one), so a block is one allocation of 8 bytes an edge; its build adds its queries in CSR order,
-        4 more."""
+        """(col_ptr (R·M + 1,), blocks), built a block of whole graphs (about BLOCK edges) at a time. Block
+        (first key, end key, row_t, perm): row_t (E_b,) each edge's query in key-major order, perm (E_b,) its
+        CSR position, int32, from one sort of the integers key·2^b + CSR position (b = bits of E): queries
+        stay in order within a key. perm and row_t are the low and high halves of the sorted int64 keys
+        (row_t written over), one allocation of 8 bytes an edge; the build adds 4 (queries in CSR order)."""
         if self._key_major is None:
-            with _part("CSR/CSC build"):
-                bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
-                for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
-                    a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
-                    key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
-                    key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
-                    for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
-                        key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
-                    key = fastrg.sort_integers(key)  # by (key, query)
-                    perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
-                    perm.bitwise_and_((1 << bits) - 1)
-                    row = torch.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
-                                                               device=key.device),
-                                                  self.row_len[g0 * self.N:g1 * self.N], output_size=b - a)  # CSR order
-                    for c in range(0, b - a, CHUNK):
-                        row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
-                    del key, row  # before the next block's
-                    blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
-                self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
+            bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
+            for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
+                a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
+                key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
+                key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
+                for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
+                    key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
+                key = fastrg.sort_integers(key)  # by (key, query)
+                perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
+                perm.bitwise_and_((1 << bits) - 1)
+                row = torch.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
+                                                           device=key.device),
+                                              self.row_len[g0 * self.N:g1 * self.N], output_size=b - a)  # CSR order
+                for c in range(0, b - a, CHUNK):
+                    row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
+                del key, row  # before the next block's
+                blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
+            self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
         return self._key_major
 
     def to_mask(self) -> Tensor:
@@ -452,24 +398,21 @@ def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
 
 
 def _select(values: Tensor, keep: Tensor) -> Tensor:
-    """values[keep], 1-D (numpy's boolean index on CPU: only the output, where torch.masked_select also makes an
-    int64 index, 8 bytes an entry)."""
+    """values[keep], 1-D; on CPU by numpy, which allocates only the output (masked_select: + 8 bytes each)."""
     if values.device.type == "cpu":
         return torch.from_numpy(values.numpy()[keep.numpy()])
     return values.masked_select(keep)
 
 
 def _kept_offsets(keep: Tensor, row_ptr: Tensor) -> Tensor:
-    """Row offsets of the edges that `keep` (E,) keeps, from the offsets row_ptr of all of them: the number kept
-    before each row's first edge."""
+    """Row offsets of the edges `keep` (E,) keeps, from row_ptr of all: the number kept before each row."""
     before = torch.zeros(len(keep) + 1, dtype=torch.int32, device=keep.device)
     torch.cumsum(keep, 0, dtype=torch.int32, out=before[1:])
     return before.index_select(0, row_ptr)
 
 
 def _zeros(edges: Edges, like: Tensor) -> Tensor:
-    """Values of an SDDMM pattern, which _sddmm overwrites: sampled_addmm reads them even at beta = 0 (NaN · 0),
-    so they must be finite."""
+    """An SDDMM pattern's values, which _sddmm overwrites; finite: sampled_addmm reads them (NaN · 0)."""
     return like.new_zeros(edges.E)
 
 
@@ -477,47 +420,44 @@ def _zeros(edges: Edges, like: Tensor) -> Tensor:
 def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, generator) -> Edges:
     """M_ij ~ Bernoulli(min(1, π_ij)), π = p + δ, p = x_i · w_j = Q̂_iŜK̂_jᵀ, from a fastRG proposal thinned to exact.
 
-    fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present with probability 1 − e^{−λ_ij}, never
-    above 0.632 for λ ≤ 1, so Algorithm 1 as printed cannot reach the full attention of Fig. 4 although Eq. 8 states
-    p(i, j) = Q̂_iŜK̂_jᵀ. We propose with λ_ij = c_i π_ij (still rank K + 1: query rows scaled by c_i) and keep a pair
-    with probability min(1, π)/(1 − e^{−c_i π}) ≤ 1 (thin), so P(edge) = min(1, π_ij), the official code's law.
-    c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j + δ ≥ max_j π_ij, capped at 1 − CAP. The proposal's
-    overhead c_i − 1 ≈ u_i/2 is about 15% at initialisation, but up to 5.9 as π → 1: for a graph near full
-    attention (Fig. 4's end point) the reference path is the faster one, with the same law.
-    Causal: proposed pairs with j > i are dropped before thinning, so each pair's law depends only on its query
-    and key; for a fixed generator the realised draw of one row still depends on the other tokens (one vectorised
+    fastRG draws Poisson(λ_ij) copies of each pair; merged, a pair is present with probability 1 − e^{−λ_ij},
+    never above 0.632 for λ ≤ 1, so Algorithm 1 as printed cannot reach Fig. 4's full attention although Eq. 8
+    states p(i, j) = Q̂_iŜK̂_jᵀ. We propose with λ_ij = c_i π_ij (still rank K + 1) and keep a pair with
+    probability min(1, π)/(1 − e^{−c_i π}) ≤ 1 (thin): P(edge) = min(1, π_ij), the official code's law.
+    c_i = −ln(1 − u_i)/u_i for a bound u_i = Q̂_iŜ·max_j K̂_j + δ ≥ max_j π_ij, capped at 1 − CAP; the overhead
+    c_i − 1 ≈ u_i/2 is about 15% at initialisation, up to 5.9 as π → 1 (there the reference path is faster).
+    Causal: pairs with j > i are dropped before thinning, so each pair's law depends only on its query and
+    key; for a fixed generator the realised draw of one row still depends on the other tokens (one vectorised
     proposal per batch), so realisation-level invariance to future tokens holds on the dense path, and on the
-    sparse path given the graph (tests). The proposal comes grouped by query (fastrg.sample_block_csr) and
-    thinning keeps that order, so the graph is never sorted here."""
+    sparse path given the graph (tests). The proposal comes grouped by query (fastrg.sample_block_csr);
+    thinning keeps that order: no sort."""
     B, H, N, K = x.shape
     M, R = z.shape[2], B * H
-    with _part("proposal"):
-        keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
-        if not bool(valid.all()):  # without padding, no pass over z
-            z = z * keys
-        # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
-        bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
-        bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
-        scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
-        xs, zs = x * scale[..., None], z  # (B, H, N, K) X = diag(c) Q̂
-        if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py); its column
-            xs, zs = (xs, scale[..., None]), (z, keys)  # goes beside, never concatenated (no copy of K̂)
-            s = F.pad(s, (0, 1, 0, 1))
-            s[:, K, K] = delta
-        row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
-        del xs, zs, z  # before thinning's temporaries
-    with _part("thinning"):
-        keep, row_ptr = thin(Edges.from_csr(row_ptr, col, R, N, M), causal, x, w, bound, scale, delta, generator)
-        edges = Edges.from_csr(row_ptr, _select(col, keep), R, N, M)
-        del col, keep
-        if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
-            row = edges.to_rows(torch.arange(R * N, device=x.device))
-            loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
-            off = (row % N) != (edges.col % M)
-            row = torch.cat([row[off], loops])
-            col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
-            order = torch.argsort(row * M + col % M)
-            edges = Edges.build(row[order], col[order], R, N, M)
+    keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
+    if not bool(valid.all()):  # without padding, no pass over z
+        z = z * keys
+    # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
+    bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
+    bound = bound.clamp(1e-6, 1 - CAP)  # (B, H, N) u_i
+    scale = -torch.log1p(-bound) / bound * valid[:, None, :]  # (B, H, N) c_i, 0 for padded queries
+    xs, zs = x * scale[..., None], z  # (B, H, N, K) X = diag(c) Q̂
+    if delta > 0:  # δ·11ᵀ is the rank-one SBM term [Q̂, 1] blockdiag(Ŝ, δ) [K̂, 1]ᵀ (fastrg.py); its column
+        xs, zs = (xs, scale[..., None]), (z, keys)  # goes beside, never concatenated (no copy of K̂)
+        s = F.pad(s, (0, 1, 0, 1))
+        s[:, K, K] = delta
+    row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
+    del xs, zs, z  # before thinning's temporaries
+    keep, row_ptr = thin(Edges.from_csr(row_ptr, col, R, N, M), causal, x, w, bound, scale, delta, generator)
+    edges = Edges.from_csr(row_ptr, _select(col, keep), R, N, M)
+    del col, keep
+    if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
+        row = edges.to_rows(torch.arange(R * N, device=x.device))
+        loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
+        off = (row % N) != (edges.col % M)
+        row = torch.cat([row[off], loops])
+        col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
+        order = torch.argsort(row * M + col % M)
+        edges = Edges.build(row[order], col[order], R, N, M)
     return edges
 
 
@@ -554,58 +494,16 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
     return keep, _offsets(kept)
 
 
-@torch.compiler.disable  # a backward that runs autograd itself: eager under torch.compile
-def recomputed(fn, args: tuple, params: tuple) -> tuple:
-    """fn(*args), a tuple of tensors computed from args and the parameters `params` that fn reads, keeping none of
-    its intermediates between forward and backward: the backward runs fn again and differentiates it (Recomputed).
-    The fast path's memberships, queries' and keys' apart (SBMAttention.query_factors, key_factors), whose MLP,
-    sigmoid and K̂ would otherwise stay alive: at n = 8192, K = 128 the peak of one fwd+bwd drops from 81 to 65 MiB
-    of tensors (1% density, B = 1, H = 2, D = 32)."""
-    return Recomputed.apply(fn, len(args), *args, *params)
-
-
-class Recomputed(torch.autograd.Function):
-    """`recomputed`'s function: the same operations on the same values give the same gradients as plain autograd
-    (tests). The backward runs on one thread (fastrg.one_thread), as the fast path's other backward functions do. A
-    second derivative is refused, as through EdgeAttention."""
-
-    @staticmethod
-    def forward(ctx, fn, count: int, *inputs):
-        ctx.fn, ctx.params = fn, inputs[count:]
-        ctx.save_for_backward(*inputs[:count])
-        ctx.set_materialize_grads(False)  # outputs used only without gradient (z, s in the sampler) stay None
-        return fn(*inputs[:count])
-
-    @staticmethod
-    @fastrg.one_thread()
-    def backward(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError("SBMAttention's fast path has no second derivative: a double backward "
-                               "(create_graph=True) is refused; its reference path (path='reference') has one")
-        args = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors]
-        with torch.enable_grad():
-            outputs = ctx.fn(*args)
-        used = [(out, grad) for out, grad in zip(outputs, grads) if grad is not None]
-        inputs = args + list(ctx.params)
-        found = iter(torch.autograd.grad([out for out, _ in used], [t for t in inputs if t.requires_grad],
-                                         [grad for _, grad in used], allow_unused=True))
-        return (None, None, *(next(found) if t.requires_grad else None for t in inputs))
-
-
 class EdgeAttention(torch.autograd.Function):
     """σ_M(QKᵀ/√D) V on the edges (Eq. 3-4) with the STE of Eq. 9 as the gradient of `p`.
 
     Inputs q (R·N, D), k, v (R·M, D), p (E,) edge probabilities (their value is not used: the mask is the
     binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves two floats per query (the
-    softmax's maximum and sum) and nothing per edge but the graph: the backward recomputes the scores s_e and α
-    with the forward's kernels, bit for bit. Every product is a sparse kernel over the edges: SDDMM for scores
-    and ∂L/∂α, CSR products for the output and dQ, and for dK, dV the same on the key-major copy of the graph,
-    whose SDDMMs (k_j·q_i, v_j·dO_i) give the same values as the query-major ones. Per-edge temporaries are taken
-    a chunk of queries or keys at a time (Edges.chunks), with the same kernels on the same values: chunking
-    changes no bit. The backward's sparse products have no derivative of their own: a double backward
-    (create_graph=True: a gradient penalty, gradgradcheck) raises at once instead of returning a wrong second
-    derivative.
-    """
+    softmax's maximum and sum) and nothing per edge but the graph: the backward recomputes s_e and α with the
+    forward's kernels, bit for bit. Products are sparse kernels over the edges: SDDMM for scores and ∂L/∂α, CSR
+    products for the output and dQ, the same on the key-major copy for dK, dV (its SDDMMs k_j·q_i, v_j·dO_i give
+    the query-major values). Chunks (Edges.chunks) change no bit. The backward's sparse products have no
+    derivative: a double backward (create_graph=True: a gradient penalty, gradgradcheck) raises at once."""
 
     @staticmethod
     def forward(ctx, q, k, v, p, edges: Edges, keep: Optional[Tensor], p_drop: float, ste: str):
@@ -725,16 +623,14 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
     with the STE's gradient path (StraightThroughEdges), as the reference path computes them on a mask."""
     B, H, N, D = q.shape
     x, w, edges = graph["x"], graph["w"], graph["edges"]
-    with _part("p_e and STE"):
-        mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges,
-                                                  self_loops)
-    with _part("core"):
-        keep = None
-        if p_drop > 0:  # on the normalised weights, as on the reference path
-            source = generator.device if generator is not None else q.device
-            keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
-        y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
-                                mask, edges, keep, p_drop, ste).view(B, H, N, D)
+    mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges,
+                                              self_loops)
+    keep = None
+    if p_drop > 0:  # on the normalised weights, as on the reference path
+        source = generator.device if generator is not None else q.device
+        keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
+    y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
+                            mask, edges, keep, p_drop, ste).view(B, H, N, D)
     return y, counts.view(B, H)
 
 
@@ -747,6 +643,24 @@ def make_attention_factory(cfg: SBMConfig, dim: int, heads: int, head_dim: int, 
                             density_weight=cfg.density_weight / depth, self_loops=cfg.self_loops, path=cfg.path,
                             ste=cfg.ste, explore_in_eval=cfg.explore_in_eval, shared_mlp=cfg.shared_mlp)
     return make_attention
+
+
+def at_density(module: SBMAttention, x: Tensor, density: float) -> SBMAttention:
+    """The module with its membership logits shifted by one constant β (module.shift), bisected so
+    that its expected density on the inputs x (B, N, dim), Σ_ij (p_ij + δ) / (B·H·N²) (Eq. 6-8; p ≪ 1
+    there, so min(1, ·) is inactive), is `density`: SBM as a trained model at that density samples."""
+    b, n, _ = x.shape
+    with torch.no_grad():
+        qkv = module.qkv(x).view(b, n, 3, module.heads, module.head_dim)
+        q, k, _ = qkv.permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
+        low, high = -40.0, 40.0
+        for _ in range(50):
+            module.shift = (low + high) / 2
+            x_hat, z_hat = module.memberships(q), module.memberships(k)  # (B, H, N, K)
+            edges = fastrg.expected_edges(x_hat, module.block_matrix(), z_hat)  # (B·H,)
+            above = float(edges.sum()) / (b * module.heads * n * n) + module.delta > density
+            low, high = (low, module.shift) if above else (module.shift, high)
+    return module
 
 
 def density_profile(model: nn.Module, evaluate, split: str, limit: Optional[int]) -> dict:

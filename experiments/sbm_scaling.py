@@ -25,15 +25,17 @@ n, the crossover densities where SBM's time meets fused SDPA's and its memory th
 least-squares line through the measured densities (cost is linear in the edges); the module's memory as
 peak = a + b·E over its densities (memory_fit: a the part that does not depend on the edges, b the bytes an
 edge), each round fitted apart, beside fused SDPA and the explicit path; and for every ``sbm`` cell where its
-forward+backward time goes, part by part (profile_parts: the parts labelled in sbm_transformer.PARTS), beside
-the core cell of the same density.
+forward+backward time goes, part by part (profile_parts: the functions of sbm_transformer named in
+PARTS), beside the core cell of the same density.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 from tabulate import tabulate
@@ -43,6 +45,12 @@ from experiments import scaling
 from bench.config import resolve_device
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
+# The parts of the module's step: each the time inside one function of sbm_transformer (class, name)
+# less the parts inside it. Memberships: Q̂, K̂ and K̂Ŝᵀ; proposal: the bounds and fastRG's draw.
+PARTS = {"memberships": ("SBMAttention", "factors"), "block matrix": ("SBMAttention", "block_matrix"),
+         "proposal": (None, "sample_edges"), "thinning": (None, "thin"),
+         "CSR/CSC build": ("Edges", "key_major"), "p_e and STE": ("StraightThroughEdges", "apply"),
+         "core": ("EdgeAttention", "apply")}
 
 
 def random_graph(r: int, n: int, density: float, generator: torch.Generator):
@@ -56,17 +64,33 @@ def random_graph(r: int, n: int, density: float, generator: torch.Generator):
     return row_ptr, (row // n * n + key % n).int()
 
 
-def profile_parts(step, steps: int) -> dict:
-    """Milliseconds per call of `step` (one forward+backward of SBMAttention) spent in each part of the module
-    (sbm_transformer.PARTS), from torch.profiler: an op belongs to the innermost part label (`sbm: ...`) it runs
-    under; a backward op to the part whose forward op created its autograd node (the profiler's sequence
-    number). Ops under no label (projections, gradient accumulation) are "other". Profiling adds a few µs per
-    op, so the parts sum to a little more than the unprofiled step."""
-    from torch.profiler import ProfilerActivity, profile
-
+@contextlib.contextmanager
+def labelled():
+    """Each function of PARTS wrapped in a profiler label `sbm: PART` while inside; restored on exit."""
     import sbm_transformer
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    def wrap(fn, part: str):
+        def wrapper(*args, **kwargs):  # a method's self comes in args; Function.apply is called on its class
+            with torch.profiler.record_function("sbm: " + part):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    with contextlib.ExitStack() as stack:
+        for part, (owner, name) in PARTS.items():
+            where = getattr(sbm_transformer, owner) if owner else sbm_transformer
+            stack.enter_context(mock.patch.object(where, name, wrap(getattr(where, name), part)))
+        yield
+
+
+def profile_parts(step, steps: int) -> dict:
+    """Milliseconds per call of `step` (one forward+backward of SBMAttention) spent in each part of the
+    module (PARTS), from torch.profiler: an op belongs to the innermost part label (`sbm: ...`) it runs
+    under; a backward op to the part whose forward op created its autograd node (the profiler's sequence
+    number). Ops under no label (projections, density, gradient accumulation) are "other". Profiling adds a
+    few µs per op, so the parts sum to a little more than the unprofiled step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with labelled(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
     events = prof.events()
@@ -91,7 +115,7 @@ def profile_parts(step, steps: int) -> dict:
     for event in events:
         if event.sequence_nr >= 0 and event.sequence_nr not in created and not in_backward(event):
             created[event.sequence_nr] = label(event)
-    totals = dict.fromkeys(sbm_transformer.PARTS + ("other",), 0.0)
+    totals = dict.fromkeys((*PARTS, "other"), 0.0)
     for event in events:
         totals[label(event) or "other"] += event.self_cpu_time_total / 1e3 / steps
     return totals
@@ -247,9 +271,7 @@ def median_row(runs: list) -> dict:
 
 
 def parts_table(rows: list, profiled: list) -> str:
-    import sbm_transformer
-
-    names = sbm_transformer.PARTS + ("other",)
+    names = (*PARTS, "other")
     core = {(r["n"], r["method"].split("@")[1]): r["fwdbwd_ms"] for r in rows
             if r["method"].startswith("core@") and "error" not in r}
     out = []

@@ -7,7 +7,7 @@
 A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
 option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is
 SBM-Transformer at density D, as a trained model samples (its membership logits shifted by one constant,
-shifted_module below), where ``sbm`` is an untrained one at its initial ~25%. The table
+sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%. The table
 is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
 cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
 first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
@@ -40,33 +40,11 @@ ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its 
 
 
 def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path: str):
-    """SBMAttention whose membership logits get a constant shift β, bisected so that the expected density
-    Σ_ij (p_ij + δ) / (H·N²) equals `density` (p ≪ 1 here, so min(1, ·) is inactive)."""
-    import torch
-
-    import fastrg
+    """SBMAttention on `path` at expected density `density` on x (sbm_transformer.at_density)."""
     import sbm_transformer
 
-    class Shifted(sbm_transformer.SBMAttention):
-        shift = 0.0
-
-        def memberships(self, t):
-            node = torch.relu(t @ self.mlp_w[0] + self.mlp_b[0]) @ self.mlp_w[1] + self.mlp_b[1]
-            return torch.sigmoid(node @ self.centers.transpose(1, 2) + self.shift)
-
-    module = Shifted(dim, heads, head_dim, path=path).to(x.device).train()
-    b, n, _ = x.shape
-    with torch.no_grad():
-        q, k, _ = module.qkv(x).view(b, n, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        low, high = -40.0, 40.0
-        for _ in range(50):
-            module.shift = (low + high) / 2
-            edges = fastrg.expected_edges(module.memberships(q), module.block_matrix(), module.memberships(k))
-            if float(edges.sum()) / (b * heads * n * n) + module.delta > density:
-                high = module.shift
-            else:
-                low = module.shift
-    return module
+    module = sbm_transformer.SBMAttention(dim, heads, head_dim, path=path).to(x.device).train()
+    return sbm_transformer.at_density(module, x, density)
 
 
 def resolve_method(method: str, options: Dict[str, str]):
@@ -117,7 +95,7 @@ def measure_cell(cell: dict) -> dict:
     x = torch.randn(cell["batch"], cell["n"], dim, device=device, requires_grad=True)
     if trained_density(cell["method"]) is not None:
         module = shifted_module(dim, cell["heads"], cell["head_dim"], x, trained_density(cell["method"]),
-                                options.get("path", "auto"))
+                                options.get("path", "fast"))  # a low density: the fast path's case
     else:
         module = cls(dim, cell["heads"], cell["head_dim"], 0.0, **options).to(device)
     grad = torch.randn(cell["batch"], cell["n"], dim, device=device)

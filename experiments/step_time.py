@@ -17,7 +17,7 @@ the paper's recipe runs it and as a user would run it (fair). The variants:
 - each other method of --methods, untrained (their costs do not depend on the weights), and SBM with each layer's
   membership logits shifted by one constant so that its expected density is each of --sbm-density (a trained
   model's: a number, or a run folder whose record's test density is taken, labelled with its λ), as
-  experiments.scaling.shifted_module calibrates one module.
+  sbm_transformer.at_density calibrates one module.
 With --runs, the variants are the settings of those run folders instead (their task and model from the records,
 which must agree): each run's method with its options and budget (a fixed pattern at the density it trained at),
 SBM at its record's test density, full attention as run and fair; labels are the folders' setting names.
@@ -52,9 +52,9 @@ def trimmed(batch: dict) -> dict:
 
 
 def shift_sbm(model: Model, inputs: dict, density: float) -> None:
-    """Each SBM layer's membership logits shifted by one constant so that its expected density (δ included) is
-    ``density`` on the inputs that layer sees for ``inputs`` (bisection on the shift)."""
-    import fastrg
+    """Each SBM layer at expected density ``density`` (δ included) on the inputs that layer sees for
+    ``inputs`` (sbm_transformer.at_density)."""
+    from sbm_transformer import at_density
     seen = {}
     hooks = [block.attn.register_forward_pre_hook(lambda m, args, i=i: seen.setdefault(i, args[0].detach()))
              for i, block in enumerate(model.blocks)]
@@ -63,24 +63,7 @@ def shift_sbm(model: Model, inputs: dict, density: float) -> None:
     for hook in hooks:
         hook.remove()
     for i, block in enumerate(model.blocks):
-        attn, x = block.attn, seen[i]
-        b, n, _ = x.shape
-
-        def shifted(t, attn=attn):  # Eq. 6-7 with the logits moved by attn.shift
-            node = torch.relu(t @ attn.mlp_w[0] + attn.mlp_b[0]) @ attn.mlp_w[1] + attn.mlp_b[1]
-            return torch.sigmoid(node @ attn.centers.transpose(1, 2) + attn.shift)
-
-        attn.memberships = shifted
-        with torch.no_grad():
-            q, k, _ = attn.qkv(x).view(b, n, 3, attn.heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-            low, high = -40.0, 40.0
-            for _ in range(50):
-                attn.shift = (low + high) / 2
-                edges = fastrg.expected_edges(shifted(q), attn.block_matrix(), shifted(k))
-                if float(edges.sum()) / (b * attn.heads * n * n) + attn.delta > density:
-                    high = attn.shift
-                else:
-                    low = attn.shift
+        at_density(block.attn, seen[i], density)
 
 
 def sbm_densities(text: str) -> dict:
