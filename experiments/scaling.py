@@ -7,7 +7,8 @@
 A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
 option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is
 SBM-Transformer at density D, as a trained model samples (its membership logits shifted by one constant,
-sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%. The table
+sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%; both on the fast path (the
+cost linear in edges the method claims) unless ``--attn sbm.path=reference``. The table
 is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
 cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
 first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
@@ -89,13 +90,15 @@ def measure_cell(cell: dict) -> dict:
     name, texts = resolve_method(cell["method"], cell.get("options", {}))
     cls = get(name).load()
     options = attention_options(name, texts)
+    if name == "sbm":  # the method's claim is a cost linear in its edges: the fast path, unless --attn says
+        options.setdefault("path", "fast")
     if "max_len" in inspect.signature(cls).parameters:
         options.setdefault("max_len", cell["n"])
     dim = cell["heads"] * cell["head_dim"]
     x = torch.randn(cell["batch"], cell["n"], dim, device=device, requires_grad=True)
     if trained_density(cell["method"]) is not None:
         module = shifted_module(dim, cell["heads"], cell["head_dim"], x, trained_density(cell["method"]),
-                                options.get("path", "fast"))  # a low density: the fast path's case
+                                options["path"])
     else:
         module = cls(dim, cell["heads"], cell["head_dim"], 0.0, **options).to(device)
     grad = torch.randn(cell["batch"], cell["n"], dim, device=device)
