@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench.tasks import data_files, language, synthetic
-from bench.tasks import IGNORE, DataError, get_task
+from bench.tasks import IGNORE, DataError, base_rate, get_task
 from bench.train import main as train_main
 
 from conftest import DATA as SHARED_DATA
@@ -348,3 +348,36 @@ def test_unknown_task_and_bad_context():
     task = get_task("bytes")
     with pytest.raises(ValueError, match="eval_context"):
         task.setup(64, 0, SHARED_DATA, eval_context=64)
+
+
+@pytest.mark.parametrize("seq_len", [3, 8, 64, 129])
+def test_recall_asks_each_key_again_after_its_pair_and_scores_only_the_questions(seq_len):
+    """Every scored position holds a key seen exactly once before, directly followed there by a value token;
+    the target is that value; nothing else is scored; each key occurs twice, pairs and questions scattered."""
+    task = get_task("recall")
+    task.setup(seq_len, seed=0, data_dir=Path("."))
+    batch = task.train_batch(32, torch.Generator().manual_seed(1))
+    tokens, targets = batch["tokens"], batch["targets"]
+    keys, values = range(1, task.KEYS + 1), range(task.KEYS + 1, task.KEYS + task.VALUES + 1)
+    starts = []
+    for row, target in zip(tokens.tolist(), targets.tolist()):
+        asked = [i for i, t in enumerate(target) if t != IGNORE]
+        assert len(asked) == task.pairs()
+        for i in asked:
+            key = row[i]
+            first = row.index(key)
+            assert key in keys and first < i and row.count(key) == 2
+            assert row[first + 1] in values and target[i] == row[first + 1] - task.KEYS - 1
+        starts.append(min(row.index(row[i]) for i in asked))
+    assert len(set(starts)) > 1 or seq_len == 3  # the pairs are not all at one place (not a prefix)
+    again = task.train_batch(32, torch.Generator().manual_seed(1))
+    assert torch.equal(again["tokens"], tokens) and torch.equal(again["targets"], targets)
+
+
+def test_recall_s_chance_is_one_in_the_number_of_values():
+    task = get_task("recall")
+    task.setup(64, seed=0, data_dir=Path("."))
+    targets = task.splits["test"]["targets"]
+    counts = torch.bincount(targets[targets != IGNORE], minlength=task.VALUES).float()
+    assert task.num_classes == task.VALUES
+    assert base_rate(counts, "accuracy") < 1.5 / task.VALUES
