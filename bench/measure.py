@@ -290,7 +290,8 @@ def device_name(device: torch.device) -> str:
     """The device in words, for records and tables."""
     if device.type == "cuda":
         return f"cuda ({torch.cuda.get_device_name(device)})"
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"cpu ({platform.processor() or platform.machine()}, {threads} thread{'s' * (threads > 1)})"
 
 
 def synchronize(device: torch.device) -> None:

@@ -506,6 +506,27 @@ def test_command_line_trains_and_records_density_per_layer_and_head(tmp_path, ex
         assert 0 <= explored["metric"] <= 1 and 0 < explored["density"] <= 1
 
 
+def test_density_from_holds_the_regulariser_back_until_its_step(tmp_path):
+    """λ with --density-from at the last step trains exactly as λ = 0 does; from the middle, the same steps up to
+    there, then the regulariser thins the graph (its training density falls below λ = 0's)."""
+    def train(*extra):
+        out = tmp_path / "-".join(extra)
+        argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "40", "--batch-size", "4", "--eval-every",
+                "20", "--eval-batches", "1", "--final-eval-batches", "2", "--clusters", "8", "--lr", "3e-3",
+                "--out", str(out), *extra]
+        assert sbm.main(argv) == 0
+        log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        at_20 = [{k: v for k, v in entry.items() if k != "time"} for entry in log if entry["step"] == 20]
+        return {**json.loads((out / "metrics.json").read_text()), "step 20": at_20}
+
+    free, held, later = (train(*extra) for extra in (
+        ["--density-weight", "0"], ["--density-weight", "1", "--density-from", "40"],
+        ["--density-weight", "1", "--density-from", "20"]))
+    assert held["train_density"] == free["train_density"] and held["test"] == free["test"]
+    assert later["step 20"] == free["step 20"] and free["step 20"][0]["split"] == "valid"
+    assert later["train_density"] < free["train_density"]
+
+
 def test_exploring_in_eval_keeps_delta_in_evaluation_and_restores_the_setting():
     model = torch.nn.Sequential(*[sbm.SBMAttention(DIM, H, D, clusters=4, delta=0.05) for _ in range(2)]).eval()
     model[1].explore_in_eval = True
@@ -570,3 +591,32 @@ def density_after_training(lr: float, steps: int, **options) -> tuple:
 def test_learning_rate_probe_of_the_readme(lr, options, holds):
     start, end = density_after_training(lr, 100, **options)
     assert (end > 0.7 * start) == holds, (start, end)
+
+
+# ---------------------------------------------------------------- the density bound of Eq. 5 on a matching graph
+@pytest.mark.parametrize("clusters", [2, 4, 16])
+def test_eq5_forces_density_at_least_recall_squared_on_a_matching_graph(clusters):
+    """Ŝ of Eq. 5 is one distribution over all k² block pairs and memberships lie in (0, 1), so on a graph that
+    links each query i to one key, key i (a token and its duplicate), recall r = mean_i P_ii and density
+    ρ = mean_ij P_ij satisfy ρ ≥ r²: r ≤ Σ_uv Ŝ_uv min(q̄_u, k̄_v) ≤ Σ_uv Ŝ_uv √(q̄_u k̄_v) ≤ √ρ by Jensen (q̄, k̄
+    the mean memberships). Checked on the module's own Ŝ and memberships while Adam asks for recall without
+    density, and tight: one-hot memberships and Ŝ = I/k give r = 1/k, ρ = 1/k²."""
+    torch.manual_seed(clusters)
+    n = 4 * clusters
+    attn = sbm.SBMAttention(16, 1, 8, clusters=clusters).double()
+    inputs = torch.nn.Parameter(torch.randn(2, 1, 1, n, 8, dtype=torch.float64))  # queries' and keys' (B, H, N, D)
+    optimizer = torch.optim.Adam([*attn.parameters(), inputs], lr=0.05)
+    ratios = []
+    for _ in range(300):
+        q_hat, k_hat = (attn.memberships(x)[0, 0] for x in inputs)  # (N, K) each, Eq. 6
+        p = q_hat @ attn.block_matrix()[0] @ k_hat.T  # (N, M): Eq. 7 before δ
+        density, recall = p.mean(), p.diagonal().mean()
+        assert density >= recall ** 2 - 1e-12
+        ratios.append((recall ** 2 / density).item())
+        optimizer.zero_grad()
+        (density - recall).backward()
+        optimizer.step()
+    assert ratios[-1] > 0.9 > ratios[0]  # the optimum presses against the bound, not only respects it
+    one_hot = torch.eye(clusters, dtype=torch.float64).repeat_interleave(n // clusters, 0)  # (N, K)
+    p = one_hot @ (torch.eye(clusters, dtype=torch.float64) / clusters) @ one_hot.T
+    torch.testing.assert_close(p.mean(), p.diagonal().mean() ** 2)
