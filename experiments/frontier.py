@@ -1,0 +1,163 @@
+"""Does adaptivity pay? Each method's budget swept on tasks that need content addressing and on one that does not,
+5 paired seeds, accuracy against the measured density: a frontier per method family, and one verdict table.
+
+    python -m experiments.claims run frontier --cells '*-lr*'     # stage 1: each family's learning rate, seed 0
+    python -m experiments.claims run frontier                     # stage 2: every setting, seeds 0-4 (resumable)
+    python -m experiments.claims run frontier --cells 'window-d0.2-n64-duplicates-cpu-s3'   # one cell
+
+Tasks: ``duplicates`` at 64 and 128 tokens (SBM paper §5.1: a token's label depends on another occurrence of its
+value, placed by content); ``recall``, scattered-key associative recall (bench/tasks/synthetic.py), 2 layers; and
+``bytes``, a positional control (language modelling, where a local window does about as well as full attention).
+Families: dense (2 heads and 1), the fixed patterns (window, BigBird) at target densities, a fixed head allocation
+(one full head beside a window head), Reformer's LSH over (hashes, bucket size), and SBM at λ = 0 and with its
+regulariser switched on halfway, once the task is learned (``--density-from``). SSA is left out: its evaluation
+is dense, so at inference it sits at full attention's density whatever its training budget. The kernel method is
+a masked-LM pipeline on WikiText-2 only (bench/methods.py), outside these tasks.
+
+One model and recipe per task for every method; the learning rate per family is the best validation metric of
+three (seed 0, the family's first setting), as Zoology does (Arora et al. 2023, arXiv 2312.04927): a cell of stage
+2 waits until its family's three are complete.
+"""
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from bench.files import read_json
+
+SEEDS = (0, 1, 2, 3, 4)
+LEARNING_RATES = ("3e-4", "1e-3", "3e-3")
+DENSITIES = (0.2, 0.05, 0.1, 0.4, 0.6)  # the first is each fixed family's learning-rate setting
+MARGIN = 0.01  # within one point of full attention's median accuracy counts as reaching it
+
+# task variant → (task, cell name suffix, options): one model and recipe per task
+DUPLICATES = dict(dim=64, heads=2, head_dim=32, mlp_dim=64, batch_size=64, warmup=100, eval_every=200,
+                  eval_batches=2, final_eval_batches=8)
+VARIANTS = {
+    "duplicates64": ("duplicates", "-n64", dict(DUPLICATES, seq_len=64, steps=800)),
+    "duplicates128": ("duplicates", "-n128", dict(DUPLICATES, seq_len=128, steps=1200)),
+    "recall64": ("recall", "-n64", dict(seq_len=64, steps=1500)),
+    "bytes": ("bytes", "", dict(steps=400, eval_every=200, eval_batches=2, final_eval_batches=8)),
+}
+
+
+def families(steps: int) -> Dict[str, List[Tuple[str, str, dict]]]:
+    """family → its settings [(method, tag, options)], the first the one its learning rate is chosen on."""
+    return {
+        "dense": [("full", "", {}), ("full", "-1head", {"heads": 1, "head_dim": 64})],
+        **{family: [(method, f"{prefix}-d{d:g}", {"attn": [*extra, f"density={d:g}"]}) for d in DENSITIES]
+           for family, method, prefix, extra in (("window", "window", "", []), ("bigbird", "bigbird", "", []),
+                                                 ("head allocation", "window", "-fullhead", ["full_heads=1"]))},
+        "reformer": [("reformer", f"-h{h}-b{b}", {"attn": [f"n_hashes={h}", f"bucket_size={b}"]})
+                     for h, b in ((2, 8), (1, 4), (1, 8), (4, 8), (2, 16))],
+        "sbm": [("sbm", "", {}), *(("sbm", f"-lambda{w}", {"density_weight": w, "density_from": steps // 2})
+                                   for w in ("1e-3", "1e-2"))],
+    }
+
+
+@dataclass(frozen=True)
+class BestLearningRate:
+    """The ``lr`` of a stage-2 cell: of its family's learning-rate cells (``cells``: their names without the
+    seed), the one with the best validation metric; None while one of them is not complete."""
+    cells: Tuple[str, ...]
+    higher_is_better: bool
+
+    def resolve(self, runs: Path, task: str, preset: str, seeds) -> Optional[str]:
+        records = [read_json(runs / f"{name}-s0" / "metrics.json") or {} for name in self.cells]
+        if any(r.get("status") != "complete" for r in records):
+            return None
+        best = (max if self.higher_is_better else min)(records, key=lambda r: r["valid"])
+        return best["config"]["lr"] if isinstance(best["config"]["lr"], str) else f"{best['config']['lr']:g}"
+
+
+def settings():
+    """(method, task, options, tag, seeds, variant, family, label) of every cell group of the claim."""
+    groups = []
+    for variant, (task, suffix, options) in VARIANTS.items():
+        higher = task != "bytes"
+        for family, members in families(options["steps"]).items():
+            method, tag, extra = members[0]
+            rated = tuple(f"{method}{tag}{suffix}-lr{lr}-{task}-cpu" for lr in LEARNING_RATES)
+            groups += [(method, task, {**options, **extra, "lr": lr}, f"{tag}{suffix}-lr{lr}", (0,), variant,
+                        family, "lr " + lr) for lr in LEARNING_RATES]
+            groups += [(m, task, {**options, **o, "lr": BestLearningRate(rated, higher)}, f"{t}{suffix}", SEEDS,
+                        variant, family, f"{m}{t}") for m, t, o in members]
+    return groups
+
+
+# ------------------------------------------------------------------------------------------------ the verdict
+def by_setting(records: List[dict]) -> Dict[Tuple[str, str, str], List[dict]]:
+    """(variant, family, label) → the setting's complete stage-2 records, by the cell names settings() makes."""
+    names = {f"{m}{tag}-{task}-cpu": (variant, family, label)
+             for m, task, _, tag, seeds, variant, family, label in settings() if seeds == SEEDS}
+    groups = {}
+    for r in records:
+        key = names.get(r["folder"].name.rsplit("-s", 1)[0])
+        if key:
+            groups.setdefault(key, []).append(r)
+    return groups
+
+
+def verdict_rows(records: List[dict]) -> List[dict]:
+    """Per task variant and family: the lowest median test density at which the family's median test metric
+    reaches full attention's (within MARGIN; bits per byte: within 0.05), with the fraction of its seeds that
+    did, or "does not"."""
+    groups, rows = by_setting(records), []
+    for variant, (task, _, _) in VARIANTS.items():
+        full = groups.get((variant, "dense", "full"), [])
+        if not full:
+            continue
+        lower = task == "bytes"
+        target = statistics.median(r["test"] for r in full)
+
+        def reaches(value):
+            return value <= target + 0.05 if lower else value >= target - MARGIN
+
+        for family in families(VARIANTS[variant][2]["steps"]):
+            points = sorted((statistics.median(r["density"] for r in rs), label, rs)
+                            for (v, f, label), rs in groups.items() if v == variant and f == family)
+            found = [(d, label, rs) for d, label, rs in points if reaches(statistics.median(r["test"] for r in rs))]
+            d, label, rs = found[0] if found else (None, None, [])
+            rows.append({"task": variant, "family": family, "full": target, "settings": len(points),
+                         "density": d, "setting": label,
+                         "seeds": f"{sum(reaches(r['test']) for r in rs)}/{len(rs)}" if rs else "–"})
+    return rows
+
+
+def table(records: List[dict]) -> str:
+    lines = ["| task | family | full attention (median) | settings run | lowest density reaching it | setting | "
+             "seeds that reach it |", "|---|---|---|---|---|---|---|"]
+    for row in verdict_rows(records):
+        reached = "does not" if row["density"] is None else f"{100 * row['density']:.1f}%"
+        lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
+                     f"{row['setting'] or '–'} | {row['seeds']} |")
+    return "\n".join(lines)
+
+
+def plot(records: List[dict], path: Path) -> str:
+    """Test metric against measured test density, one panel per task variant: a point per seed, each family's
+    medians joined in order of density, full attention's median (dotted) and the base rate (dashed)."""
+    from experiments.plots import figure, log_x, save
+    groups = by_setting(records)
+    variants = [v for v in VARIANTS if any(key[0] == v for key in groups)]
+    fig, axes = figure(len(variants))
+    names = list(families(0))
+    for ax, variant in zip(axes[0], variants):
+        for family in names:
+            points = sorted((statistics.median(r["density"] for r in rs), statistics.median(r["test"] for r in rs), rs)
+                            for (v, f, _), rs in groups.items() if v == variant and f == family)
+            colour = f"C{names.index(family)}"
+            for _, _, rs in points:
+                ax.scatter([r["density"] for r in rs], [r["test"] for r in rs], s=8, color=colour, alpha=0.4)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=family, ms=4)
+        full = groups.get((variant, "dense", "full"), [])
+        if full:
+            ax.axhline(statistics.median(r["test"] for r in full), color="k", ls=":", lw=1)
+            ax.axhline(statistics.median(r["base_rate"] for r in full), color="grey", ls="--", lw=1)
+        ax.set_title(variant, fontsize=9)
+        log_x(ax)
+    axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    save(fig, path, axes[0], "attention density on the test split (log)",
+         ["test metric (accuracy; bytes: bits per byte)"] * len(variants))
+    return ("Frontiers: test metric against measured attention density, a point per seed, each family's medians "
+            "joined; dotted: full attention's median, dashed: the base rate.")
