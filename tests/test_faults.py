@@ -21,7 +21,7 @@ import ssa
 from bench import train as harness
 from bench.files import folder_problem, write_json
 from bench.runs import load_checkpoint
-from conftest import ROOT, valid_steps
+from conftest import ROOT, exit_code, valid_steps
 from test_train import TINY, env, record, train
 
 BASE = ["--task", "duplicates", *TINY]
@@ -48,10 +48,7 @@ def one_line_error(result, code=2):
 def refused(capsys, *argv, entry=harness.main, code=2):
     """An entry point's main() run in this process (a refusal trains nothing): its exit code must be ``code``
     and its message one line; returns that line."""
-    try:
-        result = entry(list(argv))
-    except SystemExit as exc:  # argparse
-        result = exc.code
+    result = exit_code(entry, argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert result == code and err and "error: " in err[-1], (result, err)
     return err[-1]
@@ -260,11 +257,11 @@ def test_bad_input_is_one_line_before_anything_is_made(tmp_path, monkeypatch, ca
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cuda_asked_for_on_a_machine_without_it_is_one_line(tmp_path):
+def test_cuda_asked_for_on_a_machine_without_it_is_one_line(tmp_path, capsys):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    line = one_line_error(train(*RUN, "--device", "cuda", "--out", str(tmp_path / "out"), check=False))
+    line = refused(capsys, *RUN, "--device", "cuda", "--out", str(tmp_path / "out"))
     assert line == "error: --device cuda was asked for, but CUDA is not available on this machine"
     assert list(tmp_path.iterdir()) == []
 

@@ -1,5 +1,6 @@
-"""bench/train.py through its command line, each run in a subprocess: smoke runs of every path, --steps 0,
-resume after a real kill, 2-process DDP, and clear errors for bad input."""
+"""bench/train.py through its command line: smoke runs of every path and --steps 0, resume after a real kill,
+2-process DDP and a second run refused by the first's lock, each in a subprocess; --help and clear errors for
+bad input through main() in this process."""
 import json
 import os
 import signal
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import train as harness
 from bench.runs import load_checkpoint
-from conftest import DATA as SHARED_DATA, ROOT, valid_steps
+from conftest import DATA as SHARED_DATA, ROOT, exit_code, valid_steps
 TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1",
         "--batch-size", "4", "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2"]
 
@@ -28,6 +30,17 @@ def train(*args, cwd=ROOT, check=True):
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def in_process(capsys, monkeypatch, tmp_path, *args):
+    """bench.train's main(args) in this process, from an empty current folder and with the environment train()
+    gives a subprocess: (exit code, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPARSE_ATTN_OFFLINE", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code = exit_code(harness.main, args)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def record(out: Path) -> dict:
@@ -163,10 +176,11 @@ def test_learning_rate_warms_up_then_decays_to_its_floor_at_the_last_step():
     assert [lr_at(s, linear) for s in range(10, 111)] == sorted((lr_at(s, linear) for s in range(10, 111)), reverse=True)
 
 
-def test_help_lists_the_options():
-    result = train("--help")
+def test_help_lists_the_options(capsys, monkeypatch, tmp_path):
+    code, out, _ = in_process(capsys, monkeypatch, tmp_path, "--help")
+    assert code == 0
     for option in ("--method", "--task", "--steps", "--seed", "--resume", "--attn", "--device", "--out"):
-        assert option in result.stdout
+        assert option in out
 
 
 ENTRY_POINTS = [("python -m bench.train", "bench.train", []),
@@ -234,10 +248,10 @@ def test_a_profile_flag_gives_its_constructor_s_values_unless_a_field_is_given()
     (["--task", "duplicates", "--lr-floor", "1.5"], "fraction in [0, 1]"),
     (["--task", "duplicates", "--lr-decay", "step"], "invalid choice"),
 ])
-def test_bad_options_exit_2_with_argparse_messages(args, message):
-    result = train(*args, check=False)
-    assert result.returncode == 2 and message in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_options_exit_2_with_argparse_messages(args, message, capsys, monkeypatch, tmp_path):
+    code, _, err = in_process(capsys, monkeypatch, tmp_path, *args)
+    assert code == 2 and message in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -247,20 +261,20 @@ def test_bad_options_exit_2_with_argparse_messages(args, message):
     (["--task", "enwik8", "--no-download"], 1, "http://mattmahoney.net/dc/enwik8.zip"),
     (["--task", "duplicates", "--resume"], 1, "no checkpoint"),
 ])
-def test_bad_input_gives_one_clear_message(tmp_path, args, code, message):
-    result = train(*args, *TINY[2:], "--steps", "1", "--data-dir", str(tmp_path / "empty"),
-                   "--out", str(tmp_path / "out"), check=False)
-    assert result.returncode == code, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
+def test_bad_input_gives_one_clear_message(tmp_path, capsys, monkeypatch, args, code, message):
+    exit_, _, err = in_process(capsys, monkeypatch, tmp_path, *args, *TINY[2:], "--steps", "1",
+                               "--data-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+    assert exit_ == code, err
+    assert message in err and "Traceback" not in err
 
 
-def test_corrupt_enwik8_exits_with_the_expected_checksum(tmp_path):
+def test_corrupt_enwik8_exits_with_the_expected_checksum(tmp_path, capsys, monkeypatch):
     (tmp_path / "enwik8").mkdir()
     (tmp_path / "enwik8" / "enwik8").write_bytes(b"not enwik8")
-    result = train("--task", "enwik8", "--data-dir", str(tmp_path), check=False)
-    assert result.returncode == 1
-    assert "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8" in result.stderr
-    assert "Traceback" not in result.stderr
+    code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "enwik8", "--data-dir", str(tmp_path))
+    assert code == 1
+    assert "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8" in err
+    assert "Traceback" not in err
 
 
 def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_says_so(tmp_path):
