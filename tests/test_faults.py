@@ -22,7 +22,7 @@ from bench import train as harness
 from bench.files import folder_problem, write_json
 from bench.runs import load_checkpoint
 from conftest import ROOT, exit_code, valid_steps
-from test_train import TINY, env, record, train
+from test_train import TINY, env, record, train_here
 
 BASE = ["--task", "duplicates", *TINY]
 RUN = [*BASE, "--steps", "6", "--eval-every", "3"]  # a later occurrence of an option overrides these
@@ -58,7 +58,7 @@ def refused(capsys, *argv, entry=harness.main, code=2):
 def finished(tmp_path_factory):
     """One finished run (6 steps, checkpoints at 3 and 6, a snapshot at 3), copied by the tests that need one."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    train(*RUN, "--snapshot-at", "3", "--out", str(out))
+    train_here(*RUN, "--snapshot-at", "3", "--out", str(out))
     return out
 
 
@@ -89,10 +89,10 @@ def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_n
     all of them are in the warm-up), and the run then ends as one trained with the new --steps from scratch."""
     warm = [*RUN, "--warmup", "20"]
     scratch, grown = tmp_path / "scratch", tmp_path / "grown"
-    train(*warm, "--steps", "9", "--out", str(scratch))
-    train(*warm, "--out", str(grown))
-    train(*warm, "--steps", "9", "--log-every", "1", "--final-eval-batches", "3", "--eval-every", "1",
-          "--snapshot-at", "8", "--device", "cpu", "--out", str(grown), "--resume")
+    train_here(*warm, "--steps", "9", "--out", str(scratch))
+    train_here(*warm, "--out", str(grown))
+    train_here(*warm, "--steps", "9", "--log-every", "1", "--final-eval-batches", "3", "--eval-every", "1",
+               "--snapshot-at", "8", "--device", "cpu", "--out", str(grown), "--resume")
     a, b = record(scratch), record(grown)
     assert a["param_fingerprints"] == b["param_fingerprints"] and b["steps"] == 9
     assert valid_steps(grown / "log.jsonl") == [3, 6, 7, 8, 9]
@@ -112,7 +112,7 @@ def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp
     line = refused(capsys, "--task", "bytes", *TINY, "--steps", "1", "--data-dir", str(tmp_path / "none"),
                    "--overwrite", "--out", str(out), code=1)
     assert "no WikiText-2 text" in line and tree(tmp_path) == before
-    train(*RUN, "--seed", "1", "--out", str(out), "--overwrite")
+    train_here(*RUN, "--seed", "1", "--out", str(out), "--overwrite")
     assert record(out)["seed"] == 1 and load_checkpoint(out / "checkpoint.pt")["config"]["seed"] == 1
     assert (out / "train.log").read_text() == "a caller's log\n"  # not a file of the run
 
@@ -156,12 +156,12 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
     with open(out / "log.jsonl", "ab") as log:
         log.write(b'{"step": 9, "split": "val')  # ... and while a later line was being written
     (out / "checkpoint.pt.abc123.tmp").write_bytes(b"half a checkpoint")
-    train(*RUN, "--out", str(out), "--resume")
+    train_here(*RUN, "--out", str(out), "--resume")
     assert valid_steps(out / "log.jsonl") == [3, 6]
     assert record(out)["steps"] == 6 and not list(out.glob("*.tmp"))
     with open(out / "log.jsonl", "ab") as log:
         log.write(b'{"step": 9, "split": "val')
-    train(*RUN, "--out", str(out), "--overwrite")  # a fresh run starts a new log
+    train_here(*RUN, "--out", str(out), "--overwrite")  # a fresh run starts a new log
     assert valid_steps(out / "log.jsonl") == [3, 6]
 
 
@@ -212,7 +212,7 @@ def test_method_files_take_no_method_option(tmp_path, capsys, module):
 
 def test_bench_train_still_runs_a_method_file_by_name(tmp_path):
     out = tmp_path / "run"
-    train("--method", "ssa", *BASE, "--steps", "2", "--out", str(out))
+    train_here("--method", "ssa", *BASE, "--steps", "2", "--out", str(out))
     assert record(out)["method"] == "ssa"
 
 

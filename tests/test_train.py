@@ -1,6 +1,6 @@
-"""bench/train.py through its command line: smoke runs of every path and --steps 0, resume after a real kill,
-2-process DDP and a second run refused by the first's lock, each in a subprocess; --help and clear errors for
-bad input through main() in this process."""
+"""bench/train.py through its command line: a smoke run, resume after a real kill, 2-process DDP, a diverged
+run's exit code and a second run refused by the first's lock, each in a subprocess; the other paths, --steps 0,
+--help and clear errors for bad input through main() in this process."""
 import json
 import os
 import signal
@@ -13,6 +13,8 @@ import pytest
 
 from bench import train as harness
 from bench.runs import load_checkpoint
+from bench.tasks import TASKS
+from bench.tasks.synthetic import ListOps
 from conftest import DATA as SHARED_DATA, ROOT, exit_code, valid_steps
 TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1",
         "--batch-size", "4", "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2"]
@@ -30,6 +32,13 @@ def train(*args, cwd=ROOT, check=True):
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def train_here(*args) -> None:
+    """A run through bench.train's main(args) in this process, where the process boundary does not matter (the
+    tests of kills, locks, DDP, exit codes and file-size limits use train())."""
+    code = exit_code(harness.main, args)
+    assert code == 0, f"exit {code}"
 
 
 def in_process(capsys, monkeypatch, tmp_path, *args):
@@ -67,9 +76,15 @@ def test_duplicates_run_writes_the_results_record(tmp_path):
     assert ckpt["progress"]["step"] == 6
 
 
-def test_steps_zero_evaluates_the_untrained_model(tmp_path):
+def test_steps_zero_evaluates_the_untrained_model(tmp_path, monkeypatch):
+    def small_listops():  # the CPU preset's 24,000 examples take seconds to generate; 8 per split are scored
+        task = ListOps()
+        task.sizes = {"train": 100, "valid": 50, "test": 50}
+        return task
+
+    monkeypatch.setitem(TASKS, "listops", small_listops)
     out = tmp_path / "zero"
-    train("--task", "listops", *TINY, "--seq-len", "64", "--steps", "0", "--out", str(out))
+    train_here("--task", "listops", *TINY, "--seq-len", "64", "--steps", "0", "--out", str(out))
     rec = record(out)
     assert rec["steps"] == 0 and rec["median_step_ms"] is None and 0 <= rec["test"] <= 1
 
@@ -77,8 +92,8 @@ def test_steps_zero_evaluates_the_untrained_model(tmp_path):
 @pytest.mark.skipif(not (SHARED_DATA / "wikitext-2" / "valid.txt").exists(), reason="WikiText-2 copy absent")
 def test_bytes_lm_reports_bits_per_byte(tmp_path):
     out = tmp_path / "lm"
-    train("--task", "bytes", *TINY, "--eval-context", "8", "--steps", "3", "--eval-every", "3",
-          "--data-dir", str(SHARED_DATA), "--out", str(out))
+    train_here("--task", "bytes", *TINY, "--eval-context", "8", "--steps", "3", "--eval-every", "3",
+               "--data-dir", str(SHARED_DATA), "--out", str(out))
     rec = record(out)
     assert rec["metric"] == "bpb" and 0 < rec["test"] < 12
 
@@ -87,8 +102,8 @@ def test_bytes_on_any_local_file_and_attention_options(tmp_path):
     text = tmp_path / "text.txt"
     text.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
     out = tmp_path / "lm"
-    train("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text), "--attn", "path=reference",
-          "--attn", "alibi=true", "--pos-emb", "false", "--out", str(out))
+    train_here("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text), "--attn", "path=reference",
+               "--attn", "alibi=true", "--pos-emb", "false", "--out", str(out))
     rec = record(out)
     assert rec["config"]["attn"] == {"path": "reference", "alibi": True} and rec["config"]["pos_emb"] is False
 
@@ -309,17 +324,19 @@ def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path):
         first.wait()
 
 
-def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path):
+def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path, capsys):
     """The first output: method, task, preset, steps, batch, length, parameters, device, folder; a warm-up not shorter
     than the run is said there too. log.jsonl lines carry the time and the learning rate; the record the whole
     run's wall time beside the training steps'."""
     out = tmp_path / "run"
-    result = train("--task", "duplicates", *TINY[:-2], "--warmup", "10", "--steps", "4", "--eval-every", "2",
-                   "--log-every", "2", "--out", str(out))
-    first = result.stdout.splitlines()[0]
+    capsys.readouterr()
+    train_here("--task", "duplicates", *TINY[:-2], "--warmup", "10", "--steps", "4", "--eval-every", "2",
+               "--log-every", "2", "--out", str(out))
+    stdout = capsys.readouterr().out
+    first = stdout.splitlines()[0]
     assert first.startswith("full on duplicates (cpu preset, seed 0): 4 steps of batch 4 at length 16, ")
     assert f"run folder {out}" in first and "its 10 warm-up steps are not fewer than its 4 steps" in first
-    assert "final evaluation: valid and test" in result.stdout and "measuring FLOPs and memory" in result.stdout
+    assert "final evaluation: valid and test" in stdout and "measuring FLOPs and memory" in stdout
     lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert all("time" in line and "lr" in line for line in lines)
     rec = record(out)
