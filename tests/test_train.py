@@ -26,8 +26,10 @@ def env():
     return e
 
 
-def train(*args, cwd=ROOT, check=True):
-    result = subprocess.run([sys.executable, "-m", "bench.train", *args], cwd=cwd, env=env(),
+def train(*args, check=True):
+    """python -m bench.train in a subprocess, for the tests where the process boundary matters: a kill, a lock,
+    DDP, the exit code of a real run."""
+    result = subprocess.run([sys.executable, "-m", "bench.train", *args], cwd=ROOT, env=env(),
                             capture_output=True, text=True, timeout=300)
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
@@ -35,8 +37,7 @@ def train(*args, cwd=ROOT, check=True):
 
 
 def train_here(*args) -> None:
-    """A run through bench.train's main(args) in this process, where the process boundary does not matter (the
-    tests of kills, locks, DDP, exit codes and file-size limits use train())."""
+    """A run through bench.train's main(args) in this process, where the process boundary does not matter."""
     code = exit_code(harness.main, args)
     assert code == 0, f"exit {code}"
 
@@ -133,7 +134,7 @@ def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
     args = ["--method", "ssa", "--finetune-fraction", "0.5", "--task", "duplicates", *TINY, "--dropout", "0.1",
             "--steps", "400", "--eval-every", "40", "--log-every", "1000"]
     full = tmp_path / "full"
-    train(*args, "--out", str(full))
+    train_here(*args, "--out", str(full))
 
     killed = tmp_path / "killed"
     first = kill_when_checkpointed(args, killed, 0)
@@ -303,7 +304,7 @@ def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_says_so(tmp_path)
     assert rec["status"] == "diverged" and rec["diverged_at_step"] == 2 and "NaN" not in (out / "metrics.json").read_text()
 
 
-def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path):
+def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path, capsys, monkeypatch):
     """A run folder holds one run: a second process on the same --out (--overwrite or --resume alike) is refused
     in one line while the first trains, and the first run's log is not interleaved with another's."""
     out = tmp_path / "run"
@@ -315,10 +316,10 @@ def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path):
         while not (out / "run.lock").exists() or not (out / "run.lock").read_text().strip():
             assert first.poll() is None and time.time() < deadline, "the first run did not start"
             time.sleep(0.05)
-        second = train("--task", "duplicates", *TINY, "--seed", "1", "--steps", "2", "--out", str(out),
-                       "--overwrite", check=False)
-        assert second.returncode == 2 and "Traceback" not in second.stderr
-        assert second.stderr.strip().splitlines()[-1].startswith(f"error: another run is running in {out} (pid {first.pid})")
+        code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "duplicates", *TINY, "--seed", "1",
+                                  "--steps", "2", "--out", str(out), "--overwrite")
+        assert code == 2 and "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith(f"error: another run is running in {out} (pid {first.pid})")
     finally:
         first.kill()
         first.wait()
