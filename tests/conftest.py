@@ -26,8 +26,8 @@ def seeded(seed: int) -> torch.Generator:
 
 
 def exit_code(main, argv: list):
-    """An entry point's ``main(argv)`` run in this process: its exit code, returned or raised (argparse's and
-    one_line_errors' SystemExit)."""
+    """An entry point's ``main(argv)`` run in this process: its exit code, returned or raised
+    (argparse's and one_line_errors' SystemExit)."""
     try:
         return main(list(argv))
     except SystemExit as exc:

@@ -91,8 +91,9 @@ def test_resume_may_change_what_only_reports_and_a_schedule_the_taken_steps_do_n
     scratch, grown = tmp_path / "scratch", tmp_path / "grown"
     train_here(*warm, "--steps", "9", "--out", str(scratch))
     train_here(*warm, "--out", str(grown))
-    train_here(*warm, "--steps", "9", "--log-every", "1", "--final-eval-batches", "3", "--eval-every", "1",
-               "--snapshot-at", "8", "--device", "cpu", "--out", str(grown), "--resume")
+    train_here(*warm, "--steps", "9", "--log-every", "1", "--final-eval-batches", "3",
+               "--eval-every", "1", "--snapshot-at", "8", "--device", "cpu", "--out", str(grown),
+               "--resume")
     a, b = record(scratch), record(grown)
     assert a["param_fingerprints"] == b["param_fingerprints"] and b["steps"] == 9
     assert valid_steps(grown / "log.jsonl") == [3, 6, 7, 8, 9]

@@ -43,8 +43,9 @@ from conftest import LowPrecisionMath
 
 
 def cases_per_variant() -> int:
-    """SPARSE_ATTN_FUZZ_CASES: the first N cases of each variant's sequence, 30 unless set (.ci/run sets 250). A
-    case's seed depends on its index only, so a case that fails in CI reruns here by its id."""
+    """SPARSE_ATTN_FUZZ_CASES: the first N cases of each variant's sequence, 30 unless set (.ci/run
+    sets 250). A case's seed depends on its index only, so a case that fails in CI reruns here by
+    its id."""
     text = os.environ.get("SPARSE_ATTN_FUZZ_CASES", "30")
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"SPARSE_ATTN_FUZZ_CASES must be a positive integer, got {text!r}")

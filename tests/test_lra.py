@@ -46,8 +46,8 @@ def environment(cache, monkeypatch):
 
 
 def train(*args):
-    """python -m bench.train's main(args) in this process (a test adjusts a constant with monkeypatch first);
-    the run's record."""
+    """python -m bench.train's main(args) in this process (a test adjusts a constant with
+    monkeypatch first); the run's record."""
     code = exit_code(harness.main, args)
     assert code == 0, f"exit {code}"
     return json.loads((Path(args[args.index("--out") + 1]) / "metrics.json").read_text())
@@ -578,7 +578,8 @@ def test_image_training_run_on_the_local_jpeg_copy(tmp_path, monkeypatch):
     # Decoding all 60,000 JPEGs takes 10-25 s on 2 cores; the run reads the archive but decodes only the
     # first 50 images per class and split (the cache lives in this test session's folder only).
     wanted = lra.Image._wanted
-    monkeypatch.setattr(lra.Image, "_wanted", staticmethod(lambda rel: wanted(rel) and int(rel.stem) < 50))
+    first_50 = staticmethod(lambda rel: wanted(rel) and int(rel.stem) < 50)
+    monkeypatch.setattr(lra.Image, "_wanted", first_50)
     monkeypatch.setattr(lra.Image, "COUNTS", {"train": 500, "test": 500})
     monkeypatch.setattr(lra.Image, "VALID", 50)
     rec = train("--task", "image", "--seq-len", "256", *TINY, "--data-dir", str(SHARED_DATA),
@@ -587,7 +588,8 @@ def test_image_training_run_on_the_local_jpeg_copy(tmp_path, monkeypatch):
 
 
 def test_pathfinder_training_run(tmp_path, cache, monkeypatch):
-    monkeypatch.setattr(lra.Pathfinder, "default_sizes", staticmethod(lambda side: PATHFINDER_SIZES))
+    small = staticmethod(lambda side: PATHFINDER_SIZES)
+    monkeypatch.setattr(lra.Pathfinder, "default_sizes", small)
     rec = train("--task", "pathfinder", "--seq-len", "256", *TINY, "--data-dir", str(cache),
                 "--out", str(tmp_path / "run"))
     assert rec["task"] == "pathfinder" and rec["scored"]["valid"] == 8

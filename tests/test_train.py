@@ -1,6 +1,6 @@
-"""bench/train.py through its command line: a smoke run, resume after a real kill, 2-process DDP, a diverged
-run's exit code and a second run refused by the first's lock, each in a subprocess; the other paths, --steps 0,
---help and clear errors for bad input through main() in this process."""
+"""bench/train.py through its command line: a smoke run, resume after a real kill, 2-process DDP, a
+diverged run's exit code and a run holding the lock that refuses a second, each in a subprocess; the
+other paths, --steps 0, --help and clear errors for bad input through main() in this process."""
 import json
 import os
 import signal
@@ -27,8 +27,8 @@ def env():
 
 
 def train(*args, check=True):
-    """python -m bench.train in a subprocess, for the tests where the process boundary matters: a kill, a lock,
-    DDP, the exit code of a real run."""
+    """python -m bench.train in a subprocess, for the tests where the process boundary matters: a
+    kill, a lock, DDP, the exit code of a real run."""
     result = subprocess.run([sys.executable, "-m", "bench.train", *args], cwd=ROOT, env=env(),
                             capture_output=True, text=True, timeout=300)
     if check and result.returncode != 0:
@@ -37,14 +37,14 @@ def train(*args, check=True):
 
 
 def train_here(*args) -> None:
-    """A run through bench.train's main(args) in this process, where the process boundary does not matter."""
+    """A run through bench.train's main(args) in this process (no process boundary in question)."""
     code = exit_code(harness.main, args)
     assert code == 0, f"exit {code}"
 
 
 def in_process(capsys, monkeypatch, tmp_path, *args):
-    """bench.train's main(args) in this process, from an empty current folder and with the environment train()
-    gives a subprocess: (exit code, stdout, stderr)."""
+    """bench.train's main(args) in this process, from an empty current folder and with the
+    environment train() gives a subprocess: (exit code, stdout, stderr)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPARSE_ATTN_OFFLINE", "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -78,7 +78,7 @@ def test_duplicates_run_writes_the_results_record(tmp_path):
 
 
 def test_steps_zero_evaluates_the_untrained_model(tmp_path, monkeypatch):
-    def small_listops():  # the CPU preset's 24,000 examples take seconds to generate; 8 per split are scored
+    def small_listops():  # the CPU preset's 24,000 examples take seconds; 8 a split are scored
         task = ListOps()
         task.sizes = {"train": 100, "valid": 50, "test": 50}
         return task
@@ -103,8 +103,9 @@ def test_bytes_on_any_local_file_and_attention_options(tmp_path):
     text = tmp_path / "text.txt"
     text.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
     out = tmp_path / "lm"
-    train_here("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text), "--attn", "path=reference",
-               "--attn", "alibi=true", "--pos-emb", "false", "--out", str(out))
+    train_here("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text),
+               "--attn", "path=reference", "--attn", "alibi=true", "--pos-emb", "false",
+               "--out", str(out))
     rec = record(out)
     assert rec["config"]["attn"] == {"path": "reference", "alibi": True} and rec["config"]["pos_emb"] is False
 
@@ -279,7 +280,8 @@ def test_bad_options_exit_2_with_argparse_messages(args, message, capsys, monkey
 ])
 def test_bad_input_gives_one_clear_message(tmp_path, capsys, monkeypatch, args, code, message):
     exit_, _, err = in_process(capsys, monkeypatch, tmp_path, *args, *TINY[2:], "--steps", "1",
-                               "--data-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "out"))
+                               "--data-dir", str(tmp_path / "empty"),
+                               "--out", str(tmp_path / "out"))
     assert exit_ == code, err
     assert message in err and "Traceback" not in err
 
@@ -287,7 +289,8 @@ def test_bad_input_gives_one_clear_message(tmp_path, capsys, monkeypatch, args, 
 def test_corrupt_enwik8_exits_with_the_expected_checksum(tmp_path, capsys, monkeypatch):
     (tmp_path / "enwik8").mkdir()
     (tmp_path / "enwik8" / "enwik8").write_bytes(b"not enwik8")
-    code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "enwik8", "--data-dir", str(tmp_path))
+    code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "enwik8",
+                              "--data-dir", str(tmp_path))
     assert code == 1
     assert "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8" in err
     assert "Traceback" not in err
@@ -316,10 +319,11 @@ def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path, capsys, 
         while not (out / "run.lock").exists() or not (out / "run.lock").read_text().strip():
             assert first.poll() is None and time.time() < deadline, "the first run did not start"
             time.sleep(0.05)
-        code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "duplicates", *TINY, "--seed", "1",
-                                  "--steps", "2", "--out", str(out), "--overwrite")
+        code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "duplicates", *TINY,
+                                  "--seed", "1", "--steps", "2", "--out", str(out), "--overwrite")
         assert code == 2 and "Traceback" not in err
-        assert err.strip().splitlines()[-1].startswith(f"error: another run is running in {out} (pid {first.pid})")
+        holder = f"error: another run is running in {out} (pid {first.pid})"
+        assert err.strip().splitlines()[-1].startswith(holder)
     finally:
         first.kill()
         first.wait()
@@ -331,8 +335,8 @@ def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path, capsy
     run's wall time beside the training steps'."""
     out = tmp_path / "run"
     capsys.readouterr()
-    train_here("--task", "duplicates", *TINY[:-2], "--warmup", "10", "--steps", "4", "--eval-every", "2",
-               "--log-every", "2", "--out", str(out))
+    train_here("--task", "duplicates", *TINY[:-2], "--warmup", "10", "--steps", "4",
+               "--eval-every", "2", "--log-every", "2", "--out", str(out))
     stdout = capsys.readouterr().out
     first = stdout.splitlines()[0]
     assert first.startswith("full on duplicates (cpu preset, seed 0): 4 steps of batch 4 at length 16, ")
