@@ -25,6 +25,15 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def exit_code(main, argv: list):
+    """An entry point's ``main(argv)`` run in this process: its exit code, returned or raised
+    (argparse's and one_line_errors' SystemExit)."""
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        return exc.code
+
+
 def processes(*words: str, without: str = "") -> list:
     """Ids of the processes whose command line holds every one of ``words`` (and not ``without``)."""
     found = []

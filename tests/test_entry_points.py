@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, processes
+from conftest import ROOT, exit_code, processes
 
 NO_CUDA = "--device cuda was asked for, but CUDA is not available on this machine"
 BIG = str(10 ** 20)  # a size or seed of 1e20
@@ -100,10 +100,7 @@ def test_bad_input_is_one_line_and_makes_nothing(tmp_path, monkeypatch, capsys, 
     fill = {"file": tmp_path / "file", "tmp": tmp_path, "root": ROOT}
     argv = [a.format(**fill) for a in args]
     before = tree(tmp_path)
-    try:
-        code = importlib.import_module(module).main(argv)
-    except SystemExit as exc:
-        code = exc.code
+    code = exit_code(importlib.import_module(module).main, argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err and "error: " in err[-1] and "Traceback" not in "\n".join(err), (code, err)
     assert message.format(**fill) in err[-1], err[-1]

@@ -20,8 +20,8 @@ import sbm_transformer
 import ssa
 from bench import train as harness
 from bench.files import folder_problem, load_checkpoint, write_json
-from conftest import ROOT, valid_steps
-from test_train import TINY, env, record, train
+from conftest import ROOT, exit_code, valid_steps
+from test_train import TINY, env, record, train_here
 
 BASE = ["--task", "duplicates", *TINY]
 RUN = [*BASE, "--steps", "6", "--eval-every", "3"]  # a later occurrence of an option overrides these
@@ -47,10 +47,7 @@ def one_line_error(result, code=2):
 def refused(capsys, *argv, entry=harness.main, code=2):
     """An entry point's main() run in this process (a refusal trains nothing): its exit code must be ``code``
     and its message one line; returns that line."""
-    try:
-        result = entry(list(argv))
-    except SystemExit as exc:  # argparse
-        result = exc.code
+    result = exit_code(entry, argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert result == code and err and "error: " in err[-1], (result, err)
     return err[-1]
@@ -60,7 +57,7 @@ def refused(capsys, *argv, entry=harness.main, code=2):
 def finished(tmp_path_factory):
     """One finished run (6 steps, checkpoints at 3 and 6, a snapshot at 3), copied by the tests that need one."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    train(*RUN, "--snapshot-at", "3", "--out", str(out))
+    train_here(*RUN, "--snapshot-at", "3", "--out", str(out))
     return out
 
 
@@ -90,11 +87,11 @@ def test_resume_may_change_what_only_reports(tmp_path, capsys):
     """Observing settings may change, and the run then ends as one trained without the interruption; any other
     change (here more steps) is refused."""
     scratch, resumed = tmp_path / "scratch", tmp_path / "resumed"
-    train(*RUN, "--steps", "9", "--out", str(scratch))
-    train(*RUN, "--steps", "9", "--snapshot-at", "6", "--out", str(resumed))
+    train_here(*RUN, "--steps", "9", "--out", str(scratch))
+    train_here(*RUN, "--steps", "9", "--snapshot-at", "6", "--out", str(resumed))
     shutil.copyfile(resumed / "checkpoint-6.pt", resumed / "checkpoint.pt")  # as if killed after step 6
-    train(*RUN, "--steps", "9", "--log-every", "1", "--final-eval-batches", "3", "--eval-every", "1",
-          "--snapshot-at", "8", "--device", "cpu", "--out", str(resumed), "--resume")
+    train_here(*RUN, "--steps", "9", "--log-every", "1", "--final-eval-batches", "3", "--eval-every", "1",
+               "--snapshot-at", "8", "--device", "cpu", "--out", str(resumed), "--resume")
     a, b = record(scratch), record(resumed)
     assert a["param_fingerprints"] == b["param_fingerprints"] and b["steps"] == 9
     assert valid_steps(resumed / "log.jsonl") == [3, 6, 7, 8, 9]
@@ -114,7 +111,7 @@ def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp
     line = refused(capsys, "--task", "bytes", *TINY, "--steps", "1", "--data-dir", str(tmp_path / "none"),
                    "--overwrite", "--out", str(out), code=1)
     assert "no WikiText-2 text" in line and tree(tmp_path) == before
-    train(*RUN, "--seed", "1", "--out", str(out), "--overwrite")
+    train_here(*RUN, "--seed", "1", "--out", str(out), "--overwrite")
     assert record(out)["seed"] == 1 and load_checkpoint(out / "checkpoint.pt")["config"]["seed"] == 1
     assert (out / "train.log").read_text() == "a caller's log\n"  # not a file of the run
 
@@ -158,12 +155,12 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
     with open(out / "log.jsonl", "ab") as log:
         log.write(b'{"step": 9, "split": "val')  # ... and while a later line was being written
     (out / "checkpoint.pt.abc123.tmp").write_bytes(b"half a checkpoint")
-    train(*RUN, "--out", str(out), "--resume")
+    train_here(*RUN, "--out", str(out), "--resume")
     assert valid_steps(out / "log.jsonl") == [3, 6]
     assert record(out)["steps"] == 6 and not list(out.glob("*.tmp"))
     with open(out / "log.jsonl", "ab") as log:
         log.write(b'{"step": 9, "split": "val')
-    train(*RUN, "--out", str(out), "--overwrite")  # a fresh run starts a new log
+    train_here(*RUN, "--out", str(out), "--overwrite")  # a fresh run starts a new log
     assert valid_steps(out / "log.jsonl") == [3, 6]
 
 
@@ -214,7 +211,7 @@ def test_method_files_take_no_method_option(tmp_path, capsys, module):
 
 def test_bench_train_still_runs_a_method_file_by_name(tmp_path):
     out = tmp_path / "run"
-    train("--method", "ssa", *BASE, "--steps", "2", "--out", str(out))
+    train_here("--method", "ssa", *BASE, "--steps", "2", "--out", str(out))
     assert record(out)["method"] == "ssa"
 
 
@@ -259,11 +256,11 @@ def test_bad_input_is_one_line_before_anything_is_made(tmp_path, monkeypatch, ca
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cuda_asked_for_on_a_machine_without_it_is_one_line(tmp_path):
+def test_cuda_asked_for_on_a_machine_without_it_is_one_line(tmp_path, capsys):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    line = one_line_error(train(*RUN, "--device", "cuda", "--out", str(tmp_path / "out"), check=False))
+    line = refused(capsys, *RUN, "--device", "cuda", "--out", str(tmp_path / "out"))
     assert line == "error: --device cuda was asked for, but CUDA is not available on this machine"
     assert list(tmp_path.iterdir()) == []
 

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import pickle
-import subprocess
 import sys
 import tarfile
 import time
@@ -20,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
+from bench import train as harness
 from bench.tasks import data_files as data, image, lra, pathfinder
 from bench.tasks import DataError, get_task
 
-from conftest import DATA as SHARED_DATA
+from conftest import DATA as SHARED_DATA, exit_code
 
-ROOT = Path(__file__).resolve().parents[1]
 IMDB = SHARED_DATA / "imdb" / "aclImdb_v1_labeled.tar.gz"
 CIFAR_JPEG = SHARED_DATA / "cifar10" / "cifar10_jpeg.tar.gz"
 TINY = ["--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1", "--batch-size", "4",
@@ -46,15 +45,11 @@ def environment(cache, monkeypatch):
     monkeypatch.setenv("SPARSE_ATTN_OFFLINE", "1")
 
 
-def train(*args, prelude=""):
-    """python -m bench.train in a subprocess (``prelude`` runs first, e.g. to adjust a constant)."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
-    env.pop("WORLD_SIZE", None)
-    code = f"import sys; {prelude}\nfrom bench.train import main; sys.exit(main(sys.argv[1:]))"
-    result = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+def train(*args):
+    """python -m bench.train's main(args) in this process (a test adjusts a constant with
+    monkeypatch first); the run's record."""
+    code = exit_code(harness.main, args)
+    assert code == 0, f"exit {code}"
     return json.loads((Path(args[args.index("--out") + 1]) / "metrics.json").read_text())
 
 
@@ -567,33 +562,36 @@ def test_text_training_run(tmp_path):
     assert rec["task"] == "text" and 0 <= rec["test"] <= 1 and rec["scored"]["test"] == 8
 
 
-def test_image_training_run_on_cifar_python(tmp_path):
+def test_image_training_run_on_cifar_python(tmp_path, monkeypatch):
     archive = _cifar_python(tmp_path / "cifar-10-python.tar.gz")
-    prelude = (f"import bench.tasks.image as L; L.CIFAR_PY_MD5 = {_md5s(archive)!r}; "
-               f"L.Image.COUNTS = {{'train': 60, 'test': 10}}; L.Image.VALID = 6")
+    monkeypatch.setattr(image, "CIFAR_PY_MD5", _md5s(archive))
+    monkeypatch.setattr(image.Image, "COUNTS", {"train": 60, "test": 10})
+    monkeypatch.setattr(image.Image, "VALID", 6)
     rec = train("--task", "image", "--seq-len", "64", *TINY, "--data-file", str(archive),
-                "--out", str(tmp_path / "run"), prelude=prelude)
+                "--out", str(tmp_path / "run"))
     assert rec["task"] == "image" and rec["config"]["seq_len"] == 64
 
 
 @pytest.mark.skipif(not (HAVE_PILLOW and CIFAR_JPEG.exists()),
                     reason="needs Pillow (requirements-extra.txt) and the local CIFAR-10 JPEG copy")
-def test_image_training_run_on_the_local_jpeg_copy(tmp_path):
+def test_image_training_run_on_the_local_jpeg_copy(tmp_path, monkeypatch):
     # Decoding all 60,000 JPEGs takes 10-25 s on 2 cores; the run reads the archive but decodes only the
     # first 50 images per class and split (the cache lives in this test session's folder only).
-    prelude = ("import bench.tasks.image as L; wanted = L.Image._wanted; "
-               "L.Image._wanted = staticmethod(lambda rel: wanted(rel) and int(rel.stem) < 50); "
-               "L.Image.COUNTS = {'train': 500, 'test': 500}; L.Image.VALID = 50")
+    wanted = image.Image._wanted
+    first_50 = staticmethod(lambda rel: wanted(rel) and int(rel.stem) < 50)
+    monkeypatch.setattr(image.Image, "_wanted", first_50)
+    monkeypatch.setattr(image.Image, "COUNTS", {"train": 500, "test": 500})
+    monkeypatch.setattr(image.Image, "VALID", 50)
     rec = train("--task", "image", "--seq-len", "256", *TINY, "--data-dir", str(SHARED_DATA),
-                "--out", str(tmp_path / "run"), prelude=prelude)
+                "--out", str(tmp_path / "run"))
     assert rec["task"] == "image" and rec["config"]["seq_len"] == 256
 
 
-def test_pathfinder_training_run(tmp_path, cache):
-    prelude = (f"import bench.tasks.pathfinder as L; "
-               f"L.Pathfinder.default_sizes = staticmethod(lambda side: {PATHFINDER_SIZES!r})")
+def test_pathfinder_training_run(tmp_path, cache, monkeypatch):
+    small = staticmethod(lambda side: PATHFINDER_SIZES)
+    monkeypatch.setattr(pathfinder.Pathfinder, "default_sizes", small)
     rec = train("--task", "pathfinder", "--seq-len", "256", *TINY, "--data-dir", str(cache),
-                "--out", str(tmp_path / "run"), prelude=prelude)
+                "--out", str(tmp_path / "run"))
     assert rec["task"] == "pathfinder" and rec["scored"]["valid"] == 8
 
 

@@ -1,5 +1,6 @@
-"""bench/train.py through its command line, each run in a subprocess: smoke runs of every path, --steps 0,
-resume after a real kill, 2-process DDP, and clear errors for bad input."""
+"""bench/train.py through its command line: a smoke run, resume after a real kill, 2-process DDP, a
+diverged run's exit code and a run holding the lock that refuses a second, each in a subprocess; the
+other paths, --steps 0, --help and clear errors for bad input through main() in this process."""
 import json
 import os
 import signal
@@ -10,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bench import train as harness
 from bench.files import load_checkpoint
-from conftest import DATA as SHARED_DATA, ROOT, valid_steps
+from bench.tasks import TASKS
+from bench.tasks.synthetic import ListOps
+from conftest import DATA as SHARED_DATA, ROOT, exit_code, valid_steps
 TINY = ["--seq-len", "16", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1",
         "--batch-size", "4", "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2"]
 
@@ -22,12 +26,31 @@ def env():
     return e
 
 
-def train(*args, cwd=ROOT, check=True):
-    result = subprocess.run([sys.executable, "-m", "bench.train", *args], cwd=cwd, env=env(),
+def train(*args, check=True):
+    """python -m bench.train in a subprocess, for the tests where the process boundary matters: a
+    kill, a lock, DDP, the exit code of a real run."""
+    result = subprocess.run([sys.executable, "-m", "bench.train", *args], cwd=ROOT, env=env(),
                             capture_output=True, text=True, timeout=300)
     if check and result.returncode != 0:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def train_here(*args) -> None:
+    """A run through bench.train's main(args) in this process (no process boundary in question)."""
+    code = exit_code(harness.main, args)
+    assert code == 0, f"exit {code}"
+
+
+def in_process(capsys, monkeypatch, tmp_path, *args):
+    """bench.train's main(args) in this process, from an empty current folder and with the
+    environment train() gives a subprocess: (exit code, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPARSE_ATTN_OFFLINE", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code = exit_code(harness.main, args)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def record(out: Path) -> dict:
@@ -54,9 +77,17 @@ def test_duplicates_run_writes_the_results_record(tmp_path):
     assert ckpt["progress"]["step"] == 6
 
 
-def test_steps_zero_evaluates_the_untrained_model(tmp_path):
+class SmallListOps(ListOps):
+    """The CPU preset's 24,000 examples take seconds to generate; 8 a split are scored here."""
+    def __init__(self):
+        super().__init__()
+        self.sizes = {"train": 100, "valid": 50, "test": 50}
+
+
+def test_steps_zero_evaluates_the_untrained_model(tmp_path, monkeypatch):
+    monkeypatch.setitem(TASKS, "listops", "test_train:SmallListOps")
     out = tmp_path / "zero"
-    train("--task", "listops", *TINY, "--seq-len", "64", "--steps", "0", "--out", str(out))
+    train_here("--task", "listops", *TINY, "--seq-len", "64", "--steps", "0", "--out", str(out))
     rec = record(out)
     assert rec["steps"] == 0 and rec["median_step_ms"] is None and 0 <= rec["test"] <= 1
 
@@ -64,8 +95,8 @@ def test_steps_zero_evaluates_the_untrained_model(tmp_path):
 @pytest.mark.skipif(not (SHARED_DATA / "wikitext-2" / "valid.txt").exists(), reason="WikiText-2 copy absent")
 def test_bytes_lm_reports_bits_per_byte(tmp_path):
     out = tmp_path / "lm"
-    train("--task", "bytes", *TINY, "--eval-context", "8", "--steps", "3", "--eval-every", "3",
-          "--data-dir", str(SHARED_DATA), "--out", str(out))
+    train_here("--task", "bytes", *TINY, "--eval-context", "8", "--steps", "3", "--eval-every", "3",
+               "--data-dir", str(SHARED_DATA), "--out", str(out))
     rec = record(out)
     assert rec["metric"] == "bpb" and 0 < rec["test"] < 12
 
@@ -74,8 +105,9 @@ def test_bytes_on_any_local_file_and_attention_options(tmp_path):
     text = tmp_path / "text.txt"
     text.write_bytes(b"the quick brown fox jumps over the lazy dog. " * 200)
     out = tmp_path / "lm"
-    train("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text), "--attn", "path=reference",
-          "--attn", "alibi=true", "--pos-emb", "false", "--out", str(out))
+    train_here("--task", "bytes", *TINY, "--steps", "2", "--data-file", str(text),
+               "--attn", "path=reference", "--attn", "alibi=true", "--pos-emb", "false",
+               "--out", str(out))
     rec = record(out)
     assert rec["config"]["attn"] == {"path": "reference", "alibi": True} and rec["config"]["pos_emb"] is False
 
@@ -105,7 +137,7 @@ def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_p
     args = ["--method", "ssa", "--finetune-fraction", "0.5", "--task", "duplicates", *TINY, "--dropout", "0.1",
             "--steps", "400", "--eval-every", "40", "--log-every", "1000"]
     full = tmp_path / "full"
-    train(*args, "--out", str(full))
+    train_here(*args, "--out", str(full))
 
     killed = tmp_path / "killed"
     first = kill_when_checkpointed(args, killed, 0)
@@ -163,10 +195,11 @@ def test_learning_rate_warms_up_then_decays_to_its_floor_at_the_last_step():
     assert [lr_at(s, linear) for s in range(10, 111)] == sorted((lr_at(s, linear) for s in range(10, 111)), reverse=True)
 
 
-def test_help_lists_the_options():
-    result = train("--help")
+def test_help_lists_the_options(capsys, monkeypatch, tmp_path):
+    code, out, _ = in_process(capsys, monkeypatch, tmp_path, "--help")
+    assert code == 0
     for option in ("--method", "--task", "--steps", "--seed", "--resume", "--attn", "--device", "--out"):
-        assert option in result.stdout
+        assert option in out
 
 
 ENTRY_POINTS = [("python -m bench.train", "bench.train", []),
@@ -233,10 +266,10 @@ def test_sbm_s_official_flag_gives_the_official_choices_unless_a_field_is_given(
     (["--task", "duplicates", "--lr-floor", "1.5"], "fraction in [0, 1]"),
     (["--task", "duplicates", "--lr-decay", "step"], "invalid choice"),
 ])
-def test_bad_options_exit_2_with_argparse_messages(args, message):
-    result = train(*args, check=False)
-    assert result.returncode == 2 and message in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_options_exit_2_with_argparse_messages(args, message, capsys, monkeypatch, tmp_path):
+    code, _, err = in_process(capsys, monkeypatch, tmp_path, *args)
+    assert code == 2 and message in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -246,20 +279,22 @@ def test_bad_options_exit_2_with_argparse_messages(args, message):
     (["--task", "enwik8", "--no-download"], 1, "http://mattmahoney.net/dc/enwik8.zip"),
     (["--task", "duplicates", "--resume"], 1, "no checkpoint"),
 ])
-def test_bad_input_gives_one_clear_message(tmp_path, args, code, message):
-    result = train(*args, *TINY[2:], "--steps", "1", "--data-dir", str(tmp_path / "empty"),
-                   "--out", str(tmp_path / "out"), check=False)
-    assert result.returncode == code, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
+def test_bad_input_gives_one_clear_message(tmp_path, capsys, monkeypatch, args, code, message):
+    exit_, _, err = in_process(capsys, monkeypatch, tmp_path, *args, *TINY[2:], "--steps", "1",
+                               "--data-dir", str(tmp_path / "empty"),
+                               "--out", str(tmp_path / "out"))
+    assert exit_ == code, err
+    assert message in err and "Traceback" not in err
 
 
-def test_corrupt_enwik8_exits_with_the_expected_checksum(tmp_path):
+def test_corrupt_enwik8_exits_with_the_expected_checksum(tmp_path, capsys, monkeypatch):
     (tmp_path / "enwik8").mkdir()
     (tmp_path / "enwik8" / "enwik8").write_bytes(b"not enwik8")
-    result = train("--task", "enwik8", "--data-dir", str(tmp_path), check=False)
-    assert result.returncode == 1
-    assert "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8" in result.stderr
-    assert "Traceback" not in result.stderr
+    code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "enwik8",
+                              "--data-dir", str(tmp_path))
+    assert code == 1
+    assert "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8" in err
+    assert "Traceback" not in err
 
 
 def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_says_so(tmp_path):
@@ -273,7 +308,7 @@ def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_says_so(tmp_path)
     assert rec["status"] == "diverged" and rec["diverged_at_step"] == 2 and "NaN" not in (out / "metrics.json").read_text()
 
 
-def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path):
+def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path, capsys, monkeypatch):
     """A run folder holds one run: a second process on the same --out (--overwrite or --resume alike) is refused
     in one line while the first trains, and the first run's log is not interleaved with another's."""
     out = tmp_path / "run"
@@ -285,26 +320,29 @@ def test_two_runs_in_one_folder_are_refused_naming_the_holder(tmp_path):
         while not (out / "run.lock").exists() or not (out / "run.lock").read_text().strip():
             assert first.poll() is None and time.time() < deadline, "the first run did not start"
             time.sleep(0.05)
-        second = train("--task", "duplicates", *TINY, "--seed", "1", "--steps", "2", "--out", str(out),
-                       "--overwrite", check=False)
-        assert second.returncode == 2 and "Traceback" not in second.stderr
-        assert second.stderr.strip().splitlines()[-1].startswith(f"error: another run is running in {out} (pid {first.pid})")
+        code, _, err = in_process(capsys, monkeypatch, tmp_path, "--task", "duplicates", *TINY,
+                                  "--seed", "1", "--steps", "2", "--out", str(out), "--overwrite")
+        assert code == 2 and "Traceback" not in err
+        holder = f"error: another run is running in {out} (pid {first.pid})"
+        assert err.strip().splitlines()[-1].startswith(holder)
     finally:
         first.kill()
         first.wait()
 
 
-def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path):
+def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path, capsys):
     """The first output: method, task, preset, steps, batch, length, parameters, device, folder; a warm-up not shorter
     than the run is said there too. log.jsonl lines carry the time and the learning rate; the record the whole
     run's wall time beside the training steps'."""
     out = tmp_path / "run"
-    result = train("--task", "duplicates", *TINY[:-2], "--warmup", "10", "--steps", "4", "--eval-every", "2",
-                   "--log-every", "2", "--out", str(out))
-    first = result.stdout.splitlines()[0]
+    capsys.readouterr()
+    train_here("--task", "duplicates", *TINY[:-2], "--warmup", "10", "--steps", "4",
+               "--eval-every", "2", "--log-every", "2", "--out", str(out))
+    stdout = capsys.readouterr().out
+    first = stdout.splitlines()[0]
     assert first.startswith("full on duplicates (cpu preset, seed 0): 4 steps of batch 4 at length 16, ")
     assert f"run folder {out}" in first and "its 10 warm-up steps are not fewer than its 4 steps" in first
-    assert "final evaluation: valid and test" in result.stdout and "measuring FLOPs and memory" in result.stdout
+    assert "final evaluation: valid and test" in stdout and "measuring FLOPs and memory" in stdout
     lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert all("time" in line and "lr" in line for line in lines)
     rec = record(out)
