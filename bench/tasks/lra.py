@@ -25,9 +25,10 @@ checked and cached by bench/tasks/data_files.py. Shape legend: B batch, N tokens
 """
 import hashlib
 import io
+import itertools
 import math
 from pathlib import Path, PurePosixPath
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -105,6 +106,15 @@ class LRATask(Task):
             raise DataError(f"{self.name}: nothing at {path} (given by --data-file)")
         return path
 
+    def look_up(self, found: Iterator[Path], help_text: str, url: str, target: Path, **checksum) -> Path:
+        """--data-file, else the first of ``found``, else ``url`` fetched to ``target`` and checked."""
+        path = self.given_file() or next(found, None)
+        if path is not None:
+            return path
+        if not self.may_download():
+            raise DataError(help_text + " (Downloads are off.)")
+        return fetch(url, target, help_text, **checksum)
+
 
 def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: int, eval_every: int,
                 eval_batches: int, cpu_batch: int = 32) -> Dict[str, Preset]:
@@ -116,6 +126,13 @@ def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: in
                    attn_dropout=0.1, steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, warmup=warmup,
                    eval_every=eval_every, eval_batches=eval_batches, final_eval_batches=1_000_000)
     return {"cpu": cpu, "paper": paper}
+
+
+def images_problem(arrays, sizes: Dict[str, int], shape: Tuple[int, ...]) -> Optional[str]:
+    """What is wrong with cached images, ``sizes[split]`` of ``shape`` uint8 pixels and labels per split, or None."""
+    return array_problem(arrays, {**{f"{s}_x": (n, *shape) for s, n in sizes.items()},
+                                  **{f"{s}_y": (n,) for s, n in sizes.items()}},
+                         {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}})
 
 
 def fixed_permutation(n: int, salt: int = 0) -> np.ndarray:
@@ -146,23 +163,14 @@ class Text(LRATask):
                          presets=lra_presets(3072, 128, 5e-4, 20_000, 8000, 500, 20))
 
     def locate(self, data_dir: Path) -> Path:
-        given = self.given_file()
-        if given is not None:
-            return given
-        for name in self.FOLDERS:
-            if (data_dir / name / "train" / "pos").is_dir():
-                return data_dir / name
-        for name in self.ARCHIVES:
-            if (data_dir / name).is_file():
-                return data_dir / name
+        found = itertools.chain((data_dir / f for f in self.FOLDERS if (data_dir / f / "train" / "pos").is_dir()),
+                                (data_dir / a for a in self.ARCHIVES if (data_dir / a).is_file()))
         help_text = (f"text: no IMDB reviews under {data_dir} (looked for the folders "
                      f"{', '.join(str(data_dir / f) for f in self.FOLDERS)} with train/pos, train/neg, test/pos, "
                      f"test/neg, and the archives {', '.join(str(data_dir / a) for a in self.ARCHIVES)}). "
                      f"Download {self.URL} (sha256 {self.SHA256}) into {data_dir / 'imdb'}, or pass --data-file, "
                      f"or set --data-dir / SPARSE_ATTN_DATA.")
-        if not self.may_download():
-            raise DataError(help_text + " (Downloads are off.)")
-        return fetch(self.URL, data_dir / "imdb" / "aclImdb_v1.tar.gz", help_text, sha256=self.SHA256)
+        return self.look_up(found, help_text, self.URL, data_dir / "imdb" / "aclImdb_v1.tar.gz", sha256=self.SHA256)
 
     def read(self, source: Path) -> Dict[str, np.ndarray]:
         """All labelled reviews, ordered by (split, label, review id): bytes, offsets, label, split (1 = test)."""

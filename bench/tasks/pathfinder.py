@@ -18,8 +18,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from bench.tasks.data_files import array_problem, cached
-from bench.tasks.lra import LRATask, lra_presets, square_side
+from bench.tasks.data_files import cached
+from bench.tasks.lra import LRATask, images_problem, lra_presets, square_side
 
 
 @dataclass(frozen=True)
@@ -324,9 +324,7 @@ class Pathfinder(LRATask):
     @staticmethod
     def cache_problem(arrays, side: int, sizes: Dict[str, int]) -> Optional[str]:
         """What ``generate`` makes: ``sizes[split]`` images of side × side pixels and their labels per split."""
-        return array_problem(arrays, {**{f"{s}_x": (n, side, side) for s, n in sizes.items()},
-                                      **{f"{s}_y": (n,) for s, n in sizes.items()}},
-                             {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}})
+        return images_problem(arrays, sizes, (side, side))
 
     @staticmethod
     def generate(params, sizes, seed):
