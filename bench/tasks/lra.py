@@ -23,6 +23,7 @@ period and weight decay 0 of the ``lra_config.py`` its code uses. The harness's 
 Files: under ``--data-dir``, or ``--data-file`` (text: an archive or folder; retrieval: the TSV folder), read,
 checked and cached by bench/tasks/data_files.py. Shape legend: B batch, N tokens (seq_len).
 """
+import dataclasses
 import hashlib
 import io
 import itertools
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from bench.config import Preset
-from bench.tasks.base import Task
+from bench.tasks.base import ExampleSetTask
 from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, offline,
                                     ragged_problem, safe_extract, source_key)
 
@@ -69,8 +70,8 @@ class Docs:
 
 
 # ------------------------------------------------------------------------------------------ the task base
-class LRATask(Task):
-    """Fixed splits held in memory; a batch is built from example indices by ``batch``."""
+class LRATask(ExampleSetTask):
+    """Fixed splits of arrays held in memory, read from data files (or generated: pathfinder)."""
     download_allowed = True
     reads_files = True
     data_file: Optional[str] = None
@@ -83,16 +84,6 @@ class LRATask(Task):
         have their own)."""
         x, y = self.splits[split]
         return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
-
-    def train_batch(self, batch_size, generator):
-        idx = torch.randint(self.split_size("train"), (batch_size,), generator=generator).numpy()
-        return self.batch("train", idx)
-
-    def eval_batches(self, split, batch_size, limit):
-        total = self.split_size(split)
-        stop = total if limit is None else min(total, limit * batch_size)
-        for start in range(0, stop, batch_size):
-            yield self.batch(split, np.arange(start, min(stop, start + batch_size)))
 
     def may_download(self) -> bool:
         return self.download_allowed and not offline()
@@ -118,14 +109,13 @@ class LRATask(Task):
 
 def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: int, eval_every: int,
                 eval_batches: int, cpu_batch: int = 32) -> Dict[str, Preset]:
-    """The CPU preset (256 tokens, 800 steps) and the paper preset (Table 7 with the given values)."""
-    cpu = Preset(seq_len=256, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1, attn_dropout=0.0,
-                 steps=800, batch_size=cpu_batch, lr=1e-3, weight_decay=0.01, warmup=80, eval_every=200,
-                 eval_batches=8, final_eval_batches=1024 // cpu_batch)
-    paper = Preset(seq_len=seq_len, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1,
-                   attn_dropout=0.1, steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, warmup=warmup,
-                   eval_every=eval_every, eval_batches=eval_batches, final_eval_batches=1_000_000)
-    return {"cpu": cpu, "paper": paper}
+    """The CPU preset (256 tokens, 800 steps) and the paper preset (Table 7 with the given values), both on
+    Table 7's backbone, bench.model.Backbone's defaults."""
+    cpu = Preset(seq_len=256, steps=800, batch_size=cpu_batch, lr=1e-3, weight_decay=0.01, warmup=80,
+                 eval_every=200, eval_batches=8, final_eval_batches=1024 // cpu_batch)
+    return {"cpu": cpu, "paper": dataclasses.replace(
+        cpu, seq_len=seq_len, attn_dropout=0.1, steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0,
+        warmup=warmup, eval_every=eval_every, eval_batches=eval_batches, final_eval_batches=1_000_000)}
 
 
 def images_problem(arrays, sizes: Dict[str, int], shape: Tuple[int, ...]) -> Optional[str]:
