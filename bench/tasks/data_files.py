@@ -1,18 +1,8 @@
 """The tasks' data files, looked up under ``--data-dir`` ($SPARSE_ATTN_DATA, else ./data): archives read or
 extracted safely, the one downloader, and the caches of decoded data. A missing or corrupt file is a DataError
-saying what was looked for, where, and how to get it (exit 1).
-
-- Downloads (``fetch``) go to a ``.partial`` file, renamed into place once their checksum passed; a failed one
-  is deleted with the folders made for it. ``SPARSE_ATTN_OFFLINE`` turns every download off.
-- Archives are read member by member: absolute names, ``..``, links and device files are refused; a member is
-  read into memory up to ``MAX_MEMBER_BYTES``, extracted up to ``MAX_EXTRACTED_BYTES``, a larger declared size
-  refused before it is read. Extraction goes to a temporary folder moved into place once the whole archive
-  passed, so a refused archive leaves nothing behind.
-- Caches: uncompressed ``.npz`` files keyed by the source's sha256 (archives) or its names, sizes and times
-  (folders), written atomically under $SPARSE_ATTN_CACHE, else <data-dir>/cache if writable, else
-  ~/.cache/sparse-attn. A cache is checked against what its task expects (arrays, shapes, counts): one of
-  another version, cut short or damaged is rebuilt, never trained on; with no writable folder, the data are
-  used without being kept, said in one line.
+saying what was looked for, where, and how to get it (exit 1). ``SPARSE_ATTN_OFFLINE`` turns every download
+off. Caches are uncompressed ``.npz`` files keyed by the source's sha256 (archives) or its names, sizes and
+times (folders).
 """
 import contextlib
 import hashlib

@@ -61,8 +61,7 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 class Image(LRATask):
-    """LRA image classification on CIFAR-10 grayscale. CPU preset: 16x16 (2x2 block means, 256 tokens), batch
-    32, 800 steps. Paper preset (Table 7 "Image"): 1024 pixels, batch 1024, lr 5e-4, 35,000 steps, warm-up 175."""
+    """LRA image classification on CIFAR-10 grayscale; the paper preset is Table 7's "Image" column."""
     URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     MD5 = "c58f30108f718f92721af3b95e74349a"
     PYTHON_FOLDERS = ("cifar10/cifar-10-batches-py", "cifar-10-batches-py")

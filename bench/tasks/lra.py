@@ -20,8 +20,7 @@ period and weight decay 0 of the ``lra_config.py`` its code uses. The harness's 
   147,086 / 18,090 / 17,437 pairs) from the extracted release, or extracts them from ``lra_release.gz`` in the
   data folder. Paper length 4096 per document (Table 7; the SBM code keeps 4000 bytes and pads).
 
-Files: under ``--data-dir``, or ``--data-file`` (text: an archive or folder; retrieval: the TSV folder), read,
-checked and cached by bench/tasks/data_files.py. Shape legend: B batch, N tokens (seq_len).
+Shape legend: B batch, N tokens (seq_len).
 """
 import dataclasses
 import hashlib
@@ -139,8 +138,7 @@ def square_side(seq_len: int, task: str, sides=None) -> int:
 
 # ------------------------------------------------------------------------------------------ text (IMDB)
 class Text(LRATask):
-    """LRA byte-level text classification on IMDB. CPU preset: the first 256 bytes of each review, batch 32,
-    800 steps. Paper preset (Table 7 "Text"): 3072 bytes, batch 128, lr 5e-4, 20,000 steps, warm-up 8000."""
+    """LRA byte-level text classification on IMDB; the paper preset is Table 7's "Text" column."""
     URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
     SHA256 = "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe"
     FOLDERS = ("imdb/aclImdb", "aclImdb")
@@ -221,8 +219,7 @@ class Text(LRATask):
 
 # ------------------------------------------------------------------------------------------ retrieval (AAN)
 class Retrieval(LRATask):
-    """LRA document retrieval (AAN), a dual encoder. CPU preset: 256 bytes per document, batch 16, 800 steps.
-    Paper preset (Table 7 "Retrieval"): 4096 bytes per document, batch 32, lr 1e-4, 30,000 steps, warm-up 800."""
+    """LRA document retrieval (AAN), a dual encoder; the paper preset is Table 7's "Retrieval" column."""
     RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
     README_URL = "https://github.com/google-research/long-range-arena"
     FILES = {"train": "new_aan_pairs.train.tsv", "valid": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
