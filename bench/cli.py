@@ -4,13 +4,7 @@ input as one line. The standard library only at the top: ``--help`` of the light
 One name means one thing everywhere: --seq-len / --lengths, --batch-size, --heads, --head-dim, --methods /
 --method, --tasks / --task, --seeds / --seed, --warmup (learning-rate warm-up steps), --warmup-iters (untimed
 timing iterations), --repeats, --threads, --device, --attn, --path, --alibi / --no-alibi, --out DIR (always a
-folder), --data-dir. ``parse`` is a method file's command line: the task and preset, the run's options, the
-preset's overrides and the fields of the method's settings dataclass, each a flag (its metadata may give
-``flag``, ``help``, ``metavar``, ``type``, ``nargs``, ``choices``; a bool true by default is
-``--name/--no-name``). Bad input is refused while the options parse, before anything is made: an ``--out`` that
-cannot be a folder written to (``out_folder``), sizes out of bounds or whose activations alone would not fit
-in memory (``memory_problem``), a float setting that is not finite. ``one_line_errors()`` ends a run on bad
-data (exit 1), a bad setting (2), divergence (3) or an OS error while writing (1), in one line.
+folder), --data-dir. Bad input is refused while the options parse, before anything is made.
 """
 import argparse
 import contextlib
@@ -26,9 +20,8 @@ LOG_EVERY = 50
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """An option's default shown where it has one — never "(default: None)", "(default: False)" or
-    "(default: [])": the help text says what an absent option means — and descriptions and epilogs (the preset
-    tables) as written."""
+    """An option's default shown where it has one (never "(default: None)": the help says what an absent option
+    means), and descriptions and epilogs (the preset tables) as written."""
 
     def _get_help_string(self, action):
         text = action.help or ""
@@ -40,8 +33,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """``--out`` is always a folder (one vocabulary across the entry points): an ``--out`` added without a type
-    of its own is checked as one (``out_folder``), its default included."""
+    """An ``--out`` added without a type of its own is checked as a folder (``out_folder``), its default too."""
 
     def add_argument(self, *names, **kwargs):
         if "--out" in names and "type" not in kwargs and kwargs.get("action", "store") == "store":
@@ -114,8 +106,7 @@ def boolean(text: str) -> bool:
         raise argparse.ArgumentTypeError(f"must be true or false, got {text}") from None
 
 
-def device_option(text: str) -> str:
-    """auto, cpu, cuda or cuda:N (whether CUDA is there is checked when the run starts)."""
+def device_option(text: str) -> str:  # whether CUDA is there is checked when the run starts
     kind, _, index = text.partition(":")
     if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
         return text
@@ -134,8 +125,7 @@ def positive_ints(text: str) -> List[int]:
 
 
 def out_folder(text: str) -> str:
-    """An argparse type for ``--out DIR``: a folder that exists or can be made, and written
-    (bench.files.folder_problem)."""
+    """``--out DIR``: a folder that exists or can be made, and written (bench.files.folder_problem)."""
     from bench.files import folder_problem
     problem = folder_problem(text)
     if problem:
@@ -180,8 +170,7 @@ def shown(value, joiner: str = ",") -> str:
 
 
 def preset_tables() -> str:
-    """Every task's presets, the values a preset override takes when not given (the --help epilog: it imports
-    every task's module)."""
+    """Every task's presets (the --help epilog: it imports every task's module)."""
     from bench.tasks import TASKS, get_task
     presets = [(name, preset, values) for name in sorted(TASKS)
                for preset, values in get_task(name).presets.items()]
@@ -198,8 +187,7 @@ def preset_tables() -> str:
 
 
 def task_parser(prog: str, description: str, out_help: str) -> argparse.ArgumentParser:
-    """The options of a tool that builds a task's model: task, preset, seed, device, output folder, data, and the
-    preset's overrides (the sizes and recipe of the tables in the epilog)."""
+    """The options of a tool that builds a task's model: task, preset, seed, device, folders, the overrides."""
     from bench.tasks import TASKS
     p = parser(prog, description, epilog=preset_tables, allow_abbrev=False)
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
@@ -262,9 +250,8 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optional[dict] = None):
-    """The RunConfig of parsed arguments: the task's preset with the overrides given, and the run's options. A run
-    folder that cannot be made or written (the default one too), or sizes whose activations alone would not fit
-    in the memory there, are a SetupError."""
+    """The RunConfig of parsed arguments; a run folder that cannot be written (the default one too), or sizes
+    whose activations alone would not fit in memory, are a SetupError."""
     from bench.config import PRESET_FIELDS, RunConfig, SetupError
     from bench.tasks import get_task
     overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
@@ -275,17 +262,14 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
                        settings=settings, **{name: getattr(args, name) for name in options})
     from bench.files import folder_problem
     problem = folder_problem(cfg.folder)
-    if problem:
-        raise SetupError(f"--out {cfg.folder}: {problem}")
-    problem = memory_problem(cfg)
+    problem = f"--out {cfg.folder}: {problem}" if problem else memory_problem(cfg)
     if problem:
         raise SetupError(problem)
     return cfg
 
 
 def available_memory(device: str) -> Tuple[int, str]:
-    """(bytes, where) a run on ``device`` may use: the GPU's memory on CUDA, else the memory Linux reports
-    available (MemAvailable), else the machine's RAM."""
+    """(bytes, where) a run on ``device`` may use: the GPU's, else MemAvailable, else the machine's RAM."""
     import torch
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         try:
@@ -355,8 +339,9 @@ def parse(argv: Optional[List[str]], method: str, prog: str, description: str, s
 
 # ------------------------------------------------------------------------------------------------ settings
 def settings_flags(settings: type):
-    """(field, flag, dest, add_argument's kwargs) for each field of the settings dataclass; a flag not given
-    parses as None (the field's default), so that what was given is known."""
+    """(field, flag, dest, add_argument's kwargs) for each field of the settings dataclass (its metadata may give
+    ``flag``, ``help``, ``metavar``, ``type``, ``nargs``, ``choices``; a bool true by default is
+    ``--name/--no-name``); a flag not given parses as None (the field's default), so that what was given is known."""
     hints = typing.get_type_hints(settings)
     for f in dataclasses.fields(settings):
         meta, default = f.metadata, f.default
@@ -376,7 +361,6 @@ def settings_flags(settings: type):
 
 
 def add_settings(p: argparse.ArgumentParser, settings: type, title: str):
-    """The settings' flags, in a group of their own (returned)."""
     group = p.add_argument_group(title)
     for _, flag, _, kwargs in settings_flags(settings):
         group.add_argument(flag, **kwargs)
@@ -384,8 +368,7 @@ def add_settings(p: argparse.ArgumentParser, settings: type, title: str):
 
 
 def settings_of(args: argparse.Namespace, settings: type):
-    """The settings from parsed arguments, a field not given at its default (ValueError from the dataclass for a
-    bad value)."""
+    """The settings from parsed arguments, a field not given at its default (the dataclass's ValueError)."""
     return settings(**{f.name: getattr(args, dest) for f, _, dest, _ in settings_flags(settings)
                        if getattr(args, dest) is not None})
 
@@ -398,9 +381,8 @@ def plain_type(declared):
 
 @contextlib.contextmanager
 def one_line_errors():
-    """A DataError (missing or corrupt data) ends the process with exit 1, a SetupError (a setting that cannot
-    work) with exit 2, a Diverged run with exit 3, an OS error (a disk full, a file over the size limit, a
-    folder gone read-only while the run writes) with exit 1, each as one line on stderr."""
+    """Bad data (DataError) ends the process with exit 1, a bad setting (SetupError) 2, a Diverged run 3, an OS
+    error while writing (a disk full, a folder gone read-only) 1, each as one line on stderr."""
     from bench.config import Diverged, SetupError
     from bench.files import DataError, os_error_line
     try:

@@ -1,10 +1,5 @@
-"""A run's configuration as data, and the rules that read it.
-
-``RunConfig``: the task's preset (``Preset``: the backbone's sizes and the training recipe) with the command
-line's overrides, where the run lives and how it reports, a baseline's budget (``attn``) or a method's settings
-dataclass (``settings``); ``as_record()`` is the flat dict checkpoints and metrics.json store. The rules: the
-learning-rate schedule (``lr_at``), the seeds of every random draw (``derive_seed``), the device
-(``resolve_device``).
+"""A run's configuration as data (``RunConfig``: a task's ``Preset`` with the command line's overrides and the
+run's options), and the rules that read it: the learning-rate schedule, the seeds of every draw, the device.
 """
 import dataclasses
 import hashlib

@@ -4,16 +4,11 @@ the data live. The standard library only at the top (torch where a checkpoint is
 - A file is written to a temporary file beside it, synced and renamed over it: a reader, or a run killed at any
   instant, sees the old file or the whole new one, never a part.
 - A run folder (``--out``) holds one run: ``checkpoint.pt`` (and ``checkpoint-STEP.pt`` snapshots),
-  ``log.jsonl`` and, once finished, ``metrics.json`` (``"status": "complete"``). A fresh run refuses a folder
-  holding a run's files (exit 2) unless ``--overwrite``; the old files go only once the new run is ready to
-  train (``begin``), metrics.json first, so a refused run changes nothing and a killed one never leaves a
+  ``log.jsonl`` and, once finished, ``metrics.json``. The old files of an ``--overwrite`` go only once the new
+  run is ready to train, metrics.json first, so a refused run changes nothing and a killed one never leaves a
   folder that looks finished beside another run's files. OUT/run.lock names the one process training there.
-- ``--resume`` continues a killed run from checkpoint.pt, trained with this run's settings but for those that
-  only observe (``OBSERVING``); log.jsonl keeps its whole lines up to the checkpoint's step. A run that should
-  differ (a fine-tuning, other settings from a step on) is a fresh one with ``--init-from CHECKPOINT``: that
-  checkpoint's model weights with the run's own settings, optimizer and schedule, recorded in its config.
-- Checkpoints are ``torch.save`` dicts (``torch.load(path, weights_only=True)`` reads one); every member of the
-  archive is read against its CRC-32 before use, so a damaged, truncated or empty one is refused in one line.
+- A run that should differ from a checkpoint's (a fine-tuning, other settings from a step on) is not a
+  ``--resume`` but a fresh one with ``--init-from CHECKPOINT``: its weights with the run's own settings.
 """
 import errno
 import fcntl
@@ -47,7 +42,6 @@ class WriteError(OSError):
 
 
 def os_error_line(exc: OSError) -> str:
-    """An OSError as one line: what failed, on which file."""
     if isinstance(exc, WriteError) or not exc.strerror:
         return str(exc)
     return exc.strerror + (f": {exc.filename}" if exc.filename else "")
@@ -59,9 +53,8 @@ def default_data_dir() -> Path:
 
 
 def folder_problem(path) -> Optional[str]:
-    """What stops ``path`` from being an output folder, or None: a file there or above it, a name or path too
-    long, a folder that cannot be written. A missing folder is probed by making and removing a folder in its
-    nearest existing parent (permissions alone do not tell: root, read-only file systems), so nothing is left."""
+    """What stops ``path`` from being an output folder, or None. A missing folder is probed by making and removing
+    a folder in its nearest existing parent (permissions alone do not tell: root, read-only file systems)."""
     if str(path) == "":  # a str; Path("") is "."
         return "must name a folder (use . for the current one)"
     path = Path(os.path.abspath(path))
@@ -104,8 +97,7 @@ def plain_mode(mode: int) -> int:
 
 def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """``write(file)`` into a temporary file (with the permissions a plain open() gives; mkstemp's are 0600),
-    synced and renamed over ``path``. An OS error (no space, a file over the size limit) is a WriteError naming
-    ``path``; the temporary file is removed, ``path`` untouched."""
+    synced and renamed over ``path``. An OS error is a WriteError naming ``path``, which is left untouched."""
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=Path(path).name + ".", suffix=".tmp")
@@ -133,7 +125,6 @@ def write_json(path: Path, obj) -> None:
 
 
 def finite(obj):
-    """``obj`` with every NaN or infinite float replaced by None."""
     if isinstance(obj, float):
         return obj if obj == obj and abs(obj) != float("inf") else None
     if isinstance(obj, dict):
@@ -144,7 +135,6 @@ def finite(obj):
 
 
 def read_json(path: Path) -> Optional[dict]:
-    """The JSON in ``path``, or None when it is absent or unreadable."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -210,7 +200,6 @@ def record_divergence(cfg, step: int, lr: float, done: Progress) -> None:
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
-    """``torch.save(state)``, written atomically."""
     import torch
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -218,8 +207,8 @@ def save_checkpoint(path: Path, state: dict) -> None:
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
-    """The state saved by ``save_checkpoint``. A file that is empty, not a torch archive, has a member whose bytes
-    fail their CRC-32 (truncated, altered) or cannot be read is refused with a SetupError naming it."""
+    """The state saved by ``save_checkpoint``: every member of the archive is read against its CRC-32 first, so a
+    damaged, truncated or empty one is refused in one line (a SetupError naming it)."""
     import torch
     from bench.config import SetupError
 
@@ -259,8 +248,8 @@ def run_files(out: Path) -> List[Path]:
 
 def open_folder(cfg, context: dict, device) -> Optional[dict]:
     """The run folder checked before anything is read or made: a fresh run refuses a folder holding a run unless
-    --overwrite; with --resume the checkpoint, verified and trained with this run's settings (``context``: the
-    processes, device type and autocast, which change every step's numbers too), is returned, else None."""
+    --overwrite; with --resume the checkpoint, trained with this run's settings but for those that only observe
+    (``OBSERVING``) and in the same ``context`` (processes, device type, autocast), is returned, else None."""
     from bench.config import SetupError
     out = cfg.folder
     if not cfg.resume:
@@ -294,8 +283,7 @@ def parameter_fingerprint(model) -> str:
 
 
 def kept_log(log_file: Path, step: int) -> bytes:
-    """log.jsonl's complete lines with a step ≤ ``step``: what follows the last newline (a line torn by a kill
-    mid-write) and any line that is not a JSON record are dropped."""
+    """log.jsonl's complete JSON lines with a step ≤ ``step`` (a line torn by a kill mid-write is dropped)."""
     if not log_file.is_file():
         return b""
     kept = []

@@ -218,8 +218,7 @@ def train(run: Run, until: Optional[int] = None) -> None:
 
 
 def stop_if_diverged(run: Run, loss: torch.Tensor) -> None:
-    """A loss not finite on some process: the run stops there, its record says so, and the process ends with one
-    line, exit 3."""
+    """A loss not finite on some process: the run stops there, its record says so (exit 3)."""
     finite = torch.isfinite(loss.detach()).to(torch.int32).reshape(1)
     if run.world > 1:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
@@ -323,8 +322,8 @@ def final_record(run: Run) -> Optional[dict]:
 
 
 def finish(run: Run, record: Optional[dict]) -> None:
-    """The first process writes ``record`` to OUT/metrics.json and prints the final line (the record's figures:
-    a method may have replaced the dense evaluation's); the processes end together."""
+    """The first process writes ``record`` to OUT/metrics.json and prints its final line; the processes end
+    together."""
     if run.is_main:
         record["wall_time_s"] = run.progress().wall_time_s
         files.write_json(run.cfg.folder / "metrics.json", record)

@@ -29,7 +29,6 @@ import platform
 import resource
 import statistics
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -125,18 +124,12 @@ EXTRA_FORMULAS.update({aten._softmax: _softmax, aten._log_softmax: _softmax,
                        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward})
 
 
-@contextmanager
-def flop_counter_mode():
-    """FlopCounterMode with this file's extra formulas; ``depth`` deep enough for nested attention modules."""
-    with flop_counter.FlopCounterMode(depth=64, display=False, custom_mapping=EXTRA_FORMULAS) as mode:
-        yield mode
-
-
 def count_flops(fn: Callable[[], object], modules: Optional[Dict[str, nn.Module]] = None,
                 root: Optional[nn.Module] = None) -> Dict[str, int]:
     """Runs fn() once under the counter. Returns {"total": FLOPs} plus, for each named submodule of root
     given in ``modules`` (a {label: module} dict), the FLOPs spent inside it, summed per label."""
-    with flop_counter_mode() as mode:
+    # this file's extra formulas; a depth deep enough for nested attention modules
+    with flop_counter.FlopCounterMode(depth=64, display=False, custom_mapping=EXTRA_FORMULAS) as mode:
         fn()
     result = {"total": int(mode.get_total_flops())}
     if modules:

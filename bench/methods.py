@@ -1,26 +1,6 @@
 """The one registry of attention methods: every entry point (train, grid, run_all, report, scaling, the tests)
-reads it, so adding a method is its file plus one entry here.
-
-    Method("name", "module:Class", script="file.py" or None, causal=..., tasks=..., cost=..., scaling=...)
-
-- ``attention``: the class implementing INTERFACE.md, as ``module:Class``.
-- ``script``: the method file a user runs (``python ssa.py``), whose ``main()`` is the method's training
-  procedure; ``python -m bench.train --method NAME`` hands it the command line. ``None``: a baseline, trained by
-  ``python -m bench.train`` with its constructor's budget as ``--attn key=value`` options.
-- ``causal``: whether the method has a causal form. A method without one (Linformer's and Nyströmformer's
-  projections mix every position) is "n/a" on the causal language-modelling tasks, decided before any process
-  starts.
-- ``tasks``: the only tasks the method runs on (the kernel method is a masked-LM pipeline:
-  Karkhanis et al., "A Kernel based approach…", §4), or ``None`` for every task no method reserves.
-- ``cost``: a quick-grid cell's CPU time relative to full attention's on the same task (64-256 tokens, one
-  thread; the mean over the quick tasks of one measured run: at these lengths every method's fixed costs
-  outweigh full attention's quadratic term, which only long sequences change). The grid estimates its time from
-  it and dispatches the longest cells first, so side-by-side jobs end together.
-- ``scaling``: measured in the attention scaling table (``experiments.scaling``).
-- ``grid_budget``: the constructor options the comparison grid gives the method (``--attn``), where its defaults
-  would not make it sparse at the quick tasks' 64-256 tokens; stated in every record's config.
-
-Standard library only at the top: the grid's ``--help`` imports it.
+reads it, so adding a method is its file plus one entry here. Standard library only at the top: the grid's
+``--help`` imports it.
 """
 import importlib
 import importlib.util
@@ -38,12 +18,23 @@ CORE_ARGUMENTS = ("dim", "heads", "head_dim", "dropout")  # the interface's; any
 @dataclass(frozen=True)
 class Method:
     name: str
-    attention: str
+    attention: str  # the class implementing INTERFACE.md, as "module:Class"
+    # the method file a user runs (python ssa.py), whose main() is the method's training procedure and to which
+    # python -m bench.train --method NAME hands the command line; None: a baseline, its budget as --attn options
     script: Optional[str] = None
+    # whether the method has a causal form: one without (Linformer's and Nyströmformer's projections mix every
+    # position) is "n/a" on the causal language-modelling tasks, decided before any process starts
     causal: bool = True
+    # the only tasks the method runs on (the kernel method is a masked-LM pipeline: Karkhanis et al., §4), or
+    # None for every task no method reserves
     tasks: Optional[FrozenSet[str]] = None
+    # a quick-grid cell's CPU time relative to full attention's on the same task (64-256 tokens, one thread: at
+    # these lengths every method's fixed costs outweigh full attention's quadratic term); the grid estimates its
+    # time from it and dispatches the longest cells first, so side-by-side jobs end together
     cost: float = 1.0
-    scaling: bool = True
+    scaling: bool = True  # measured in the attention scaling table (experiments.scaling)
+    # the --attn options the comparison grid gives the method, where its defaults would not make it sparse at
+    # the quick tasks' 64-256 tokens; stated in every record's config
     grid_budget: Optional[Dict[str, object]] = None
 
     def module(self):

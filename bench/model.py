@@ -1,7 +1,4 @@
-"""The one backbone: a pre-LayerNorm Transformer with a pluggable attention, used by every method.
-
-Block (pre-LN, Xiong et al. 2020): x ← x + Dropout(Attn(LN(x))); x ← x + Dropout(MLP(LN(x))), MLP = Linear →
-GELU → Linear; a final LayerNorm. Heads:
+"""The one backbone: a pre-LayerNorm Transformer (Xiong et al. 2020) with a pluggable attention. Heads:
 - ``cls``: mask-aware mean pooling over valid tokens, then Linear → GELU → Linear (LRA classification);
 - ``token``: a Linear classifier per token (the SBM paper's synthetic duplicates task);
 - ``lm``: causal next-token logits (enwik8 / byte LM); every attention is called with ``causal=True``;
@@ -9,9 +6,8 @@ GELU → Linear; a final LayerNorm. Heads:
   classified (LRA retrieval's dual encoder).
 Positional embeddings are learned and optional (``pos_emb=False`` for an LM whose attention carries ALiBi).
 
-The attention comes from a factory ``make_attention(layer_index) -> nn.Module`` following INTERFACE.md, so a
-method may differ per layer. The forward returns ``(logits, stats)``: ``stats["density"]`` (L, H) and
-``stats["aux_loss"]``, the sum of the layers' auxiliary losses (a method's regulariser) or 0.
+The attention comes from a factory ``make_attention(layer_index) -> nn.Module`` (INTERFACE.md), so a method may
+differ per layer; ``stats["aux_loss"]`` sums the layers' auxiliary losses (a method's regulariser).
 
 Shape legend: B batch, N tokens, C model width, L layers, H heads, V vocabulary / classes.
 """

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -39,20 +40,25 @@ class Task:
 
 
 class ExampleSetTask(Task):
-    """A task whose splits are fixed example tensors (tokens, targets, padding) held in memory."""
+    """A task whose splits are fixed examples held in memory, a batch built from their indices by ``batch``: by
+    default the splits are dicts of example tensors (tokens, targets, padding)."""
     splits: Dict[str, Dict[str, Tensor]]
 
+    def split_size(self, split: str) -> int:
+        return len(self.splits[split]["tokens"])
+
+    def batch(self, split: str, idx: np.ndarray) -> Dict[str, Tensor]:
+        return {key: value[idx] for key, value in self.splits[split].items()}
+
     def train_batch(self, batch_size, generator):
-        train = self.splits["train"]
-        idx = torch.randint(len(train["tokens"]), (batch_size,), generator=generator)
-        return {key: value[idx] for key, value in train.items()}
+        idx = torch.randint(self.split_size("train"), (batch_size,), generator=generator).numpy()
+        return self.batch("train", idx)
 
     def eval_batches(self, split, batch_size, limit):
-        data = self.splits[split]
-        total = len(data["tokens"])
+        total = self.split_size(split)
         stop = total if limit is None else min(total, limit * batch_size)
         for start in range(0, stop, batch_size):
-            yield {key: value[start:start + batch_size] for key, value in data.items()}
+            yield self.batch(split, np.arange(start, min(stop, start + batch_size)))
 
 
 def model_inputs(batch: dict, device: torch.device) -> dict:

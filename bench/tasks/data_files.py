@@ -1,18 +1,8 @@
 """The tasks' data files, looked up under ``--data-dir`` ($SPARSE_ATTN_DATA, else ./data): archives read or
 extracted safely, the one downloader, and the caches of decoded data. A missing or corrupt file is a DataError
-saying what was looked for, where, and how to get it (exit 1).
-
-- Downloads (``fetch``) go to a ``.partial`` file, renamed into place once their checksum passed; a failed one
-  is deleted with the folders made for it. ``SPARSE_ATTN_OFFLINE`` turns every download off.
-- Archives are read member by member: absolute names, ``..``, links and device files are refused; a member is
-  read into memory up to ``MAX_MEMBER_BYTES``, extracted up to ``MAX_EXTRACTED_BYTES``, a larger declared size
-  refused before it is read. Extraction goes to a temporary folder moved into place once the whole archive
-  passed, so a refused archive leaves nothing behind.
-- Caches: uncompressed ``.npz`` files keyed by the source's sha256 (archives) or its names, sizes and times
-  (folders), written atomically under $SPARSE_ATTN_CACHE, else <data-dir>/cache if writable, else
-  ~/.cache/sparse-attn. A cache is checked against what its task expects (arrays, shapes, counts): one of
-  another version, cut short or damaged is rebuilt, never trained on; with no writable folder, the data are
-  used without being kept, said in one line.
+saying what was looked for, where, and how to get it (exit 1). ``SPARSE_ATTN_OFFLINE`` turns every download
+off. Caches are uncompressed ``.npz`` files keyed by the source's sha256 (archives) or its names, sizes and
+times (folders).
 """
 import contextlib
 import hashlib
@@ -36,14 +26,6 @@ MAX_EXTRACTED_BYTES = 16 << 30  # an archive member extracted to disk (LRA's AAN
 
 
 # ------------------------------------------------------------------------------------------ files
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @contextlib.contextmanager
 def created_folders(folder: Path):
     """Creates ``folder`` with its missing parents for the block; if the block fails, removes the ones it
@@ -235,12 +217,6 @@ def cache_folders(data_dir: Path) -> List[Path]:
     return [Path(data_dir) / "cache", Path.home() / ".cache" / "sparse-attn"]
 
 
-def writable_cache_folder(data_dir: Path) -> Optional[Path]:
-    """The first of ``cache_folders`` that exists or can be made, and can be written (probed, nothing made:
-    bench.files.folder_problem), or None."""
-    return next((folder for folder in cache_folders(data_dir) if folder_problem(folder) is None), None)
-
-
 def load_cache(path: Path) -> Optional[Dict[str, "np.ndarray"]]:
     import numpy as np
     if not path.is_file():
@@ -252,17 +228,15 @@ def load_cache(path: Path) -> Optional[Dict[str, "np.ndarray"]]:
         return None  # a damaged cache is rebuilt
 
 
-def save_cache(path: Path, arrays: Dict[str, "np.ndarray"]) -> None:
-    import numpy as np
-    write_atomic_with(path, lambda f: np.savez(f, **arrays))
-
-
 def source_key(path: Path) -> str:
     """sha256 of an archive file; for a folder, of its listing (relative names, sizes, mtimes)."""
     path = Path(path)
-    if path.is_file():
-        return sha256_file(path)
     digest = hashlib.sha256()
+    if path.is_file():
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+        return digest.hexdigest()
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         stat = file.stat()
         digest.update(f"{file.relative_to(path).as_posix()}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
@@ -288,15 +262,17 @@ def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"
         if problem is None:
             return arrays
         print(f"the cache {path} {problem}; it is rebuilt", flush=True)
-    target = writable_cache_folder(data_dir)
+    # the first folder that exists or can be made, and can be written (probed, nothing made)
+    target = next((folder for folder in cache_folders(data_dir) if folder_problem(folder) is None), None)
     arrays = build()
     if target is None:
         print(f"no writable cache folder (tried {', '.join(map(str, cache_folders(data_dir)))}): the decoded data are "
               f"used but not kept; set SPARSE_ATTN_CACHE to a writable folder to keep them", flush=True)
         return arrays
     try:
+        import numpy as np
         target.mkdir(parents=True, exist_ok=True)
-        save_cache(target / f"{name}.npz", arrays)
+        write_atomic_with(target / f"{name}.npz", lambda f: np.savez(f, **arrays))
     except OSError as exc:
         print(f"the cache {target / f'{name}.npz'} could not be written ({exc}); the data are used but not kept",
               flush=True)

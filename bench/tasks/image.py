@@ -19,8 +19,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from bench.tasks.data_files import DataError, array_problem, cached, fetch, iter_archive, source_key
-from bench.tasks.lra import LRATask, fixed_permutation, lra_presets, square_side
+from bench.tasks.data_files import DataError, cached, iter_archive, source_key
+from bench.tasks.lra import LRATask, fixed_permutation, images_problem, lra_presets, square_side
 
 # ------------------------------------------------------------------------------------------ image (CIFAR-10)
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -61,8 +61,7 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 
 class Image(LRATask):
-    """LRA image classification on CIFAR-10 grayscale. CPU preset: 16x16 (2x2 block means, 256 tokens), batch
-    32, 800 steps. Paper preset (Table 7 "Image"): 1024 pixels, batch 1024, lr 5e-4, 35,000 steps, warm-up 175."""
+    """LRA image classification on CIFAR-10 grayscale; the paper preset is Table 7's "Image" column."""
     URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     MD5 = "c58f30108f718f92721af3b95e74349a"
     PYTHON_FOLDERS = ("cifar10/cifar-10-batches-py", "cifar-10-batches-py")
@@ -77,21 +76,14 @@ class Image(LRATask):
                          presets=lra_presets(1024, 1024, 5e-4, 35_000, 175, 175, 5))
 
     def locate(self, data_dir: Path) -> Path:
-        given = self.given_file()
-        if given is not None:
-            return given
         looked = self.PYTHON_FOLDERS + self.PYTHON_ARCHIVES + self.IMAGE_FOLDERS + self.IMAGE_ARCHIVES
-        for name in looked:
-            if (data_dir / name).exists():
-                return data_dir / name
         help_text = (f"image: no CIFAR-10 under {data_dir} (looked for "
                      f"{', '.join(str(data_dir / n) for n in looked)}). "
                      f"Download {self.URL} (md5 {self.MD5}) into {data_dir / 'cifar10'}, or pass --data-file with "
                      f"cifar-10-python.tar.gz or an image-folder tree {{train,test}}/<class>/*.jpg, or set --data-dir "
                      f"/ SPARSE_ATTN_DATA.")
-        if not self.may_download():
-            raise DataError(help_text + " (Downloads are off.)")
-        return fetch(self.URL, data_dir / "cifar10" / "cifar-10-python.tar.gz", help_text, md5=self.MD5)
+        return self.look_up((data_dir / n for n in looked if (data_dir / n).exists()), help_text, self.URL,
+                            data_dir / "cifar10" / "cifar-10-python.tar.gz", md5=self.MD5)
 
     def read(self, source: Path) -> Dict[str, np.ndarray]:
         """Grayscale 32x32 pixels and labels per split: train_x (45000, 1024) uint8, train_y, valid_*, test_*."""
@@ -183,9 +175,7 @@ class Image(LRATask):
     def cache_problem(self, arrays) -> Optional[str]:
         """What ``read`` makes: 32x32 grayscale images and labels, split 45,000 / 5,000 / 10,000."""
         counts = {"train": self.COUNTS["train"] - self.VALID, "valid": self.VALID, "test": self.COUNTS["test"]}
-        return array_problem(arrays, {**{f"{s}_x": (n, 1024) for s, n in counts.items()},
-                                      **{f"{s}_y": (n,) for s, n in counts.items()}},
-                             {**{f"{s}_x": "u" for s in counts}, **{f"{s}_y": "i" for s in counts}})
+        return images_problem(arrays, counts, (1024,))
 
     def _check_counts(self, source, train, test):
         if (train, test) != (self.COUNTS["train"], self.COUNTS["test"]):

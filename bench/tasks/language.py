@@ -79,11 +79,8 @@ class ByteLM(Task):
 
 
 class Enwik8(ByteLM):
-    """The first 10⁸ bytes of enwik8, split 90/5/5 (90M/5M/5M). Read from ``--data-file`` (enwik8.zip or the
-    unzipped file), else from the data folder (DATA/enwik8/enwik8, DATA/enwik8/enwik8.zip or DATA/enwik8.zip,
-    in that order), else the zip is downloaded to DATA/enwik8/enwik8.zip. Whichever is read, the bytes are
-    checked against the sha256 of the unzipped file (a zip is checked by its content, which is what the split
-    is made of)."""
+    """enwik8, from --data-file, else the data folder (in ``candidates``' order), else downloaded; whichever is
+    read, the bytes are checked against the sha256 of the unzipped file (what the split is made of)."""
     URL = "http://mattmahoney.net/dc/enwik8.zip"
     SHA256 = "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8"
     MEMBER = "enwik8"  # the zip holds this one file
@@ -178,10 +175,8 @@ def read_enwik8(path: Path, member: str) -> np.ndarray:
 
 
 class LocalBytes(ByteLM):
-    """`bytes`: a byte-level LM on local text. Read from --data-file (any file, split 90/5/5), else WikiText-2 under
-    the data folder: ``wikitext-2/`` holding train/valid/test.txt or the release's wiki.{train,valid,test}.tokens
-    (only valid and test: valid split 95/5 into train and valid), else the release archive wikitext-2-v1.zip
-    there, else that archive downloaded from its author's mirror (md5-checked)."""
+    """`bytes`: --data-file (split 90/5/5), else WikiText-2 under the data folder (a folder of splits, or the
+    release's archive), else that archive downloaded from its author's mirror (md5-checked)."""
     WIKITEXT_URL = "https://wikitext.smerity.com/wikitext-2-v1.zip"  # the original S3 address answers 403
     WIKITEXT_MD5 = "542ccefacc6c27f945fb54453812b3cd"
     SPLITS = ("train", "valid", "test")

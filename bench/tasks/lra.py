@@ -20,20 +20,21 @@ period and weight decay 0 of the ``lra_config.py`` its code uses. The harness's 
   147,086 / 18,090 / 17,437 pairs) from the extracted release, or extracts them from ``lra_release.gz`` in the
   data folder. Paper length 4096 per document (Table 7; the SBM code keeps 4000 bytes and pads).
 
-Files: under ``--data-dir``, or ``--data-file`` (text: an archive or folder; retrieval: the TSV folder), read,
-checked and cached by bench/tasks/data_files.py. Shape legend: B batch, N tokens (seq_len).
+Shape legend: B batch, N tokens (seq_len).
 """
+import dataclasses
 import hashlib
 import io
+import itertools
 import math
 from pathlib import Path, PurePosixPath
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from bench.config import Preset
-from bench.tasks.base import Task
+from bench.tasks.base import ExampleSetTask
 from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, offline,
                                     ragged_problem, safe_extract, source_key)
 
@@ -68,8 +69,8 @@ class Docs:
 
 
 # ------------------------------------------------------------------------------------------ the task base
-class LRATask(Task):
-    """Fixed splits held in memory; a batch is built from example indices by ``batch``."""
+class LRATask(ExampleSetTask):
+    """Fixed splits of arrays held in memory, read from data files (or generated: pathfinder)."""
     download_allowed = True
     reads_files = True
     data_file: Optional[str] = None
@@ -83,16 +84,6 @@ class LRATask(Task):
         x, y = self.splits[split]
         return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
 
-    def train_batch(self, batch_size, generator):
-        idx = torch.randint(self.split_size("train"), (batch_size,), generator=generator).numpy()
-        return self.batch("train", idx)
-
-    def eval_batches(self, split, batch_size, limit):
-        total = self.split_size(split)
-        stop = total if limit is None else min(total, limit * batch_size)
-        for start in range(0, stop, batch_size):
-            yield self.batch(split, np.arange(start, min(stop, start + batch_size)))
-
     def may_download(self) -> bool:
         return self.download_allowed and not offline()
 
@@ -105,17 +96,32 @@ class LRATask(Task):
             raise DataError(f"{self.name}: nothing at {path} (given by --data-file)")
         return path
 
+    def look_up(self, found: Iterator[Path], help_text: str, url: str, target: Path, **checksum) -> Path:
+        """--data-file, else the first of ``found``, else ``url`` fetched to ``target`` and checked."""
+        path = self.given_file() or next(found, None)
+        if path is not None:
+            return path
+        if not self.may_download():
+            raise DataError(help_text + " (Downloads are off.)")
+        return fetch(url, target, help_text, **checksum)
+
 
 def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: int, eval_every: int,
                 eval_batches: int, cpu_batch: int = 32) -> Dict[str, Preset]:
-    """The CPU preset (256 tokens, 800 steps) and the paper preset (Table 7 with the given values)."""
-    cpu = Preset(seq_len=256, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1, attn_dropout=0.0,
-                 steps=800, batch_size=cpu_batch, lr=1e-3, weight_decay=0.01, warmup=80, eval_every=200,
-                 eval_batches=8, final_eval_batches=1024 // cpu_batch)
-    paper = Preset(seq_len=seq_len, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1,
-                   attn_dropout=0.1, steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0, warmup=warmup,
-                   eval_every=eval_every, eval_batches=eval_batches, final_eval_batches=1_000_000)
-    return {"cpu": cpu, "paper": paper}
+    """The CPU preset (256 tokens, 800 steps) and the paper preset (Table 7 with the given values), both on
+    Table 7's backbone, bench.model.Backbone's defaults."""
+    cpu = Preset(seq_len=256, steps=800, batch_size=cpu_batch, lr=1e-3, weight_decay=0.01, warmup=80,
+                 eval_every=200, eval_batches=8, final_eval_batches=1024 // cpu_batch)
+    return {"cpu": cpu, "paper": dataclasses.replace(
+        cpu, seq_len=seq_len, attn_dropout=0.1, steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0,
+        warmup=warmup, eval_every=eval_every, eval_batches=eval_batches, final_eval_batches=1_000_000)}
+
+
+def images_problem(arrays, sizes: Dict[str, int], shape: Tuple[int, ...]) -> Optional[str]:
+    """What is wrong with cached images, ``sizes[split]`` of ``shape`` uint8 pixels and labels per split, or None."""
+    return array_problem(arrays, {**{f"{s}_x": (n, *shape) for s, n in sizes.items()},
+                                  **{f"{s}_y": (n,) for s, n in sizes.items()}},
+                         {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}})
 
 
 def fixed_permutation(n: int, salt: int = 0) -> np.ndarray:
@@ -132,8 +138,7 @@ def square_side(seq_len: int, task: str, sides=None) -> int:
 
 # ------------------------------------------------------------------------------------------ text (IMDB)
 class Text(LRATask):
-    """LRA byte-level text classification on IMDB. CPU preset: the first 256 bytes of each review, batch 32,
-    800 steps. Paper preset (Table 7 "Text"): 3072 bytes, batch 128, lr 5e-4, 20,000 steps, warm-up 8000."""
+    """LRA byte-level text classification on IMDB; the paper preset is Table 7's "Text" column."""
     URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
     SHA256 = "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe"
     FOLDERS = ("imdb/aclImdb", "aclImdb")
@@ -146,23 +151,14 @@ class Text(LRATask):
                          presets=lra_presets(3072, 128, 5e-4, 20_000, 8000, 500, 20))
 
     def locate(self, data_dir: Path) -> Path:
-        given = self.given_file()
-        if given is not None:
-            return given
-        for name in self.FOLDERS:
-            if (data_dir / name / "train" / "pos").is_dir():
-                return data_dir / name
-        for name in self.ARCHIVES:
-            if (data_dir / name).is_file():
-                return data_dir / name
+        found = itertools.chain((data_dir / f for f in self.FOLDERS if (data_dir / f / "train" / "pos").is_dir()),
+                                (data_dir / a for a in self.ARCHIVES if (data_dir / a).is_file()))
         help_text = (f"text: no IMDB reviews under {data_dir} (looked for the folders "
                      f"{', '.join(str(data_dir / f) for f in self.FOLDERS)} with train/pos, train/neg, test/pos, "
                      f"test/neg, and the archives {', '.join(str(data_dir / a) for a in self.ARCHIVES)}). "
                      f"Download {self.URL} (sha256 {self.SHA256}) into {data_dir / 'imdb'}, or pass --data-file, "
                      f"or set --data-dir / SPARSE_ATTN_DATA.")
-        if not self.may_download():
-            raise DataError(help_text + " (Downloads are off.)")
-        return fetch(self.URL, data_dir / "imdb" / "aclImdb_v1.tar.gz", help_text, sha256=self.SHA256)
+        return self.look_up(found, help_text, self.URL, data_dir / "imdb" / "aclImdb_v1.tar.gz", sha256=self.SHA256)
 
     def read(self, source: Path) -> Dict[str, np.ndarray]:
         """All labelled reviews, ordered by (split, label, review id): bytes, offsets, label, split (1 = test)."""
@@ -223,8 +219,7 @@ class Text(LRATask):
 
 # ------------------------------------------------------------------------------------------ retrieval (AAN)
 class Retrieval(LRATask):
-    """LRA document retrieval (AAN), a dual encoder. CPU preset: 256 bytes per document, batch 16, 800 steps.
-    Paper preset (Table 7 "Retrieval"): 4096 bytes per document, batch 32, lr 1e-4, 30,000 steps, warm-up 800."""
+    """LRA document retrieval (AAN), a dual encoder; the paper preset is Table 7's "Retrieval" column."""
     RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
     README_URL = "https://github.com/google-research/long-range-arena"
     FILES = {"train": "new_aan_pairs.train.tsv", "valid": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}

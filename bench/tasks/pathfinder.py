@@ -18,8 +18,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from bench.tasks.data_files import array_problem, cached
-from bench.tasks.lra import LRATask, lra_presets, square_side
+from bench.tasks.data_files import cached
+from bench.tasks.lra import LRATask, images_problem, lra_presets, square_side
 
 
 @dataclass(frozen=True)
@@ -292,9 +292,7 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
 
 # ------------------------------------------------------------------------------------------ the task
 class Pathfinder(LRATask):
-    """LRA Pathfinder from our generator. CPU preset: 16x16 images (256 tokens), 12,000 training images,
-    batch 32, 800 steps. Paper preset (Table 7 "Pathfinder"): 32x32 (1024 tokens), 160,000 training images,
-    batch 1024, lr 5e-4, 62,400 steps, warm-up 312."""
+    """LRA Pathfinder from our generator; the paper preset is Table 7's "Pathfinder" column."""
     GENERATOR_VERSION = 1  # bump when the generator changes: old caches are then ignored
     reads_files = False  # generated
 
@@ -324,9 +322,7 @@ class Pathfinder(LRATask):
     @staticmethod
     def cache_problem(arrays, side: int, sizes: Dict[str, int]) -> Optional[str]:
         """What ``generate`` makes: ``sizes[split]`` images of side × side pixels and their labels per split."""
-        return array_problem(arrays, {**{f"{s}_x": (n, side, side) for s, n in sizes.items()},
-                                      **{f"{s}_y": (n,) for s, n in sizes.items()}},
-                             {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}})
+        return images_problem(arrays, sizes, (side, side))
 
     @staticmethod
     def generate(params, sizes, seed):

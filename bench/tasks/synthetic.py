@@ -10,6 +10,7 @@
   when min_len < length < max_len, deduplicated). Tokens as in the PyTorch ports: the brackets' "(" ")"
   dropped, "]" a token of its own. Ten classes.
 """
+import dataclasses
 import random
 from typing import Dict, List
 
@@ -140,14 +141,14 @@ def listops_tokens(tree) -> List[str]:
 class ListOps(ExampleSetTask):
     def __init__(self):
         # CPU preset: LRA's rules at lengths 50-200 (max depth 5, LRA's 10 arguments); paper preset: 500-2000.
-        cpu = Preset(seq_len=200, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1, steps=1500,
-                     batch_size=32, lr=1e-3, weight_decay=0.01, warmup=150, eval_every=250, eval_batches=8,
-                     final_eval_batches=63)
+        # Both on the backbone of the paper's: bench.model.Backbone's defaults.
+        cpu = Preset(seq_len=200, steps=1500, batch_size=32, lr=1e-3, weight_decay=0.01, warmup=150,
+                     eval_every=250, eval_batches=8, final_eval_batches=63)
         # Paper preset: SBM paper Table 7 (LISTOPS column: 2 layers, 2 heads, width 64, FFN 128, head dim 32,
         # length 2048, dropout and attention dropout 0.1, batch 128, lr 5e-4, 5000 steps); warm-up as LRA's.
-        paper = Preset(seq_len=2048, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.1,
-                       attn_dropout=0.1, steps=5000, batch_size=128, lr=5e-4, weight_decay=0.0, warmup=1000,
-                       eval_every=500, eval_batches=16, final_eval_batches=16)
+        paper = dataclasses.replace(cpu, seq_len=2048, attn_dropout=0.1, steps=5000, batch_size=128,
+                                    lr=5e-4, weight_decay=0.0, warmup=1000, eval_every=500,
+                                    eval_batches=16, final_eval_batches=16)
         super().__init__("listops", "cls", vocab_size=len(LISTOPS_VOCAB), num_classes=10, metric="accuracy",
                          presets={"cpu": cpu, "paper": paper})
         self.sizes = {"train": 20000, "valid": 2000, "test": 2000}
