@@ -83,7 +83,6 @@ def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one attention module and measures it."""
     import torch
 
-    from bench import measure
     from bench.methods import attention_options, get
     torch.manual_seed(0)
     device = torch.device(cell["device"])
@@ -117,20 +116,29 @@ def measure_cell(cell: dict) -> dict:
     small = x[:, :min(64, cell["n"])].detach().requires_grad_()
     module(small, causal=cell["causal"], generator=generator)[0].sum().backward()
     module.zero_grad(set_to_none=True)
+    result = costs(forward, forward_backward, device, cell["warmup"], cell["repeats"])
+    _, stats = forward()
+    result["density"] = stats["density"].float().mean().item()
+    return result
+
+
+def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
+    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline (CPU: peak
+    RSS; CUDA: max_memory_allocated), forward and forward+backward medians after warm-up (ms), the tensors' own
+    peak, forward FLOPs (bench.measure conventions)."""
+    import torch
+
+    from bench import measure
     measure.synchronize(device)
     meter = measure.PeakRSS() if device.type == "cpu" else None
     base_cuda = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     measure.reset_peak_memory(device)
     forward_backward()
-    peak = measure.peak_memory_bytes(device, meter) - base_cuda
-    result = {"peak_bytes": peak,
-              "fwd_ms": measure.time_fn(forward, device, cell["warmup"], cell["repeats"]),
-              "fwdbwd_ms": measure.time_fn(forward_backward, device, cell["warmup"], cell["repeats"])}
-    result["tensor_peak_bytes"] = measure.tensor_peak_bytes(forward_backward, device)
-    result["flops"] = measure.count_flops(forward)["total"]
-    _, stats = forward()
-    result["density"] = stats["density"].float().mean().item()
-    return result
+    return {"peak_bytes": measure.peak_memory_bytes(device, meter) - base_cuda,
+            "fwd_ms": measure.time_fn(forward, device, warmup, repeats),
+            "fwdbwd_ms": measure.time_fn(forward_backward, device, warmup, repeats),
+            "tensor_peak_bytes": measure.tensor_peak_bytes(forward_backward, device),
+            "flops": measure.count_flops(forward)["total"]}
 
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
@@ -242,8 +250,6 @@ def main(argv=None) -> int:
             if name not in available():
                 raise ValueError(f"unknown method {method!r}; available: {sorted(available())}")
             attention_options(name, texts)  # an unknown key or a value of the wrong type fails here, not in a cell
-        if min(args.batch_size, args.heads, args.head_dim, args.repeats) < 1 or args.warmup_iters < 0:
-            raise ValueError("--batch-size, --heads, --head-dim and --repeats must be positive, --warmup-iters >= 0")
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
     import torch
@@ -273,10 +279,20 @@ def main(argv=None) -> int:
         path = cli.out_file(args.out, "scaling.json")
         write_json(path, result)
     print(f"wrote {path}", file=sys.stderr, flush=True)
+    return exit_code(rows)
+
+
+def exit_code(rows: list) -> int:
+    """1 when a cell failed, said on stderr; else 0."""
     failed = sum("error" in row for row in rows)
     if failed:
         print(f"error: {failed} of {len(rows)} cells failed (their rows say why)", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def load_average() -> float:
+    """The machine's load over the last minute (NaN where the OS does not say), for a table's conditions."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def render(result: dict) -> str:
