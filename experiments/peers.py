@@ -16,11 +16,10 @@ Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training
   (nb_features=256, which keeps its features unless a PerformerLM redraws them);
 - linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
 
-Per repetition every side of every pair is timed once (bench.measure.interleaved), the order reversed every
-other repetition, so a change of machine load falls on both sides alike; reported are the medians and their
-ratio, and the spread of the per-repetition ratios (quartiles). The glibc setting of experiments.scaling
-(MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the
-header says whether it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
+Every side of every pair is timed once a repetition (bench.measure.interleaved, the order reversed every
+other one), so a change of load falls on both sides alike: the medians, their ratio and the quartiles of the
+per-repetition ratios. experiments.scaling's glibc setting should be in the environment; the header says
+whether it is. The table is printed and written to OUT/peers.md.
 """
 import importlib.util
 import os

@@ -5,16 +5,11 @@
     python -m experiments.scaling --methods ... --out results/scaling                   # the published table
 
 A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
-option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is
-SBM-Transformer at density D, as a trained model samples (its membership logits shifted by one constant,
-sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%; both on the fast path (the
-cost linear in edges the method claims) unless ``--attn sbm.path=reference``. The table
-is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
-cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
-first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
-then forward time (no autograd) and forward+backward time as medians after warm-up, then forward FLOPs
-(bench.measure conventions) and density. Ratios are to ``full`` without options. A small forward+backward
-precedes the memory measurement, so one-time lazy allocations (thread pools, kernels) are not counted.
+option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D``
+is SBM-Transformer at density D, as a trained model samples (sbm_transformer.at_density), where ``sbm`` is an
+untrained one at its initial ~25%; both on the fast path (the cost linear in edges the method claims) unless
+``--attn sbm.path=reference``. Each (method, length) cell runs in a fresh process, so its peak memory is its
+own (measured as ``costs`` says); ratios are to ``full`` without options. The table goes to OUT/scaling.json.
 
 The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every op): by default
 every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 (``--allocator keep``), and the
