@@ -1,25 +1,28 @@
 """Benchmark: fastRG sampling time against the number of edges drawn, beside a naive dense Bernoulli draw.
 
 For n = m in --lengths, K = 128 clusters and densities in --densities: X, Y (n × K) uniform(0, 1)
-(overlapping clusters, like SBM-Transformer's sigmoid memberships), S (K × K) uniform, scaled so that
-Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
-- fastRG: `fastrg.sample(X, S, Y, generator=g, dedup=True, csr=True)`, the form a sparse attention consumes;
-- naive: P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path), P included. Its
-  cost does not depend on the density: timed once per n, in row blocks of at most 2^24 entries.
+(overlapping clusters, like SBM-Transformer's sigmoid memberships), S (K × K) uniform, scaled so
+that Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
+- fastRG: `fastrg.sample(X, S, Y, generator=g, dedup=True, csr=True)`, the form a sparse attention
+  consumes;
+- naive: P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path), P
+  included. Its cost does not depend on the density: timed once per n, in row blocks of at most 2^24
+  entries.
 Time (wall clock, or with --clock cpu the process's CPU time, for a shared machine): the median of
---repeats calls after warm-up, the cells of one n interleaved call by call so that load falls on all alike.
-Per n, two calls give what a draw pays before its edges (Rohe et al. 2018: O((n + m)K + E)): "fixed", one
-expected edge (the checks and column sums, O((n + m)K), and the K² Poisson counts), timed in a second such
-call, as the first pays for the cache the naive draw's n·m buffers leave cold; "tables", 8K expected edges,
-so that all (n + m)K CDF entries are built. The log-log slope of time against edges is fitted over the
-cells with E ≥ 1e5, for the whole time and for the time above the fixed cost and above the tables.
-With --igraph (python-igraph, not a requirement of this repository), `igraph.Graph.SBM` (directed,
-self-loops, a Bernoulli draw per pair like fastRG's dedup) is timed in the same rounds: K blocks of n/K
-nodes, preference matrix S/mean(S) times the density: the same edge counts, not the same law (hard
-clusters, not mixed memberships).
---allocator keep (the default) tells glibc to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD =
-2^31 − 1), so that large buffers are not page-faulted back on every call. The table is printed, and written
-with its settings to OUT/fastrg_bench.json. A second thread's cost: results/notes/thread_cost.md.
+--repeats calls after warm-up, the cells of one n interleaved call by call so that load falls on all
+alike. Per n, two calls give what a draw pays before its edges (Rohe et al. 2018: O((n + m)K + E)):
+"fixed", one expected edge (the checks and column sums, O((n + m)K), and the K² Poisson counts),
+timed in a second such call, as the first pays for the cache the naive draw's n·m buffers leave
+cold; "tables", 8K expected edges, so that all (n + m)K CDF entries are built. The log-log slope of
+time against edges is fitted over the cells with E ≥ 1e5, for the whole time and for the time above
+the fixed cost and above the tables. With --igraph (python-igraph, not a requirement of this
+repository), `igraph.Graph.SBM` (directed, self-loops, a Bernoulli draw per pair like fastRG's
+dedup) is timed in the same rounds: K blocks of n/K nodes, preference matrix S/mean(S) times the
+density: the same edge counts, not the same law (hard clusters, not mixed memberships). --allocator
+keep (the default) tells glibc to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2^31
+− 1), so that large buffers are not page-faulted back on every call. The table is printed, and
+written with its settings to OUT/fastrg_bench.json. A second thread's cost:
+results/notes/thread_cost.md.
 
     python -m experiments.fastrg_bench
     python -m experiments.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
@@ -104,7 +107,8 @@ def densities(text: str) -> list:
 
 def main(argv=None) -> int:
     ap = cli.parser("python -m experiments.fastrg_bench",
-                    "fastRG sampling time vs edges, beside a naive dense Bernoulli draw.", allow_abbrev=False)
+                    "fastRG sampling time vs edges, beside a naive dense Bernoulli draw.",
+                    allow_abbrev=False)
     ap.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192,16384",
                     help="comma-separated n = m values")
     ap.add_argument("--densities", type=densities, default="0.001,0.01,0.1",
@@ -207,8 +211,9 @@ def main(argv=None) -> int:
             "ns_per_edge_above_fixed", "tables_ms"] + (["igraph_ms", "igraph_fixed_ms", "fastrg_over_igraph"]
                                                        if args.igraph else [])
     settings = {k: v for k, v in vars(args).items() if k != "out"}  # where it was written is no setting
-    write_json(path, {"settings": {**settings, "device": str(device), "threads": torch.get_num_threads(),
-                                   "allocator": allocator, "load_average": [load, end_load]},
+    write_json(path, {"settings": {**settings, "device": str(device),
+                                   "threads": torch.get_num_threads(), "allocator": allocator,
+                                   "load_average": [load, end_load]},
                       "rows": [dict(zip(keys, row)) for row in rows], "slope": slope,
                       "slope_above_fixed": slope_above, "slope_above_tables": slope_tables})
     print(f"wrote {path}", file=sys.stderr)

@@ -5,17 +5,19 @@
     python -m experiments.grid --budget full            # paper presets, 3 seeds (a GPU job)
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets (BUDGETS): ``quick`` trains each task at the settings of QUICK, calibrated so that full attention
-clearly learns every task shown within the whole ./run_all.sh's time on a 2-core CPU (30 minutes; 39 with
-the fixed-sparse baselines and the step-time tables, on a fresh clone); QUICK_LEFT_OUT says where a task
-that cannot be learned in that time is measured instead. ``smoke`` runs a few steps of every cell at tiny
-shapes; ``full`` the paper presets. Every cell of a task uses the same backbone and recipe.
+Budgets (BUDGETS): ``quick`` trains each task at the settings of QUICK, calibrated so that full
+attention clearly learns every task shown within the whole ./run_all.sh's time on a 2-core CPU (30
+minutes; 39 with the fixed-sparse baselines and the step-time tables, on a fresh clone);
+QUICK_LEFT_OUT says where a task that cannot be learned in that time is measured instead. ``smoke``
+runs a few steps of every cell at tiny shapes; ``full`` the paper presets. Every cell of a task uses
+the same backbone and recipe.
 
 The kernel method is a masked-LM pipeline (Karkhanis, Roberts, Krishnan, "A Kernel based approach to
-Learning Sparse Attention in Transformers", a CMU report without arXiv id, §4) and runs on ``wikitext2``
-only, where no other method runs (bench/methods.py). Resumable within its folder (OUT/grid.lock names the
-one grid it holds): a complete cell of the planned command is kept, one left with a checkpoint resumed,
-one of another budget redone. Stopping the grid (SIGTERM, SIGINT, or SIGKILL on Linux) stops its cells.
+Learning Sparse Attention in Transformers", a CMU report without arXiv id, §4) and runs on
+``wikitext2`` only, where no other method runs (bench/methods.py). Resumable within its folder
+(OUT/grid.lock names the one grid it holds): a complete cell of the planned command is kept, one
+left with a checkpoint resumed, one of another budget redone. Stopping the grid (SIGTERM, SIGINT, or
+SIGKILL on Linux) stops its cells.
 """
 import argparse
 import ctypes

@@ -7,13 +7,15 @@ densities, beside full attention (fused SDPA and the explicit reference), in one
 
 Cells, each in a fresh process as experiments.scaling's (batch 1, 2 heads, head dim 32, non-causal,
 training mode):
-- ``full``, ``full-ref``: experiments.scaling's cells of baselines/full.py (fused SDPA; materialised scores).
-- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, as
-  the sampler gives it (block-diagonal CSR), from q, k, v and per-edge p that require grad; the graph's
-  structures (Edges; in the backward the key-major copy) are built inside the timed region.
+- ``full``, ``full-ref``: experiments.scaling's cells of baselines/full.py (fused SDPA; materialised
+  scores).
+- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head,
+  as the sampler gives it (block-diagonal CSR), from q, k, v and per-edge p that require grad; the
+  graph's structures (Edges; in the backward the key-major copy) are built inside the timed region.
 - ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted by one
   constant, calibrated with fastrg.expected_edges so that the expected density, δ included, is d.
-- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d only.
+- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d
+  only.
 Per cell: scaling.costs's measurements and the density drawn; with --rounds, every cell once a round
 and the medians. Then per n: the densities where SBM's time meets fused SDPA's and its memory the
 reference path's, from a least-squares line through the measured densities (cost is linear in the
@@ -308,8 +310,10 @@ def main(argv=None) -> int:
     cells = []
     for n in args.lengths:
         named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
-        named += [(f"{kind}@{d:g}", kind, d) for kind in kinds if kind in ("core", "sbm") for d in densities]
-        named += [(f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0])] if "sbm-dense" in kinds else []
+        named += [(f"{kind}@{d:g}", kind, d)
+                  for kind in kinds if kind in ("core", "sbm") for d in densities]
+        if "sbm-dense" in kinds:
+            named.append((f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0]))
         cells += [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
                              "method": kind if d is None else None}) for name, kind, d in named]
     measured = [[] for _ in cells]
@@ -352,7 +356,8 @@ def main(argv=None) -> int:
         print(parts_table(rows, profiled))
     path = cli.out_file(args.out, "sbm_scaling.json")
     write_json(path, {"device": where, "allocator": allocator, "load_average": [load, end_load],
-                      "args": {**vars(args), "lengths": ",".join(map(str, args.lengths))}, "rows": rows})
+                      "args": {**vars(args), "lengths": ",".join(map(str, args.lengths))},
+                      "rows": rows})
     print(f"wrote {path}", file=sys.stderr, flush=True)
     return scaling.exit_code(rows)
 

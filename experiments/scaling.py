@@ -4,16 +4,18 @@
     python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
     python -m experiments.scaling --methods ... --out results/scaling                   # the published table
 
-A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
-option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D``
-is SBM-Transformer at density D, as a trained model samples (sbm_transformer.at_density), where ``sbm`` is an
-untrained one at its initial ~25%; both on the fast path (the cost linear in edges the method claims) unless
-``--attn sbm.path=reference``. Each (method, length) cell runs in a fresh process, so its peak memory is its
-own (measured as ``costs`` says); ratios are to ``full`` without options. The table goes to OUT/scaling.json.
+A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a
+constructor option of one of them. ``full-ref`` is full attention on its reference path
+(materialised scores); ``sbm@D`` is SBM-Transformer at density D, as a trained model samples
+(sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%; both on the
+fast path (the cost linear in edges the method claims) unless ``--attn sbm.path=reference``. Each
+(method, length) cell runs in a fresh process, so its peak memory is its own (measured as ``costs``
+says); ratios are to ``full`` without options. The table goes to OUT/scaling.json.
 
-The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every op): by default
-every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 (``--allocator keep``), and the
-setting is printed with the table; ``--allocator default`` uses glibc's defaults. Never mix the two in a table.
+The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every
+op): by default every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736
+(``--allocator keep``), and the setting is printed with the table; ``--allocator default`` uses
+glibc's defaults. Never mix the two in a table.
 """
 import argparse
 import inspect
@@ -118,9 +120,9 @@ def measure_cell(cell: dict) -> dict:
 
 
 def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
-    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline (CPU: peak
-    RSS; CUDA: max_memory_allocated), forward and forward+backward medians after warm-up (ms), the tensors' own
-    peak, forward FLOPs (bench.measure conventions)."""
+    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline
+    (CPU: peak RSS; CUDA: max_memory_allocated), forward and forward+backward medians after warm-up
+    (ms), the tensors' own peak, forward FLOPs (bench.measure conventions)."""
     import torch
 
     from bench import measure
@@ -286,7 +288,7 @@ def exit_code(rows: list) -> int:
 
 
 def load_average() -> float:
-    """The machine's load over the last minute (NaN where the OS does not say), for a table's conditions."""
+    """The machine's load over the last minute (NaN where the OS does not say)."""
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
