@@ -2,33 +2,32 @@
 
     python -m experiments.approx_error [--seq-len 1024] [--head-dim 32] [--heads 4] [--draws 4] [--seed 0]
 
-Prints one table and writes it to OUT/approx_error.md (``--out``, a folder; default runs/approx_error): the relative error ‖approx − exact‖_F / ‖exact‖_F, mean ± std over draws, for each method
-and budget at two temperatures. Inputs: per head, q and k entries
-N(0, σ²), v entries N(0, 1), so the exact scores qᵀk/√D have standard deviation σ²; σ = 0.58 (flat attention)
-and σ = 1 (peaked). Uniform attention (every query outputs the mean of V) is the reference row: a method is
-informative only below it.
+One table, also written to OUT/approx_error.md: ‖approx − exact‖_F / ‖exact‖_F, mean ± std over
+draws, for each method and budget at two temperatures. Inputs: per head, q and k entries N(0, σ²), v
+entries N(0, 1), so the exact scores qᵀk/√D have standard deviation σ²; σ = 0.58 (flat attention)
+and σ = 1 (peaked). Uniform attention (every query outputs the mean of V) is the reference row: a
+method is informative only below it.
 
-Only the attention approximation is measured: every method runs through its ordinary forward on the same
-per-head (Q, K, V), with its query/key/value and output projections set to the identity
-(``identity_projections``), and its own randomness drawn fresh for every draw from one seeded generator:
+Only the attention approximation is measured: every method runs through its ordinary forward on the
+same per-head (Q, K, V), with its query/key/value and output projections set to the identity
+(``identity_projections``), and its own randomness drawn fresh for every draw from one seeded
+generator:
 - performer: FAVOR+ with new orthogonal random features (``PerformerAttention.redraw_features``);
-- linformer: E, F are *learned* in a model. Untrained, we use random Gaussian E, F with i.i.d. N(0, 1/k)
-  entries (the Johnson-Lindenstrauss construction behind the paper's Theorem 2, without its δ scalings), so
-  this row shows what a random length projection gives, not what a trained Linformer reaches. Its output
-  is a mix of rows of F·V, not of V, with norms √(N/k) times those of V, so its error stays far above 1.
-  A second row uses the mean-pooling projection the paper lists among its "general projections" (§4; row r
-  of E = F averages the r-th of k equal segments): attention over segment means, an untrained counterpart
-  whose output does stay a mix of values;
+- linformer: E, F are *learned* in a model. Untrained, we use random Gaussian E, F with i.i.d. N(0,
+  1/k) entries (the Johnson-Lindenstrauss construction behind the paper's Theorem 2, without its δ
+  scalings), so this row shows what a random length projection gives, not what a trained Linformer
+  reaches. Its output is a mix of rows of F·V, not of V, with norms √(N/k) times those of V, so its
+  error stays far above 1. A second row uses the mean-pooling projection the paper lists among its
+  "general projections" (§4; row r of E = F averages the r-th of k equal segments): attention over
+  segment means, an untrained counterpart whose output does stay a mix of values;
 - nystromformer: segment-means landmarks, its default iterative pseudo-inverse, no conv skip;
-- reformer: LSH attention uses shared QK (keys are the normalised queries, a token does not attend to itself
-  while it has other keys), so its exact reference is that shared-QK attention with all keys, not the
-  Q/K rows' reference. Its queries get entries N(0, σ⁴·D) so that the exact scores again have standard
-  deviation σ²; it has its own uniform-attention row;
-- linear attention (elu + 1) is not an approximation of softmax but a different kernel; its row says how far
-  that kernel is from softmax on these inputs.
-Methods whose file is absent are skipped with a note.
+- reformer: LSH attention uses shared QK (keys are the normalised queries, a token does not attend
+  to itself while it has other keys), so its exact reference is that shared-QK attention with all
+  keys, not the Q/K rows' reference. Its queries get entries N(0, σ⁴·D) so that the exact scores
+  again have standard deviation σ²; it has its own uniform-attention row;
+- linear attention (elu + 1) is not an approximation of softmax but a different kernel; its row says
+  how far that kernel is from softmax on these inputs.
 """
-import importlib
 import math
 import sys
 import time
@@ -40,21 +39,15 @@ from tabulate import tabulate
 from baselines.full import FullAttention
 from baselines.linear import LinearAttention
 from baselines.linformer import LinformerAttention
+from baselines.nystromformer import NystromAttention
 from baselines.performer import PerformerAttention
+from baselines.reformer import ReformerAttention
 from bench import cli
 
 SIGMAS = (0.58, 1.0)
 BUDGETS = (16, 32, 64, 128, 256, 512)
 HASH_ROUNDS = (1, 2, 4, 8)
 BUCKET_SIZE = 64
-
-
-def optional_class(module: str, name: str):
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as error:
-        print(f"note: skipping {module}.{name} ({error})")
-        return None
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
@@ -127,21 +120,19 @@ def build_cases(heads: int, d: int, n: int):
             pooled.F.copy_(pooled.E)
         cases.append(("linformer (mean-pooling E, F)", f"rank={rank}", "qk",
                       lambda q, k, v, g, pooled=pooled: drive(pooled, q, k, v, g)))
-    nystrom_cls = optional_class("baselines.nystromformer", "NystromAttention")
-    if nystrom_cls is not None:
-        for landmarks in BUDGETS:
-            nystrom = identity_projections(nystrom_cls(dim, heads, d, landmarks=landmarks), heads, d)
-            cases.append(("nystromformer", f"landmarks={landmarks}", "qk",
-                          lambda q, k, v, g, nystrom=nystrom: drive(nystrom, q, k, v, g)))
-    reformer_cls = optional_class("baselines.reformer", "ReformerAttention")
-    if reformer_cls is not None:
-        cases.append(("uniform, shared-QK reference", "—", "shared",
-                      lambda q, k, v, g: v.mean(-2, keepdim=True).expand_as(v)))
-        for rounds in HASH_ROUNDS:
-            reformer = identity_projections(
-                reformer_cls(shared_dim, heads, d, n_hashes=rounds, bucket_size=BUCKET_SIZE), heads, d)
-            cases.append(("reformer (LSH, shared QK)", f"n_hashes={rounds}, bucket_size={BUCKET_SIZE}", "shared",
-                          lambda q, k, v, g, reformer=reformer: drive(reformer, q, k, v, g)))
+    for landmarks in BUDGETS:
+        nystrom = NystromAttention(dim, heads, d, landmarks=landmarks)
+        nystrom = identity_projections(nystrom, heads, d)
+        cases.append(("nystromformer", f"landmarks={landmarks}", "qk",
+                      lambda q, k, v, g, nystrom=nystrom: drive(nystrom, q, k, v, g)))
+    cases.append(("uniform, shared-QK reference", "—", "shared",
+                  lambda q, k, v, g: v.mean(-2, keepdim=True).expand_as(v)))
+    for rounds in HASH_ROUNDS:
+        reformer = ReformerAttention(shared_dim, heads, d, n_hashes=rounds, bucket_size=BUCKET_SIZE)
+        reformer = identity_projections(reformer, heads, d)
+        budget = f"n_hashes={rounds}, bucket_size={BUCKET_SIZE}"
+        cases.append(("reformer (LSH, shared QK)", budget, "shared",
+                      lambda q, k, v, g, reformer=reformer: drive(reformer, q, k, v, g)))
     return cases
 
 

@@ -1,46 +1,37 @@
 """Benchmark: fastRG sampling time against the number of edges drawn, beside a naive dense Bernoulli draw.
 
-For n = m in --lengths, K = 128 clusters and expected densities in --densities, memberships X, Y (n × K) are
-uniform(0, 1) (overlapping clusters, like SBM-Transformer's sigmoid memberships) and S (K × K) is uniform
-then scaled so that Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
-- fastRG: `fastrg.sample(X, S, Y, generator=g, dedup=True, csr=True)`, the form a sparse attention consumes
-  (simple graph, edges grouped by query with row offsets);
-- naive: P = X S Yᵀ, then the mask torch.rand(n, m) < P (the official SBM-Transformer dense path). P is
-  included: the naive method needs it. Its cost does not depend on the density, so it is timed once per n
-  (in row blocks of at most 2^24 entries, to bound memory; the full n × m boolean mask is kept).
-Time (wall clock, or with --clock cpu the process's CPU time, for a shared machine): one warm-up, then the
-median of --repeats calls (CUDA synchronised), the naive draw and the fastRG cells of one n interleaved call
-by call, so that load from other processes falls on all of them alike. "edges" is the number of edges fastRG
-returned in the last timed call. Beside them, per n, two calls give what a draw pays before its edges (Rohe et al.
-2018's bound is O((n + m)K + E)): "fixed", a call with one expected edge (the checks and column sums of X and Y,
-O((n + m)K), and the K² Poisson counts; fastRG builds the CDF rows of the columns drawn from only), timed in a
-second such call, as the first follows the naive draw, whose n·m buffers leave the cache cold; "tables", a call
-with 8K expected edges, about 8 draws from each column of X and of Y, so that all (n + m)K CDF entries are built:
-the floor of a draw from every column. The log-log slope of fastRG time against edges is the least-squares fit over
-the cells with E ≥ 1e5, given for the whole time and for the time above the fixed cost and above the tables.
-With --igraph (python-igraph installed, not a requirement of this repository), igraph's C generator of
-stochastic block models, `igraph.Graph.SBM` (directed, self-loops allowed, simple graph: a Bernoulli draw per
-pair, like fastRG's dedup), is timed in the same rounds: K blocks of n/K nodes, preference matrix S/mean(S) times
-the density, so the same expected edges; the fixed cell gives it one expected edge. Its model has hard clusters,
-fastRG's mixed memberships: the same edge counts, not the same law.
-
-By default (--allocator keep) glibc is told to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD =
-2^31 − 1) so that large buffers are not page-faulted back on
-every call; --allocator default leaves glibc's defaults. The setting is printed with the table, which is also
-written with its settings as JSON to OUT/fastrg_bench.json.
-
-The cost or gain of a second thread, beside busy processes: results/notes/thread_cost.md.
+For n = m in --lengths, K = 128 clusters and densities in --densities: X, Y (n × K) uniform(0, 1)
+(overlapping clusters, like SBM-Transformer's sigmoid memberships), S (K × K) uniform, scaled so
+that Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
+- fastRG: `fastrg.sample(X, S, Y, generator=g, dedup=True, csr=True)`, the form a sparse attention
+  consumes;
+- naive: P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path), P
+  included. Its cost does not depend on the density: timed once per n, in row blocks of at most 2^24
+  entries.
+Time (wall clock, or with --clock cpu the process's CPU time, for a shared machine): the median of
+--repeats calls after warm-up, the cells of one n interleaved call by call so that load falls on all
+alike. Per n, two calls give what a draw pays before its edges (Rohe et al. 2018: O((n + m)K + E)):
+"fixed", one expected edge (the checks and column sums, O((n + m)K), and the K² Poisson counts),
+timed in a second such call, as the first pays for the cache the naive draw's n·m buffers leave
+cold; "tables", 8K expected edges, so that all (n + m)K CDF entries are built. The log-log slope of
+time against edges is fitted over the cells with E ≥ 1e5, for the whole time and for the time above
+the fixed cost and above the tables. With --igraph (python-igraph, not a requirement of this
+repository), `igraph.Graph.SBM` (directed, self-loops, a Bernoulli draw per pair like fastRG's
+dedup) is timed in the same rounds: K blocks of n/K nodes, preference matrix S/mean(S) times the
+density: the same edge counts, not the same law (hard clusters, not mixed memberships). --allocator
+keep (the default) tells glibc to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2^31
+− 1), so that large buffers are not page-faulted back on every call. The table is printed, and
+written with its settings to OUT/fastrg_bench.json. A second thread's cost:
+results/notes/thread_cost.md.
 
     python -m experiments.fastrg_bench
     python -m experiments.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
     python -m experiments.fastrg_bench --threads 1 --clock cpu      # on a shared machine
     python -m experiments.fastrg_bench --threads 1 --igraph         # beside igraph (pip install igraph)
 """
-import argparse
 import ctypes
 import ctypes.util
 import importlib.util
-import json
 import os
 import platform
 import sys
@@ -55,6 +46,9 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fastrg  # noqa: E402
 from bench import cli, measure  # noqa: E402
+from bench.config import resolve_device  # noqa: E402
+from bench.files import write_json  # noqa: E402
+from experiments import scaling  # noqa: E402
 
 K = 128
 NAIVE_BLOCK = 1 << 24  # entries of P per block in the naive draw
@@ -105,25 +99,19 @@ def loglog_slope(edges: list[float], ms: list[float]) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
-def parse_list(kind):
-    def parse(text: str):
-        try:
-            values = [kind(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
-        if not values or any(v <= 0 for v in values):
-            raise argparse.ArgumentTypeError(f"expected positive values, got {text!r}")
-        return values
-    return parse
+def densities(text: str) -> list:
+    """--densities: comma-separated densities, each in (0, 1]."""
+    density = cli.checked_number(float, lambda v: 0 < v <= 1, "comma-separated densities in (0, 1]")
+    return [density(v) for v in text.split(",") if v.strip()] or [density(text)]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.fastrg_bench", allow_abbrev=False,
-                                 description="fastRG sampling time vs edges, beside a naive dense Bernoulli draw.",
-                                 formatter_class=cli.HelpFormatter)
+    ap = cli.parser("python -m experiments.fastrg_bench",
+                    "fastRG sampling time vs edges, beside a naive dense Bernoulli draw.",
+                    allow_abbrev=False)
     ap.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192,16384",
                     help="comma-separated n = m values")
-    ap.add_argument("--densities", type=parse_list(float), default="0.001,0.01,0.1",
+    ap.add_argument("--densities", type=densities, default="0.001,0.01,0.1",
                     help="comma-separated expected densities Σλ/(n·m), each in (0, 1]")
     ap.add_argument("--warmup-iters", type=cli.positive_int, default=1,
                     help="untimed calls of each function first (at least 1)")
@@ -146,17 +134,16 @@ def main(argv=None) -> int:
         ap.error("--clock cpu adds up the CPU time of every thread: use it with --threads 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not all(0 < d <= 1 for d in args.densities):  # NaN included
-        ap.error(f"--densities must be in (0, 1], got {args.densities}")
     if args.igraph and importlib.util.find_spec("igraph") is None:  # the table without igraph's columns
         print("igraph's columns left out: python-igraph is not installed (pip install igraph)", flush=True)
         args.igraph = False
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: CUDA is not available")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        ap.error(str(exc))
     allocator = "glibc defaults" if args.allocator == "default" or device.type == "cuda" else keep_freed_memory()
 
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = scaling.load_average()
     rows, fit_e, fit_ms, fit_above, fit_tables = [], [], [], [], []
     for n in args.lengths:
         g = torch.Generator(device).manual_seed(args.seed)
@@ -194,7 +181,7 @@ def main(argv=None) -> int:
             print(f"  n={n} density={density:g}: {E} edges, fastRG {ms:.1f} ms, naive {naive_ms:.1f} ms"
                   + (f", igraph {ig:.1f} ms" if args.igraph else ""), file=sys.stderr, flush=True)
 
-    end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    end_load = scaling.load_average()
     print(f"fastRG vs naive dense Bernoulli, K = {K}, torch {torch.__version__}, device {device} "
           f"({os.cpu_count()} cores), {torch.get_num_threads()} threads, {args.clock} clock, allocator: {allocator}, "
           f"median of {args.repeats} after {args.warmup_iters} warm-up, calls interleaved; load average {load:.2f} at "
@@ -224,11 +211,11 @@ def main(argv=None) -> int:
             "ns_per_edge_above_fixed", "tables_ms"] + (["igraph_ms", "igraph_fixed_ms", "fastrg_over_igraph"]
                                                        if args.igraph else [])
     settings = {k: v for k, v in vars(args).items() if k != "out"}  # where it was written is no setting
-    path.write_text(json.dumps({"settings": {**settings, "device": str(device),
-                                             "threads": torch.get_num_threads(), "allocator": allocator,
-                                             "load_average": [load, end_load]},
-                                "rows": [dict(zip(keys, row)) for row in rows], "slope": slope,
-                                "slope_above_fixed": slope_above, "slope_above_tables": slope_tables}, indent=2))
+    write_json(path, {"settings": {**settings, "device": str(device),
+                                   "threads": torch.get_num_threads(), "allocator": allocator,
+                                   "load_average": [load, end_load]},
+                      "rows": [dict(zip(keys, row)) for row in rows], "slope": slope,
+                      "slope_above_fixed": slope_above, "slope_above_tables": slope_tables})
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -5,25 +5,19 @@
     python -m experiments.grid --budget full            # paper presets, 3 seeds (a GPU job)
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets (BUDGETS): ``quick`` trains each task at the per-task settings of QUICK, calibrated so that full
-attention clearly learns every task shown within the whole ./run_all.sh's time on a 2-core CPU (calibrated to 30
-minutes; 39 with the fixed-sparse baselines and the step-time tables, measured on a fresh clone); a task that
-cannot be learned in that time is left out (QUICK_LEFT_OUT says where it is measured instead). ``smoke``
-runs a few steps of every cell at tiny shapes. ``full`` runs the paper presets. Every cell of a task uses the
-same backbone and recipe; only the attention differs, and every record states its config.
+Budgets (BUDGETS): ``quick`` trains each task at the settings of QUICK, calibrated so that full
+attention clearly learns every task shown within the whole ./run_all.sh's time on a 2-core CPU (30
+minutes; 39 with the fixed-sparse baselines and the step-time tables, on a fresh clone);
+QUICK_LEFT_OUT says where a task that cannot be learned in that time is measured instead. ``smoke``
+runs a few steps of every cell at tiny shapes; ``full`` the paper presets. Every cell of a task uses
+the same backbone and recipe.
 
-Cells are planned before any process starts (OUT/grid.json): a method with no form for a task (registry
-``causal=False`` on a causal LM task) is "n/a", and a task whose data are missing is one "no data" line with the
-task's own message. The kernel method is a masked-LM pipeline (Karkhanis, Roberts, Krishnan, "A Kernel based
-approach to Learning Sparse Attention in Transformers", a CMU report without arXiv id, §4) and runs on
-``wikitext2`` only, where no other method runs (bench/methods.py).
-
-Resumable within its folder: a cell whose record is complete and whose command is the planned one is kept; a
-cell left with a checkpoint is resumed; a cell made with another budget is redone from scratch, and the grid says
-so. A folder holds one grid at a time (OUT/grid.lock names the holder); stopping the grid (SIGTERM, SIGINT, or
-SIGKILL on Linux) stops its cells too. A failed cell writes OUT/runs/CELL/failed.json with the last lines of its
-output, and the grid goes on. --jobs runs cells side by side, each on cores // jobs threads; the progress line
-gives elapsed time and an ETA scaled by how the finished cells compared with their estimates.
+The kernel method is a masked-LM pipeline (Karkhanis, Roberts, Krishnan, "A Kernel based approach to
+Learning Sparse Attention in Transformers", a CMU report without arXiv id, §4) and runs on
+``wikitext2`` only, where no other method runs (bench/methods.py). Resumable within its folder
+(OUT/grid.lock names the one grid it holds): a complete cell of the planned command is kept, one
+left with a checkpoint resumed, one of another budget redone. Stopping the grid (SIGTERM, SIGINT, or
+SIGKILL on Linux) stops its cells.
 """
 import argparse
 import ctypes

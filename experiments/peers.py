@@ -1,5 +1,6 @@
 """Our baselines side by side with the public implementations a user would otherwise pick: forward+backward
-time at the same settings, in one process, repetitions interleaved; the table gives ours ÷ peer per method.
+time at the same settings, in one process, repetitions interleaved; the table gives ours ÷ peer per
+method.
 
     pip install -r requirements-peers.txt      # optional: never a dependency of the repository itself
     python -m experiments.peers                      # n = 4096, batch 1, 2 heads, head dim 32; into runs/peers/
@@ -10,17 +11,17 @@ Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training
 - nystromformer (64 landmarks, 6 pseudo-inverse iterations, no conv skip) · nystrom-attention 0.0.14
   (num_landmarks=64, residual=False): the same mathematics, outputs equal to rounding;
 - reformer (2 hashes, bucket_size 64 → 64 buckets of 64 at n = 4096) · reformer-pytorch 1.4.4
-  LSHSelfAttention (n_hashes=2, bucket_size=64). Ours corrects duplicate pairs exactly (the peer's default,
-  allow_duplicate_attention=True, does not) and draws one rotation per sample, head and round;
+  LSHSelfAttention (n_hashes=2, bucket_size=64). Ours corrects duplicate pairs exactly (the peer's
+  default, allow_duplicate_attention=True, does not) and draws one rotation per sample, head and
+  round;
 - performer (256 features, features fixed: redraw_interval=0) · performer-pytorch SelfAttention
   (nb_features=256, which keeps its features unless a PerformerLM redraws them);
 - linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
 
-Per repetition every side of every pair is timed once (bench.measure.interleaved), the order reversed every
-other repetition, so a change of machine load falls on both sides alike; reported are the medians and their
-ratio, and the spread of the per-repetition ratios (quartiles). The glibc setting of experiments.scaling
-(MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=68719476736) should be in the environment, as in that module; the
-header says whether it is. The table is printed and written to OUT/peers.md (``--out``, a folder).
+Every side of every pair is timed once a repetition (bench.measure.interleaved, the order reversed
+every other one), so a change of load falls on both sides alike: the medians, their ratio and the
+quartiles of the per-repetition ratios. experiments.scaling's glibc setting should be in the
+environment; the header says whether it is. The table is printed and written to OUT/peers.md.
 """
 import importlib.util
 import os

@@ -2,36 +2,30 @@
 densities, beside full attention (fused SDPA and the explicit reference), in one run.
 
     python -m experiments.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
-    python -m experiments.sbm_scaling --lengths 4096 --densities 0.01,0.05,0.1 --out runs/sbm_scaling  # JSON: DIR/sbm_scaling.json
+    python -m experiments.sbm_scaling --lengths 4096 --densities 0.01,0.1 --out runs/sbm_scaling
     python -m experiments.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
 
-Cells, each in a fresh process with experiments.scaling's allocator setting (batch 1, 2 heads, head dim 32,
-non-causal, training mode):
-- ``full``, ``full-ref``: experiments.scaling's cells of baselines/full.py (fused SDPA; materialised scores).
-- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, given as
-  the sampler gives it (block-diagonal CSR, grouped by query), from q, k, v and per-edge p that require
-  grad; the graph's structures are built inside the timed region (Edges, and in the backward the key-major
-  copy, one sort of E keys).
-- ``sbm@d``: the whole SBMAttention module (projections, memberships, fastRG proposal and thinning, STE,
-  core, density, regulariser off). Its membership logits are shifted by one constant, calibrated with
-  fastrg.expected_edges so that the expected density, δ included, is d; nothing else is changed.
-- ``sbm-dense@d``: the same module on its dense reference path (P = Q̂ŜK̂ᵀ, a Bernoulli mask, masked softmax),
-  whose cost does not depend on d: measured at the first density only.
-Per cell: peak memory of one forward+backward above the baseline (CPU peak RSS / CUDA max allocated) and the
-tensors' own peak (measure.tensor_peak_bytes), forward time without autograd and forward+backward time (medians after warm-up), forward FLOPs
-(bench.measure conventions: a sparse product costs 2 per edge and column) and the density drawn; with
---rounds, every cell is measured once per round, round after round, and the medians are reported. Then, per
-n, the crossover densities where SBM's time meets fused SDPA's and its memory the reference path's, from a
-least-squares line through the measured densities (cost is linear in the edges); the module's memory as
-peak = a + b·E over its densities (memory_fit: a the part that does not depend on the edges, b the bytes an
-edge), each round fitted apart, beside fused SDPA and the explicit path; and for every ``sbm`` cell where its
-forward+backward time goes, part by part (profile_parts: the functions of sbm_transformer named in
-PARTS), beside the core cell of the same density.
+Cells, each in a fresh process as experiments.scaling's (batch 1, 2 heads, head dim 32, non-causal,
+training mode):
+- ``full``, ``full-ref``: experiments.scaling's cells of baselines/full.py (fused SDPA; materialised
+  scores).
+- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head,
+  as the sampler gives it (block-diagonal CSR), from q, k, v and per-edge p that require grad; the
+  graph's structures (Edges; in the backward the key-major copy) are built inside the timed region.
+- ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted by one
+  constant, calibrated with fastrg.expected_edges so that the expected density, δ included, is d.
+- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d
+  only.
+Per cell: scaling.costs's measurements and the density drawn; with --rounds, every cell once a round
+and the medians. Then per n: the densities where SBM's time meets fused SDPA's and its memory the
+reference path's, from a least-squares line through the measured densities (cost is linear in the
+edges); the module's memory as peak = a + b·E (memory_fit: b the bytes an edge), each round fitted
+apart; and where each ``sbm`` cell's time goes (profile_parts: the functions named in PARTS), beside
+the core cell of the same density. The JSON goes to OUT/sbm_scaling.json.
 """
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -41,6 +35,7 @@ import torch
 from tabulate import tabulate
 
 from bench import cli, measure
+from bench.files import write_json
 from experiments import scaling
 from bench.config import resolve_device
 
@@ -158,17 +153,7 @@ def measure_cell(cell: dict) -> dict:
             return run(False)
 
     run(True)  # one-time lazy allocations (thread pools, kernels) are not the cell's
-    measure.synchronize(device)
-    meter = measure.PeakRSS() if device.type == "cpu" else None
-    base_cuda = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    measure.reset_peak_memory(device)
-    run(True)
-    peak = measure.peak_memory_bytes(device, meter) - base_cuda
-    result = {"peak_bytes": peak,
-              "fwd_ms": measure.time_fn(forward, device, cell["warmup"], cell["repeats"]),
-              "fwdbwd_ms": measure.time_fn(lambda: run(True), device, cell["warmup"], cell["repeats"]),
-              "tensor_peak_bytes": measure.tensor_peak_bytes(lambda: run(True), device),
-              "flops": measure.count_flops(forward)["total"]}
+    result = scaling.costs(forward, lambda: run(True), device, cell["warmup"], cell["repeats"])
     result["density"] = forward()
     if cell["kind"] == "sbm":
         result["parts_ms"] = profile_parts(lambda: run(True), cell["repeats"])
@@ -300,7 +285,7 @@ def main(argv=None) -> int:
                    help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
     p.add_argument("--kinds", default="full,full-ref,core,sbm,sbm-dense", help="which cells (see the docstring)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=cli.positive_int, default=1,
                    help="measure every cell this many times, cells interleaved round by round; report the medians")
     scaling.add_measurement_arguments(p, warmup_iters=1, repeats=3, timeout=1800, out="runs/sbm_scaling")
     args = p.parse_args(argv)
@@ -314,30 +299,23 @@ def main(argv=None) -> int:
             raise ValueError(f"--densities must be comma-separated densities in (0, 1), got {args.densities!r}")
         if set(kinds) - set(KINDS):
             raise ValueError(f"unknown kinds {sorted(set(kinds) - set(KINDS))}; choose from {KINDS}")
-        if min(args.rounds, args.repeats, args.batch_size, args.heads, args.head_dim, args.timeout) < 1 or \
-                args.warmup_iters < 0:
-            raise ValueError("--rounds, --repeats, --batch-size, --heads, --head-dim and --timeout must be at "
-                             "least 1, --warmup-iters at least 0")
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("--device cuda: CUDA is not available")
+        device = str(resolve_device(args.device))
     except ValueError as exc:
         p.error(str(exc))
-    device = str(resolve_device(args.device))
     if args.threads:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    started = time.time()
+    load, started = scaling.load_average(), time.time()
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
             "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
     cells = []
     for n in args.lengths:
-        specs = [(kind, kind, None)
-                 for kind in kinds if kind in ("full", "full-ref")]
-        specs += [(kind, None, dens) for kind in kinds if kind in ("core", "sbm") for dens in densities]
-        specs += [(kind, None, densities[0]) for kind in kinds if kind == "sbm-dense"]
-        cells += [(kind if dens is None else f"{kind}@{dens:g}", n,
-                   {**base, "n": n, "kind": "full" if method else kind, "density": dens, "method": method})
-                  for kind, method, dens in specs]
+        named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
+        named += [(f"{kind}@{d:g}", kind, d)
+                  for kind in kinds if kind in ("core", "sbm") for d in densities]
+        if "sbm-dense" in kinds:
+            named.append((f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0]))
+        cells += [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
+                             "method": kind if d is None else None}) for name, kind, d in named]
     measured = [[] for _ in cells]
     for round_ in range(args.rounds):  # every round measures every cell once: load falls on all cells alike
         for (name, n, cell), runs in zip(cells, measured):
@@ -345,7 +323,7 @@ def main(argv=None) -> int:
             print(f"measured {name} n={n} (round {round_ + 1})", file=sys.stderr, flush=True)
     rows = [{**median_row(runs), "method": name, "n": n} for (name, n, _), runs in zip(cells, measured)]
     where, allocator = scaling.describe(device, args.allocator)
-    end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    end_load = scaling.load_average()
     print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch_size}, {args.heads} heads, "
           f"head dim {args.head_dim}, training mode; allocator: {allocator}; median of {args.repeats} after "
           f"{args.warmup_iters} warm-up" + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1
@@ -377,15 +355,11 @@ def main(argv=None) -> int:
               "such passes).\n")
         print(parts_table(rows, profiled))
     path = cli.out_file(args.out, "sbm_scaling.json")
-    path.write_text(json.dumps({"device": where, "allocator": allocator, "load_average": [load, end_load],
-                                "args": {**vars(args), "lengths": ",".join(map(str, args.lengths))}, "rows": rows},
-                               indent=2))
+    write_json(path, {"device": where, "allocator": allocator, "load_average": [load, end_load],
+                      "args": {**vars(args), "lengths": ",".join(map(str, args.lengths))},
+                      "rows": rows})
     print(f"wrote {path}", file=sys.stderr, flush=True)
-    failed = sum("error" in row for row in rows)
-    if failed:
-        print(f"error: {failed} of {len(rows)} cells failed (their rows say why)", file=sys.stderr, flush=True)
-    return 1 if failed else 0
-
+    return scaling.exit_code(rows)
 
 if __name__ == "__main__":
     sys.exit(main())

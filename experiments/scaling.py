@@ -4,21 +4,18 @@
     python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
     python -m experiments.scaling --methods ... --out results/scaling                   # the published table
 
-A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a constructor
-option of one of them. ``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is
-SBM-Transformer at density D, as a trained model samples (its membership logits shifted by one constant,
-sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%; both on the fast path (the
-cost linear in edges the method claims) unless ``--attn sbm.path=reference``. The table
-is printed and written with its conditions to OUT/scaling.json (``--out``, a folder). Each (method, length)
-cell runs in a fresh process, so its peak memory is its own: peak memory of one forward+backward is taken
-first, above the baseline after the module and the input exist (CPU: peak RSS; CUDA: max_memory_allocated),
-then forward time (no autograd) and forward+backward time as medians after warm-up, then forward FLOPs
-(bench.measure conventions) and density. Ratios are to ``full`` without options. A small forward+backward
-precedes the memory measurement, so one-time lazy allocations (thread pools, kernels) are not counted.
+A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a
+constructor option of one of them. ``full-ref`` is full attention on its reference path
+(materialised scores); ``sbm@D`` is SBM-Transformer at density D, as a trained model samples
+(sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%; both on the
+fast path (the cost linear in edges the method claims) unless ``--attn sbm.path=reference``. Each
+(method, length) cell runs in a fresh process, so its peak memory is its own (measured as ``costs``
+says); ratios are to ``full`` without options. The table goes to OUT/scaling.json.
 
-The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every op): by default
-every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 (``--allocator keep``), and the
-setting is printed with the table; ``--allocator default`` uses glibc's defaults. Never mix the two in a table.
+The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every
+op): by default every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736
+(``--allocator keep``), and the setting is printed with the table; ``--allocator default`` uses
+glibc's defaults. Never mix the two in a table.
 """
 import argparse
 import inspect
@@ -83,7 +80,6 @@ def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one attention module and measures it."""
     import torch
 
-    from bench import measure
     from bench.methods import attention_options, get
     torch.manual_seed(0)
     device = torch.device(cell["device"])
@@ -117,20 +113,29 @@ def measure_cell(cell: dict) -> dict:
     small = x[:, :min(64, cell["n"])].detach().requires_grad_()
     module(small, causal=cell["causal"], generator=generator)[0].sum().backward()
     module.zero_grad(set_to_none=True)
+    result = costs(forward, forward_backward, device, cell["warmup"], cell["repeats"])
+    _, stats = forward()
+    result["density"] = stats["density"].float().mean().item()
+    return result
+
+
+def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
+    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline
+    (CPU: peak RSS; CUDA: max_memory_allocated), forward and forward+backward medians after warm-up
+    (ms), the tensors' own peak, forward FLOPs (bench.measure conventions)."""
+    import torch
+
+    from bench import measure
     measure.synchronize(device)
     meter = measure.PeakRSS() if device.type == "cpu" else None
     base_cuda = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     measure.reset_peak_memory(device)
     forward_backward()
-    peak = measure.peak_memory_bytes(device, meter) - base_cuda
-    result = {"peak_bytes": peak,
-              "fwd_ms": measure.time_fn(forward, device, cell["warmup"], cell["repeats"]),
-              "fwdbwd_ms": measure.time_fn(forward_backward, device, cell["warmup"], cell["repeats"])}
-    result["tensor_peak_bytes"] = measure.tensor_peak_bytes(forward_backward, device)
-    result["flops"] = measure.count_flops(forward)["total"]
-    _, stats = forward()
-    result["density"] = stats["density"].float().mean().item()
-    return result
+    return {"peak_bytes": measure.peak_memory_bytes(device, meter) - base_cuda,
+            "fwd_ms": measure.time_fn(forward, device, warmup, repeats),
+            "fwdbwd_ms": measure.time_fn(forward_backward, device, warmup, repeats),
+            "tensor_peak_bytes": measure.tensor_peak_bytes(forward_backward, device),
+            "flops": measure.count_flops(forward)["total"]}
 
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
@@ -242,8 +247,6 @@ def main(argv=None) -> int:
             if name not in available():
                 raise ValueError(f"unknown method {method!r}; available: {sorted(available())}")
             attention_options(name, texts)  # an unknown key or a value of the wrong type fails here, not in a cell
-        if min(args.batch_size, args.heads, args.head_dim, args.repeats) < 1 or args.warmup_iters < 0:
-            raise ValueError("--batch-size, --heads, --head-dim and --repeats must be positive, --warmup-iters >= 0")
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
     import torch
@@ -273,10 +276,20 @@ def main(argv=None) -> int:
         path = cli.out_file(args.out, "scaling.json")
         write_json(path, result)
     print(f"wrote {path}", file=sys.stderr, flush=True)
+    return exit_code(rows)
+
+
+def exit_code(rows: list) -> int:
+    """1 when a cell failed, said on stderr; else 0."""
     failed = sum("error" in row for row in rows)
     if failed:
         print(f"error: {failed} of {len(rows)} cells failed (their rows say why)", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def load_average() -> float:
+    """The machine's load over the last minute (NaN where the OS does not say)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
 def render(result: dict) -> str:

@@ -6,22 +6,23 @@
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
     python -m experiments.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0'   # a claim's settings
 
-One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it), the same
-batches for all, one training step (forward, loss, backward, AdamW) of each variant in turn, round after round;
-the median and [min-max] over --repeats rounds after a warm-up, and each variant's ratio to full attention as
-the paper's recipe runs it and as a user would run it (fair). The variants:
-- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel for its math
-  path (`torch._fused_sdp_choice`: 0 = math, 1 = flash; printed), and every batch is padded to the preset's length.
-- `full (fair)`: the same weights and batches without attention dropout (the flash kernel) and each batch trimmed
-  to its longest sequence: what a user would time. Dropout's own cost is the ratio of the two rows.
-- each other method of --methods, untrained (their costs do not depend on the weights), and SBM with each layer's
-  membership logits shifted by one constant so that its expected density is each of --sbm-density (a trained
-  model's: a number, or a run folder whose record's test density is taken, labelled with its λ), as
-  sbm_transformer.at_density calibrates one module.
-With --runs, the variants are the settings of those run folders instead (their task and model from the records,
-which must agree): each run's method with its options and budget (a fixed pattern at the density it trained at),
-SBM at its record's test density, full attention as run and fair; labels are the folders' setting names.
-A benchmark, not a test: the figures depend on the machine; the ratios are what one process on it measured.
+One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it),
+the same batches for all, one training step (forward, loss, backward, AdamW) of each in turn, round
+after round; the median and [min-max] over --repeats rounds, and each variant's ratio to full
+attention:
+- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel
+  for its math path (`torch._fused_sdp_choice`, printed), and every batch is padded to the preset's
+  length.
+- `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence:
+  what a user would time. Dropout's own cost is the ratio of the two rows.
+- each other method of --methods, untrained (their costs do not depend on the weights), and SBM with
+  each layer's membership logits shifted so that its expected density is each of --sbm-density (a
+  number, or a run folder whose test density is taken), as sbm_transformer.at_density calibrates one
+  module.
+With --runs, the variants are the settings of those run folders (which must agree in task and
+model): each run's method, options and budget, SBM at its record's test density, full attention as
+run and fair. A benchmark, not a test: the figures depend on the machine; the ratios are what one
+process on it measured.
 """
 import dataclasses
 import inspect
