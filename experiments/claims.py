@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 from bench import cli
-from experiments import grid
+from experiments import frontier, grid
 from bench.files import read_json
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -43,21 +43,6 @@ class Setting:
 
 
 @dataclass(frozen=True)
-class LearnedDensity:
-    """An ``--attn density=`` budget from the claim's records: ``factor`` × the mean test density over the seeds of
-    the setting ``source`` (e.g. "sbm-lambda0.01"); its cells wait until those runs are complete."""
-    source: str
-    factor: float
-
-    def resolve(self, runs: Path, task: str, preset: str, seeds: Tuple[int, ...]):
-        """"density=ρ", or None while a source run is missing."""
-        records = [read_json(runs / f"{self.source}-{task}-{preset}-s{seed}" / "metrics.json") for seed in seeds]
-        if any(r is None or r.get("status") != "complete" for r in records):
-            return None
-        return f"density={min(1.0, self.factor * sum(r['density'] for r in records) / len(records)):.4g}"
-
-
-@dataclass(frozen=True)
 class Claim:
     name: str  # the folder under results/
     title: str
@@ -72,19 +57,18 @@ class Claim:
     rule: Callable[[Path], Tuple[str, str]] = None  # the claim's folder → (ours, verdict)
 
     def cells(self, runs: Path = None) -> List[dict]:
-        """Every run as a grid cell; a LearnedDensity budget is read from the records under ``runs``, and until
-        they are complete its cells carry ``"waiting"`` (the source) and a placeholder in their command."""
+        """Every run as a grid cell. An option whose value is read from the records under ``runs`` (one with a
+        ``resolve`` method: frontier.BestLearningRate) is resolved there; until it can be, its cell carries
+        ``"waiting"`` and a placeholder in its command."""
         cells = []
         for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]:
-            learned = [v for v in s.options.get("attn", []) if isinstance(v, LearnedDensity)]
-            resolved = [v.resolve(runs, s.task, s.preset, self.seeds) if runs else None for v in learned]
-            values = iter(value or f"density=<{v.factor:g}× the test density of {v.source}>"
-                          for v, value in zip(learned, resolved))
-            options = dict(s.options, **({"attn": [next(values) if isinstance(v, LearnedDensity) else v
-                                                   for v in s.options["attn"]]} if learned else {}))
-            waiting = [v.source for v, value in zip(learned, resolved) if value is None]
+            pending = {k: v for k, v in s.options.items() if hasattr(v, "resolve")}
+            values = {k: v.resolve(runs, s.task, s.preset, self.seeds) if runs else None for k, v in pending.items()}
+            options = dict(s.options, **{k: value or f"<{type(pending[k]).__name__}>" for k, value in values.items()})
+            waiting = [k for k, value in values.items() if value is None]
             cells += [dict(grid.make_cell(s.method, s.task, seed, s.preset, options, s.tag),
-                           **({"waiting": waiting[0]} if waiting else {})) for seed in seeds]
+                           **({"waiting": f"the records that give --{waiting[0].replace('_', '-')}"}
+                              if waiting else {})) for seed in seeds]
         return cells
 
 
@@ -114,14 +98,6 @@ FIG4 = dict(eval_every=250)
 # Fig. 4's low-rank (Linformer, Nyströmformer) and kernelized (linear, Performer) methods, which the paper says
 # "fail to achieve the same level of accuracy" (§5.1).
 FIG4_FALL_SHORT = ("linear", "performer", "linformer", "nystromformer")
-ADAPTIVE = "sbm-lambda0.01"  # the adaptive setting whose test density the fixed patterns are matched to
-# adaptive-vs-fixed: duplicates at 512 tokens (vocabulary 512), the longest length whose runs fit the hour on this
-# CPU (results/adaptive-vs-fixed/calibration.md). One model and recipe for every method, calibrated on full
-# attention: one layer of 2 heads × 32 dims.
-LONG_DUPLICATES = dict(seq_len=512, dim=64, heads=2, head_dim=32, mlp_dim=64, batch_size=64, steps=1500, lr="2e-3",
-                       warmup=100, eval_every=250, eval_batches=2, final_eval_batches=8)
-FIXED = {"-at-sbm-density": 1, "-at-4x-sbm-density": 4}  # fixed patterns at SBM λ = 1e-2's learned density and 4×
-
 # ------------------------------------------------------------------------------------------------ verdict rules
 REPRODUCED, NO_INFORMATION = "reproduced", "no information at this budget"
 MARGIN = 0.01  # accuracy within one point of the figure it is compared with counts as reaching it
@@ -153,11 +129,6 @@ def learned(rs: List[dict]) -> bool:
     base, value = average(rs, lambda r: r["base_rate"]), average(rs)
     scored = (rs[0].get("scored") or {}).get("test")
     return value > base + (2 * math.sqrt(base * (1 - base) / scored) if scored else 0.0)
-
-
-def setting_name(r: dict) -> str:
-    """A claim record's setting: its folder's name without task, preset and seed (e.g. window-at-sbm-density)."""
-    return r["folder"].name.rsplit(f"-{r['task']}-", 1)[0]
 
 
 def fig4_rule(folder: Path) -> Tuple[str, str]:
@@ -206,22 +177,6 @@ def table3_rule(folder: Path) -> Tuple[str, str]:
         [f"SBM at base rate ({', '.join(at_base)})"] if at_base else [])
     return "SBM λ = 0.1, FLOPs / memory ÷ full: " + "; ".join(said), (
         NO_INFORMATION if not informative else "differs: " + "; ".join(problems) if problems else REPRODUCED)
-
-
-def adaptive_rule(folder: Path) -> Tuple[str, str]:
-    """Adaptive vs fixed: SBM λ = 1e-2 more than MARGIN above the better fixed pattern at its own density; no
-    information where neither learns there (every one at the base rate)."""
-    groups = {}
-    for r in load(folder)[0]:
-        groups.setdefault(setting_name(r), []).append(r)
-    sbm, fixed = groups[ADAPTIVE], [groups[f"{m}-at-sbm-density"] for m in ("window", "bigbird")]
-    ours = (f"SBM λ = 1e-2 {percent(sbm)} at {100 * average(sbm, lambda r: r['density']):.2f}%; window, bigbird "
-            f"there {', '.join(percent(rs) for rs in fixed)}; SBM λ = 0 {percent(groups['sbm'])} at "
-            f"{100 * average(groups['sbm'], lambda r: r['density']):.1f}%")
-    if not learned(sbm) and not any(learned(rs) for rs in fixed):
-        return ours, NO_INFORMATION
-    return ours, REPRODUCED if average(sbm) > max(average(rs) for rs in fixed) + MARGIN else \
-        "differs: fixed patterns as accurate"
 
 
 def ssa_rule(folder: Path) -> Tuple[str, str]:
@@ -310,26 +265,19 @@ CLAIMS = [
                  "edges (δ = 0.01) in evaluation as the official code does (`--explore-in-eval`); our default drops "
                  "them. The paper's λ = 1e-1 densities on four LRA tasks (1.15-2.61%; Text 10.62%) sit just above "
                  "δ's 1%, as such an evaluation gives."]),
-    Claim("adaptive-vs-fixed", "Adaptive vs fixed sparsity: duplicates at 512 tokens against fixed sparse "
-          "patterns at the same density", "runs",
-          paper="SBM §5.1 and Fig. 4: in duplicates a token's label depends on the other occurrences of its value, "
-                "placed by content, not position; a learned, input-dependent graph can find them at a density near "
-                "1/N, a window of half-width w only when they lie within w, a random pattern with the probability of "
-                "its density. Longformer's window and BigBird (Zaheer et al. 2020, §2) are the fixed patterns.",
-          runs=(Setting("sbm", "duplicates", options=dict(LONG_DUPLICATES, density_weight="0.01"), tag="-lambda0.01"),
-                Setting("sbm", "duplicates", options=LONG_DUPLICATES),
-                *(Setting(m, "duplicates", options=LONG_DUPLICATES)
-                  for m in ("full", "ssa", "linear", "linformer", "performer", "nystromformer", "reformer")),
-                *(Setting(m, "duplicates", options=dict(LONG_DUPLICATES, attn=[LearnedDensity(ADAPTIVE, f)]),
-                          tag=tag) for m in ("window", "bigbird") for tag, f in FIXED.items())),
-          seeds=(0, 1), rule=adaptive_rule, figure="no figure at this length (a qualitative claim)",
-          commands=("python -m experiments.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0' "
-                    "--repeats 5 --out results/adaptive-vs-fixed/step_time-duplicates",),
-          notes=["Every method trains with the same model, recipe and seeds (the command in each row); nothing is tuned "
-                 "per method. Window and BigBird take their budget as a density (`--attn density=ρ`), ρ the mean test "
-                 "density of SBM λ = 1e-2 over the seeds, and ×4: their cells run once those SBM runs are complete.",
-                 "Step times: `experiments.step_time` times every seed-0 setting's training step side by side in one "
-                 "process (SBM at its learned density; its table below); each record keeps its run's own."]),
+    Claim("frontier", "Does adaptivity pay? Frontiers of accuracy against density, every method's budget swept",
+          "runs", paper="SBM §5.1 and Fig. 4: on duplicates the model \"must perform full attention\" to reach "
+          "100%, its density rising towards 1; nothing in the paper compares it with fixed patterns at the same "
+          "cost. The field compares such methods by frontiers at matched budgets (accuracy or perplexity against "
+          "density or FLOPs) and by synthetic recall (Zoology's MQAR).",
+          runs=tuple(Setting(m, task, options=o, tag=tag) for m, task, o, tag, seeds, *_ in frontier.settings()
+                     if len(seeds) > 1),
+          once=tuple(Setting(m, task, options=o, tag=tag) for m, task, o, tag, seeds, *_ in frontier.settings()
+                     if len(seeds) == 1),
+          seeds=frontier.SEEDS, rule=frontier.rule, figure="no figure: a comparison the paper does not make",
+          notes=["The verdict table: per task and family, the lowest median test density at which the family's "
+                 "median test metric reaches full attention's (within one point; bytes: 0.05 bits per byte), and "
+                 "the fraction of its seeds that do; experiments/frontier.py says what is swept and why."]),
     Claim("ssa-table", "SSA: Tables 1 and 8, Fig. 7, subsampled training, dense fine-tuning, self-ensembling",
           "output", paper="Table 1 (Enwik8, 16 layers): S0 1.028 test bpb; S16-L4 1.058 at 0.70 compute, 0.51 "
                           "memory and 1.64× speed; +FT 1.029. Table 8: locally biased beats unbiased SSA. Table 4 and "
@@ -362,7 +310,7 @@ BY_NAME = {c.name: c for c in CLAIMS}
 
 
 def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
-    """Runs a claim's cells that match ``pattern``; a cell waiting on other runs' records (LearnedDensity) runs
+    """Runs a claim's cells that match ``pattern``; a cell waiting on other runs' records (an option they give) runs
     once they are complete. Returns how many cells failed or could not run."""
     done, failures = set(), 0
     while True:
@@ -373,7 +321,7 @@ def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
         failures += grid.run_cells(out, ready, jobs)
         done |= {c["name"] for c in ready}
     for cell in cells:
-        print(f"{cell['name']}: not run, it needs the complete runs of {cell['waiting']}", flush=True)
+        print(f"{cell['name']}: not run, it waits for {cell['waiting']}", flush=True)
     return failures + len(cells)
 
 

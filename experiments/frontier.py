@@ -161,3 +161,24 @@ def plot(records: List[dict], path: Path) -> str:
          ["test metric (accuracy; bytes: bits per byte)"] * len(variants))
     return ("Frontiers: test metric against measured attention density, a point per seed, each family's medians "
             "joined; dotted: full attention's median, dashed: the base rate.")
+
+
+ADAPTIVE, FIXED = ("sbm", "reformer"), ("window", "bigbird", "head allocation")
+PAYS = 1.5  # an adaptive family pays where it reaches full attention at a density at most 1/1.5 of every fixed one's
+
+
+def rule(folder: Path) -> Tuple[str, str]:
+    """On each content task: the lowest density at which an adaptive family (SBM, Reformer) reaches full attention
+    against the lowest of the fixed ones (window, BigBird, the head allocation); adaptivity pays on a task where
+    the adaptive one needs at most 1/PAYS of the fixed one's density."""
+    from experiments.claims import load
+    rows, said, pays = verdict_rows(load(folder)[0]), [], []
+    for variant in ("duplicates64", "duplicates128", "recall64"):
+        lowest = {kind: min([(r["density"], r["family"]) for r in rows if r["task"] == variant
+                             and r["family"] in families_of and r["density"] is not None], default=None)
+                  for kind, families_of in (("adaptive", ADAPTIVE), ("fixed", FIXED))}
+        said.append(f"{variant}: " + ", ".join(f"{kind} {'–' if v is None else f'{100 * v[0]:.0f}% ({v[1]})'}"
+                                               for kind, v in lowest.items()))
+        if lowest["adaptive"] and (not lowest["fixed"] or PAYS * lowest["adaptive"][0] <= lowest["fixed"][0]):
+            pays.append(variant)
+    return "; ".join(said), f"adaptivity pays on {', '.join(pays)}" if pays else "adaptivity does not pay"

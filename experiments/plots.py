@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench.files import read_json
-from experiments.claims import load, setting_name
+from experiments.claims import load
 
 
 def available() -> bool:
@@ -152,30 +152,6 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
             "dense inference.")
 
 
-def adaptive_vs_fixed(points: Dict[str, List[tuple]], path: Path, length: int) -> str:
-    """Test accuracy against attention density (left) and training step time (right), one point per run.
-    ``points``: setting → [(density, step time ÷ full, accuracy %)], one tuple per seed."""
-    fig, axes = figure(2)
-    methods = list(dict.fromkeys(setting.split("-at-")[0] for setting in points))
-    for setting, runs in points.items():
-        # one colour per method; a fixed pattern at 4× SBM's density is a ring, so that it shows around the dot of
-        # the same pattern at 1× where the two take the same density
-        index = methods.index(setting.split("-at-")[0])
-        style = dict(marker="osD^v<>ph*"[index // 10 % 10], label=setting, **(
-            dict(facecolors="none", edgecolors=f"C{index % 10}", s=110, linewidths=1.5) if "-at-4x-" in setting else
-            dict(color=f"C{index % 10}")))
-        for ax, x in zip(axes[0], (0, 1)):
-            ax.scatter([run[x] for run in runs], [run[2] for run in runs], **style)
-    for ax in axes[0]:
-        log_x(ax)
-    axes[0, 1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot, off the points
-    save(fig, path, axes[0], ["attention density on the test split (log)",
-                              "training step time ÷ full attention's (log)"],
-         ["test token accuracy (%)", "test token accuracy (%)"])
-    return (f"Adaptive vs fixed sparsity, duplicates at {length} tokens: test accuracy against density (left) "
-            "and training step ÷ fair full attention's (right), one point per run.")
-
-
 SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
     "scaling": "every method at its default budget (sbm untrained at ~25% density, sbm@0.01 at 1%; full: fused "
                "SDPA, full-ref: the explicit path)",
@@ -206,9 +182,8 @@ def ssa_curve(folder: Path) -> Optional[tuple]:
     return None
 
 
-def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object], step_ratios) -> Dict[str, str]:
-    """Every published plot into plot_dir, once; {name: caption} of those drawn. ``step_ratios``: a claim folder →
-    {setting: training step ÷ fair full attention's} (experiments.step_time's, timed side by side)."""
+def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object]) -> Dict[str, str]:
+    """Every published plot into plot_dir, once; {name: caption} of those drawn."""
     if not available():
         return {}
     plot_dir.mkdir(exist_ok=True)
@@ -222,14 +197,10 @@ def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object], step
         if (results / "scaling" / f"{name}.json").exists():
             captions[name] = scaling(read_json(results / "scaling" / f"{name}.json"), plot_dir / f"{name}.png",
                                      f"results/scaling/{name}.json, {what}")
-    adaptive = load(results / "adaptive-vs-fixed")[0]
-    if adaptive:  # one point per run: density, its setting's step ÷ fair full attention's, accuracy
-        fair, points = step_ratios(results / "adaptive-vs-fixed"), {}
-        for r in adaptive:
-            points.setdefault(setting_name(r), []).append((r["density"], fair.get(setting_name(r)), 100 * r["test"]))
-        captions["adaptive_vs_fixed"] = adaptive_vs_fixed(
-            {name: runs for name, runs in sorted(points.items(), key=lambda kv: kv[1][0][0]) if runs[0][1]},
-            plot_dir / "adaptive_vs_fixed.png", adaptive[0]["config"]["seq_len"])
+    frontier_records = load(results / "frontier")[0]
+    if frontier_records:
+        from experiments import frontier
+        captions["frontier"] = frontier.plot(frontier_records, plot_dir / "frontier.png")
     if quick:
         captions["accuracy_vs_cost"] = accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png", costs, "quick")
     return captions

@@ -23,7 +23,7 @@ from bench import cli
 from bench import methods as registry
 from bench.files import read_json
 from experiments import claims as claim_list
-from experiments import grid, plots, scaling
+from experiments import frontier, grid, plots, scaling
 from experiments.claims import load
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -284,6 +284,9 @@ def table3(recs: List[dict]) -> str:
     return "\n\n".join(out)
 
 
+CLAIM_TABLES = {"sbm-table3": table3, "frontier": frontier.table}  # a claim's own table; runs_table otherwise
+
+
 def verdict(claim, folder: Path) -> tuple:
     """(ours, verdict) by the claim's rule, or ("–", "not run yet ...") while its records or output are missing."""
     missing, planned = len(claim.cells()) - len(load(folder)[0]), len(claim.cells())
@@ -302,7 +305,7 @@ def claims_table(results: Path, link: str) -> str:
     return table(rows, ["claim", "paper", "ours", "verdict"])
 
 
-FIGURES = {"sbm-fig4": ["sbm_fig4"], "adaptive-vs-fixed": ["adaptive_vs_fixed"], "ssa-table": ["ssa_fig7"],
+FIGURES = {"sbm-fig4": ["sbm_fig4"], "frontier": ["frontier"], "ssa-table": ["ssa_fig7"],
            "scaling": ["scaling", "sbm_scaling"], "quick": ["accuracy_vs_cost"]}
 
 
@@ -320,7 +323,7 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
         missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
         out.append(f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each run's "
                    "command: `python -m experiments.claims list`).")
-        out += [table3(recs) if claim.name == "sbm-table3" else runs_table(recs)] if recs else []
+        out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
         out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
                 for task, timed in sorted(step_times_of(folder).items())
                 if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
@@ -385,8 +388,7 @@ def main(argv=None) -> int:
     content = readme.read_text()
     if START not in content or END not in content:
         p.error(f"{readme} has no {START} ... {END} markers")
-    captions = plots.draw_published(results, results / "plots", COSTS,
-                                    lambda folder: fair_step_ratios(next(iter(step_times_of(folder).values()), None)))
+    captions = plots.draw_published(results, results / "plots", COSTS)
     (results / "README.md").write_text(results_readme(results, captions) + "\n")
     head, rest = content.split(START, 1)
     readme.write_text(f"{head}{START}\n{glance(results, captions)}\n{END}{rest.split(END, 1)[1]}")

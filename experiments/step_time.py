@@ -4,7 +4,7 @@
     python -m experiments.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016,0.04
     python -m experiments.step_time --task listops --preset paper --batch-size 8 \
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
-    python -m experiments.step_time --task duplicates --runs 'results/adaptive-vs-fixed/runs/*-s0'   # a claim's settings
+    python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'  # a claim's
 
 One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it),
 the same batches for all, one training step (forward, loss, backward, AdamW) of each in turn, round

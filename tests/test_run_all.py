@@ -297,41 +297,32 @@ def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path)
     assert json.loads(record.read_text())["steps"] == 2
 
 
-def test_fixed_patterns_wait_for_sbm_and_then_run_at_its_learned_density(tmp_path, monkeypatch):
-    """adaptive-vs-fixed: the window and BigBird cells are planned with SBM λ = 1e-2's mean test density (and 4×)
-    once both seeds of it are complete; experiments.claims runs them in a second round."""
+def test_frontier_cells_wait_for_their_family_s_learning_rate_and_then_take_the_best(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """frontier: stage 1 runs three learning rates per family at seed 0; each stage-2 cell waits for its family's
+    three records, then takes the learning rate of the best validation metric (bits per byte: the lowest)."""
     from experiments import claims, grid
-    claim, runs = claims.BY_NAME["adaptive-vs-fixed"], tmp_path / "runs"
-    waiting = [c for c in claim.cells(runs) if "waiting" in c]
-    assert {c["method"] for c in waiting} == {"window", "bigbird"} and len(waiting) == 8
-    assert all("density=<" in " ".join(c["command"]) for c in waiting)
-    rounds = []
+    claim, runs = claims.BY_NAME["frontier"], tmp_path / "runs"
+    first = [c for c in claim.cells(runs) if "waiting" not in c]
+    assert {c["settings"]["lr"] for c in first} == {"3e-4", "1e-3", "3e-3"}
+    assert all(c["seed"] == 0 for c in first) and len(first) == 3 * 6 * 4  # learning rates × families × tasks
+    valid = {"3e-4": 0.7, "1e-3": 0.9, "3e-3": 0.8}
 
-    def run_cells(out, cells, jobs):  # the grid, writing each cell's record with a density of 1% or 3% by seed
-        rounds.append(sorted(c["name"] for c in cells))
+    def run_cells(out, cells, jobs):  # the grid: stage-1 records whose validation metric depends on the rate
         for cell in cells:
-            folder = out / "runs" / cell["name"]
-            write_record(folder, cell, 0.9)
-            record = json.loads((folder / "metrics.json").read_text())
-            (folder / "metrics.json").write_text(json.dumps(dict(record, density=0.01 + 0.02 * cell["seed"])))
+            lr = cell["settings"]["lr"]
+            write_record(out / "runs" / cell["name"], cell, valid.get(lr, 0.5))
         return 0
 
     monkeypatch.setattr(grid, "run_cells", run_cells)
-    assert claims.run_claim(claim, tmp_path, "*", 2) == 0
-    assert len(rounds) == 2 and all(name.startswith(("window", "bigbird")) for name in rounds[1])
+    assert claims.run_claim(claim, tmp_path, "window-d0.2-n64-*-s0", 1) == 0
     commands = {c["name"]: " ".join(c["command"]) for c in claim.cells(runs)}
-    assert "--attn density=0.02 " in commands["window-at-sbm-density-duplicates-cpu-s0"] + " "
-    assert "--attn density=0.08 " in commands["bigbird-at-4x-sbm-density-duplicates-cpu-s1"] + " "
-
-
-def test_fixed_patterns_do_not_run_while_sbm_has_no_record(tmp_path, monkeypatch, capsys):
-    from experiments import claims, grid
-    monkeypatch.setattr(grid, "run_cells", lambda out, cells, jobs: 0)  # SBM's runs fail to leave a record
-    assert claims.run_claim(claims.BY_NAME["adaptive-vs-fixed"], tmp_path, "*", 2) == 8
-    assert "window-at-sbm-density-duplicates-cpu-s0: not run, it needs the complete runs of sbm-lambda0.01" \
+    assert commands["window-d0.2-n64-duplicates-cpu-s0"].endswith("--attn density=0.2 --lr 1e-3")
+    assert "waiting" in {c["name"]: c for c in claim.cells(runs)}["bigbird-d0.2-n64-duplicates-cpu-s0"]
+    monkeypatch.setattr(grid, "run_cells", lambda out, cells, jobs: 0)  # stage 1 leaves no record
+    assert claims.run_claim(claim, tmp_path, "sbm-lambda1e-2-n64-duplicates-cpu-s4", 1) == 1
+    assert "sbm-lambda1e-2-n64-duplicates-cpu-s4: not run, it waits for the records that give --lr" \
         in capsys.readouterr().out
-
-
 
 
 def claim_records(tmp_path, claim_name, tests, **fields):
@@ -361,18 +352,29 @@ def test_the_fig4_rule_reproduces_only_when_full_and_sbm_reach_99_and_the_low_ra
     assert claim.rule(folder)[1] == "differs: sbm below 99%"
 
 
-def test_the_adaptive_rule_has_no_information_where_nothing_learns_and_a_margin_rule_elsewhere(tmp_path):
-    from experiments import claims
-    tests = {"full": 0.99, "sbm": 0.985, "sbm-lambda0.01": 0.631, "window-at-sbm-density": 0.632,
-             "bigbird-at-sbm-density": 0.630}
-    claim, folder = claim_records(tmp_path / "a", "adaptive-vs-fixed", tests)
+def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_family(tmp_path):
+    """Per task and family, the lowest median density whose median test accuracy is within a point of full
+    attention's, with the seeds that reach it; adaptivity pays on a task where an adaptive family gets there at
+    most 1/1.5 of the density the fixed families need."""
+    from experiments import frontier
+    tests = {"full-n64": 0.99, "window-d0.2-n64": 0.70, "window-d0.6-n64": 0.985, "sbm-n64": 0.99,
+             "sbm-lambda1e-2-n64": 0.985, "reformer-h2-b8-n64": 0.95}
+    density = {"full-n64": 1.0, "window-d0.2-n64": 0.2, "window-d0.6-n64": 0.6, "sbm-n64": 0.9,
+               "sbm-lambda1e-2-n64": 0.3, "reformer-h2-b8-n64": 0.25}
+    claim, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": d} for s, d in density.items()})
+    rows = {(r["task"], r["family"]): r for r in frontier.verdict_rows(frontier_records(folder))}
+    assert (rows["duplicates64", "sbm"]["density"], rows["duplicates64", "sbm"]["seeds"]) == (0.3, "5/5")
+    assert rows["duplicates64", "window"]["density"] == 0.6 and rows["duplicates64", "window"]["settings"] == 2
+    assert rows["duplicates64", "reformer"]["density"] is None  # 95%: below full attention's 99% − 1 point
+    assert "| duplicates64 | reformer | 0.9900 | 1 | does not | – | – |" in frontier.table(frontier_records(folder))
     ours, verdict = claim.rule(folder)
-    assert verdict == claims.NO_INFORMATION and ours.startswith("SBM λ = 1e-2 63.10% at 50.00%")
-    claim, folder = claim_records(tmp_path / "b", "adaptive-vs-fixed", dict(tests, **{"sbm-lambda0.01": 0.97}))
-    assert claim.rule(folder)[1] == claims.REPRODUCED  # 97% against the better fixed pattern's 63.2%
-    claim, folder = claim_records(tmp_path / "c", "adaptive-vs-fixed", dict(tests, **{
-        "sbm-lambda0.01": 0.97, "bigbird-at-sbm-density": 0.965}))
-    assert claim.rule(folder)[1] == "differs: fixed patterns as accurate"
+    assert verdict == "adaptivity pays on duplicates64, recall64"  # 30% ≤ 60% / 1.5 (the -n64 records serve both)
+    assert ours.startswith("duplicates64: adaptive 30% (sbm), fixed 60% (window); duplicates128: adaptive –")
+
+
+def frontier_records(folder):
+    from experiments.claims import load
+    return load(folder)[0]
 
 
 def test_the_claims_table_puts_the_rule_s_verdict_beside_the_paper_s_figure(tmp_path):
