@@ -69,16 +69,12 @@ _softmax_backward = _raw(lambda *args, out_val=None, **kwargs:
                          SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val))
 
 
-def _sparse(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.layout != torch.strided
-
-
 @_raw
 def _mm(a, b, *args, out_val=None, **kwargs) -> int:
     """torch's 2·m·k·n, or 2 per stored entry of a sparse operand and column of the other (computed work)."""
-    if _sparse(a):
+    if a.layout != torch.strided:
         return 2 * a._nnz() * b.shape[-1]
-    if _sparse(b):
+    if b.layout != torch.strided:
         return 2 * b._nnz() * a.shape[0]
     return 2 * a.shape[0] * a.shape[1] * b.shape[1]
 
