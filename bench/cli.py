@@ -91,12 +91,9 @@ dropout_rate = checked_number(float, lambda v: 0 <= v < 1, "a rate in [0, 1)")
 
 
 def parse_bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("true", "yes", "1"):
-        return True
-    if lowered in ("false", "no", "0"):
-        return False
-    raise ValueError(text)
+    if text.lower() not in ("true", "yes", "1", "false", "no", "0"):
+        raise ValueError(text)
+    return text.lower() in ("true", "yes", "1")
 
 
 def boolean(text: str) -> bool:
@@ -271,19 +268,16 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
 def available_memory(device: str) -> Tuple[int, str]:
     """(bytes, where) a run on ``device`` may use: the GPU's, else MemAvailable, else the machine's RAM."""
     import torch
+    from bench.measure import proc_kib
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         try:
             index = torch.device(device).index if device.startswith("cuda") else None
             return torch.cuda.get_device_properties(index or 0).total_memory, "on the GPU"
         except (RuntimeError, AssertionError, ValueError):
             pass  # no such device: refused as the run starts (bench.config.resolve_device)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "available on this machine"
-    except (OSError, ValueError, IndexError):
-        pass
+    available = proc_kib("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available * 1024, "available on this machine"
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"
     except (OSError, ValueError):

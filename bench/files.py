@@ -13,7 +13,6 @@ the data live. The standard library only at the top (torch where a checkpoint is
 import errno
 import fcntl
 import hashlib
-import io
 import json
 import os
 import tempfile
@@ -201,9 +200,7 @@ def record_divergence(cfg, step: int, lr: float, done: Progress) -> None:
 
 def save_checkpoint(path: Path, state: dict) -> None:
     import torch
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_atomic(path, buffer.getvalue())
+    write_atomic_with(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:

@@ -283,11 +283,9 @@ def final_record(run: Run) -> Optional[dict]:
     process's weights' fingerprint. A method adds its own entries before ``finish``. Other processes get None."""
     cfg, device, model, task = run.cfg, run.device, run.model, run.task
     done = run.progress()
-    fingerprints = [files.parameter_fingerprint(model)]
+    fingerprints = [files.parameter_fingerprint(model)] * run.world  # this one's; then every process's
     if run.world > 1:
-        gathered = [None] * run.world
-        dist.all_gather_object(gathered, fingerprints[0])
-        fingerprints = gathered
+        dist.all_gather_object(fingerprints, fingerprints[0])
     if not run.is_main:
         return None
     run.say(f"final evaluation: valid and test, up to {cfg.final_eval_batches} batches each ...")

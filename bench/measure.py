@@ -69,16 +69,12 @@ _softmax_backward = _raw(lambda *args, out_val=None, **kwargs:
                          SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val))
 
 
-def _sparse(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.layout != torch.strided
-
-
 @_raw
 def _mm(a, b, *args, out_val=None, **kwargs) -> int:
     """torch's 2·m·k·n, or 2 per stored entry of a sparse operand and column of the other (computed work)."""
-    if _sparse(a):
+    if a.layout != torch.strided:
         return 2 * a._nnz() * b.shape[-1]
-    if _sparse(b):
+    if b.layout != torch.strided:
         return 2 * b._nnz() * a.shape[0]
     return 2 * a.shape[0] * a.shape[1] * b.shape[1]
 
@@ -104,12 +100,7 @@ def _cpu_sdpa_backward(grad_out, query, key, value, *args, out_val=None, **kwarg
 
 def _packets(names: List[str]) -> list:
     """The OpOverloadPackets for names and their in-place variants that exist in this torch build."""
-    packets = []
-    for name in names:
-        for variant in (name, name + "_"):
-            if hasattr(aten, variant):
-                packets.append(getattr(aten, variant))
-    return packets
+    return [getattr(aten, v) for name in names for v in (name, name + "_") if hasattr(aten, v)]
 
 
 EXTRA_FORMULAS: Dict = {}
@@ -184,15 +175,13 @@ def rss_bytes() -> int:
         return 0
 
 
-def _status_kib(field: str) -> Optional[int]:
+def proc_kib(path: str, field: str) -> Optional[int]:
+    """A ``FIELD: N kB`` line's N from a Linux /proc file (/proc/self/status, /proc/meminfo), else None."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
+        with open(path) as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(field + ":")), None)
     except (OSError, ValueError, IndexError):
         return None
-    return None
 
 
 def release_free_heap() -> None:
@@ -221,17 +210,15 @@ class PeakRSS:
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            self.resettable = _status_kib("VmHWM") is not None
+            self.resettable = proc_kib("/proc/self/status", "VmHWM") is not None
         except OSError:
             self.resettable = False
         self.baseline = rss_bytes()
 
     def peak_above_baseline(self) -> int:
-        if self.resettable:
-            peak = _status_kib("VmHWM") * 1024
-        else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return max(0, peak - self.baseline)
+        peak_kib = (proc_kib("/proc/self/status", "VmHWM") if self.resettable
+                    else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        return max(0, peak_kib * 1024 - self.baseline)
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -246,17 +233,25 @@ def peak_memory_bytes(device: torch.device, cpu_meter: Optional[PeakRSS] = None)
     return cpu_meter.peak_above_baseline() if cpu_meter is not None else 0
 
 
+def cuda_peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """CUDA's allocator peak while ``fn()`` runs, above what was allocated when it started."""
+    before = torch.cuda.memory_allocated(device)
+    reset_peak_memory(device)
+    fn()
+    synchronize(device)
+    return max(0, int(torch.cuda.max_memory_allocated(device)) - before)
+
+
 def inference_peak_memory_bytes(forward: Callable[[], object], device: torch.device) -> int:
     """Peak memory of one inference call above what was allocated before it (weights and inputs excluded):
     CUDA's allocator counter, or on CPU the resident set's high-water mark above a fresh baseline (PeakRSS),
     which is why the records of SBM Table 3 are compared within one claim, never across machines."""
-    meter = PeakRSS() if device.type == "cpu" else None
-    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    reset_peak_memory(device)
+    if device.type == "cuda":
+        return cuda_peak_bytes(torch.no_grad()(forward), device)
+    meter = PeakRSS()
     with torch.no_grad():
         forward()
-    synchronize(device)
-    return max(0, peak_memory_bytes(device, meter) - before)
+    return meter.peak_above_baseline()
 
 
 def tensor_peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
@@ -264,11 +259,7 @@ def tensor_peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     is max_memory_allocated's count; on CPU the same count is read from torch.profiler's allocation events, the
     tensors alone, where peak RSS (PeakRSS) also holds what the heap keeps around them."""
     if device.type == "cuda":
-        before = torch.cuda.memory_allocated(device)
-        reset_peak_memory(device)
-        fn()
-        synchronize(device)
-        return max(0, int(torch.cuda.max_memory_allocated(device)) - before)
+        return cuda_peak_bytes(fn, device)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
         fn()
     held = peak = 0

@@ -30,6 +30,8 @@ MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 
 class ByteLM(Task):
     """Byte-level language modelling on a byte array per split; bits per byte."""
     reads_files = True
+    download_allowed = True
+    data_file: Optional[Path] = None  # set from --data-file
 
     def __init__(self, name: str):
         cpu = Preset(seq_len=256, dim=128, depth=2, heads=4, head_dim=32, mlp_dim=512, dropout=0.0, steps=1500,
@@ -85,11 +87,9 @@ class Enwik8(ByteLM):
     SHA256 = "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a8"
     MEMBER = "enwik8"  # the zip holds this one file
     SIZE = 100_000_000  # its size in bytes
-    download_allowed = True
 
     def __init__(self):
         super().__init__("enwik8")
-        self.data_file: Optional[Path] = None  # set from --data-file
 
     def candidates(self, data_dir: Path) -> List[Path]:
         if self.data_file is not None:
@@ -183,8 +183,6 @@ class LocalBytes(ByteLM):
 
     def __init__(self):
         super().__init__("bytes")
-        self.data_file: Optional[Path] = None  # set from --data-file
-        self.download_allowed = True
 
     def load(self, data_dir):
         if self.data_file is not None:

@@ -169,22 +169,18 @@ class Text(LRATask):
             return (len(parts) >= 3 and parts[-3] in ("train", "test") and parts[-2] in ("pos", "neg")
                     and parts[-1].endswith(".txt"))
 
-        if source.is_dir():
-            items = ((PurePosixPath(p.relative_to(source).as_posix()), p.read_bytes())
-                     for p in source.rglob("*.txt"))
-        else:
-            items = iter_archive(source, keep)
+        items = (((PurePosixPath(p.relative_to(source).as_posix()), p.read_bytes()) for p in source.rglob("*.txt"))
+                 if source.is_dir() else iter_archive(source, keep))
         for rel, data in items:
             if keep(rel):
                 split, label, stem = rel.parts[-3], rel.parts[-2], rel.parts[-1][:-4]
                 review_id = int(stem.split("_")[0]) if stem.split("_")[0].isdigit() else stem
                 found[(split == "test", label == "pos", review_id)] = data
-        for split in ("train", "test"):
-            for label in ("pos", "neg"):
-                count = sum(1 for k in found if k[0] == (split == "test") and k[1] == (label == "pos"))
-                if count != self.PER_FOLDER:
-                    raise DataError(f"text: {source} has {count} reviews in {split}/{label}, expected "
-                                    f"{self.PER_FOLDER} (the aclImdb layout). Fetch {self.URL} again.")
+        for split, label in itertools.product(("train", "test"), ("pos", "neg")):
+            count = sum(1 for k in found if k[0] == (split == "test") and k[1] == (label == "pos"))
+            if count != self.PER_FOLDER:
+                raise DataError(f"text: {source} has {count} reviews in {split}/{label}, expected "
+                                f"{self.PER_FOLDER} (the aclImdb layout). Fetch {self.URL} again.")
         keys = sorted(found, key=lambda k: (k[0], k[1], str(type(k[2])), k[2]))
         docs = Docs.from_list([found[k] for k in keys])
         return {"bytes": docs.data, "offsets": docs.offsets, "label": np.array([k[1] for k in keys], np.int64),
@@ -293,8 +289,7 @@ class Retrieval(LRATask):
         arrays = cached(data_dir, f"aan-bytes-{key.hexdigest()[:20]}", lambda: self.read(folder), self.cache_problem)
         self.splits = {}
         for split in self.FILES:
-            a = Docs(arrays[f"{split}_a_bytes"], arrays[f"{split}_a_offsets"])
-            b = Docs(arrays[f"{split}_b_bytes"], arrays[f"{split}_b_offsets"])
+            a, b = (Docs(arrays[f"{split}_{side}_bytes"], arrays[f"{split}_{side}_offsets"]) for side in "ab")
             order = np.arange(len(a)) if split == "train" else fixed_permutation(len(a), 2)
             self.splits[split] = (a, b, order, arrays[f"{split}_y"])
 

@@ -258,12 +258,9 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
         # render: every placed step's paddle and the two marker discs on a 4x canvas, then block means
         canvas = draw.canvas(len(rows), _RENDER)
         local = np.arange(len(rows))
-        for s in range(2):
-            for k in range(p.contour_length):
-                start = joints[:, s, k] + half * _unit(thetas[:, s, k])
-                draw.stamp(canvas, local, start, thetas[:, s, k], draw.paddle_stamp, _RENDER)
-        for dj, dt, dn in distractors:
-            for k in range(p.distractor_length):
+        targets = [(joints[:, s], thetas[:, s], np.full(len(rows), p.contour_length)) for s in range(2)]
+        for dj, dt, dn in targets + distractors:  # (m, K+1, 2) joints, (m, K) angles, (m,) steps placed
+            for k in range(dt.shape[1]):
                 has = np.flatnonzero(dn > k)
                 start = dj[has, k] + half * _unit(dt[has, k])
                 draw.stamp(canvas, local[has], start, dt[has, k], draw.paddle_stamp, _RENDER)
@@ -315,14 +312,9 @@ class Pathfinder(LRATask):
         sizes = self.sizes or self.default_sizes(side)
         key = hashlib.sha256(repr((self.GENERATOR_VERSION, asdict(params), sorted(sizes.items()), seed)).encode())
         arrays = cached(data_dir, f"pathfinder-{key.hexdigest()[:20]}", lambda: self.generate(params, sizes, seed),
-                        lambda arrays: self.cache_problem(arrays, side, sizes))
+                        lambda arrays: images_problem(arrays, sizes, (side, side)))
         self.splits = {split: (arrays[f"{split}_x"].reshape(-1, side * side), arrays[f"{split}_y"])
                        for split in ("train", "valid", "test")}
-
-    @staticmethod
-    def cache_problem(arrays, side: int, sizes: Dict[str, int]) -> Optional[str]:
-        """What ``generate`` makes: ``sizes[split]`` images of side × side pixels and their labels per split."""
-        return images_problem(arrays, sizes, (side, side))
 
     @staticmethod
     def generate(params, sizes, seed):

@@ -33,13 +33,11 @@ class Duplicates(ExampleSetTask):
         paper = Preset(seq_len=256, dim=32, depth=1, heads=1, head_dim=32, mlp_dim=32, dropout=0.0, steps=2000,
                        batch_size=256, lr=1e-3, weight_decay=0.0, warmup=100, eval_every=250, eval_batches=4,
                        final_eval_batches=32)
-        cpu = paper
         super().__init__("duplicates", "token", vocab_size=257, num_classes=2, metric="accuracy",
-                         presets={"cpu": cpu, "paper": paper})
+                         presets={"cpu": paper, "paper": paper})
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
-        self.seq_len = seq_len
-        self.vocab_size = seq_len + 1
+        self.seq_len, self.vocab_size = seq_len, seq_len + 1
         self.splits = {}
         for offset, split in enumerate(("valid", "test")):
             g = torch.Generator().manual_seed(seed * 1000 + 7 + offset)
