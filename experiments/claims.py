@@ -104,18 +104,6 @@ MARGIN = 0.01  # accuracy within one point of the figure it is compared with cou
 COST_SLACK = 1.5  # a cost ratio up to 1.5× the paper's counts as the paper's (other hardware, other lengths)
 
 
-def load(folder: Path):
-    """(complete records, failures) of a folder's cells; each record carries its cell's command and folder."""
-    records, failures = [], []
-    for cell in sorted((folder / "runs").glob("*")):
-        record = read_json(cell / "metrics.json")
-        if record and record.get("status") == "complete":
-            records.append(dict(record, cell=read_json(cell / "cell.json") or {}, folder=cell))
-        elif (cell / "failed.json").exists():
-            failures.append(read_json(cell / "failed.json"))
-    return records, failures
-
-
 def average(rs: List[dict], get=lambda r: r["test"]) -> float:
     return statistics.mean(get(r) for r in rs)
 
@@ -133,7 +121,7 @@ def learned(rs: List[dict]) -> bool:
 
 def fig4_rule(folder: Path) -> Tuple[str, str]:
     """Fig. 4: full attention and SBM reach ~100% (≥ 99% here); the low-rank and kernelized methods do not."""
-    test = {r["method"]: r["test"] for r in load(folder)[0]}
+    test = {r["method"]: r["test"] for r in grid.load(folder)[0]}
     top = [m for m in test if test[m] >= 0.99]
     reach, short = [m for m in FIG4_FALL_SHORT if m in top], [m for m in ("full", "sbm") if m not in top]
     ours = f"≥ 99%: {', '.join(top)}; below: " + ", ".join(f"{m} {100 * test[m]:.1f}%" for m in test if m not in top)
@@ -144,7 +132,7 @@ def fig4_rule(folder: Path) -> Tuple[str, str]:
 def listops_rule(folder: Path) -> Tuple[str, str]:
     """Tables 1-2: SBM within MARGIN of full attention's accuracy at both λ, and sparser at λ = 1e-2 than at 0."""
     groups = {}
-    for r in load(folder)[0]:
+    for r in grid.load(folder)[0]:
         groups.setdefault((r["method"], float(r["config"].get("density_weight") or 0)), []).append(r)
     full, sbm = groups[("full", 0.0)], {w: groups[("sbm", w)] for w in (0.0, 0.01)}
     density = {w: average(rs, lambda r: r["density"]) for w, rs in sbm.items()}
@@ -158,7 +146,7 @@ def listops_rule(folder: Path) -> Tuple[str, str]:
 def table3_rule(folder: Path) -> Tuple[str, str]:
     """Table 3: SBM λ = 1e-1's inference FLOPs ÷ full attention's and memory ÷ the explicit path's within
     COST_SLACK × the paper's, per task; its accuracy above the base rate where full attention's is."""
-    recs, said, costly, at_base, informative = load(folder)[0], [], [], [], False
+    recs, said, costly, at_base, informative = grid.load(folder)[0], [], [], [], False
     for task, columns in PAPER_TABLE3.items():
         rs = [r for r in recs if r["task"] == task]
         full = [r for r in rs if r["method"] == "full" and r["steps"] > 0]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from bench.files import read_json
+from experiments.grid import load
 
 SEEDS = (0, 1, 2, 3, 4)
 LEARNING_RATES = ("3e-4", "1e-3", "3e-3")
@@ -134,35 +135,6 @@ def table(records: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(records: List[dict], path: Path) -> str:
-    """Test metric against measured test density, one panel per task variant: a point per seed, each family's
-    medians joined in order of density, full attention's median (dotted) and the base rate (dashed)."""
-    from experiments.plots import figure, log_x, save
-    groups = by_setting(records)
-    variants = [v for v in VARIANTS if any(key[0] == v for key in groups)]
-    fig, axes = figure(len(variants))
-    names = list(families(0))
-    for ax, variant in zip(axes[0], variants):
-        for family in names:
-            points = sorted((statistics.median(r["density"] for r in rs), statistics.median(r["test"] for r in rs), rs)
-                            for (v, f, _), rs in groups.items() if v == variant and f == family)
-            colour = f"C{names.index(family)}"
-            for _, _, rs in points:
-                ax.scatter([r["density"] for r in rs], [r["test"] for r in rs], s=8, color=colour, alpha=0.4)
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=family, ms=4)
-        full = groups.get((variant, "dense", "full"), [])
-        if full:
-            ax.axhline(statistics.median(r["test"] for r in full), color="k", ls=":", lw=1)
-            ax.axhline(statistics.median(r["base_rate"] for r in full), color="grey", ls="--", lw=1)
-        ax.set_title(variant, fontsize=9)
-        log_x(ax)
-    axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    save(fig, path, axes[0], "attention density on the test split (log)",
-         ["test metric (accuracy; bytes: bits per byte)"] * len(variants))
-    return ("Frontiers: test metric against measured attention density, a point per seed, each family's medians "
-            "joined; dotted: full attention's median, dashed: the base rate.")
-
-
 ADAPTIVE, FIXED = ("sbm", "reformer"), ("window", "bigbird", "head allocation")
 PAYS = 1.5  # an adaptive family pays where it reaches full attention at a density at most 1/1.5 of every fixed one's
 
@@ -171,7 +143,6 @@ def rule(folder: Path) -> Tuple[str, str]:
     """On each content task: the lowest density at which an adaptive family (SBM, Reformer) reaches full attention
     against the lowest of the fixed ones (window, BigBird, the head allocation); adaptivity pays on a task where
     the adaptive one needs at most 1/PAYS of the fixed one's density."""
-    from experiments.claims import load
     rows, said, pays = verdict_rows(load(folder)[0]), [], []
     for variant in ("duplicates64", "duplicates128", "recall64"):
         lowest = {kind: min([(r["density"], r["family"]) for r in rows if r["task"] == variant

@@ -5,19 +5,14 @@
     python -m experiments.grid --budget full            # paper presets, 3 seeds (a GPU job)
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets (BUDGETS): ``quick`` trains each task at the settings of QUICK, calibrated so that full
-attention clearly learns every task shown within the whole ./run_all.sh's time on a 2-core CPU (30
-minutes; 39 with the fixed-sparse baselines and the step-time tables, on a fresh clone);
-QUICK_LEFT_OUT says where a task that cannot be learned in that time is measured instead. ``smoke``
-runs a few steps of every cell at tiny shapes; ``full`` the paper presets. Every cell of a task uses
-the same backbone and recipe.
-
-The kernel method is a masked-LM pipeline (Karkhanis, Roberts, Krishnan, "A Kernel based approach to
-Learning Sparse Attention in Transformers", a CMU report without arXiv id, §4) and runs on
-``wikitext2`` only, where no other method runs (bench/methods.py). Resumable within its folder
-(OUT/grid.lock names the one grid it holds): a complete cell of the planned command is kept, one
-left with a checkpoint resumed, one of another budget redone. Stopping the grid (SIGTERM, SIGINT, or
-SIGKILL on Linux) stops its cells.
+Budgets (BUDGETS): ``quick`` trains each task at the settings of QUICK, calibrated so that full attention
+clearly learns every task shown within ./run_all.sh's time on a 2-core CPU; QUICK_LEFT_OUT says where a task
+that cannot be learned in that time is measured instead. ``smoke``: a few steps of every cell at tiny shapes;
+``full``: the paper presets. Every cell of a task uses the same backbone and recipe. The kernel method, a
+masked-LM pipeline (Karkhanis, Roberts, Krishnan, a CMU report without arXiv id, §4), runs on ``wikitext2``
+only (bench/methods.py). Resumable within its folder (OUT/grid.lock names the grid that holds it): a complete
+cell of the planned command is kept, one left with a checkpoint resumed, one of another budget redone.
+Stopping the grid (SIGTERM, SIGINT, or SIGKILL on Linux) stops its cells.
 """
 import argparse
 import ctypes
@@ -137,8 +132,16 @@ def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: 
             "command": [*entry, "--task", task, "--preset", preset, "--seed", str(seed), *flags(settings)]}
 
 
-def is_complete(folder: Path) -> bool:
-    return (read_json(folder / "metrics.json") or {}).get("status") == "complete"
+def load(folder: Path):
+    """(complete records, failures) of a folder's cells; each record carries its cell's command and folder."""
+    records, failures = [], []
+    for cell in sorted((folder / "runs").glob("*")):
+        record = read_json(cell / "metrics.json")
+        if record and record.get("status") == "complete":
+            records.append(dict(record, cell=read_json(cell / "cell.json") or {}, folder=cell))
+        elif (cell / "failed.json").exists():
+            failures.append(read_json(cell / "failed.json"))
+    return records, failures
 
 
 # ------------------------------------------------------------------------------------------------ planning
@@ -213,7 +216,7 @@ def prepare_cell(folder: Path, cell: dict) -> str:
         shutil.rmtree(folder)
         print(f"{cell['name']}: made with another command ({' '.join(stored.get('command', []))}); redone",
               flush=True)
-    if folder.exists() and is_complete(folder):
+    if (read_json(folder / "metrics.json") or {}).get("status") == "complete":
         return "complete"
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "cell.json", {"command": cell["command"]})
@@ -244,7 +247,7 @@ def reap(process: subprocess.Popen) -> Optional[tuple]:
 
 def finish_cell(folder: Path, cell: dict, code: int, seconds: float, cpu_seconds: float) -> bool:
     """True when the cell wrote a complete record; otherwise failed.json says why."""
-    if code == 0 and is_complete(folder):
+    if code == 0 and (read_json(folder / "metrics.json") or {}).get("status") == "complete":
         write_json(folder / "cell.json", {"command": cell["command"], "wall_s": round(seconds, 1),
                                           "cpu_s": round(cpu_seconds, 1)})
         return True

@@ -24,7 +24,7 @@ from bench import methods as registry
 from bench.files import read_json
 from experiments import claims as claim_list
 from experiments import frontier, grid, plots, scaling
-from experiments.claims import load
+from experiments.grid import load
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 REFERENCE = "full"

@@ -45,16 +45,15 @@ print(json.dumps({"code": code, "help": text.getvalue(), "torch": "torch" in sys
 
 @pytest.mark.parametrize("module, prog", [
     ("experiments.scaling", "python -m experiments.scaling"), ("experiments.peers", "python -m experiments.peers"),
-    ("experiments.approx_error", "python -m experiments.approx_error"), ("experiments.ssa_table", "python -m experiments.ssa_table"),
+    ("experiments.ssa_table", "python -m experiments.ssa_table"),
     ("experiments.grid", "python -m experiments.grid"), ("experiments.run_all", "./run_all.sh"),
     ("experiments.report", "python -m experiments.report"), ("experiments.claims", "python -m experiments.claims"),
     ("experiments.step_time", "python -m experiments.step_time")])
 def test_help_runs_nothing_writes_nothing_and_names_the_command(tmp_path, module, prog):
     """--help exits 0 with the usage line a user types, before anything runs: nothing written (the working folder
-    stays empty), torch and numpy not imported where the tool's options need neither (experiments.approx_error
-    and experiments.step_time measure torch code throughout: they import it), and never
-    "(default: None)"."""
-    heavy = module in ("experiments.approx_error", "experiments.step_time")
+    stays empty), torch and numpy not imported where the tool's options need neither (experiments.step_time
+    measures torch code throughout: it imports it), and never "(default: None)"."""
+    heavy = module == "experiments.step_time"
     result = subprocess.run([sys.executable, "-c", HELP, module], cwd=tmp_path, capture_output=True, text=True,
                             timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     shown = json.loads(result.stdout)

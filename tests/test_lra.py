@@ -403,7 +403,7 @@ def test_pathfinder_images_keep_their_promises(side, count):
     assert images.shape == (count, side, side) and images.dtype == np.uint8
     assert labels.sum() == count // 2  # exactly balanced
     scale = 8  # path mask: the centre lines of every snake, rasterised at 8 cells per pixel
-    for image, label, rec in zip(images, labels, records):
+    for picture, label, rec in zip(images, labels, records):
         snakes = [_dense(rec["joints"][0]), _dense(rec["joints"][1])] + [_dense(d) for d in rec["distractors"]]
         tips = rec["tips"]
         assert np.linalg.norm(tips[0] - tips[1]) > 2 * params.marker_radius  # markers never overlap

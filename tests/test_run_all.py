@@ -373,7 +373,7 @@ def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_
 
 
 def frontier_records(folder):
-    from experiments.claims import load
+    from experiments.grid import load
     return load(folder)[0]
 
 

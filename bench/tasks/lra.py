@@ -24,7 +24,6 @@ Shape legend: B batch, N tokens (seq_len).
 """
 import dataclasses
 import hashlib
-import io
 import itertools
 import math
 from pathlib import Path, PurePosixPath
