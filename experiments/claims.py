@@ -253,7 +253,7 @@ CLAIMS = [
                  "edges (δ = 0.01) in evaluation as the official code does (`--explore-in-eval`); our default drops "
                  "them. The paper's λ = 1e-1 densities on four LRA tasks (1.15-2.61%; Text 10.62%) sit just above "
                  "δ's 1%, as such an evaluation gives."]),
-    Claim("frontier", "Does adaptivity pay? Frontiers of accuracy against density, every method's budget swept",
+    Claim("frontier", "Frontiers: adaptive against fixed sparsity, each method's budget swept",
           "runs", paper="SBM §5.1 and Fig. 4: on duplicates the model \"must perform full attention\" to reach "
           "100%, its density rising towards 1; nothing in the paper compares it with fixed patterns at the same "
           "cost. The field compares such methods by frontiers at matched budgets (accuracy or perplexity against "
