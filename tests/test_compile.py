@@ -8,7 +8,7 @@ import torch
 from bench.methods import available, get
 
 VARIANTS = [(name, {}) for name in available() if name != "sbm"] + [
-    ("sbm", dict(path=path, clusters=4, density_weight=0.1)) for path in ("auto", "fast", "reference")] + [
+    ("sbm", dict(path=path, clusters=4, density_weight=0.1)) for path in ("fast", "reference")] + [
     ("kernel", dict(sparse=True, path="fast"))]
 
 

@@ -423,7 +423,7 @@ def test_pathfinder_images_keep_their_promises(side, count):
             ends.append(tuple(np.floor(snakes[owner][distance.argmin()] * scale).astype(int)))
         assert _connected(mask, *ends) == bool(label)  # one snake joins them iff the label is 1
         for t in tips:  # both markers are drawn
-            assert image[int(t[0]), int(t[1])] >= 128
+            assert picture[int(t[0]), int(t[1])] >= 128
         assert (np.concatenate(snakes) >= params.padding - 1e-9).all()
         assert (np.concatenate(snakes) <= side - params.padding + 1e-9).all()
 
