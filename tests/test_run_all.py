@@ -69,7 +69,7 @@ def test_a_fresh_clone_runs_into_its_own_ignored_folder_and_leaves_git_clean(tmp
     assert sh(["git", "status", "--porcelain"], cwd=clone).stdout == ""
 
 
-def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path):
+def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypatch):
     data, out = fake_wikitext(tmp_path / "data"), tmp_path / "run"
     result = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
                  "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
@@ -91,15 +91,15 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path):
                 "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
     assert rerun.stdout.count("complete, kept") == 5 and "scaling.json was measured with these settings; kept" in rerun.stdout
     # A table an older version wrote (settings under other names, e.g. "batch", "warmup") is measured anew.
+    from experiments import run_all, scaling
     old = json.loads((out / "scaling.json").read_text())
     old["args"] = {("batch" if k == "batch_size" else "warmup" if k == "warmup_iters" else k): v
                    for k, v in old["args"].items()}
     (out / "scaling.json").write_text(json.dumps(old))
-    again = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
-                "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
-    assert again.stdout.count("complete, kept") == 5 and "kept" not in again.stdout.split("scaling:")[1].split("\n")[0]
-    assert "Attention scaling" in again.stdout
-    assert "batch_size" in json.loads((out / "scaling.json").read_text())["args"]
+    measured = []
+    monkeypatch.setattr(scaling, "main", lambda argv: measured.append(argv))
+    run_all.run_scaling(out, "smoke", ["full", "linformer", "sbm"], "32", "cpu")
+    assert measured and measured[0][:4] == ["--methods", "full,linformer,sbm,full-ref,sbm@0.01", "--lengths", "32"]
 
 
 def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
