@@ -129,7 +129,8 @@ def table(records: List[dict]) -> str:
     lines = ["| task | family | full attention (median) | settings run | lowest density reaching it | setting | "
              "seeds that reach it |", "|---|---|---|---|---|---|---|"]
     for row in verdict_rows(records):
-        reached = "does not" if row["density"] is None else f"{100 * row['density']:.1f}%"
+        reached = ("not run yet" if not row["settings"] else "does not" if row["density"] is None
+                   else f"{100 * row['density']:.1f}%")
         lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
                      f"{row['setting'] or '–'} | {row['seeds']} |")
     return "\n".join(lines)

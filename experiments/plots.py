@@ -165,6 +165,8 @@ def frontiers(records: List[dict], path: Path) -> str:
         for family in names:
             points = sorted((statistics.median(r["density"] for r in rs), statistics.median(r["test"] for r in rs), rs)
                             for (v, f, _), rs in groups.items() if v == variant and f == family)
+            if not points:
+                continue
             colour = f"C{names.index(family)}"
             for _, _, rs in points:
                 ax.scatter([r["density"] for r in rs], [r["test"] for r in rs], s=8, color=colour, alpha=0.4)
@@ -175,6 +177,7 @@ def frontiers(records: List[dict], path: Path) -> str:
             ax.axhline(statistics.median(r["base_rate"] for r in full), color="grey", ls="--", lw=1)
         ax.set_title(variant, fontsize=9)
         log_x(ax)
+        ax.set_xlim(right=1.2)  # a density is at most 1
     axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     save(fig, path, axes[0], "attention density on the test split (log)",
          ["test metric (accuracy; bytes: bits per byte)"] * len(variants))
