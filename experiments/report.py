@@ -328,7 +328,8 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
                 for task, timed in sorted(step_times_of(folder).items())
                 if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
         out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
-        out += ["Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
+        out += [f"Not yet run: {len(missing)} runs" if len(missing) > 20 else
+                "Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
     else:
         out.append("Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).")
         out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
