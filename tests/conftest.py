@@ -1,5 +1,7 @@
 """Shared test settings: where the real data live (SPARSE_ATTN_DATA, as CI sets it; else ./data, as the harness), one
-intra-op thread per test, seeded generators, and a recorder of low-precision softmax / exp under autocast."""
+intra-op thread per test, seeded generators, the device of the on_device tests (SPARSE_ATTN_TEST_DEVICE, cpu unless
+set: a GPU job runs ``SPARSE_ATTN_TEST_DEVICE=cuda python -m pytest -m on_device``), and a recorder of low-precision
+softmax / exp under autocast."""
 import json
 import os
 from pathlib import Path
@@ -12,6 +14,36 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("SPARSE_ATTN_DATA", ROOT / "data")).resolve()
 
 
+def device_from_env():
+    """(SPARSE_ATTN_TEST_DEVICE as a torch.device, cpu unless set; or None and why it is not a device here)."""
+    text = os.environ.get("SPARSE_ATTN_TEST_DEVICE", "cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        return None, f"SPARSE_ATTN_TEST_DEVICE={text!r} is not a torch device (e.g. cpu, cuda, cuda:1)"
+    if device.type not in ("cpu", "cuda"):
+        return None, f"SPARSE_ATTN_TEST_DEVICE={text!r}: only cpu and cuda devices are tested"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None, f"SPARSE_ATTN_TEST_DEVICE={text!r} but this torch sees no CUDA device"
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        return None, f"SPARSE_ATTN_TEST_DEVICE={text!r} but this machine has {torch.cuda.device_count()} CUDA devices"
+    return device, None
+
+
+DEVICE, DEVICE_ERROR = device_from_env()
+
+
+def pytest_configure(config):
+    if DEVICE_ERROR:  # one line from pytest ("ERROR: ..."), before anything is collected
+        raise pytest.UsageError(DEVICE_ERROR)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device of the on_device tests (DEVICE)."""
+    return DEVICE
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny shapes gain nothing from intra-op threads, and lose much when other jobs share the cores."""
@@ -21,8 +53,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def seeded(seed: int, device="cpu") -> torch.Generator:
+    """A generator on ``device`` (the CPU unless given; ``seeded(s, DEVICE)`` for the on_device tests)."""
+    return torch.Generator(device).manual_seed(seed)
 
 
 def exit_code(main, argv: list):

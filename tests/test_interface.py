@@ -39,7 +39,7 @@ import torch
 
 from bench import methods as registry
 from bench.methods import available, get, same_in_every_layer
-from conftest import LowPrecisionMath
+from conftest import DEVICE, LowPrecisionMath
 
 
 def cases_per_variant() -> int:
@@ -212,7 +212,7 @@ class Case:
 
     def autocast(self):
         low = LOW_PRECISION.get(self.precision)
-        return torch.autocast("cpu", dtype=low) if low is not None else nullcontext()
+        return torch.autocast(DEVICE.type, dtype=low) if low is not None else nullcontext()
 
     def padding(self, g: torch.Generator) -> Optional[torch.Tensor]:
         """(B, N) bool, True at padding, of the case's kind."""
@@ -239,7 +239,7 @@ def run(module, x, pad, causal, case: Case, seed: int, record=None):
     """One forward on a copy of `module` (so module state, e.g. Performer's redraw counter, starts equal in every
     run): the draw from a fresh generator, or from the global RNG reseeded when the case has none."""
     module = copy.deepcopy(module)
-    generator = torch.Generator().manual_seed(seed) if case.generator else None
+    generator = torch.Generator(DEVICE).manual_seed(seed) if case.generator else None
     if generator is None:
         torch.manual_seed(seed)
     with case.autocast(), record or nullcontext():
@@ -252,17 +252,31 @@ def close(a: torch.Tensor, b: torch.Tensor, precision: str, what: str):
     torch.testing.assert_close(a.float(), b.float(), rtol=atol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
+def same(a: torch.Tensor, b: torch.Tensor, precision: str, what: str):
+    """Bitwise on the CPU; on CUDA to close()'s tolerance, since atomics' summation order (index_add, scatter,
+    the backward of gathers) may differ from one run to the next."""
+    if DEVICE.type == "cpu":
+        assert torch.equal(a, b), what
+    else:
+        close(a, b, precision, what)
+
+
+@pytest.mark.on_device
 @pytest.mark.parametrize("variant, index", CASES, ids=[f"{v}-{i}" for v, i in CASES])
 def test_contract(variant, index):
+    """On DEVICE (tests/conftest.py): the case's draws come from the CPU generator as ever and move to DEVICE; the
+    module's own draws come from a generator on DEVICE (or the global RNG)."""
     case = Case.draw(variant, index)
-    if case.precision in LOW_PRECISION and not cpu_autocast_runs(LOW_PRECISION[case.precision]):
+    if (DEVICE.type == "cpu" and case.precision in LOW_PRECISION
+            and not cpu_autocast_runs(LOW_PRECISION[case.precision])):
         pytest.skip(f"this torch's CPU autocast does not take {case.precision}")
     g = torch.Generator().manual_seed(case.seed)
     torch.manual_seed(case.seed)
     module = build(variant, case.dim, case.heads, case.head_dim, case.dropout, case.budget)
-    module = module.to(case.dtype).train(case.train)
-    x = case.scale * torch.randn(case.batch, case.n, case.dim, generator=g, dtype=case.dtype)
+    module = module.to(case.dtype).train(case.train).to(DEVICE)
+    x = (case.scale * torch.randn(case.batch, case.n, case.dim, generator=g, dtype=case.dtype)).to(DEVICE)
     pad = case.padding(g)
+    pad = None if pad is None else pad.to(DEVICE)
     draw = int(torch.randint(2 ** 31, (), generator=g))
 
     if case.causal and not VARIANTS[variant].causal:
@@ -272,12 +286,15 @@ def test_contract(variant, index):
 
     # Shapes, finite outputs, float32 math under autocast, the statistics; the global RNG untouched.
     rng_state = torch.get_rng_state()
+    device_rng_state = torch.cuda.get_rng_state(DEVICE) if DEVICE.type == "cuda" else None
     record = LowPrecisionMath() if case.precision in LOW_PRECISION else None
     xg = x.clone().requires_grad_()
     copy_, y, stats = run(module, xg, pad, case.causal, case, draw, record)
     if case.generator:
         assert torch.equal(torch.get_rng_state(), rng_state), "a forward with a generator drew from the global RNG"
-    assert y.shape == x.shape and torch.isfinite(y).all(), "output shape or non-finite output"
+        assert device_rng_state is None or torch.equal(torch.cuda.get_rng_state(DEVICE), device_rng_state), \
+            "a forward with a generator drew from the device's global RNG"
+    assert y.shape == x.shape and y.device == DEVICE and torch.isfinite(y).all(), "output shape, device or non-finite"
     assert record is None or not record.seen, f"low-precision softmax/exp under autocast: {record.seen}"
     density = stats["density"]
     assert density.shape == (case.heads,) and density.is_floating_point() and not density.requires_grad
@@ -286,7 +303,7 @@ def test_contract(variant, index):
     assert aux is None or (aux.dim() == 0 and torch.isfinite(aux)), "aux_loss must be a finite scalar"
 
     # Finite gradients, inputs and parameters.
-    upstream = torch.randn(y.shape, generator=g)
+    upstream = torch.randn(y.shape, generator=g).to(DEVICE)
     loss = (y.float() * upstream).sum() + (0 if aux is None else aux.float())
     loss.backward()
     finite_gradients = not (case.causal and case.scale > 1 and case.dtype == torch.float32
@@ -301,21 +318,21 @@ def test_contract(variant, index):
         assert not bad or (case.precision == "float16" and case.scale > 1), f"non-finite parameter gradients: {bad}"
 
     # A query with no admissible key outputs zeros: only the output projection of zeros remains.
-    valid = torch.ones(case.batch, case.n, dtype=torch.bool) if pad is None else ~pad
+    valid = torch.ones(case.batch, case.n, dtype=torch.bool, device=DEVICE) if pad is None else ~pad
     seen = valid.cumsum(1) > 0 if case.causal else valid.any(1, keepdim=True).expand_as(valid)  # (B, N)
     if (~seen).any():
         with case.autocast(), torch.no_grad():
-            zero = copy_.out(torch.zeros(1, case.heads * case.head_dim, dtype=case.dtype))[0]
-        assert torch.equal(y.detach()[~seen], zero.expand(int((~seen).sum()), -1)), "empty query is not zero"
+            zero = copy_.out(torch.zeros(1, case.heads * case.head_dim, dtype=case.dtype, device=DEVICE))[0]
+        same(y.detach()[~seen], zero.expand(int((~seen).sum()), -1), case.precision, "empty query is not zero")
 
     # Reproducibility: the same seed, the same output, bitwise.
     with torch.no_grad():
         _, again, _ = run(module, x, pad, case.causal, case, draw)
-    assert torch.equal(again, y.detach()), "not reproducible with the same seed"
+    same(again, y.detach(), case.precision, "not reproducible with the same seed")
 
     # Padded keys: new content there changes no valid position (the same draw).
     if pad is not None and pad.any() and valid.any():
-        x2 = torch.where(pad[..., None], 10 * case.scale * torch.randn(x.shape, generator=g, dtype=case.dtype), x)
+        x2 = torch.where(pad[..., None], 10 * case.scale * torch.randn(x.shape, generator=g, dtype=case.dtype).to(DEVICE), x)
         with torch.no_grad():
             _, y2, _ = run(module, x2, pad, case.causal, case, draw)
         close(y2[valid], y.detach()[valid], case.precision, "padded content reached a valid position")
@@ -325,17 +342,17 @@ def test_contract(variant, index):
     # Causality: change every token (content and padding) from t on; nothing before t moves.
     t = int(torch.randint(1, case.n, (), generator=g))
     x3 = x.clone()
-    x3[:, t:] = 10 * case.scale * torch.randn(case.batch, case.n - t, case.dim, generator=g, dtype=case.dtype)
+    x3[:, t:] = 10 * case.scale * torch.randn(case.batch, case.n - t, case.dim, generator=g, dtype=case.dtype).to(DEVICE)
     pad3 = None if pad is None else pad.clone()
     if pad3 is not None:
-        pad3[:, t:] = torch.rand(case.batch, case.n - t, generator=g) < 0.5
+        pad3[:, t:] = (torch.rand(case.batch, case.n - t, generator=g) < 0.5).to(DEVICE)
     if not documented(variant, "causal outputs"):
         with torch.no_grad():
             _, y3, _ = run(module, x3, pad3, True, case, draw)
         if documented(variant, "causal outputs exactly"):
             close(y3[:, :t], y.detach()[:, :t], case.precision, f"an output before t={t} moved with later tokens")
         else:
-            assert torch.equal(y3[:, :t], y.detach()[:, :t]), f"an output before t={t} moved with later tokens"
+            same(y3[:, :t], y.detach()[:, :t], case.precision, f"an output before t={t} moved with later tokens")
     if not finite_gradients:
         return
     xg = x.clone().requires_grad_()
