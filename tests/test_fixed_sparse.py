@@ -8,6 +8,7 @@ import torch
 
 from baselines.bigbird import BigBirdAttention, bigbird_budget, bigbird_density, fixed_blocks, random_candidates
 from baselines.window import WindowAttention, window_density, window_for_density
+from conftest import DEVICE
 
 DIM, H, D = 12, 3, 4
 
@@ -17,7 +18,7 @@ def make_pair(cls, **budget):
     fast = cls(DIM, H, D, path="fast", **budget).double()
     reference = cls(DIM, H, D, path="reference", **budget).double()
     reference.load_state_dict(fast.state_dict())
-    return fast, reference
+    return fast.to(DEVICE), reference.to(DEVICE)
 
 
 def padding(batch: int, n: int) -> torch.Tensor:
@@ -28,7 +29,7 @@ def padding(batch: int, n: int) -> torch.Tensor:
 
 def assert_paths_agree(fast, reference, x, pad, causal, generator=lambda: None):
     """Outputs, densities and the gradients of the input and every parameter agree to float64 rounding."""
-    grad_out = torch.randn(x.shape, dtype=torch.float64)
+    grad_out = torch.randn(x.shape, dtype=torch.float64).to(x.device)
     results = []
     for module in (fast, reference):
         y, stats = module(x, pad, causal, generator())
@@ -37,6 +38,14 @@ def assert_paths_agree(fast, reference, x, pad, causal, generator=lambda: None):
         x.grad = None
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def same(a: torch.Tensor, b: torch.Tensor):
+    """Bitwise on the CPU; on CUDA to float32 rounding (atomics' summation order may differ between runs)."""
+    if a.device.type == "cpu":
+        assert torch.equal(a, b)
+    else:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ window
@@ -50,11 +59,12 @@ def band_mask(n: int, w: int, causal: bool) -> torch.Tensor:
 @pytest.mark.parametrize("n, w", [(1, 0), (1, 3), (5, 2), (5, 9), (37, 0), (130, 40), (100, 7), (129, 3), (150, 0),
                                   (200, 40), (256, 70)])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.on_device
 @pytest.mark.parametrize("padded", [False, True])
 def test_fast_and_reference_agree_window(n, w, causal, padded):
     fast, reference = make_pair(WindowAttention, window=w)
-    x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
-    pad = padding(2, n) if padded else None
+    x = torch.randn(2, n, DIM, dtype=torch.float64).to(DEVICE).requires_grad_()
+    pad = padding(2, n).to(DEVICE) if padded else None
     assert_paths_agree(fast, reference, x, pad, causal)
 
 
@@ -94,28 +104,30 @@ def test_realised_density_is_within_one_over_n_of_the_target(causal, n):
     assert "window=None, density=0.07" in module.extra_repr()
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_causal_outputs_ignore_later_tokens_and_padding_window(path):
     module = WindowAttention(DIM, H, D, window=5, path=path)
     n, t = 100, 80  # t inside the second chunk (64-127): its chunk also scores later keys, which must be masked
-    x = torch.randn(2, n, DIM, requires_grad=True)
-    pad = padding(2, n)
-    y, _ = module(x, pad, causal=True)
+    x = torch.randn(2, n, DIM).to(DEVICE).requires_grad_()
+    pad = padding(2, n).to(DEVICE)
+    y, _ = module.to(DEVICE)(x, pad, causal=True)
     x2, pad2 = x.detach().clone(), pad.clone()
-    x2[:, t:] = 1e3 * torch.randn(2, n - t, DIM)
+    x2[:, t:] = 1e3 * torch.randn(2, n - t, DIM).to(DEVICE)
     pad2[:, t:] = ~pad2[:, t:]
     y2, _ = module(x2, pad2, causal=True)
-    assert torch.equal(y2[:, :t], y[:, :t].detach())
+    same(y2[:, :t], y[:, :t].detach())
     (grad,) = torch.autograd.grad(y[:, :t].sum(), x)
     assert grad[:, t:].abs().max() == 0
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_padded_keys_receive_no_weight_window(path):
     module = WindowAttention(DIM, H, D, window=4, path=path)
-    x, pad = torch.randn(2, 150, DIM), padding(2, 150)
-    y, _ = module(x, pad)
-    y2, _ = module(torch.where(pad[..., None], 1e3 * torch.randn_like(x), x), pad)
+    x, pad = torch.randn(2, 150, DIM).to(DEVICE), padding(2, 150).to(DEVICE)
+    y, _ = module.to(DEVICE)(x, pad)
+    y2, _ = module(torch.where(pad[..., None], 1e3 * torch.randn(x.shape).to(DEVICE), x), pad)
     torch.testing.assert_close(y2[~pad], y[~pad])
 
 
@@ -191,8 +203,8 @@ def test_full_heads_out_of_range_is_a_clear_value_error():
 
 
 # ------------------------------------------------------------------------------------------------ BigBird
-def seeded(seed: int = 7) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def seeded(seed: int = 7, device="cpu") -> torch.Generator:
+    return torch.Generator(device).manual_seed(seed)
 
 
 # (N, block, window_blocks, global_blocks, random_blocks): N = 1 and N < b, N not a multiple of b, no global
@@ -203,12 +215,13 @@ CONFIGS = [(1, 4, 1, 2, 3), (7, 2, 1, 1, 1), (30, 4, 1, 2, 3), (32, 4, 0, 0, 2),
 
 @pytest.mark.parametrize("n, block, w, g, r", CONFIGS)
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.on_device
 @pytest.mark.parametrize("padded", [False, True])
 def test_fast_and_reference_agree_bigbird(n, block, w, g, r, causal, padded):
     fast, reference = make_pair(BigBirdAttention, block=block, window_blocks=w, global_blocks=g, random_blocks=r)
-    x = torch.randn(2, n, DIM, dtype=torch.float64, requires_grad=True)
-    pad = padding(2, n) if padded else None
-    assert_paths_agree(fast, reference, x, pad, causal, seeded)
+    x = torch.randn(2, n, DIM, dtype=torch.float64).to(DEVICE).requires_grad_()
+    pad = padding(2, n).to(DEVICE) if padded else None
+    assert_paths_agree(fast, reference, x, pad, causal, lambda: seeded(device=DEVICE))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -301,28 +314,31 @@ def test_realised_density_is_within_b_over_n_of_the_target(causal, n):
     assert "random_blocks=None, density=0.07" in module.extra_repr()
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_causal_outputs_ignore_later_tokens_and_padding_bigbird(path):
     module = BigBirdAttention(DIM, H, D, block=4, window_blocks=1, global_blocks=1, random_blocks=2, path=path)
     n, t = 40, 22  # t inside block 5: its own block holds later keys, which must be masked
-    x = torch.randn(2, n, DIM, requires_grad=True)
-    pad = padding(2, n)
-    y, _ = module(x, pad, True, seeded())
+    x = torch.randn(2, n, DIM).to(DEVICE).requires_grad_()
+    pad = padding(2, n).to(DEVICE)
+    y, _ = module.to(DEVICE)(x, pad, True, seeded(device=DEVICE))
     x2, pad2 = x.detach().clone(), pad.clone()
-    x2[:, t:] = 1e3 * torch.randn(2, n - t, DIM)
+    x2[:, t:] = 1e3 * torch.randn(2, n - t, DIM).to(DEVICE)
     pad2[:, t:] = ~pad2[:, t:]
-    y2, _ = module(x2, pad2, True, seeded())
-    assert torch.equal(y2[:, :t], y[:, :t].detach())
+    y2, _ = module(x2, pad2, True, seeded(device=DEVICE))
+    same(y2[:, :t], y[:, :t].detach())
     (grad,) = torch.autograd.grad(y[:, :t].sum(), x)
     assert grad[:, t:].abs().max() == 0
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_padded_keys_receive_no_weight_bigbird(path):
     module = BigBirdAttention(DIM, H, D, block=4, window_blocks=1, global_blocks=1, random_blocks=2, path=path)
-    x, pad = torch.randn(2, 30, DIM), padding(2, 30)
-    y, _ = module(x, pad, False, seeded())
-    y2, _ = module(torch.where(pad[..., None], 1e3 * torch.randn_like(x), x), pad, False, seeded())
+    x, pad = torch.randn(2, 30, DIM).to(DEVICE), padding(2, 30).to(DEVICE)
+    y, _ = module.to(DEVICE)(x, pad, False, seeded(device=DEVICE))
+    y2, _ = module(torch.where(pad[..., None], 1e3 * torch.randn(x.shape).to(DEVICE), x), pad, False,
+                   seeded(device=DEVICE))
     torch.testing.assert_close(y2[~pad], y[~pad])
 
 

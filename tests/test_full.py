@@ -8,6 +8,7 @@ import torch
 
 from baselines.common import attention_density
 from baselines.full import FullAttention
+from conftest import DEVICE
 
 
 def make_pair(alibi=False, dtype=torch.float64):
@@ -15,7 +16,7 @@ def make_pair(alibi=False, dtype=torch.float64):
     fast = FullAttention(24, 3, 8, alibi=alibi, path="fast").to(dtype)
     reference = FullAttention(24, 3, 8, alibi=alibi, path="reference").to(dtype)
     reference.load_state_dict(fast.state_dict())
-    return fast, reference
+    return fast.to(DEVICE), reference.to(DEVICE)
 
 
 def padding(batch=3, n=9):
@@ -27,12 +28,13 @@ def padding(batch=3, n=9):
 
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.on_device
 @pytest.mark.parametrize("padded", [False, True])
 def test_fast_and_reference_agree(alibi, causal, padded):
     fast, reference = make_pair(alibi)
-    x = torch.randn(3, 9, 24, dtype=torch.float64, requires_grad=True)
-    mask = padding() if padded else None
-    grad_out = torch.randn(3, 9, 24, dtype=torch.float64)
+    x = torch.randn(3, 9, 24, dtype=torch.float64).to(DEVICE).requires_grad_()
+    mask = padding().to(DEVICE) if padded else None
+    grad_out = torch.randn(3, 9, 24, dtype=torch.float64).to(DEVICE)
     outputs, grads = [], []
     for module in (fast, reference):
         y, stats = module(x, mask, causal)
@@ -45,14 +47,15 @@ def test_fast_and_reference_agree(alibi, causal, padded):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_fully_masked_rows_are_zero_with_finite_gradients(path):
-    module = FullAttention(16, 2, 8, path=path)
-    x = torch.randn(2, 6, 16, requires_grad=True)
+    module = FullAttention(16, 2, 8, path=path).to(DEVICE)
+    x = torch.randn(2, 6, 16).to(DEVICE).requires_grad_()
     mask = torch.zeros(2, 6, dtype=torch.bool)
     mask[0] = True  # every key of sample 0 is padding
     mask[1, :2] = True
-    y, _ = module(x, mask, causal=True)
+    y, _ = module(x, mask.to(DEVICE), causal=True)
     core = module.out.bias  # an empty row's attention is zero, so its output is the out-projection bias
     torch.testing.assert_close(y[0], core.expand(6, -1))
     torch.testing.assert_close(y[1, :2], core.expand(2, -1))
@@ -104,12 +107,12 @@ def float16_leaks(module, seed: int, scale: float = 1000.0):
     """Under float16 autocast (what a GPU without bf16 runs): the largest gradient from the outputs before t to the
     inputs from t on (causal), and from the valid outputs to the padded inputs."""
     g = torch.Generator().manual_seed(seed)
-    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad = torch.zeros(2, 7, dtype=torch.bool, device=DEVICE)
     pad[:, 5:] = True
     leaks = []
     for causal, mask in ((True, None), (False, pad)):
-        x = (scale * torch.randn(2, 7, 16, generator=g)).requires_grad_()
-        with torch.autocast("cpu", dtype=torch.float16):
+        x = (scale * torch.randn(2, 7, 16, generator=g)).to(DEVICE).requires_grad_()
+        with torch.autocast(DEVICE.type, dtype=torch.float16):
             y, _ = module(x, mask, causal)
         seen, hidden = ((slice(None), slice(0, 3)), (slice(None), slice(3, None))) if causal else (~pad, pad)
         (grad,) = torch.autograd.grad(y[seen].float().sum(), x)
@@ -117,12 +120,13 @@ def float16_leaks(module, seed: int, scale: float = 1000.0):
     return leaks
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_float16_autocast_lets_no_masked_key_through(path, alibi):
     """Before: the fast path's additive mask (ALiBi) was finfo(float16).min = −65504, which a float16 score passes
     in size, so the future and padded keys got weight (gradients of 1e3 through them)."""
     torch.manual_seed(0)
-    module = FullAttention(16, 2, 8, path=path, alibi=alibi)
+    module = FullAttention(16, 2, 8, path=path, alibi=alibi).to(DEVICE)
     for seed in range(4):
         assert float16_leaks(module, seed) == [0.0, 0.0], seed
