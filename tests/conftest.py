@@ -27,6 +27,8 @@ def device_from_env():
         return None, f"SPARSE_ATTN_TEST_DEVICE={text!r} but this torch sees no CUDA device"
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         return None, f"SPARSE_ATTN_TEST_DEVICE={text!r} but this machine has {torch.cuda.device_count()} CUDA devices"
+    if device.type == "cuda" and device.index is None:  # tensors say cuda:0, and torch.device("cuda") != that
+        device = torch.device("cuda", torch.cuda.current_device())
     return device, None
 
 
