@@ -303,8 +303,8 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
 
 def csr(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
     """A sparse CSR matrix: row offsets, column indices, values."""
-    with warnings.catch_warnings():  # torch's notice, on first use, that sparse CSR support "is in beta"
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    with warnings.catch_warnings():  # torch's notices that CSR "is in beta" and (torch 2.11) that checks are off
+        warnings.filterwarnings("ignore", message="Sparse (CSR tensor support is in beta|invariant checks)")
         return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
 
 

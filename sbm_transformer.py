@@ -273,8 +273,8 @@ BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocati
 
 
 def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
-    with warnings.catch_warnings():  # torch's notice, on first use, that sparse CSR support "is in beta"
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    with warnings.catch_warnings():  # torch's notices that CSR "is in beta" and (torch 2.11) that checks are off
+        warnings.filterwarnings("ignore", message="Sparse (CSR tensor support is in beta|invariant checks)")
         return torch.sparse_csr_tensor(ptr, idx, values, shape, check_invariants=False)
 
 

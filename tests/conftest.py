@@ -55,9 +55,20 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def seeded(seed: int, device="cpu") -> torch.Generator:
-    """A generator on ``device`` (the CPU unless given; ``seeded(s, DEVICE)`` for the on_device tests)."""
-    return torch.Generator(device).manual_seed(seed)
+@pytest.fixture(autouse=True)
+def default_device(request):
+    """An on_device test runs with DEVICE as torch's default device, so that the tensors and modules its own code
+    makes land there (tests/test_devices.py checks separately that the method files pass device= themselves)."""
+    if request.node.get_closest_marker("on_device") is None:
+        yield
+        return
+    with DEVICE:
+        yield
+
+
+def seeded(seed: int, device=None) -> torch.Generator:
+    """A generator on ``device`` (default: torch's default device, DEVICE in an on_device test)."""
+    return torch.Generator(device or torch.get_default_device()).manual_seed(seed)
 
 
 def exit_code(main, argv: list):

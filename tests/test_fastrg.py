@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import fastrg
+from conftest import seeded
 from fastrg import edge_probability, expected_edges, sample
 
 Z = 5.0
@@ -236,6 +237,23 @@ def test_outputs_are_int64_in_range():
         assert 0 <= int(r.min()) and int(r.max()) < 4
         assert 0 <= int(i.min()) and int(i.max()) < 30
         assert 0 <= int(j.min()) and int(j.max()) < 20
+
+
+@pytest.mark.on_device
+@pytest.mark.parametrize("dedup", [False, True])
+def test_a_draw_on_the_generator_s_device_stays_there_and_leaves_the_global_rngs_alone(dedup):
+    g = seeded(16)  # on the test device
+    R, n, m, K = 3, 30, 20, 4
+    X, Y = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g)
+    S = torch.rand(R, K, K, generator=g) * 0.3
+    states = torch.get_rng_state(), (torch.cuda.get_rng_state() if X.is_cuda else None)
+    for csr in (False, True):
+        drawn = sample(X, S, Y, generator=seeded(17), dedup=dedup, csr=csr)
+        assert all(t.device == X.device for t in drawn) and drawn[0].numel() > 0
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert states[1] is None or torch.equal(torch.cuda.get_rng_state(), states[1])
+    again = sample(X, S, Y, generator=seeded(17), dedup=dedup, csr=True)
+    assert all(torch.equal(a, b) for a, b in zip(drawn, again))  # the same generator state, the same graph
 
 
 @pytest.mark.parametrize("dedup", [False, True])

@@ -47,6 +47,7 @@ def both_paths(module, x, key_padding_mask, causal, generator):
     return [module.attend(q, k, v, g, valid, None) for g in (graph, sparse_graph)]
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("ste", sbm.STE_FORMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
@@ -69,6 +70,7 @@ def test_sparse_and_dense_paths_agree_on_the_same_edge_set(ste, causal, padded, 
     assert all(g.abs().sum() > 0 for g in g0[2:])  # the STE reaches the MLP and the clusters
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("causal, padded", [(False, False), (True, True)])
 def test_sampled_graph_attends_like_the_same_graph_rebuilt(causal, padded):
     """The sparse sampler's graph (CSR straight from fastRG, compacted by thinning, its key-major copy built in
@@ -96,6 +98,7 @@ def full_graph(r, n):
     return sbm.Edges.from_mask(torch.ones(r, n, n, dtype=torch.bool))
 
 
+@pytest.mark.on_device
 def test_all_ones_mask_equals_full_attention():
     torch.manual_seed(0)
     b, n = 2, 9
@@ -432,6 +435,7 @@ def test_rows_without_edges_give_zeros_and_finite_gradients(path):
     assert out.abs().max() == 0 and q.grad.abs().max() == 0
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("path", sbm.PATHS)
 def test_never_nan_on_extreme_inputs_and_same_generator_same_draw(path):
     module = make(path=path, dtype=torch.float32)

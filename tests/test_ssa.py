@@ -61,6 +61,7 @@ VARIANTS = [dict(windows=4, sigma=0.3), dict(windows=2, sigma=0.3, grid=(4, 4)),
             dict(windows=4, sigma=0.2, alibi=False)]
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kwargs", VARIANTS)
@@ -86,6 +87,7 @@ def test_length_not_divisible_by_windows_pads_internally():
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.on_device
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kwargs", [dict(windows=1, sigma=0.5), dict(unbiased=1.0), dict(sampling="never")])
@@ -241,6 +243,7 @@ def test_padding_invariance(sampling, causal):
         torch.testing.assert_close(short, y[1:, :10], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.on_device
 def test_fast_and_reference_paths_agree_in_gradients():
     x, kpm = torch.randn(2, 16, DIM), padding(16, [16, 9])
     grads = []

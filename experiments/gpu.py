@@ -1,0 +1,287 @@
+"""The GPU job: every method on CUDA in one command, within a time budget, into compact records.
+
+    python -m experiments.gpu                                 # a CUDA machine: ~7 minutes, into results/gpu/<device>/
+    python -m experiments.gpu --budget 300 --stages scaling   # some stages, a shorter budget
+    python -m experiments.gpu --device cpu --tiny --out DIR   # every stage at toy sizes: the job's own test (CI)
+
+The stages, in this order; a stage starts only while budget remains, and stops at its next run once it is spent:
+1. ``correctness``: ``pytest -m on_device`` with SPARSE_ATTN_TEST_DEVICE set to the device: reference and fast
+   paths agree (SBM, SSA, the kernel method, window, BigBird, full) and the attention contract is fuzzed on it
+   (padding, causal, bf16/float16 autocast, generators on the device);
+2. ``entry``: each method's own training command (``python sbm_transformer.py``, ``python ssa.py``, ``python
+   kernel_sparse.py`` on WikiText-2 where its files are, ``python -m bench.train`` for each baseline) on ListOps at
+   its paper length (2,048 tokens, batch 128), a few hundred steps: each run's step time, peak memory
+   (``max_memory_allocated``) and density as its metrics.json records them. Timing runs, not trained models;
+3. ``scaling``: forward+backward time and peak memory of every attention against length (1K to 16K, each method
+   until memory runs out), SBM at its initial density and at 1%, beside full attention (SDPA, which takes its
+   flash kernel on CUDA); the crossover: the first length from which a method's step is faster than full's;
+4. ``frontier``: the frontier claim's families (experiments/frontier.py) on duplicates at 512 and 1,024 tokens,
+   seed 0, while budget remains.
+Records: OUT/gpu.json (device, torch, each stage's time and rows), OUT/README.md (its tables), OUT/correctness.log.
+One folder per device (default results/gpu/<device>): a table never mixes devices.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import cli
+from bench.files import read_json, write_json
+from experiments import frontier, scaling
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("correctness", "entry", "scaling", "frontier")
+SCALING_METHODS = ("full", "full-ref", "sbm", "sbm@0.01", "ssa", "kernel", "window", "bigbird", "reformer",
+                   "performer", "linformer", "nystromformer", "linear")
+# method → its own training command; SBM on its fast path, the one whose cost is linear in its edges
+ENTRY = {"sbm": ["sbm_transformer.py", "--path", "fast"], "ssa": ["ssa.py"],
+         **{m: ["-m", "bench.train", "--method", m] for m in ("full", "window", "bigbird", "reformer", "performer",
+                                                               "linformer", "nystromformer", "linear")},
+         "kernel": ["kernel_sparse.py"], "sbm (reference path)": ["sbm_transformer.py"]}
+RUN = {"full": ["--steps", "200", "--eval-every", "200", "--eval-batches", "2", "--final-eval-batches", "2"],
+       "tiny": ["--seq-len", "32", "--steps", "2", "--eval-every", "2", "--batch-size", "4", "--eval-batches", "1",
+                "--final-eval-batches", "1", "--warmup", "1"]}  # an entry point's run options, per --tiny or not
+TASK = {"full": ["--task", "listops", "--preset", "paper"], "tiny": ["--task", "duplicates"]}
+KERNEL_TASK = ["--task", "wikitext2", "--analysis-sequences", "8", "--predictor-steps", "20", "--finetune-steps", "10"]
+SCALING_LENGTHS = {"full": (1024, 2048, 4096, 8192, 16384), "tiny": (64,)}
+SLOW_CELL = 30  # seconds: a method whose next length would take longer (4× its last cell's) stops there
+FRONTIER_LENGTHS = {"full": (512, 1024), "tiny": (16,)}
+FRONTIER_STEPS = {"full": 400, "tiny": 2}
+FUZZ_CASES = {"full": 10, "tiny": 1}
+SHARE = {"correctness": 0.25, "entry": 0.4, "scaling": 0.35, "frontier": 1.0}  # of --budget, at most, per stage
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def share(self, seconds: float) -> "Budget":
+        """A stage's budget: `seconds`, or what is left of this one if less."""
+        return Budget(min(seconds, self.left()))
+
+
+def run(argv, budget: Budget, env=None, cap: float = 600) -> dict:
+    """A subprocess in the repository's root, stopped at the budget's end (or `cap` seconds): its exit code,
+    seconds and the last lines of its output."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, env=env,
+                              timeout=max(1.0, min(cap, budget.left())))
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, output = "timed out", (exc.stdout or b"").decode(errors="replace") if exc.stdout else ""
+    return {"code": code, "seconds": round(time.monotonic() - start, 1), "output": output}
+
+
+def last_line(output: str) -> str:
+    return (output.strip().splitlines() or ["no output"])[-1][:300]
+
+
+# ------------------------------------------------------------------------------------------------ the stages
+def correctness(device: str, size: str, budget: Budget, out: Path) -> list:
+    cases = str(FUZZ_CASES[size])
+    selection = ["-m", "on_device"] + (["-k", "contract and (sbm or full)"] if size == "tiny" else [])
+    env = dict(os.environ, SPARSE_ATTN_TEST_DEVICE=device, SPARSE_ATTN_FUZZ_CASES=cases)
+    result = run(["-m", "pytest", "-q", "-p", "no:randomly", *selection], budget, env)
+    (out / "correctness.log").write_text(result["output"])
+    summary = next((line for line in reversed(result["output"].splitlines()) if re.search(r"passed|failed|error",
+                                                                                          line)), "no summary")
+    return [{"tests": "pytest -m on_device", "cases per variant": cases, "code": result["code"],
+             "seconds": result["seconds"], "summary": summary.strip("= ")}]
+
+
+def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
+    rows = []
+    for name, command in ENTRY.items():
+        if budget.left() < 10:
+            rows.append({"method": name, "status": "not run: budget spent"})
+            continue
+        folder = scratch / re.sub(r"\W+", "-", name)
+        task = KERNEL_TASK if name == "kernel" else TASK[size]
+        result = run([*command, *task, *RUN[size], "--device", device, "--out", str(folder), "--overwrite"], budget, cap=150)
+        record = read_json(folder / "metrics.json") or {}
+        row = {"method": name, "command": " ".join(["python", *command]), "code": result["code"],
+               "seconds": result["seconds"]}
+        if record.get("status") == "complete":
+            row.update({key: record.get(key) for key in ("task", "steps", "median_step_ms", "peak_memory_bytes",
+                                                          "density", "test", "metric", "device")})
+            row["config"] = {k: record["config"].get(k) for k in ("seq_len", "batch_size", "dim", "depth", "heads")}
+        else:
+            row["status"] = f"failed: {last_line(result['output'])}"
+        rows.append(row)
+    return rows
+
+
+def scaling_rows(device: str, size: str, budget: Budget) -> list:
+    import torch
+    rows, stopped = [], {}
+    for n in SCALING_LENGTHS[size]:
+        for method in SCALING_METHODS:
+            row = {"method": method, "n": n}
+            if method in stopped or budget.left() < 5:
+                rows.append({**row, "error": stopped.get(method, "not run: budget spent")})
+                continue
+            cell = {"method": method, "options": {}, "n": n, "batch": 4, "heads": 4, "head_dim": 64,
+                    "causal": False, "device": device, "warmup": 3, "repeats": 10}
+            start = time.monotonic()
+            try:
+                row.update(scaling.measure_cell(cell))
+            except torch.OutOfMemoryError:
+                row["error"] = stopped[method] = f"out of memory at {n}"
+            except Exception as exc:  # a failing cell is a row of the table, not the end of the job
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            if 4 * (time.monotonic() - start) > SLOW_CELL and method not in stopped:
+                stopped[method] = f"not run: its cell at {n} took {time.monotonic() - start:.0f} s"
+            rows.append(row)
+    return rows
+
+
+def crossovers(rows: list) -> list:
+    """Per method: the first length from which its forward+backward is faster than full attention's (SDPA) at
+    every longer length measured, or None."""
+    full = {r["n"]: r["fwdbwd_ms"] for r in rows if r["method"] == "full" and "error" not in r}
+    result = []
+    for method in SCALING_METHODS[1:]:
+        faster = [(r["n"], r["fwdbwd_ms"] < full[r["n"]]) for r in rows
+                  if r["method"] == method and "error" not in r and r["n"] in full]
+        first = next((n for i, (n, _) in enumerate(faster) if all(f for _, f in faster[i:])), None)
+        result.append({"method": method, "faster than full from": first, "lengths measured": len(faster)})
+    return result
+
+
+def frontier_rows(device: str, size: str, budget: Budget, scratch: Path) -> list:
+    rows, steps = [], FRONTIER_STEPS[size]
+    for n in FRONTIER_LENGTHS[size]:
+        recipe = {**frontier.DUPLICATES, "seq_len": n, "steps": steps, "lr": "1e-3"}
+        for family, members in frontier.families(steps).items():
+            for method, tag, extra in members[:1] if size == "tiny" else members:
+                if budget.left() < 20:
+                    return rows
+                options = {**recipe, **extra}
+                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates", "--device", device]
+                for key, value in options.items():
+                    for item in (value if isinstance(value, list) else [value]):
+                        argv += [f"--{key.replace('_', '-')}", str(item)]
+                folder = scratch / f"{method}{tag}-n{n}"
+                result = run([*argv, "--out", str(folder), "--overwrite"], budget, cap=120)
+                record = read_json(folder / "metrics.json") or {}
+                rows.append({"n": n, "family": family, "setting": f"{method}{tag}", "code": result["code"],
+                             **{k: record.get(k) for k in ("test", "density", "median_step_ms")}})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ the records
+def markdown(record: dict) -> str:
+    from tabulate import tabulate
+
+    def table(rows, columns):
+        return tabulate([[r.get(c, "") for c in columns] for r in rows], headers=columns, tablefmt="github")
+
+    parts = [f"# The GPU job on {record['device']}\n", f"torch {record['torch']}, Python {record['python']}, "
+             f"budget {record['budget_s']} s, size {record['size']}; `{record['command']}`\n",
+             table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds"])]
+    stages = record["stages"]
+    if stages.get("correctness", {}).get("rows"):
+        parts.append(table(stages["correctness"]["rows"], ["tests", "cases per variant", "code", "seconds",
+                                                           "summary"]))
+    if stages.get("entry", {}).get("rows"):
+        rows = [{**r, "peak MiB": f"{r['peak_memory_bytes'] / 2 ** 20:.0f}" if r.get("peak_memory_bytes") else "",
+                 "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
+                 "density": f"{r['density']:.4f}" if r.get("density") is not None else ""}
+                for r in stages["entry"]["rows"]]
+        parts.append("Each method's own entry point on ListOps (one short timing run each):\n\n" +
+                     table(rows, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds",
+                                  "status"]))
+    if stages.get("scaling", {}).get("rows"):
+        rows = stages["scaling"]["rows"]
+        parts.append("Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n" +
+                     scaling.table(rows, "full"))
+        parts.append(table(crossovers(rows), ["method", "faster than full from", "lengths measured"]))
+    if stages.get("frontier", {}).get("rows"):
+        parts.append(table(stages["frontier"]["rows"], ["n", "family", "setting", "test", "density",
+                                                        "median_step_ms", "code"]))
+    return "\n\n".join(parts) + "\n"
+
+
+def stage_status(rows: list) -> str:
+    """"ok", or how many of the stage's rows failed and how many the budget left out."""
+    skipped = sum("not run" in str(r.get("status", r.get("error", ""))) for r in rows)
+    failed = sum(r.get("code", 0) not in (0, None) or str(r.get("status", "")).startswith("failed")
+                 or (r.get("error") is not None and not r["error"].startswith(("out of memory", "not run")))
+                 for r in rows)
+    said = [f"{failed} of {len(rows)} failed"] * bool(failed) + [f"{skipped} not run"] * bool(skipped)
+    return "; ".join(said) or "ok"
+
+
+def device_slug(device: str) -> str:
+    import torch
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def build_parser():
+    p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda", type=cli.device_option, help="cuda, cuda:N, or cpu (with --tiny)")
+    p.add_argument("--budget", type=cli.positive_int, default=420, help="seconds of compute for all stages")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
+    p.add_argument("--tiny", action="store_true", help="toy sizes: checks that every stage runs, measures nothing")
+    p.add_argument("--out", metavar="DIR", type=cli.out_folder, help="records folder (default: results/gpu/DEVICE)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    if not stages or set(stages) - set(STAGES):
+        p.error(f"--stages takes a comma-separated list of {', '.join(STAGES)}, got {args.stages!r}")
+    import torch
+    from bench.config import resolve_device
+    try:
+        device = str(resolve_device(args.device))
+    except ValueError as exc:
+        p.error(str(exc))
+    if device == "cpu" and not args.tiny:
+        p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
+    size = "tiny" if args.tiny else "full"
+    out = Path(args.out or ROOT / "results" / "gpu" / device_slug(device))
+    out.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget)
+    record = {"device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+              "torch": torch.__version__, "python": sys.version.split()[0], "budget_s": args.budget, "size": size,
+              "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "stages": {}}
+    with tempfile.TemporaryDirectory(prefix="gpu-job-") as scratch:
+        for stage in stages:
+            if budget.left() < 10:
+                record["stages"][stage] = {"status": "skipped: budget spent", "seconds": 0}
+                continue
+            start, share = time.monotonic(), budget.share(SHARE[stage] * args.budget)
+            print(f"stage {stage} ({budget.left():.0f} s of budget left)", flush=True)
+            if stage == "correctness":
+                rows = correctness(device, size, share, out)
+            elif stage == "entry":
+                rows = entry_points(device, size, share, Path(scratch))
+            elif stage == "scaling":
+                rows = scaling_rows(device, size, share)
+            else:
+                rows = frontier_rows(device, size, share, Path(scratch))
+            record["stages"][stage] = {"status": stage_status(rows),
+                                       "seconds": round(time.monotonic() - start, 1), "rows": rows}
+            write_json(out / "gpu.json", record)  # after each stage: a job stopped later keeps what it measured
+    (out / "README.md").write_text(markdown(record))
+    print(markdown(record))
+    print(f"wrote {out}/gpu.json, README.md", file=sys.stderr)
+    return int(any("failed" in s["status"] for s in record["stages"].values()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
