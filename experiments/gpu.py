@@ -10,7 +10,7 @@ The stages, in this order; a stage starts only while budget remains, and stops a
    (padding, causal, bf16/float16 autocast, generators on the device);
 2. ``entry``: each method's own training command (``python sbm_transformer.py``, ``python ssa.py``, ``python
    kernel_sparse.py`` on WikiText-2 where its files are, ``python -m bench.train`` for each baseline) on ListOps at
-   its paper length (2,048 tokens, batch 128), a few hundred steps: each run's step time, peak memory
+   its paper length (2,048 tokens, batch 128), 100 steps (SBM 10): each run's step time, peak memory
    (``max_memory_allocated``) and density as its metrics.json records them. Timing runs, not trained models;
 3. ``scaling``: forward+backward time and peak memory of every attention against length (1K to 16K, each method
    until memory runs out), SBM at its initial density and at 1%, beside full attention (SDPA, which takes its
@@ -18,9 +18,9 @@ The stages, in this order; a stage starts only while budget remains, and stops a
 4. ``frontier``: the frontier claim's families (experiments/frontier.py) on duplicates at 512 and 1,024 tokens,
    seed 0, while budget remains.
 Records: OUT/gpu.json (device, torch, each stage's time and rows), OUT/README.md (its tables), OUT/correctness.log.
-One folder per device (default results/gpu/<device>): a table never mixes devices.
+One folder per device (default results/gpu/<device>): a table never mixes devices. A job of some --stages keeps
+the other stages' records from the folder's earlier job on the same device (each stage says its date and torch).
 """
-import json
 import os
 import re
 import subprocess
@@ -37,12 +37,14 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("correctness", "entry", "scaling", "frontier")
 SCALING_METHODS = ("full", "full-ref", "sbm", "sbm@0.01", "ssa", "kernel", "window", "bigbird", "reformer",
                    "performer", "linformer", "nystromformer", "linear")
-# method → its own training command; SBM on its fast path, the one whose cost is linear in its edges
-ENTRY = {"sbm": ["sbm_transformer.py", "--path", "fast"], "ssa": ["ssa.py"],
-         **{m: ["-m", "bench.train", "--method", m] for m in ("full", "window", "bigbird", "reformer", "performer",
-                                                               "linformer", "nystromformer", "linear")},
-         "kernel": ["kernel_sparse.py"], "sbm (reference path)": ["sbm_transformer.py"]}
-RUN = {"full": ["--steps", "200", "--eval-every", "200", "--eval-batches", "2", "--final-eval-batches", "2"],
+# method → its own training command; SBM last, on 10 steps (its sampler takes seconds a step at this size), on its
+# fast path (the one whose cost is linear in its edges) and its reference path
+ENTRY = {**{m: ["-m", "bench.train", "--method", m] for m in ("full", "window", "bigbird", "reformer", "performer",
+                                                              "linformer", "nystromformer", "linear")},
+         "ssa": ["ssa.py"], "kernel": ["kernel_sparse.py"],
+         "sbm": ["sbm_transformer.py", "--path", "fast"], "sbm (reference path)": ["sbm_transformer.py"]}
+FEW_STEPS = {name: ["--steps", "10", "--eval-every", "10"] for name in ("sbm", "sbm (reference path)")}
+RUN = {"full": ["--steps", "100", "--eval-every", "100", "--eval-batches", "2", "--final-eval-batches", "2"],
        "tiny": ["--seq-len", "32", "--steps", "2", "--eval-every", "2", "--batch-size", "4", "--eval-batches", "1",
                 "--final-eval-batches", "1", "--warmup", "1"]}  # an entry point's run options, per --tiny or not
 TASK = {"full": ["--task", "listops", "--preset", "paper"], "tiny": ["--task", "duplicates"]}
@@ -52,7 +54,7 @@ SLOW_CELL = 30  # seconds: a method whose next length would take longer (4× its
 FRONTIER_LENGTHS = {"full": (512, 1024), "tiny": (16,)}
 FRONTIER_STEPS = {"full": 400, "tiny": 2}
 FUZZ_CASES = {"full": 10, "tiny": 1}
-SHARE = {"correctness": 0.25, "entry": 0.4, "scaling": 0.35, "frontier": 1.0}  # of --budget, at most, per stage
+SHARE = {"correctness": 0.2, "entry": 0.4, "scaling": 0.4}  # a stage's most: its part of the stages run before
 
 class Budget:
     def __init__(self, seconds: float):
@@ -104,7 +106,9 @@ def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
             continue
         folder = scratch / re.sub(r"\W+", "-", name)
         task = KERNEL_TASK if name == "kernel" else TASK[size]
-        result = run([*command, *task, *RUN[size], "--device", device, "--out", str(folder), "--overwrite"], budget, cap=150)
+        steps = FEW_STEPS.get(name, []) if size == "full" else []
+        result = run([*command, *task, *RUN[size], *steps, "--device", device, "--out", str(folder), "--overwrite"],
+                     budget, cap=150)
         record = read_json(folder / "metrics.json") or {}
         row = {"method": name, "command": " ".join(["python", *command]), "code": result["code"],
                "seconds": result["seconds"]}
@@ -187,7 +191,7 @@ def markdown(record: dict) -> str:
 
     parts = [f"# The GPU job on {record['device']}\n", f"torch {record['torch']}, Python {record['python']}, "
              f"budget {record['budget_s']} s, size {record['size']}; `{record['command']}`\n",
-             table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds"])]
+             table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds", "date"])]
     stages = record["stages"]
     if stages.get("correctness", {}).get("rows"):
         parts.append(table(stages["correctness"]["rows"], ["tests", "cases per variant", "code", "seconds",
@@ -259,12 +263,18 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "python": sys.version.split()[0], "budget_s": args.budget, "size": size,
               "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
               "stages": {}}
+    earlier = read_json(out / "gpu.json") or {}
+    if earlier.get("device") == record["device"] and earlier.get("size") == size:  # stages not run now are kept
+        record["stages"] = {k: v for k, v in earlier["stages"].items() if k not in stages and "rows" in v}
     with tempfile.TemporaryDirectory(prefix="gpu-job-") as scratch:
         for stage in stages:
             if budget.left() < 10:
                 record["stages"][stage] = {"status": "skipped: budget spent", "seconds": 0}
                 continue
-            start, share = time.monotonic(), budget.share(SHARE[stage] * args.budget)
+            parts = sum(SHARE.get(s, 0) for s in stages)
+            last = stage == stages[-1] or stage == "frontier"  # the last stage and the frontier take what is left
+            start, share = time.monotonic(), budget.share(budget.left() if last else
+                                                          SHARE[stage] / parts * args.budget)
             print(f"stage {stage} ({budget.left():.0f} s of budget left)", flush=True)
             if stage == "correctness":
                 rows = correctness(device, size, share, out)
@@ -274,7 +284,8 @@ def main(argv=None) -> int:
                 rows = scaling_rows(device, size, share)
             else:
                 rows = frontier_rows(device, size, share, Path(scratch))
-            record["stages"][stage] = {"status": stage_status(rows),
+            record["stages"][stage] = {"status": stage_status(rows), "torch": torch.__version__,
+                                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                        "seconds": round(time.monotonic() - start, 1), "rows": rows}
             write_json(out / "gpu.json", record)  # after each stage: a job stopped later keeps what it measured
     (out / "README.md").write_text(markdown(record))

@@ -55,13 +55,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(autouse=True)
-def default_device(request):
-    """An on_device test runs with DEVICE as torch's default device, so that the tensors and modules its own code
-    makes land there (tests/test_devices.py checks separately that the method files pass device= themselves)."""
-    if request.node.get_closest_marker("on_device") is None:
-        yield
-        return
+@pytest.fixture
+def default_device():
+    """DEVICE as torch's default device, for an on_device test written for the CPU: the tensors, modules and
+    generators (``seeded``) its own code makes land there (tests/test_devices.py checks separately that the
+    method files pass device= themselves)."""
     with DEVICE:
         yield
 

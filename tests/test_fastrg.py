@@ -240,6 +240,7 @@ def test_outputs_are_int64_in_range():
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("dedup", [False, True])
 def test_a_draw_on_the_generator_s_device_stays_there_and_leaves_the_global_rngs_alone(dedup):
     g = seeded(16)  # on the test device

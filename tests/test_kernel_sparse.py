@@ -462,6 +462,7 @@ def test_fit_predictor_is_reproducible_and_lowers_eq1():
 
 # ---------------------------------------------------------------- 4. sparse (query, key) list = dense mask
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 def test_sparse_attention_equals_masked_attention_outputs_and_gradients(padded, causal):
@@ -542,6 +543,7 @@ def test_sparse_attention_without_edges_gives_zeros():
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("alibi", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 def test_module_reference_and_fast_paths_agree_in_outputs_and_gradients(causal, alibi):

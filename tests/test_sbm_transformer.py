@@ -48,6 +48,7 @@ def both_paths(module, x, key_padding_mask, causal, generator):
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("ste", sbm.STE_FORMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
@@ -71,6 +72,7 @@ def test_sparse_and_dense_paths_agree_on_the_same_edge_set(ste, causal, padded, 
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("causal, padded", [(False, False), (True, True)])
 def test_sampled_graph_attends_like_the_same_graph_rebuilt(causal, padded):
     """The sparse sampler's graph (CSR straight from fastRG, compacted by thinning, its key-major copy built in
@@ -99,6 +101,7 @@ def full_graph(r, n):
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 def test_all_ones_mask_equals_full_attention():
     torch.manual_seed(0)
     b, n = 2, 9
@@ -436,6 +439,7 @@ def test_rows_without_edges_give_zeros_and_finite_gradients(path):
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("path", sbm.PATHS)
 def test_never_nan_on_extreme_inputs_and_same_generator_same_draw(path):
     module = make(path=path, dtype=torch.float32)

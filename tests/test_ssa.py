@@ -62,6 +62,7 @@ VARIANTS = [dict(windows=4, sigma=0.3), dict(windows=2, sigma=0.3, grid=(4, 4)),
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kwargs", VARIANTS)
@@ -88,6 +89,7 @@ def test_length_not_divisible_by_windows_pads_internally():
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("kwargs", [dict(windows=1, sigma=0.5), dict(unbiased=1.0), dict(sampling="never")])
@@ -244,6 +246,7 @@ def test_padding_invariance(sampling, causal):
 
 
 @pytest.mark.on_device
+@pytest.mark.usefixtures("default_device")
 def test_fast_and_reference_paths_agree_in_gradients():
     x, kpm = torch.randn(2, 16, DIM), padding(16, [16, 9])
     grads = []
