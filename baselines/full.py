@@ -129,13 +129,14 @@ class FullAttention(nn.Module):
     @staticmethod
     def fast_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
                    p_drop: float, is_causal: bool) -> Tensor:
-        """The same computation through SDPA. A boolean mask becomes an additive one when ALiBi is on: −inf on
-        the inadmissible pairs, not finfo.min, since a float16 score can exceed finfo(float16).min's 65504 in
-        size and would let a masked key through; every row keeps an admissible (or dummy) key, so none is all −inf."""
-        if bias is None:
-            mask = allowed
-        else:
-            mask = bias.to(q.dtype)
-            if allowed is not None:
-                mask = mask.masked_fill(~allowed, -math.inf)
+        """The same computation through SDPA, the boolean mask given as an additive one: −inf on the inadmissible
+        pairs, not finfo.min, since a float16 score can exceed finfo(float16).min's 65504 in size and would let a
+        masked key through; every row keeps an admissible (or dummy) key, so none is all −inf. Additive even without
+        ALiBi: given a boolean mask under float16 autocast, torch 2.11's cuDNN attention on an H200 let gradient
+        through padded keys (0.65 in tests/test_full.py; its math and efficient kernels 0). On the CPU the two
+        forms give the same bits."""
+        mask = None if bias is None else bias.to(q.dtype)
+        if allowed is not None:
+            mask = (torch.zeros(allowed.shape, dtype=q.dtype, device=q.device) if mask is None else mask).masked_fill(
+                ~allowed, -math.inf)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=is_causal)
