@@ -56,6 +56,7 @@ FRONTIER_STEPS = {"full": 400, "tiny": 2}
 FUZZ_CASES = {"full": 10, "tiny": 1}
 SHARE = {"correctness": 0.2, "entry": 0.4, "scaling": 0.4}  # a stage's most: its part of the stages run before
 
+
 class Budget:
     def __init__(self, seconds: float):
         self.end = time.monotonic() + seconds
@@ -107,17 +108,18 @@ def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
         folder = scratch / re.sub(r"\W+", "-", name)
         task = KERNEL_TASK if name == "kernel" else TASK[size]
         steps = FEW_STEPS.get(name, []) if size == "full" else []
-        result = run([*command, *task, *RUN[size], *steps, "--device", device, "--out", str(folder), "--overwrite"],
-                     budget, cap=150)
+        argv = [*command, *task, *RUN[size], *steps, "--device", device]
+        result = run([*argv, "--out", str(folder), "--overwrite"], budget, cap=150)
         record = read_json(folder / "metrics.json") or {}
-        row = {"method": name, "command": " ".join(["python", *command]), "code": result["code"],
-               "seconds": result["seconds"]}
+        row = {"method": name, "command": " ".join(["python", *command]), "argv": " ".join(["python", *argv]),
+               "code": result["code"], "seconds": result["seconds"]}
         if record.get("status") == "complete":
             row.update({key: record.get(key) for key in ("task", "steps", "median_step_ms", "peak_memory_bytes",
                                                           "density", "test", "metric", "device")})
             row["config"] = {k: record["config"].get(k) for k in ("seq_len", "batch_size", "dim", "depth", "heads")}
         else:
-            row["status"] = f"failed: {last_line(result['output'])}"
+            row["status"] = ("failed: timed out" if result["code"] == "timed out" else
+                             f"failed: {last_line(result['output'])}")
         rows.append(row)
     return rows
 
@@ -238,12 +240,17 @@ def build_parser():
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     p.add_argument("--tiny", action="store_true", help="toy sizes: checks that every stage runs, measures nothing")
     p.add_argument("--out", metavar="DIR", type=cli.out_folder, help="records folder (default: results/gpu/DEVICE)")
+    p.add_argument("--render", metavar="DIR", help="only rewrite DIR/README.md from DIR/gpu.json; runs nothing")
     return p
 
 
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    if args.render:
+        record = read_json(Path(args.render) / "gpu.json") or p.error(f"--render {args.render}: no readable gpu.json")
+        (Path(args.render) / "README.md").write_text(markdown(record))
+        return 0
     stages = [s for s in args.stages.split(",") if s]
     if not stages or set(stages) - set(STAGES):
         p.error(f"--stages takes a comma-separated list of {', '.join(STAGES)}, got {args.stages!r}")

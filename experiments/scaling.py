@@ -204,7 +204,8 @@ def table(rows: list, reference: str) -> str:
     out = []
     for r in rows:
         if "error" in r:
-            out.append([label(r), r["n"], "failed: " + r["error"]] + [""] * 8)
+            said = r["error"] if r["error"].startswith(("not run", "out of memory")) else "failed: " + r["error"]
+            out.append([label(r), r["n"], said] + [""] * 8)
             continue
         ref = refs.get(r["n"])
 

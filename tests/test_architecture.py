@@ -26,7 +26,8 @@ from bench import methods
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_LINES = 70
-BUDGETS = {"bench": 3600, "experiments": 3300}
+# experiments/: 3,300 at the split, and the GPU job (experiments/gpu.py, ~300 lines) added beside it since
+BUDGETS = {"bench": 3600, "experiments": 3600}
 MODULE_LINES = 450
 SSA_REACHES = 3800
 NAMED_ATTRIBUTE = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_]\w*")  # "module:Name"
