@@ -18,6 +18,7 @@ One model and recipe per task for every method; the learning rate per family is 
 three (seed 0, the family's first setting), as Zoology does (Arora et al. 2023, arXiv 2312.04927): a cell of stage
 2 waits until its family's three are complete.
 """
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,16 @@ def settings():
 
 
 # ------------------------------------------------------------------------------------------------ the verdict
+def entropy_ratio(record: dict) -> Optional[float]:
+    """Test cross-entropy ÷ the base rate's entropy (nats): 1 at the label marginal, 0 when solved; a measure with
+    power where token accuracy sits at the base rate. Duplicates' labels are binary (the majority share is the base
+    rate), recall's values uniform over 16; None for bytes (bits per byte is already a cross-entropy)."""
+    p, task, loss = record.get("base_rate"), record.get("config", {}).get("task"), record.get("test_loss")
+    if loss is None or p is None or not 0 < p < 1 or task not in ("duplicates", "recall"):
+        return None
+    return loss / (-p * math.log(p) - (1 - p) * math.log(1 - p) if task == "duplicates" else math.log(16))
+
+
 def by_setting(records: List[dict]) -> Dict[Tuple[str, str, str], List[dict]]:
     """(variant, family, label) → the setting's complete stage-2 records, by the cell names settings() makes."""
     names = {f"{m}{tag}-{task}-cpu": (variant, family, label)
@@ -119,20 +130,39 @@ def verdict_rows(records: List[dict]) -> List[dict]:
                             for (v, f, label), rs in groups.items() if v == variant and f == family)
             found = [(d, label, rs) for d, label, rs in points if reaches(statistics.median(r["test"] for r in rs))]
             d, label, rs = found[0] if found else (None, None, [])
+            sparsest = points[0] if points and all(entropy_ratio(r) is not None for r in points[0][2]) else None
             rows.append({"task": variant, "family": family, "full": target, "settings": len(points),
-                         "density": d, "setting": label,
+                         "density": d, "setting": label, "reaching": [f[1] for f in found], "sparsest": sparsest and (
+                             sparsest[0], statistics.median(entropy_ratio(r) for r in sparsest[2])),
                          "seeds": f"{sum(reaches(r['test']) for r in rs)}/{len(rs)}" if rs else "–"})
     return rows
 
 
+def step_time_ratios(folder: Path, variant: str) -> Dict[str, float]:
+    """Setting label → its training step's median time ÷ fair full attention's, from the side-by-side run
+    ``python -m experiments.step_time --runs 'FOLDER/runs/*-SUFFIX-TASK-cpu-s0' --out FOLDER/step_time-VARIANT``."""
+    timed = read_json(folder / f"step_time-{variant}" / "step_time.json") or {}
+    fair = statistics.median(timed.get("step_ms", {}).get("full (fair)") or [math.nan])
+    suffix = VARIANTS[variant][1]
+    return {name.replace(" (as run)", "").removesuffix(suffix): statistics.median(ms) / fair
+            for name, ms in timed.get("step_ms", {}).items()}
+
+
 def table(records: List[dict]) -> str:
     lines = ["| task | family | full attention (median) | settings run | lowest density reaching it | setting | "
-             "seeds that reach it |", "|---|---|---|---|---|---|---|"]
+             "seeds that reach it | lowest step time ÷ fair full reaching it | CE ÷ base entropy at its sparsest "
+             "setting |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    folder = records[0]["folder"].parent.parent if records else Path(".")
     for row in verdict_rows(records):
         reached = ("not run yet" if not row["settings"] else "does not" if row["density"] is None
                    else f"{100 * row['density']:.1f}%")
+        ratio = "–" if row["sparsest"] is None else f"{row['sparsest'][1]:.3f} ({100 * row['sparsest'][0]:.1f}%)"
+        times = step_time_ratios(folder, row["task"])
+        time = min((times[label] for label in row["reaching"] if label in times), default=None)
         lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
-                     f"{row['setting'] or '–'} | {row['seeds']} |")
+                     f"{row['setting'] or '–'} | {row['seeds']} | {'–' if time is None else f'{time:.2f}'} | "
+                     f"{ratio} |")
     return "\n".join(lines)
 
 

@@ -174,15 +174,25 @@ def frontiers(records: List[dict], path: Path) -> str:
         full = groups.get((variant, "dense", "full"), [])
         if full:
             ax.axhline(statistics.median(r["test"] for r in full), color="k", ls=":", lw=1)
-            ax.axhline(statistics.median(r["base_rate"] for r in full), color="grey", ls="--", lw=1)
+            base = statistics.median(r["base_rate"] for r in full)
+            ax.axhline(base, color="grey", ls="--", lw=1)
+            if variant.startswith("duplicates"):  # a token with a duplicate is right only where its pattern finds one
+                d, heads = [10 ** (e / 40) for e in range(-120, 1)], VARIANTS[variant][2]["heads"]
+                for recall, family in ((lambda x: min(1, heads * x ** 0.5), "sbm"), (lambda x: x, "window")):
+                    ax.plot(d, [base + (1 - base) * recall(x) for x in d], "-.", lw=0.8,
+                            color=f"C{names.index(family)}")
         ax.set_title(variant, fontsize=9)
         log_x(ax)
         ax.set_xlim(right=1.2)  # a density is at most 1
-    axes[0, -1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    shown = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+    axes[0, -1].legend(shown.values(), shown.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     save(fig, path, axes[0], "attention density on the test split (log)",
          ["test metric (accuracy; bytes: bits per byte)"] * len(variants))
     return ("Frontiers: test metric against measured attention density, a point per seed, each family's medians "
-            "joined; dotted: full attention's median, dashed: the base rate.")
+            "joined; dotted: full attention's median, dashed: the base rate; dash-dot (duplicates): "
+            "base + (1 − base) × recall, the most a pattern of density d reaches if it finds a token's duplicate "
+            "with probability recall = d (a window) or at most min(1, 2√d) (SBM with 2 heads: Eq. 5 makes each "
+            "head's density ≥ its recall²).")
 
 
 

@@ -159,8 +159,9 @@ def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
         model = Model(run_cfg, make)
         if record["method"] == "sbm":
             shift_sbm(model, model_inputs(example, torch.device("cpu")), record["density"])
-        built[f"{label} (as run)" if label == "full" else label] = (model, False)
-        full_cfg = run_cfg if label == "full" else full_cfg
+        full = record["method"] == "full" and not record["config"].get("attn")  # a claim's cell may be "full-n64"
+        built["full (as run)" if full else label] = (model, False)
+        full_cfg = run_cfg if full else full_cfg
     if "full (as run)" in built:
         fair = dataclasses.replace(full_cfg, attn_dropout=0.0)
         torch.manual_seed(derive_seed(cfg.seed, "init"))

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from bench.files import write_json
 from conftest import ROOT, processes
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
@@ -366,7 +367,14 @@ def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_
     assert (rows["duplicates64", "sbm"]["density"], rows["duplicates64", "sbm"]["seeds"]) == (0.3, "5/5")
     assert rows["duplicates64", "window"]["density"] == 0.6 and rows["duplicates64", "window"]["settings"] == 2
     assert rows["duplicates64", "reformer"]["density"] is None  # 95%: below full attention's 99% − 1 point
-    assert "| duplicates64 | reformer | 0.9900 | 1 | does not | – | – |" in frontier.table(frontier_records(folder))
+    assert "| duplicates64 | reformer | 0.9900 | 1 | does not | – | – | – |" in frontier.table(frontier_records(folder))
+    (folder / "step_time-duplicates64").mkdir()
+    write_json(folder / "step_time-duplicates64" / "step_time.json",  # experiments.step_time's record of the cells
+               {"step_ms": {"full (fair)": [10.0, 10.0], "full (as run)": [11.0], "sbm-lambda1e-2-n64": [30.0],
+                            "sbm-n64": [25.0], "window-d0.6-n64": [12.0]}})
+    table = frontier.table(frontier_records(folder))
+    assert "| duplicates64 | sbm | 0.9900 | 2 | 30.0% | sbm-lambda1e-2 | 5/5 | 2.50 |" in table  # sbm-n64 reaches too
+    assert "| duplicates64 | window | 0.9900 | 2 | 60.0% | window-d0.6 | 5/5 | 1.20 |" in table
     ours, verdict = claim.rule(folder)
     assert verdict == "adaptivity pays on duplicates64, recall64"  # 30% ≤ 60% / 1.5 (the -n64 records serve both)
     assert ours.startswith("duplicates64: adaptive 30% (sbm), fixed 60% (window); duplicates128: adaptive –")
