@@ -38,7 +38,7 @@ DUPLICATES = dict(dim=64, heads=2, head_dim=32, mlp_dim=64, batch_size=64, warmu
 VARIANTS = {
     "duplicates64": ("duplicates", "-n64", dict(DUPLICATES, seq_len=64, steps=800)),
     "duplicates128": ("duplicates", "-n128", dict(DUPLICATES, seq_len=128, steps=1200)),
-    "recall64": ("recall", "-n64", dict(seq_len=64, steps=1500)),
+    "recall64": ("recall", "-n64", dict(seq_len=64, steps=1000)),
     "bytes": ("bytes", "", dict(steps=400, eval_every=200, eval_batches=2, final_eval_batches=8)),
 }
 

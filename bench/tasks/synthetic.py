@@ -3,8 +3,8 @@
 - ``duplicates`` — SBM paper §5.1: N integers uniform in {1..N}; a token's label is 1 when its value occurs
   elsewhere in the sequence. New training sequences every step (the paper samples a batch per epoch);
   validation and test sets generated from the seed.
-- ``recall`` — scattered-key associative recall: (key, value) pairs anywhere in the sequence, each key asked
-  again later; the target at the question is its value. Generated like ``duplicates``.
+- ``recall`` — scattered-key associative recall: (key, value) pairs, one token each, anywhere in the sequence,
+  each key asked again later; the target at the question is its value. Generated like ``duplicates``.
 - ``listops`` — LRA ListOps (Tay et al. 2021; Nangia & Bowman 2018) with LRA's generator rules (values 0-9,
   MAX/MIN/MED/SM, operator with probability 0.25 below the maximum depth, 2..max_args arguments, accepted
   when min_len < length < max_len, deduplicated). Tokens as in the PyTorch ports: the brackets' "(" ")"
@@ -58,25 +58,28 @@ class Duplicates(ExampleSetTask):
 
 class Recall(ExampleSetTask):
     """K (key, value) pairs at random places among filler tokens, each key asked again at a random place after
-    its pair; the target there is the value (K = N / 8: 3 of every 8 tokens are a key, a value or a question).
-    Zoology's MQAR (Arora et al. 2023, arXiv 2312.04927) puts its pairs in a prefix, which a pattern attending to
-    the prefix solves without reading content; here a question must find its key by content. Chance: 1/VALUES."""
+    its pair; the target there is the value (K = N / 8). A pair is one token, (key, value), so that one hop of
+    content addressing answers a question, as in duplicates, but across token types and with a 16-way readout;
+    as two tokens (key, then value) a 2-layer model must first learn a previous-token head, and full attention sat
+    at ~31% for 3,000 steps (results/frontier/calibration.md). Zoology's MQAR (Arora et al. 2023, arXiv 2312.04927)
+    puts its pairs in a prefix, which a pattern attending to the prefix solves without reading content; here a
+    question must find its pair by content. Chance: 1/VALUES."""
     EVAL_EXAMPLES = 1024
-    KEYS, VALUES, FILLERS = 64, 16, 16  # token ids: keys 1..64, values 65..80, filler 81..96; 0 unused
+    KEYS, VALUES, FILLERS = 64, 16, 16  # token ids: keys 1..64, pairs 65..1088 (key-major), filler 1089..1104
 
     def __init__(self):
         cpu = Preset(seq_len=64, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.0, steps=1500,
                      batch_size=64, lr=1e-3, weight_decay=0.0, warmup=100, eval_every=250, eval_batches=4,
                      final_eval_batches=16)
-        super().__init__("recall", "token", vocab_size=1 + self.KEYS + self.VALUES + self.FILLERS,
+        super().__init__("recall", "token", vocab_size=1 + self.KEYS * (1 + self.VALUES) + self.FILLERS,
                          num_classes=self.VALUES, metric="accuracy", presets={"cpu": cpu, "paper": cpu})
 
     def pairs(self) -> int:
         return min(max(1, self.seq_len // 8), self.KEYS)
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
-        if seq_len < 3:
-            raise ValueError(f"recall needs --seq-len >= 3 (a key, its value and the question), got {seq_len}")
+        if seq_len < 2:
+            raise ValueError(f"recall needs --seq-len >= 2 (a pair and its question), got {seq_len}")
         self.seq_len = seq_len
         self.splits = {split: self.generate(self.EVAL_EXAMPLES, torch.Generator().manual_seed(seed * 1000 + 11 + i))
                        for i, split in enumerate(("valid", "test"))}
@@ -86,15 +89,10 @@ class Recall(ExampleSetTask):
         rows = torch.arange(count)[:, None]
         keys = torch.rand(count, self.KEYS, generator=generator).argsort(1)[:, :k] + 1  # (B, K), distinct
         values = torch.randint(self.VALUES, (count, k), generator=generator)  # (B, K)
-        # n − k units in a random order (unit i < K: pair i, 2 tokens; K + i: its question; the rest: filler), a
-        # question and its pair taking the later and the earlier of their two places
-        place = torch.rand(count, n - k, generator=generator).argsort(1)  # (B, n − k): unit → its place
+        place = torch.rand(count, n, generator=generator).argsort(1)  # (B, n): 2K distinct places, pair first
         pair, question = place[:, :k].minimum(place[:, k:2 * k]), place[:, :k].maximum(place[:, k:2 * k])
-        width = torch.ones(count, n - k, dtype=torch.long).scatter_(1, pair, 2)  # (B, n − k): tokens at a place
-        start = width.cumsum(1) - width  # (B, n − k): a place's first token
-        pair, question = start.gather(1, pair), start.gather(1, question)  # (B, K) token positions
-        tokens = torch.randint(self.FILLERS, (count, n), generator=generator) + 1 + self.KEYS + self.VALUES
-        tokens[rows, pair], tokens[rows, pair + 1], tokens[rows, question] = keys, 1 + self.KEYS + values, keys
+        tokens = torch.randint(self.FILLERS, (count, n), generator=generator) + 1 + self.KEYS * (1 + self.VALUES)
+        tokens[rows, pair], tokens[rows, question] = self.KEYS + 1 + (keys - 1) * self.VALUES + values, keys
         targets = torch.full((count, n), IGNORE, dtype=torch.long)
         targets[rows, question] = values
         return {"tokens": tokens, "targets": targets}
