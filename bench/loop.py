@@ -124,6 +124,8 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
     if run.is_main:
         out.mkdir(parents=True, exist_ok=True)
         run.lock = files.FolderLock(out, "run.lock", "run").__enter__()  # released when the process ends
+        if not cfg.resume:  # again under the lock: another run may have finished here during this one's setup
+            files.open_folder(cfg, context, device)
         files.begin(out, cfg.resume, run.step)
     run.memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)

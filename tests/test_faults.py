@@ -116,6 +116,23 @@ def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp
     assert (out / "train.log").read_text() == "a caller's log\n"  # not a file of the run
 
 
+def test_a_run_finished_during_a_slow_setup_is_not_replaced(tmp_path, monkeypatch, capsys):
+    """The folder is checked again under its lock: before, a run whose setup was slow checked an empty folder,
+    another run finished there meanwhile, and the first then deleted its results; both exited 0."""
+    from bench import loop
+    out, build_model = tmp_path / "run", loop.build_model
+
+    def slow_setup(*args):
+        monkeypatch.setattr(loop, "build_model", build_model)  # the other run sets up at the usual speed
+        model = build_model(*args)
+        train_here(*RUN, "--seed", "1", "--out", str(out))
+        return model
+
+    monkeypatch.setattr(loop, "build_model", slow_setup)
+    line = refused(capsys, *RUN, "--out", str(out))
+    assert line.startswith(f"error: {out} already holds a run (metrics.json") and record(out)["seed"] == 1
+
+
 def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finished(tmp_path, finished):
     """Before: the old run's complete metrics.json and checkpoint stayed beside the new run's log."""
     out = copy_of(finished, tmp_path)
