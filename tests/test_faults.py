@@ -237,8 +237,9 @@ def test_bench_train_still_runs_a_method_file_by_name(tmp_path):
 
 @pytest.mark.parametrize("args, code, message", [
     (["--device", "gpu"], 2, "argument --device: must be auto, cpu, cuda or cuda:N, got 'gpu'"),
-    (["--lr", "-1"], 2, "argument --lr: must be a positive number, got -1"),
-    (["--lr", "nan"], 2, "argument --lr: must be a positive number, got nan"),
+    (["--lr", "-1"], 2, "argument --lr: must be a positive number up to 1e37, got -1"),
+    (["--lr", "nan"], 2, "argument --lr: must be a positive number up to 1e37, got nan"),
+    (["--lr", "1e38"], 2, "argument --lr: must be a positive number up to 1e37, got 1e38"),  # AdamW overflowed
     (["--dropout", "1"], 2, "argument --dropout: must be a rate in [0, 1), got 1"),
     (["--pos-emb", "maybe"], 2, "argument --pos-emb: must be true or false, got maybe"),
     (["--method", "performer", "--attn", "features=abc"], 2,
@@ -321,6 +322,21 @@ def test_sizes_out_of_range_and_non_finite_settings_are_one_line(tmp_path, capsy
     line = refused(capsys, *run_of(entry), *args, "--out", str(tmp_path / "run"), entry=entry)
     assert message in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, what, step", [
+    (["--method", "sbm", "--path", "fast", "--steps", "6"], "the attention's input at step 2", 2),
+    (["--steps", "1", "--eval-every", "1"], "the final evaluation's loss", 1),
+], ids=["the sampler's input", "the last step's update"])
+def test_every_divergence_is_recorded_as_one(tmp_path, capsys, args, what, step):
+    """--lr 1e20: before, fastRG's "X must be finite" ended SBM's run in a traceback, exit 1, and no record; a
+    NaN from the last step's update was recorded "complete", exit 0, with null losses."""
+    out = tmp_path / "run"
+    line = refused(capsys, *BASE, "--warmup", "0", "--lr", "1e20", *args, "--out", str(out), code=3)
+    assert line.startswith(f"error: the run diverged: {what} is not finite")
+    text = (out / "metrics.json").read_text()  # json.loads reads a bare NaN: the text is checked
+    assert "NaN" not in text and {k: json.loads(text)[k] for k in ("status", "diverged_at_step")} == {
+        "status": "diverged", "diverged_at_step": step}
 
 
 def test_a_record_holds_no_nan_or_infinity(tmp_path):
