@@ -377,7 +377,7 @@ def plain_type(declared):
 @contextlib.contextmanager
 def one_line_errors():
     """Bad data (DataError) ends the process with exit 1, a bad setting (SetupError) 2, a Diverged run 3, an OS
-    error while writing (a disk full, a folder gone read-only) 1, each as one line on stderr."""
+    error while writing (a disk full, a folder gone read-only) 1, Ctrl-C 130, each as one line on stderr."""
     from bench.config import Diverged, SetupError
     from bench.files import DataError, os_error_line
     try:
@@ -388,3 +388,6 @@ def one_line_errors():
     except OSError as exc:
         print(f"error: {os_error_line(exc)}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C: the training loop says at which step (bench.loop.train)
+        print(f"error: {exc or 'interrupted; rerun, with --resume where a checkpoint was saved'}", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -251,9 +251,10 @@ def open_folder(cfg, context: dict, device) -> Optional[dict]:
     out = cfg.folder
     if not cfg.resume:
         existing = run_files(out)
-        if existing and not cfg.overwrite:
-            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): continue it "
-                             f"with --resume, or replace it with --overwrite")
+        if existing not in ([], [out / "log.jsonl"]) and not cfg.overwrite:  # a log alone: nothing saved to lose
+            go_on = "continue it with --resume, or " if (out / "checkpoint.pt").exists() else "it has no checkpoint: "
+            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): {go_on}replace "
+                             f"it with --overwrite")
         return None
     if not (out / "checkpoint.pt").exists():
         raise DataError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}")

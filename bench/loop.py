@@ -166,7 +166,17 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
 
 # ------------------------------------------------------------------------------------------------ training
 def train(run: Run, until: Optional[int] = None) -> None:
-    """Steps up to ``until`` (default: the last), with progress lines, evaluations and checkpoints."""
+    """Steps up to ``until`` (default: the last), with progress lines, evaluations and checkpoints. Ctrl-C ends
+    them in one line saying how to go on (cli.one_line_errors: exit 130)."""
+    try:
+        take_steps(run, until)
+    except KeyboardInterrupt:
+        go_on = "continue with --resume" if (run.cfg.folder / "checkpoint.pt").exists() else \
+            "nothing saved yet; rerun to start again"
+        raise KeyboardInterrupt(f"interrupted at step {run.step}; {go_on}") from None
+
+
+def take_steps(run: Run, until: Optional[int]) -> None:
     cfg, task, model, device = run.cfg, run.task, run.model, run.device
     trained = nn.parallel.DistributedDataParallel(model) if run.world > 1 else model
     stop = cfg.steps if until is None else min(until, cfg.steps)

@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -160,6 +161,48 @@ def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finish
     steps = valid_steps(out / "log.jsonl")
     step = checkpoint["progress"]["step"]
     assert steps[:step // 40] == list(range(40, step + 1, 40))  # the new run's only
+
+
+# ------------------------------------------------------------------------------------ Ctrl-C
+def interrupt(out, args, ready):
+    """A run in a subprocess, sent SIGINT once ``ready(out)``: its exit code and the last line of its stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.train", *args, "--out", str(out)], cwd=ROOT, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not ready(out):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be interrupted"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert "Traceback" not in err, err
+    return proc.returncode, err.strip().splitlines()[-1]
+
+
+def test_ctrl_c_is_one_line_and_the_run_goes_on_as_it_says(tmp_path):
+    """Before: a 40-line KeyboardInterrupt traceback and exit 1 (the data-error code)."""
+    out = tmp_path / "run"
+    args = [*BASE, "--steps", "300", "--eval-every", "20", "--log-every", "1000"]
+    code, line = interrupt(out, args, lambda out: (out / "checkpoint.pt").exists())
+    assert code == 130 and re.fullmatch(r"error: interrupted at step \d+; continue with --resume", line), line
+    train_here(*args, "--out", str(out), "--resume")
+    assert record(out)["status"] == "complete"
+
+
+def test_ctrl_c_or_a_kill_before_the_first_checkpoint_leaves_a_folder_a_rerun_takes(tmp_path, finished, capsys):
+    """Before: a folder with a log alone was refused as "holding a run: continue it with --resume", and --resume
+    then found no checkpoint. A folder with a snapshot but no checkpoint is not offered --resume either."""
+    out = tmp_path / "run"
+    code, line = interrupt(out, [*BASE, "--steps", "100000", "--eval-every", "100000", "--log-every", "1"],
+                           lambda out: (out / "log.jsonl").is_file() and (out / "log.jsonl").read_text())
+    assert code == 130 and re.fullmatch(r"error: interrupted at step \d+; nothing saved yet; rerun to start again",
+                                        line), line
+    train_here(*RUN, "--out", str(out))
+    assert record(out)["status"] == "complete"
+    snapshot_only = tmp_path / "snapshot"
+    snapshot_only.mkdir()
+    shutil.copyfile(finished / "checkpoint-3.pt", snapshot_only / "checkpoint-3.pt")
+    line = refused(capsys, *RUN, "--out", str(snapshot_only))
+    assert line.endswith("(checkpoint-3.pt): it has no checkpoint: replace it with --overwrite"), line
 
 
 # ------------------------------------------------------------------------------------ torn log line
