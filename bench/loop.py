@@ -197,10 +197,10 @@ def take_steps(run: Run, until: Optional[int]) -> None:
                 logits, stats = trained(**inputs)
         except ValueError as exc:  # a sampler refuses non-finite scores (fastrg.py): the activations overflowed
             finite = torch.tensor("must be finite" not in str(exc))  # another ValueError is no divergence
-            stop_if_diverged(run, finite, f"the attention's input at step {run.step + 1}")
+            stop_if_diverged(run, finite, f"the attention's input at step {run.step + 1}", run.step + 1)
             raise
         loss = task_loss(logits, targets)
-        stop_if_diverged(run, torch.isfinite(loss + stats["aux_loss"]), f"the loss of step {run.step + 1}")
+        stop_if_diverged(run, (loss + stats["aux_loss"]).isfinite(), f"the loss of step {run.step + 1}", run.step + 1)
         run.optimizer.zero_grad(set_to_none=True)
         (loss + stats["aux_loss"]).backward()
         if cfg.grad_clip > 0:
@@ -234,10 +234,9 @@ def take_steps(run: Run, until: Optional[int]) -> None:
             run.save(f"checkpoint-{run.step}.pt")
 
 
-def stop_if_diverged(run: Run, finite: torch.Tensor, what: str, step: Optional[int] = None) -> None:
+def stop_if_diverged(run: Run, finite: torch.Tensor, what: str, step: int) -> None:
     """``what`` (a loss, the attention's input) not ``finite`` on some process: the run stops there, its record
-    says so (exit 3), naming ``step`` (default: the one being taken) as where it diverged."""
-    step = run.step + 1 if step is None else step
+    says so (exit 3), naming ``step`` as where it diverged."""
     finite = finite.detach().to(torch.int32).reshape(1)
     if run.world > 1:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
