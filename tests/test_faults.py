@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import kernel_sparse
 import sbm_transformer
@@ -225,7 +226,8 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
 
 
 # ------------------------------------------------------------------------------------ damaged checkpoints
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "not an archive", "a link to /dev/zero"])
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "not an archive", "a link to /dev/zero",
+                                    "foreign"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finished, capsys, damage):
     out = copy_of(finished, tmp_path)
     path = out / "checkpoint.pt"
@@ -242,12 +244,15 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finishe
     if damage == "a link to /dev/zero":  # before: read without bound
         path.unlink()
         path.symlink_to("/dev/zero")
+    elif damage == "foreign":  # a whole torch file, not a run's: before, a KeyError traceback and exit 1
+        torch.save({"weights": torch.zeros(2)}, path)
     else:
         path.write_bytes(bytes(data))
     line = refused(capsys, *RUN, "--out", str(out), "--resume")
     assert line.startswith(f"error: the checkpoint {path} ") and "weights_only" not in line
     assert {"flipped": "fails its CRC-32", "truncated": "is damaged", "empty": "is empty",
-            "not an archive": "is damaged", "a link to /dev/zero": "is not a regular file"}[damage] in line
+            "not an archive": "is damaged", "a link to /dev/zero": "is not a regular file",
+            "foreign": "is not a run's checkpoint"}[damage] in line
 
 
 def test_a_checkpoint_is_a_plain_torch_file(finished):
