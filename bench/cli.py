@@ -83,8 +83,9 @@ layers = bounded_int(1, MAX_LAYERS, "a count")
 any_int = bounded_int(-MAX_COUNT, MAX_COUNT, "an integer")  # a method's integer setting: its own check follows
 seed = bounded_int(0, 2 ** 32 - 1, "a seed")  # what torch.manual_seed and numpy's generators take
 threads = bounded_int(0, MAX_LAYERS, "a thread count (0: torch's default)")
-positive_float = checked_number(float, lambda v: v > 0, "a positive number")
 non_negative_float = checked_number(float, lambda v: v >= 0, "a non-negative number")
+# AdamW's first step is 10× the learning rate (bias correction 1 - 0.9): above 1e37 it overflows a float32
+learning_rate = checked_number(float, lambda v: 0 < v <= 1e37, "a positive number up to 1e37")
 finite_float = checked_number(float, lambda v: True, "a finite number")
 unit_fraction = checked_number(float, lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
 dropout_rate = checked_number(float, lambda v: 0 <= v < 1, "a rate in [0, 1)")
@@ -210,7 +211,7 @@ def task_parser(prog: str, description: str, out_help: str) -> argparse.Argument
     group.add_argument("--pos-emb", type=boolean, metavar="BOOL", help="learned positional embeddings")
     group.add_argument("--steps", type=non_negative_int, help="training steps (0: evaluate the untrained model)")
     group.add_argument("--batch-size", type=bounded_int(1, MAX_LENGTH, "a batch size"), help="batch size per process")
-    group.add_argument("--lr", type=positive_float, help="peak learning rate")
+    group.add_argument("--lr", type=learning_rate, help="peak learning rate")
     group.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay")
     group.add_argument("--warmup", type=non_negative_int, help="linear warm-up steps")
     group.add_argument("--eval-every", type=positive_int, help="steps between evaluations and checkpoints")
@@ -376,7 +377,7 @@ def plain_type(declared):
 @contextlib.contextmanager
 def one_line_errors():
     """Bad data (DataError) ends the process with exit 1, a bad setting (SetupError) 2, a Diverged run 3, an OS
-    error while writing (a disk full, a folder gone read-only) 1, each as one line on stderr."""
+    error while writing (a disk full, a folder gone read-only) 1, Ctrl-C 130, each as one line on stderr."""
     from bench.config import Diverged, SetupError
     from bench.files import DataError, os_error_line
     try:
@@ -387,3 +388,6 @@ def one_line_errors():
     except OSError as exc:
         print(f"error: {os_error_line(exc)}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C: the training loop says at which step (bench.loop.train)
+        print(f"error: {exc or 'interrupted; rerun, with --resume where a checkpoint was saved'}", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -230,9 +230,12 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     if damaged is not None:
         raise refuse(f"is damaged: its member {damaged} fails its CRC-32 (altered)")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 — any failure of a checked file is one line, not a torch traceback
         raise refuse(f"cannot be read by this torch ({type(exc).__name__})") from None
+    if not (isinstance(state, dict) and {"model", "optimizer", "progress", "config"} <= state.keys()):
+        raise refuse("is not a run's checkpoint: a torch file without a run's model, optimizer, progress and config")
+    return state
 
 
 def run_files(out: Path) -> List[Path]:
@@ -251,9 +254,10 @@ def open_folder(cfg, context: dict, device) -> Optional[dict]:
     out = cfg.folder
     if not cfg.resume:
         existing = run_files(out)
-        if existing and not cfg.overwrite:
-            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): continue it "
-                             f"with --resume, or replace it with --overwrite")
+        if existing not in ([], [out / "log.jsonl"]) and not cfg.overwrite:  # a log alone: nothing saved to lose
+            go_on = "continue it with --resume, or " if (out / "checkpoint.pt").exists() else "it has no checkpoint: "
+            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): {go_on}replace "
+                             f"it with --overwrite")
         return None
     if not (out / "checkpoint.pt").exists():
         raise DataError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}")

@@ -124,6 +124,8 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
     if run.is_main:
         out.mkdir(parents=True, exist_ok=True)
         run.lock = files.FolderLock(out, "run.lock", "run").__enter__()  # released when the process ends
+        if not cfg.resume:  # again under the lock: another run may have finished here during this one's setup
+            files.open_folder(cfg, context, device)
         files.begin(out, cfg.resume, run.step)
     run.memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
@@ -164,7 +166,17 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
 
 # ------------------------------------------------------------------------------------------------ training
 def train(run: Run, until: Optional[int] = None) -> None:
-    """Steps up to ``until`` (default: the last), with progress lines, evaluations and checkpoints."""
+    """Steps up to ``until`` (default: the last), with progress lines, evaluations and checkpoints. Ctrl-C ends
+    them in one line saying how to go on (cli.one_line_errors: exit 130)."""
+    try:
+        take_steps(run, until)
+    except KeyboardInterrupt:
+        go_on = "continue with --resume" if (run.cfg.folder / "checkpoint.pt").exists() else \
+            "nothing saved yet; rerun to start again"
+        raise KeyboardInterrupt(f"interrupted at step {run.step}; {go_on}") from None
+
+
+def take_steps(run: Run, until: Optional[int]) -> None:
     cfg, task, model, device = run.cfg, run.task, run.model, run.device
     trained = nn.parallel.DistributedDataParallel(model) if run.world > 1 else model
     stop = cfg.steps if until is None else min(until, cfg.steps)
@@ -180,10 +192,15 @@ def train(run: Run, until: Optional[int] = None) -> None:
         measure.synchronize(device)
         start = time.perf_counter()
         inputs, targets = model_inputs(batch, device), batch["targets"].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
-            logits, stats = trained(**inputs)
+        try:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
+                logits, stats = trained(**inputs)
+        except ValueError as exc:  # a sampler refuses non-finite scores (fastrg.py): the activations overflowed
+            finite = torch.tensor("must be finite" not in str(exc))  # another ValueError is no divergence
+            stop_if_diverged(run, finite, f"the attention's input at step {run.step + 1}", run.step + 1)
+            raise
         loss = task_loss(logits, targets)
-        stop_if_diverged(run, loss + stats["aux_loss"])
+        stop_if_diverged(run, (loss + stats["aux_loss"]).isfinite(), f"the loss of step {run.step + 1}", run.step + 1)
         run.optimizer.zero_grad(set_to_none=True)
         (loss + stats["aux_loss"]).backward()
         if cfg.grad_clip > 0:
@@ -217,17 +234,18 @@ def train(run: Run, until: Optional[int] = None) -> None:
             run.save(f"checkpoint-{run.step}.pt")
 
 
-def stop_if_diverged(run: Run, loss: torch.Tensor) -> None:
-    """A loss not finite on some process: the run stops there, its record says so (exit 3)."""
-    finite = torch.isfinite(loss.detach()).to(torch.int32).reshape(1)
+def stop_if_diverged(run: Run, finite: torch.Tensor, what: str, step: int) -> None:
+    """``what`` (a loss, the attention's input) not ``finite`` on some process: the run stops there, its record
+    says so (exit 3), naming ``step`` as where it diverged."""
+    finite = finite.detach().to(torch.int32).reshape(1)
     if run.world > 1:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
     if finite.item():
         return
-    lr = lr_at(run.step, vars(run.cfg))
+    lr = lr_at(step - 1, vars(run.cfg))
     if run.is_main:
-        files.record_divergence(run.cfg, run.step + 1, lr, run.progress())
-    raise Diverged(f"the run diverged: the loss of step {run.step + 1} is not finite (learning rate {lr:g}); "
+        files.record_divergence(run.cfg, step, lr, run.progress())
+    raise Diverged(f"the run diverged: {what} is not finite (learning rate {lr:g}); "
                    f"recorded in {run.cfg.folder / 'metrics.json'}")
 
 
@@ -321,7 +339,9 @@ def final_record(run: Run) -> Optional[dict]:
 
 def finish(run: Run, record: Optional[dict]) -> None:
     """The first process writes ``record`` to OUT/metrics.json and prints its final line; the processes end
-    together."""
+    together. Weights that give a final loss not finite are a divergence, not a result."""
+    losses = [record["valid_loss"], record["test_loss"]] if run.is_main else []
+    stop_if_diverged(run, torch.tensor(all(map(math.isfinite, losses))), "the final evaluation's loss", run.step)
     if run.is_main:
         record["wall_time_s"] = run.progress().wall_time_s
         files.write_json(run.cfg.folder / "metrics.json", record)

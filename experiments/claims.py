@@ -332,7 +332,8 @@ def run_output(claim: Claim, out: Path) -> int:
                                      else "")  # one script run per task: step_time-listops.md
         print(f"{claim.name}: {command} ...", flush=True)
         start = time.time()
-        result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True)
+        result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True,
+                                preexec_fn=grid.die_with_parent)  # no benchmark outlives a killed claims run
         wall = time.time() - start
         if result.returncode != 0:
             failures += 1

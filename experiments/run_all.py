@@ -102,7 +102,8 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
         result = subprocess.run([sys.executable, "-m", "experiments.step_time", "--task", task, "--runs",
                                  str(out / "runs" / f"*-{task}-{preset}-s{seed}"), "--repeats",
                                  str(STEP_TIME_REPEATS[budget]), "--out", str(out / f"step_time-{task}")],
-                                cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+                                cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                                preexec_fn=grid.die_with_parent)  # no timing outlives a killed ./run_all.sh
         if result.returncode != 0:
             failed += 1
             print(f"step times: {task} failed: {(result.stderr.strip() or 'no output').splitlines()[-1]}", flush=True)

@@ -33,7 +33,7 @@ CASES = [
     ("experiments.grid", ["--out", "{file}"], "argument --out: '{file}' is a file, not a folder"),
     ("experiments.grid", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),
     ("experiments.grid", ["--set", "bogus=1", "--plan-only"], "--set: --bogus 1 is not an option of python -m bench.train, which trains full, linear"),
-    ("experiments.grid", ["--set", "lr=nan", "--plan-only"], "--set: argument --lr: must be a positive number, got nan"),
+    ("experiments.grid", ["--set", "lr=nan", "--plan-only"], "--set: argument --lr: must be a positive number up to 1e37"),
     ("experiments.grid", ["--set", f"seq_len={BIG}", "--plan-only"],
      "--set: argument --seq-len: must be a length from 1 to"),
     ("experiments.run_all", ["--jobs", "0"], "argument --jobs: must be a positive integer from 1 to"),

@@ -6,6 +6,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import kernel_sparse
 import sbm_transformer
@@ -116,6 +118,23 @@ def test_a_fresh_run_refuses_a_folder_holding_a_run_unless_told_to_overwrite(tmp
     assert (out / "train.log").read_text() == "a caller's log\n"  # not a file of the run
 
 
+def test_a_run_finished_during_a_slow_setup_is_not_replaced(tmp_path, monkeypatch, capsys):
+    """The folder is checked again under its lock: before, a run whose setup was slow checked an empty folder,
+    another run finished there meanwhile, and the first then deleted its results; both exited 0."""
+    from bench import loop
+    out, build_model = tmp_path / "run", loop.build_model
+
+    def slow_setup(*args):
+        monkeypatch.setattr(loop, "build_model", build_model)  # the other run sets up at the usual speed
+        model = build_model(*args)
+        train_here(*RUN, "--seed", "1", "--out", str(out))
+        return model
+
+    monkeypatch.setattr(loop, "build_model", slow_setup)
+    line = refused(capsys, *RUN, "--out", str(out))
+    assert line.startswith(f"error: {out} already holds a run (metrics.json") and record(out)["seed"] == 1
+
+
 def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finished(tmp_path, finished):
     """Before: the old run's complete metrics.json and checkpoint stayed beside the new run's log."""
     out = copy_of(finished, tmp_path)
@@ -145,6 +164,48 @@ def test_an_overwriting_run_killed_early_never_leaves_a_folder_that_looks_finish
     assert steps[:step // 40] == list(range(40, step + 1, 40))  # the new run's only
 
 
+# ------------------------------------------------------------------------------------ Ctrl-C
+def interrupt(out, args, ready):
+    """A run in a subprocess, sent SIGINT once ``ready(out)``: its exit code and the last line of its stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.train", *args, "--out", str(out)], cwd=ROOT, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not ready(out):
+        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be interrupted"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert "Traceback" not in err, err
+    return proc.returncode, err.strip().splitlines()[-1]
+
+
+def test_ctrl_c_is_one_line_and_the_run_goes_on_as_it_says(tmp_path):
+    """Before: a 40-line KeyboardInterrupt traceback and exit 1 (the data-error code)."""
+    out = tmp_path / "run"
+    args = [*BASE, "--steps", "300", "--eval-every", "20", "--log-every", "1000"]
+    code, line = interrupt(out, args, lambda out: (out / "checkpoint.pt").exists())
+    assert code == 130 and re.fullmatch(r"error: interrupted at step \d+; continue with --resume", line), line
+    train_here(*args, "--out", str(out), "--resume")
+    assert record(out)["status"] == "complete"
+
+
+def test_ctrl_c_or_a_kill_before_the_first_checkpoint_leaves_a_folder_a_rerun_takes(tmp_path, finished, capsys):
+    """Before: a folder with a log alone was refused as "holding a run: continue it with --resume", and --resume
+    then found no checkpoint. A folder with a snapshot but no checkpoint is not offered --resume either."""
+    out = tmp_path / "run"
+    code, line = interrupt(out, [*BASE, "--steps", "100000", "--eval-every", "100000", "--log-every", "1"],
+                           lambda out: (out / "log.jsonl").is_file() and (out / "log.jsonl").read_text())
+    assert code == 130 and re.fullmatch(r"error: interrupted at step \d+; nothing saved yet; rerun to start again",
+                                        line), line
+    train_here(*RUN, "--out", str(out))
+    assert record(out)["status"] == "complete"
+    snapshot_only = tmp_path / "snapshot"
+    snapshot_only.mkdir()
+    shutil.copyfile(finished / "checkpoint-3.pt", snapshot_only / "checkpoint-3.pt")
+    line = refused(capsys, *RUN, "--out", str(snapshot_only))
+    assert line.endswith("(checkpoint-3.pt): it has no checkpoint: replace it with --overwrite"), line
+
+
 # ------------------------------------------------------------------------------------ torn log line
 def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tmp_path, finished):
     """A kill mid-write leaves a log line without its newline (and a checkpoint's temporary file): before, every
@@ -165,7 +226,8 @@ def test_a_torn_log_line_and_a_leftover_partial_checkpoint_are_recovered_from(tm
 
 
 # ------------------------------------------------------------------------------------ damaged checkpoints
-@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "not an archive", "a link to /dev/zero"])
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "not an archive", "a link to /dev/zero",
+                                    "foreign"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finished, capsys, damage):
     out = copy_of(finished, tmp_path)
     path = out / "checkpoint.pt"
@@ -182,12 +244,15 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_it(tmp_path, finishe
     if damage == "a link to /dev/zero":  # before: read without bound
         path.unlink()
         path.symlink_to("/dev/zero")
+    elif damage == "foreign":  # a whole torch file, not a run's: before, a KeyError traceback and exit 1
+        torch.save({"weights": torch.zeros(2)}, path)
     else:
         path.write_bytes(bytes(data))
     line = refused(capsys, *RUN, "--out", str(out), "--resume")
     assert line.startswith(f"error: the checkpoint {path} ") and "weights_only" not in line
     assert {"flipped": "fails its CRC-32", "truncated": "is damaged", "empty": "is empty",
-            "not an archive": "is damaged", "a link to /dev/zero": "is not a regular file"}[damage] in line
+            "not an archive": "is damaged", "a link to /dev/zero": "is not a regular file",
+            "foreign": "is not a run's checkpoint"}[damage] in line
 
 
 def test_a_checkpoint_is_a_plain_torch_file(finished):
@@ -220,8 +285,9 @@ def test_bench_train_still_runs_a_method_file_by_name(tmp_path):
 
 @pytest.mark.parametrize("args, code, message", [
     (["--device", "gpu"], 2, "argument --device: must be auto, cpu, cuda or cuda:N, got 'gpu'"),
-    (["--lr", "-1"], 2, "argument --lr: must be a positive number, got -1"),
-    (["--lr", "nan"], 2, "argument --lr: must be a positive number, got nan"),
+    (["--lr", "-1"], 2, "argument --lr: must be a positive number up to 1e37, got -1"),
+    (["--lr", "nan"], 2, "argument --lr: must be a positive number up to 1e37, got nan"),
+    (["--lr", "1e38"], 2, "argument --lr: must be a positive number up to 1e37, got 1e38"),  # AdamW overflowed
     (["--dropout", "1"], 2, "argument --dropout: must be a rate in [0, 1), got 1"),
     (["--pos-emb", "maybe"], 2, "argument --pos-emb: must be true or false, got maybe"),
     (["--method", "performer", "--attn", "features=abc"], 2,
@@ -304,6 +370,21 @@ def test_sizes_out_of_range_and_non_finite_settings_are_one_line(tmp_path, capsy
     line = refused(capsys, *run_of(entry), *args, "--out", str(tmp_path / "run"), entry=entry)
     assert message in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, what, step", [
+    (["--method", "sbm", "--path", "fast", "--steps", "6"], "the attention's input at step 2", 2),
+    (["--steps", "1", "--eval-every", "1"], "the final evaluation's loss", 1),
+], ids=["the sampler's input", "the last step's update"])
+def test_every_divergence_is_recorded_as_one(tmp_path, capsys, args, what, step):
+    """--lr 1e20: before, fastRG's "X must be finite" ended SBM's run in a traceback, exit 1, and no record; a
+    NaN from the last step's update was recorded "complete", exit 0, with null losses."""
+    out = tmp_path / "run"
+    line = refused(capsys, *BASE, "--warmup", "0", "--lr", "1e20", *args, "--out", str(out), code=3)
+    assert line.startswith(f"error: the run diverged: {what} is not finite")
+    text = (out / "metrics.json").read_text()  # json.loads reads a bare NaN: the text is checked
+    assert "NaN" not in text and {k: json.loads(text)[k] for k in ("status", "diverged_at_step")} == {
+        "status": "diverged", "diverged_at_step": step}
 
 
 def test_a_record_holds_no_nan_or_infinity(tmp_path):

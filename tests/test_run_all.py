@@ -285,6 +285,34 @@ def test_a_killed_grid_leaves_no_cell_running(tmp_path):
         time.sleep(0.1)
 
 
+STAND_IN = """import sys
+from pathlib import Path
+from experiments import claims, run_all
+sys.executable, out = sys.argv[1], Path(sys.argv[2])
+if sys.argv[3] == "step times":
+    run_all.run_step_times(out, "smoke", ["duplicates"], 0)
+else:
+    benchmark = claims.Claim("bench", "a benchmark", "output", "", commands=(f"python -m experiments.scaling {out}",))
+    claims.run_output(benchmark, out)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.parametrize("phase", ["step times", "claims"])
+def test_a_killed_driver_leaves_no_benchmark_running(tmp_path, phase):
+    """Before: SIGKILL of ./run_all.sh in its step-time phase, or of experiments.claims running a benchmark, left
+    the benchmark running. The driver's own code runs with a stand-in python whose child sleeps for minutes."""
+    from test_entry_points import kill_and_watch_the_child
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import time; time.sleep(600)' \"$@\"\n")
+    stand_in.chmod(0o755)
+    record = tmp_path / "runs" / "full-duplicates-cpu-s0" / "metrics.json"  # a task with a complete full record
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"status": "complete"}))
+    kill_and_watch_the_child([sys.executable, "-c", STAND_IN, str(stand_in), str(tmp_path), phase],
+                             ("time.sleep(600)", str(tmp_path)), "run_all", tmp_path)
+
+
 def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path):
     args = [sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods", "full",
             "--tasks", "duplicates"]
