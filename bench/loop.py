@@ -340,7 +340,7 @@ def final_record(run: Run) -> Optional[dict]:
 def finish(run: Run, record: Optional[dict]) -> None:
     """The first process writes ``record`` to OUT/metrics.json and prints its final line; the processes end
     together. Weights that give a final loss not finite are a divergence, not a result."""
-    losses = [record["valid_loss"], record["test_loss"]] if run.is_main else []
+    losses = [record.get(k) for k in ("valid_loss", "test_loss") if record.get(k) is not None] if run.is_main else []
     stop_if_diverged(run, torch.tensor(all(map(math.isfinite, losses))), "the final evaluation's loss", run.step)
     if run.is_main:
         record["wall_time_s"] = run.progress().wall_time_s
