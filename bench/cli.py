@@ -249,6 +249,7 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optional[dict] = None):
     """The RunConfig of parsed arguments; a run folder that cannot be written (the default one too), or sizes
     whose activations alone would not fit in memory, are a SetupError."""
+    import torch
     from bench.config import PRESET_FIELDS, RunConfig, SetupError
     from bench.tasks import get_task
     overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
@@ -257,6 +258,9 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
     cfg = RunConfig.of(get_task(args.task).presets[args.preset], overrides, method=method, task=args.task,
                        preset=args.preset, snapshot_at=tuple(args.snapshot_at), attn=attn or {},
                        settings=settings, **{name: getattr(args, name) for name in options})
+    if "OMP_NUM_THREADS" not in os.environ:  # a thread per 2^20 values of a batch's activations, at most one per core:
+        # a small model's ops are too short to share out, and on busy cores the extra threads wait for each other
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), cfg.batch_size * cfg.seq_len * cfg.dim >> 20)))
     from bench.files import folder_problem
     problem = folder_problem(cfg.folder)
     problem = f"--out {cfg.folder}: {problem}" if problem else memory_problem(cfg)

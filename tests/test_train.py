@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import train as harness
 from bench.files import load_checkpoint
@@ -200,6 +201,37 @@ def test_help_lists_the_options(capsys, monkeypatch, tmp_path):
     assert code == 0
     for option in ("--method", "--task", "--steps", "--seed", "--resume", "--attn", "--device", "--out"):
         assert option in out
+
+
+def test_a_short_run_scales_its_warm_up_and_final_evaluation_unless_they_are_given():
+    """The README's first run, --steps 200 of ListOps' 1500: 20 warm-up steps of 150, 9 final batches of 63."""
+    from bench.config import Preset, RunConfig
+    preset = Preset(seq_len=200, steps=1500, warmup=150, final_eval_batches=63)
+    def resolved(**given):
+        cfg = RunConfig.of(preset, given, method="sbm", task="listops")
+        return cfg.warmup, cfg.final_eval_batches
+    assert resolved(steps=200) == (20, 9) and resolved(steps=1) == (1, 1)
+    assert resolved(steps=200, warmup=150, final_eval_batches=63) == (150, 63)
+    assert resolved(steps=200, warmup=5) == (5, 9) and resolved(steps=200, final_eval_batches=4) == (20, 4)
+    for steps in (0, 1500, 3000, None):  # evaluating the untrained model, the preset's length, a longer run
+        assert resolved(steps=steps) == (150, 63)
+
+
+@pytest.mark.parametrize("sizes, cores, threads", [([], 16, 1), (["--seq-len", "2048", "--batch-size", "128"], 16, 16),
+                                                  (["--seq-len", "2048", "--batch-size", "128"], 4, 4)])
+def test_a_run_not_told_omp_num_threads_takes_threads_for_its_size(monkeypatch, tmp_path, sizes, cores, threads):
+    """The README's first run takes one thread, ListOps at the paper's sizes one per core; OMP_NUM_THREADS is kept."""
+    from bench import cli
+    args = harness.build_parser().parse_args(["--task", "listops", "--seq-len", "100", "--steps", "200", *sizes,
+                                              "--out", str(tmp_path / "run")])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(cores)
+    cli.run_config(args, "full")
+    assert torch.get_num_threads() == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    torch.set_num_threads(3)
+    cli.run_config(args, "full")
+    assert torch.get_num_threads() == 3
 
 
 ENTRY_POINTS = [("python -m bench.train", "bench.train", []),
