@@ -327,7 +327,10 @@ def finish(run: Run, record: Optional[dict]) -> None:
         files.write_json(run.cfg.folder / "metrics.json", record)
         print(f"final: valid {run.task.metric} {record['valid']:.4f} | test {run.task.metric} {record['test']:.4f} | "
               f"density {record['density']:.3f} | {record['train_time_s']:.1f} s training, "
-              f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}", flush=True)
+              f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}\ncompare: base rate "
+              f"{record['base_rate']:.4f} (a model blind to its input)"
+              + ("" if run.cfg.method == "full" else "; " + files.full_attention_beside(run.cfg)), flush=True)
+        run.lock.__exit__()  # a finished folder keeps no lock file
     if run.world > 1:
         dist.barrier()
         dist.destroy_process_group()

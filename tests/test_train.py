@@ -203,6 +203,23 @@ def test_help_lists_the_options(capsys, monkeypatch, tmp_path):
         assert option in out
 
 
+def test_a_method_s_final_lines_compare_it_with_the_base_rate_and_full_attention_at_its_settings(
+        capsys, monkeypatch, tmp_path):
+    """Without full attention's record beside it, the command that makes one; with it, its test figure."""
+    run = ("--task", "duplicates", *TINY, "--steps", "4", "--eval-every", "4")
+    code, out, _ = in_process(capsys, monkeypatch, tmp_path, "--method", "window", *run)
+    assert code == 0
+    last = out.splitlines()[-1]
+    assert last.startswith("compare: base rate ") and last.endswith(
+        "; full attention: python -m bench.train --method full --task duplicates --preset cpu --seed 0 --dim 16 "
+        "--depth 1 --heads 2 --head-dim 8 --mlp-dim 16 --seq-len 16 --steps 4 --batch-size 4 --warmup 2 --eval-every 4 "
+        "--eval-batches 2 --final-eval-batches 2")
+    code, _, _ = in_process(capsys, monkeypatch, tmp_path, "--method", "full", *run)
+    full = record(tmp_path / "runs" / "full-duplicates-cpu-s0")
+    code, out, _ = in_process(capsys, monkeypatch, tmp_path, "--method", "window", *run, "--overwrite")
+    assert out.splitlines()[-1].endswith(f"; full attention {full['test']:.4f} (runs/full-duplicates-cpu-s0)")
+
+
 def test_a_short_run_scales_its_warm_up_and_final_evaluation_unless_they_are_given():
     """The README's first run, --steps 200 of ListOps' 1500: 20 warm-up steps of 150, 9 final batches of 63."""
     from bench.config import Preset, RunConfig
@@ -375,6 +392,8 @@ def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path, capsy
     assert first.startswith("full on duplicates (cpu preset, seed 0): 4 steps of batch 4 at length 16, ")
     assert f"run folder {out}" in first and "its 10 warm-up steps are not fewer than its 4 steps" in first
     assert "final evaluation: valid and test" in stdout and "measuring FLOPs and memory" in stdout
+    assert stdout.splitlines()[-1].startswith("compare: base rate ") and "full attention" not in stdout
+    assert not (out / "run.lock").exists()  # a finished folder keeps no lock file
     lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert all("time" in line and "lr" in line for line in lines)
     rec = record(out)
