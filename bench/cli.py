@@ -166,10 +166,10 @@ def shown(value, joiner: str = ",") -> str:
     return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def preset_tables() -> str:
-    """Every task's presets (the --help epilog: it imports every task's module)."""
+def preset_tables(tasks: Optional[Tuple[str, ...]] = None) -> str:
+    """The presets of ``tasks``, by default every task's (the --help epilog: it imports each task's module)."""
     from bench.tasks import TASKS, get_task
-    presets = [(name, preset, values) for name in sorted(TASKS)
+    presets = [(name, preset, values) for name in sorted(tasks or TASKS)
                for preset, values in get_task(name).presets.items()]
     text = []
     for title, names in PRESET_TABLES:
@@ -320,6 +320,7 @@ def parse(argv: Optional[List[str]], method: str, prog: str, description: str, s
     p = run_parser(prog, description)
     if tasks is not None:
         p._option_string_actions["--task"].choices = list(tasks)
+        p.epilog = lambda: preset_tables(tasks)
     group = add_settings(p, settings, f"{method} options")
     for name, help_text in (flags or {}).items():
         group.add_argument(f"--{name}", action="store_true", help=help_text)

@@ -8,7 +8,7 @@ import inspect
 import math
 import typing
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Optional
+from typing import Callable, Dict, FrozenSet, List, Optional
 
 from bench.cli import parse_bool, plain_type
 
@@ -106,12 +106,17 @@ def same_in_every_layer(attention: type, model_cfg, options: dict) -> Callable:
                                    **options, **extra)
 
 
+def option_names(method: str) -> List[str]:
+    """What --attn KEY=VALUE may give ``method``: its constructor's arguments beyond the interface's."""
+    return [name for name in inspect.signature(get(method).load()).parameters if name not in CORE_ARGUMENTS]
+
+
 def attention_options(method: str, texts: Dict[str, str]) -> dict:
     """--attn KEY=VALUE texts as the values the attention's constructor declares: KEY must be one of its budget
     arguments, VALUE is parsed to that argument's annotation (else its default's type). ValueError naming the
     option, the value and the type expected, or the options there are."""
     cls = get(method).load()
-    params = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in CORE_ARGUMENTS}
+    params = {name: inspect.signature(cls).parameters[name] for name in option_names(method)}
     try:
         hints = typing.get_type_hints(cls.__init__)
     except (NameError, TypeError):
