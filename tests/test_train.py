@@ -326,7 +326,8 @@ def test_bad_options_exit_2_with_argparse_messages(args, message, capsys, monkey
 @pytest.mark.parametrize("args, code, message", [
     (["--task", "duplicates", "--attn", "features=4"], 2, "takes no option"),
     (["--task", "bytes", "--seq-len", "64", "--eval-context", "64"], 2, "eval_context"),
-    (["--task", "bytes"], 1, "no WikiText-2 text in"),
+    (["--task", "bytes"], 1, "error: bytes: no WikiText-2 text in"),
+    (["--task", "wikitext2"], 1, "error: wikitext2: no WikiText-2 text in"),  # its own name, not the bytes task's
     (["--task", "enwik8", "--no-download"], 1, "http://mattmahoney.net/dc/enwik8.zip"),
     (["--task", "duplicates", "--resume"], 1, "no checkpoint"),
 ])
