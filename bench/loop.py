@@ -130,7 +130,8 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
     warm_only = (f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} steps, so the learning "
                  f"rate stays below its peak") if cfg.warmup >= cfg.steps > 0 else ""
     run.say(f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
-            f"{cfg.batch_size} at length {cfg.seq_len}, {sum(p.numel() for p in model.parameters()):,} parameters, "
+            f"{cfg.batch_size}{f' in each of {world} processes' if world > 1 else ''} at length {cfg.seq_len}, "
+            f"{sum(p.numel() for p in model.parameters()):,} parameters, "
             f"{measure.device_name(device)}" + (f", resumed at step {run.step}" if run.step else "")
             + (f", from the weights of {cfg.init_from}" if cfg.init_from and not run.step else "")
             + f"; run folder {out}" + warm_only)

@@ -183,6 +183,7 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
     model.load_state_dict(state)
     assert parameter_fingerprint(model) == fingerprints[0]
     assert result.stdout.count("final:") == 1  # rank-0 logging only
+    assert "5 steps of batch 4 in each of 2 processes at length 16" in result.stdout.splitlines()[0]
 
 
 def test_learning_rate_warms_up_then_decays_to_its_floor_at_the_last_step():
