@@ -78,15 +78,11 @@ def get(name: str) -> Method:
     return METHODS[name]
 
 
-def reserved_tasks() -> FrozenSet[str]:
-    """Tasks that some method reserves for itself (no other method runs there)."""
-    return frozenset().union(*(m.tasks for m in REGISTRY if m.tasks is not None))
-
-
 def applicable(method: str, task: str) -> bool:
-    """Whether the grid runs ``method`` on ``task`` at all (a refusal for causality is decided apart)."""
+    """Whether the grid runs ``method`` on ``task`` at all (a refusal for causality is decided apart): a method's
+    own tasks, else every task that no method reserves for itself."""
     tasks = get(method).tasks
-    return task in tasks if tasks is not None else task not in reserved_tasks()
+    return task in tasks if tasks is not None else all(task not in m.tasks for m in REGISTRY if m.tasks is not None)
 
 
 def refusal(method: str, causal_task: bool) -> Optional[str]:
