@@ -36,8 +36,6 @@ EVAL = dict(eval_batches=2, final_eval_batches=8)
 KERNEL_QUICK = dict(analysis_sequences=32, predictor_steps=60, finetune_steps=60, thresholds="0.3,0.5,0.7", top_ks="1,3,5")
 # Per task: overrides of the CPU preset, and the CPU seconds of full attention's cell (process start and data
 # included; one measured run on a 2-core machine) from which the grid estimates its time.
-# A cell shorter than its preset gives the preset's warm-up where it ran so (bench scales an ungiven one to the
-# steps): the published quick records keep their numbers.
 QUICK: Dict[str, tuple] = {
     # SBM paper §5.1 at 64 tokens: full attention passes 99% token accuracy in 600 steps of batch 128 (lr 2e-3;
     # 400 steps stay at 77%). Large batches and few steps: at these lengths every method but full attention
@@ -45,15 +43,15 @@ QUICK: Dict[str, tuple] = {
     "duplicates": (dict(seq_len=64, steps=600, batch_size=128, lr="2e-3", warmup=50, eval_every=300, **EVAL), 10),
     # ListOps with LRA's rules at lengths 25-100: full attention reaches ~29% in 150 steps and 36% in 200 (majority
     # class 16%).
-    "listops": (dict(seq_len=100, steps=200, warmup=150, eval_every=100, eval_batches=2, final_eval_batches=16), 10),
-    "bytes": (dict(steps=100, warmup=100, eval_every=50, **EVAL), 19),
+    "listops": (dict(seq_len=100, steps=200, eval_every=100, eval_batches=2, final_eval_batches=16), 10),
+    "bytes": (dict(steps=100, eval_every=50, **EVAL), 19),
     # LRA Image at 8x8 (4x4 blocks averaged), no dropout: full attention reaches 24% (chance 10%) in 250 steps of
     # batch 128 at lr 3e-3, 27% in 300-500; 600 steps of batch 64 at lr 2e-3 stay at 22%.
     "image": (dict(seq_len=64, steps=250, batch_size=128, lr="3e-3", dropout=0, warmup=50, eval_every=125,
                    eval_batches=2, final_eval_batches=16), 20),
     # The kernel pipeline: a 200-step teacher (test ppl 7.0), its predictors, 60 steps of sparse fine-tuning (6.6,
     # 1.01× the dense control's).
-    "wikitext2": (dict(steps=200, warmup=100, eval_every=100, **EVAL, **KERNEL_QUICK), 170),
+    "wikitext2": (dict(steps=200, eval_every=100, **EVAL, **KERNEL_QUICK), 170),
 }
 # What full attention must reach for a task to be shown in the quick preview (the report checks each run):
 # (kind, amount, in words), kind "min" an absolute metric, "above_base"/"below_base" relative to the base rate.

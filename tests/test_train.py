@@ -231,7 +231,9 @@ def test_a_short_run_scales_its_warm_up_and_final_evaluation_unless_they_are_giv
         return cfg.warmup, cfg.final_eval_batches
     assert resolved(steps=200) == (20, 9) and resolved(steps=1) == (1, 1)
     assert resolved(steps=200, warmup=150, final_eval_batches=63) == (150, 63)
-    assert resolved(steps=200, warmup=5) == (5, 9) and resolved(steps=200, final_eval_batches=4) == (20, 4)
+    # a command that sets any of them keeps the preset's others: the published records' commands
+    assert resolved(steps=200, warmup=5) == (5, 63) and resolved(steps=200, final_eval_batches=4) == (150, 4)
+    assert resolved(steps=200, eval_batches=2) == (150, 63)
     for steps in (0, 1500, 3000, None):  # evaluating the untrained model, the preset's length, a longer run
         assert resolved(steps=steps) == (150, 63)
 
