@@ -14,7 +14,9 @@ the sources, B̃ = B[:, P], so ALiBi, the causal mask and padding see ORIGINAL p
 Inference is dense with the same bias (§3.4); +FT trains densely for the last fraction of the steps (§4.1: 10 %).
 Self-ensembling (§3.5) averages the predicted probabilities of n sampled sub-models. Per layer (App. B.1): SSA on
 the last ℓ layers (S<ℓ>-L<w>), σ a fraction of the length ramped over them. U<x> names the percentage of sources
-DROPPED (§4.3: "-U20" keeps 80 %); `--unbiased` takes the kept fraction p.
+DROPPED (§4.3: "-U20" keeps 80 %); `--unbiased` takes the kept fraction p. The locally biased form is the paper's
+for language modelling, where a byte's evidence is mostly near it, with a dense fine-tuning tail (+FT); a task that
+needs far keys learns nothing with it (a copy task stayed at chance, unbiased=0.5 learned it): there take `unbiased`.
 
     python ssa.py --task enwik8                                  # S<depth>-L4, σ 0.1 → 0.225, CPU preset
     python ssa.py --task enwik8 --preset paper --depth 16 --ssa-layers 12 --finetune-fraction 0.1  # S12-L4+FT
@@ -161,7 +163,8 @@ def unbiased_sources(n: int, keep: float, generator: Optional[torch.Generator] =
 
 class SSAttention(nn.Module):
     """Multi-head attention with SSA (INTERFACE.md). Budget: `windows` (w), `sigma` (σ / length),
-    `unbiased` (keep fraction p, replaces local bias), `grid` (R, C), `alibi`.
+    `unbiased` (keep fraction p, replaces local bias: the form for a model of your own, see the module docstring),
+    `grid` (R, C), `alibi`.
 
     `sampling`: "training" = SSA while training, dense in eval (§3.4, the default); "never" = always dense (+FT,
     layers outside the last ℓ); "always" = SSA in eval too (§3.5). `sampled_layer` records whether the

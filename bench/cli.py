@@ -167,10 +167,10 @@ def shown(value, joiner: str = ",") -> str:
     return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def preset_tables() -> str:
-    """Every task's presets (the --help epilog: it imports every task's module)."""
+def preset_tables(tasks: Optional[Tuple[str, ...]] = None) -> str:
+    """The presets of ``tasks``, by default every task's (the --help epilog: it imports each task's module)."""
     from bench.tasks import TASKS, get_task
-    presets = [(name, preset, values) for name in sorted(TASKS)
+    presets = [(name, preset, values) for name in sorted(tasks or TASKS)
                for preset, values in get_task(name).presets.items()]
     text = []
     for title, names in PRESET_TABLES:
@@ -250,6 +250,7 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
 def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optional[dict] = None):
     """The RunConfig of parsed arguments; a run folder that cannot be written (the default one too), or sizes
     whose activations alone would not fit in memory, are a SetupError."""
+    import torch
     from bench.config import PRESET_FIELDS, RunConfig, SetupError
     from bench.tasks import get_task
     overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
@@ -258,6 +259,9 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
     cfg = RunConfig.of(get_task(args.task).presets[args.preset], overrides, method=method, task=args.task,
                        preset=args.preset, snapshot_at=tuple(args.snapshot_at), attn=attn or {},
                        settings=settings, **{name: getattr(args, name) for name in options})
+    if "OMP_NUM_THREADS" not in os.environ:  # a thread per 2^20 values of a batch's activations, at most one per core:
+        # a small model's ops are too short to share out, and on busy cores the extra threads wait for each other
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), cfg.batch_size * cfg.seq_len * cfg.dim >> 20)))
     from bench.files import folder_problem
     problem = folder_problem(cfg.folder)
     problem = f"--out {cfg.folder}: {problem}" if problem else memory_problem(cfg)
@@ -317,6 +321,7 @@ def parse(argv: Optional[List[str]], method: str, prog: str, description: str, s
     p = run_parser(prog, description)
     if tasks is not None:
         p._option_string_actions["--task"].choices = list(tasks)
+        p.epilog = lambda: preset_tables(tasks)
     group = add_settings(p, settings, f"{method} options")
     for name, help_text in (flags or {}).items():
         group.add_argument(f"--{name}", action="store_true", help=help_text)

@@ -75,6 +75,12 @@ class RunConfig(Preset):
         given = {name: value for name, value in overrides.items() if value is not None}
         if "seq_len" in given and "eval_context" not in given:
             values["eval_context"] = values["eval_context"] * given["seq_len"] // values["seq_len"]
+        # A run shorter than its preset's that sets none of its warm-up and evaluation sizes takes the warm-up and
+        # final evaluation in proportion (rounded up); setting any keeps the preset's others, as records' commands do
+        recipe = {"warmup", "eval_batches", "final_eval_batches"}
+        if 0 < given.get("steps", 0) < values["steps"] and not recipe & set(given):
+            for name in ("warmup", "final_eval_batches"):
+                values[name] = -(-values[name] * given["steps"] // values["steps"])
         return cls(**{**values, **given}, **options, given=frozenset(given))
 
     def with_defaults(self, **values) -> "RunConfig":

@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, List, Optional
 
@@ -164,6 +164,7 @@ class FolderLock:
         return self
 
     def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)  # while still held, so no other process takes a lock on the file going
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
 
@@ -273,6 +274,20 @@ def open_folder(cfg, context: dict, device) -> Optional[dict]:
                          f"other settings: {', '.join(conflicts)}; a resumed run changes only what observes (start "
                          f"afresh with --overwrite, or from its weights with --init-from)")
     return saved
+
+
+def full_attention_beside(cfg) -> str:
+    """What full attention reached with cfg's task and preset values, from its record in its default folder, or
+    the command that runs it: the figure a method's final line is read against."""
+    from bench.config import PRESET_FIELDS
+    full = replace(cfg, method="full", out=None)
+    record = read_json(full.folder / "metrics.json") or {}
+    same = ("seed", *PRESET_FIELDS)
+    if record.get("status") == "complete" and all(record["config"].get(n) == getattr(cfg, n) for n in same):
+        return f"full attention {record['test']:.4f} ({full.folder})"
+    given = "".join(f" --{name.replace('_', '-')} {getattr(cfg, name)}" for name in PRESET_FIELDS if name in cfg.given)
+    return (f"full attention: python -m bench.train --method full --task {cfg.task} --preset {cfg.preset} "
+            f"--seed {cfg.seed}{given}")
 
 
 def parameter_fingerprint(model) -> str:

@@ -132,7 +132,8 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
     warm_only = (f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} steps, so the learning "
                  f"rate stays below its peak") if cfg.warmup >= cfg.steps > 0 else ""
     run.say(f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
-            f"{cfg.batch_size} at length {cfg.seq_len}, {sum(p.numel() for p in model.parameters()):,} parameters, "
+            f"{cfg.batch_size}{f' in each of {world} processes' if world > 1 else ''} at length {cfg.seq_len}, "
+            f"{sum(p.numel() for p in model.parameters()):,} parameters, "
             f"{measure.device_name(device)}" + (f", resumed at step {run.step}" if run.step else "")
             + (f", from the weights of {cfg.init_from}" if cfg.init_from and not run.step else "")
             + f"; run folder {out}" + warm_only)
@@ -347,7 +348,10 @@ def finish(run: Run, record: Optional[dict]) -> None:
         files.write_json(run.cfg.folder / "metrics.json", record)
         print(f"final: valid {run.task.metric} {record['valid']:.4f} | test {run.task.metric} {record['test']:.4f} | "
               f"density {record['density']:.3f} | {record['train_time_s']:.1f} s training, "
-              f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}", flush=True)
+              f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}\ncompare: base rate "
+              f"{record['base_rate']:.4f} (a model blind to its input)"
+              + ("" if run.cfg.method == "full" else "; " + files.full_attention_beside(run.cfg)), flush=True)
+        run.lock.__exit__()  # a finished folder keeps no lock file
     if run.world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -24,7 +24,6 @@ by side with their calls interleaved (``interleaved``).
 """
 import ctypes
 import ctypes.util
-import os
 import platform
 import resource
 import statistics
@@ -166,15 +165,6 @@ def counted_forward(model: nn.Module, inputs: dict, flops: dict):
     return out["result"]
 
 
-def rss_bytes() -> int:
-    """Current resident set size of this process (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def proc_kib(path: str, field: str) -> Optional[int]:
     """A ``FIELD: N kB`` line's N from a Linux /proc file (/proc/self/status, /proc/meminfo), else None."""
     try:
@@ -213,7 +203,7 @@ class PeakRSS:
             self.resettable = proc_kib("/proc/self/status", "VmHWM") is not None
         except OSError:
             self.resettable = False
-        self.baseline = rss_bytes()
+        self.baseline = (proc_kib("/proc/self/status", "VmRSS") or 0) * 1024  # the resident set now (0 off Linux)
 
     def peak_above_baseline(self) -> int:
         peak_kib = (proc_kib("/proc/self/status", "VmHWM") if self.resettable

@@ -8,7 +8,7 @@ import inspect
 import math
 import typing
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, Optional
+from typing import Callable, Dict, FrozenSet, List, Optional
 
 from bench.cli import parse_bool, plain_type
 
@@ -78,15 +78,11 @@ def get(name: str) -> Method:
     return METHODS[name]
 
 
-def reserved_tasks() -> FrozenSet[str]:
-    """Tasks that some method reserves for itself (no other method runs there)."""
-    return frozenset().union(*(m.tasks for m in REGISTRY if m.tasks is not None))
-
-
 def applicable(method: str, task: str) -> bool:
-    """Whether the grid runs ``method`` on ``task`` at all (a refusal for causality is decided apart)."""
+    """Whether the grid runs ``method`` on ``task`` at all (a refusal for causality is decided apart): a method's
+    own tasks, else every task that no method reserves for itself."""
     tasks = get(method).tasks
-    return task in tasks if tasks is not None else task not in reserved_tasks()
+    return task in tasks if tasks is not None else all(task not in m.tasks for m in REGISTRY if m.tasks is not None)
 
 
 def refusal(method: str, causal_task: bool) -> Optional[str]:
@@ -106,12 +102,17 @@ def same_in_every_layer(attention: type, model_cfg, options: dict) -> Callable:
                                    **options, **extra)
 
 
+def option_names(method: str) -> List[str]:
+    """What --attn KEY=VALUE may give ``method``: its constructor's arguments beyond the interface's."""
+    return [name for name in inspect.signature(get(method).load()).parameters if name not in CORE_ARGUMENTS]
+
+
 def attention_options(method: str, texts: Dict[str, str]) -> dict:
     """--attn KEY=VALUE texts as the values the attention's constructor declares: KEY must be one of its budget
     arguments, VALUE is parsed to that argument's annotation (else its default's type). ValueError naming the
     option, the value and the type expected, or the options there are."""
     cls = get(method).load()
-    params = {name: p for name, p in inspect.signature(cls).parameters.items() if name not in CORE_ARGUMENTS}
+    params = {name: inspect.signature(cls).parameters[name] for name in option_names(method)}
     try:
         hints = typing.get_type_hints(cls.__init__)
     except (NameError, TypeError):

@@ -39,7 +39,12 @@ def build_parser(prog: str = "python -m bench.train") -> argparse.ArgumentParser
     p.add_argument("--method", default="full", choices=names, metavar="NAME",
                    help=f"attention method: {', '.join(names)} (a method with a file of its own runs its main())")
     p.add_argument("--attn", action="append", type=parse_attn_option, default=[], metavar="KEY=VALUE",
-                   help="a baseline's budget option, passed to its constructor (repeatable)")
+                   help="a baseline's budget option, passed to its constructor (repeatable; each baseline's KEYs "
+                        "are listed below)")
+    p.epilog = lambda: ("--attn KEYs of each baseline (sbm, ssa and kernel take their own options instead):\n"
+                        + "\n".join(f"  {name}: {', '.join(registry.option_names(name))}"
+                                    for name, method in registry.available().items() if not method.script)
+                        + "\n\n" + cli.preset_tables())
     return p
 
 

@@ -12,7 +12,7 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
 SHOWN = ["SBMAttention", 'stats["aux_loss"]', "SSAttention", "KernelSparseAttention", "FullAttention",
          "LinearAttention", "LinformerAttention", "NystromAttention", "PerformerAttention", "ReformerAttention",
          "WindowAttention", "BigBirdAttention", "fastrg.sample", "key_padding_mask=padding", "causal=True",
-         'stats["density"]', "torch.Generator()"]
+         'stats["density"]', "torch.Generator()", "SSAttention(dim=64, heads=2, head_dim=32, unbiased="]
 
 
 def test_the_snippets_show_every_method_and_argument():

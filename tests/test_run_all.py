@@ -264,7 +264,7 @@ def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
         result = sh([sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(tmp_path),
                      "--methods", "full", "--tasks", "duplicates"], check=False)
     assert result.returncode != 0 and f"another grid is running in {tmp_path} (pid {os.getpid()})" in result.stderr
-    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "grid.lock").exists()  # released, the file gone
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import train as harness
 from bench.files import load_checkpoint
@@ -182,6 +183,7 @@ def test_two_process_ddp_keeps_identical_weights(tmp_path):
     model.load_state_dict(state)
     assert parameter_fingerprint(model) == fingerprints[0]
     assert result.stdout.count("final:") == 1  # rank-0 logging only
+    assert "5 steps of batch 4 in each of 2 processes at length 16" in result.stdout.splitlines()[0]
 
 
 def test_learning_rate_warms_up_then_decays_to_its_floor_at_the_last_step():
@@ -200,6 +202,57 @@ def test_help_lists_the_options(capsys, monkeypatch, tmp_path):
     assert code == 0
     for option in ("--method", "--task", "--steps", "--seed", "--resume", "--attn", "--device", "--out"):
         assert option in out
+    assert "  performer: features, redraw_interval, chunk\n" in out and "  window: window, density," in out
+
+
+def test_a_method_s_final_lines_compare_it_with_the_base_rate_and_full_attention_at_its_settings(
+        capsys, monkeypatch, tmp_path):
+    """Without full attention's record beside it, the command that makes one; with it, its test figure."""
+    run = ("--task", "duplicates", *TINY, "--steps", "4", "--eval-every", "4")
+    code, out, _ = in_process(capsys, monkeypatch, tmp_path, "--method", "window", *run)
+    assert code == 0
+    last = out.splitlines()[-1]
+    assert last.startswith("compare: base rate ") and last.endswith(
+        "; full attention: python -m bench.train --method full --task duplicates --preset cpu --seed 0 --dim 16 "
+        "--depth 1 --heads 2 --head-dim 8 --mlp-dim 16 --seq-len 16 --steps 4 --batch-size 4 --warmup 2 --eval-every 4 "
+        "--eval-batches 2 --final-eval-batches 2")
+    code, _, _ = in_process(capsys, monkeypatch, tmp_path, "--method", "full", *run)
+    full = record(tmp_path / "runs" / "full-duplicates-cpu-s0")
+    code, out, _ = in_process(capsys, monkeypatch, tmp_path, "--method", "window", *run, "--overwrite")
+    assert out.splitlines()[-1].endswith(f"; full attention {full['test']:.4f} (runs/full-duplicates-cpu-s0)")
+
+
+def test_a_short_run_scales_its_warm_up_and_final_evaluation_unless_they_are_given():
+    """The README's first run, --steps 200 of ListOps' 1500: 20 warm-up steps of 150, 9 final batches of 63."""
+    from bench.config import Preset, RunConfig
+    preset = Preset(seq_len=200, steps=1500, warmup=150, final_eval_batches=63)
+    def resolved(**given):
+        cfg = RunConfig.of(preset, given, method="sbm", task="listops")
+        return cfg.warmup, cfg.final_eval_batches
+    assert resolved(steps=200) == (20, 9) and resolved(steps=1) == (1, 1)
+    assert resolved(steps=200, warmup=150, final_eval_batches=63) == (150, 63)
+    # a command that sets any of them keeps the preset's others: the published records' commands
+    assert resolved(steps=200, warmup=5) == (5, 63) and resolved(steps=200, final_eval_batches=4) == (150, 4)
+    assert resolved(steps=200, eval_batches=2) == (150, 63)
+    for steps in (0, 1500, 3000, None):  # evaluating the untrained model, the preset's length, a longer run
+        assert resolved(steps=steps) == (150, 63)
+
+
+@pytest.mark.parametrize("sizes, cores, threads", [([], 16, 1), (["--seq-len", "2048", "--batch-size", "128"], 16, 16),
+                                                  (["--seq-len", "2048", "--batch-size", "128"], 4, 4)])
+def test_a_run_not_told_omp_num_threads_takes_threads_for_its_size(monkeypatch, tmp_path, sizes, cores, threads):
+    """The README's first run takes one thread, ListOps at the paper's sizes one per core; OMP_NUM_THREADS is kept."""
+    from bench import cli
+    args = harness.build_parser().parse_args(["--task", "listops", "--seq-len", "100", "--steps", "200", *sizes,
+                                              "--out", str(tmp_path / "run")])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    torch.set_num_threads(cores)
+    cli.run_config(args, "full")
+    assert torch.get_num_threads() == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    torch.set_num_threads(3)
+    cli.run_config(args, "full")
+    assert torch.get_num_threads() == 3
 
 
 ENTRY_POINTS = [("python -m bench.train", "bench.train", []),
@@ -222,10 +275,11 @@ def test_help_runs_nothing_says_how_to_call_and_shows_the_presets_values(prog, m
     text = capsys.readouterr().out
     assert exit_info.value.code == 0 and list(tmp_path.iterdir()) == []
     assert text.startswith(f"usage: {prog} ") and "(default: None)" not in text
-    for name in TASKS:
+    for name in TASKS if module != "kernel_sparse" else ["wikitext2"]:  # the one task the kernel method runs
         for preset, values in get_task(name).presets.items():
             assert any(line.split()[:3] == [name, preset, str(values.seq_len)] for line in text.splitlines())
             assert any(line.split()[:3] == [name, preset, str(values.steps)] for line in text.splitlines())
+    assert (module == "kernel_sparse") != any(line.split()[:1] == ["listops"] for line in text.splitlines())
 
 
 @pytest.mark.parametrize("module, settings", [("sbm_transformer", "SBMConfig"), ("ssa", "SSAConfig"),
@@ -275,7 +329,8 @@ def test_bad_options_exit_2_with_argparse_messages(args, message, capsys, monkey
 @pytest.mark.parametrize("args, code, message", [
     (["--task", "duplicates", "--attn", "features=4"], 2, "takes no option"),
     (["--task", "bytes", "--seq-len", "64", "--eval-context", "64"], 2, "eval_context"),
-    (["--task", "bytes"], 1, "no WikiText-2 text in"),
+    (["--task", "bytes"], 1, "error: bytes: no WikiText-2 text in"),
+    (["--task", "wikitext2"], 1, "error: wikitext2: no WikiText-2 text in"),  # its own name, not the bytes task's
     (["--task", "enwik8", "--no-download"], 1, "http://mattmahoney.net/dc/enwik8.zip"),
     (["--task", "duplicates", "--resume"], 1, "no checkpoint"),
 ])
@@ -343,6 +398,8 @@ def test_a_run_starts_with_a_line_saying_what_where_and_how_long(tmp_path, capsy
     assert first.startswith("full on duplicates (cpu preset, seed 0): 4 steps of batch 4 at length 16, ")
     assert f"run folder {out}" in first and "its 10 warm-up steps are not fewer than its 4 steps" in first
     assert "final evaluation: valid and test" in stdout and "measuring FLOPs and memory" in stdout
+    assert stdout.splitlines()[-1].startswith("compare: base rate ") and "full attention" not in stdout
+    assert not (out / "run.lock").exists()  # a finished folder keeps no lock file
     lines = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert all("time" in line and "lr" in line for line in lines)
     rec = record(out)

@@ -188,7 +188,7 @@ class LocalBytes(ByteLM):
         if self.data_file is not None:
             path = Path(self.data_file)
             if not path.is_file():
-                raise DataError(f"bytes: no file at {path} (given by --data-file).")
+                raise DataError(f"{self.name}: no file at {path} (given by --data-file).")
             data = np.fromfile(path, dtype=np.uint8)
             a, b = int(len(data) * 0.9), int(len(data) * 0.95)
             return {"train": data[:a], "valid": data[a:b], "test": data[b:]}
@@ -203,7 +203,7 @@ class LocalBytes(ByteLM):
                 return {"train": valid[:cut], "valid": valid[cut:], "test": np.fromfile(files["test"], dtype=np.uint8)}
         archive = next((p for p in (folder / "wikitext-2-v1.zip", Path(data_dir) / "wikitext-2-v1.zip") if p.is_file()),
                        None)
-        help_text = (f"bytes: no WikiText-2 text in {folder} (looked for train/valid/test.txt, "
+        help_text = (f"{self.name}: no WikiText-2 text in {folder} (looked for train/valid/test.txt, "
                      f"wiki.{{train,valid,test}}.tokens, or valid and test alone, and for wikitext-2-v1.zip). Download "
                      f"{self.WIKITEXT_URL} (md5 {self.WIKITEXT_MD5}) into {folder}, or pass --data-file with any text "
                      f"file, or set --data-dir / SPARSE_ATTN_DATA.")
@@ -215,7 +215,7 @@ class LocalBytes(ByteLM):
                    iter_archive(archive, lambda p: p.name in {f"wiki.{s}.tokens" for s in self.SPLITS})}
         missing = [f"wiki.{s}.tokens" for s in self.SPLITS if f"wiki.{s}.tokens" not in members]
         if missing:
-            raise DataError(f"bytes: {archive} lacks {missing} (the WikiText-2 release holds "
+            raise DataError(f"{self.name}: {archive} lacks {missing} (the WikiText-2 release holds "
                             f"wikitext-2/wiki.{{train,valid,test}}.tokens). {help_text}")
         return {s: np.frombuffer(members[f"wiki.{s}.tokens"], dtype=np.uint8).copy() for s in self.SPLITS}
 

@@ -83,9 +83,6 @@ class LRATask(ExampleSetTask):
         x, y = self.splits[split]
         return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
 
-    def may_download(self) -> bool:
-        return self.download_allowed and not offline()
-
     def given_file(self) -> Optional[Path]:
         """The path named by --data-file (which must exist), or None when the data is looked up."""
         if self.data_file is None:
@@ -100,7 +97,7 @@ class LRATask(ExampleSetTask):
         path = self.given_file() or next(found, None)
         if path is not None:
             return path
-        if not self.may_download():
+        if not self.download_allowed or offline():
             raise DataError(help_text + " (Downloads are off.)")
         return fetch(url, target, help_text, **checksum)
 
