@@ -14,7 +14,7 @@ The stages, in this order; a stage starts only while budget remains, and stops a
    (``max_memory_allocated``) and density as its metrics.json records them. Timing runs, not trained models;
 3. ``scaling``: forward+backward time and peak memory of every attention against length (1K to 16K, each method
    until memory runs out), SBM at its initial density and at 1%, beside full attention (SDPA, which takes its
-   flash kernel on CUDA); the crossover: the first length from which a method's step is faster than full's;
+   fused kernels on CUDA); the crossover: the first length from which a method stays faster than full attention;
 4. ``frontier``: the frontier claim's families (experiments/frontier.py) on duplicates at 512 and 1,024 tokens,
    seed 0, while budget remains.
 Records: OUT/gpu.json (device, torch, each stage's time and rows), OUT/README.md (its tables), OUT/correctness.log.
@@ -234,7 +234,8 @@ def device_slug(device: str) -> str:
 
 
 def build_parser():
-    p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0])
+    p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0],
+                   epilog=__doc__[__doc__.index("The stages"):])
     p.add_argument("--device", default="cuda", type=cli.device_option, help="cuda, cuda:N, or cpu (with --tiny)")
     p.add_argument("--budget", type=cli.positive_int, default=420, help="seconds of compute for all stages")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
