@@ -35,7 +35,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -1125,6 +1125,15 @@ def publish(pipeline: Pipeline, report: dict, record: dict, start: float) -> Non
 
 
 # -------------------------------------------------------------------------------------------------- main
+def in_proportion(kernel: KernelConfig, steps: int, preset_steps: int, given) -> KernelConfig:
+    """A run shorter than its preset's that sets none of the pipeline's sizes takes them in proportion to its steps
+    (rounded up), as it does its warm-up and final evaluation (bench/config.py); setting any keeps the others."""
+    sizes = ("analysis_sequences", "predictor_steps", "finetune_steps")
+    if not 0 < steps < preset_steps or set(given) & set(sizes):
+        return kernel
+    return replace(kernel, **{name: -(-getattr(kernel, name) * steps // preset_steps) for name in sizes})
+
+
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense
     masked-LM teacher; (2) §4.1's analysis of its attention; (3) the kernel families and a predictor per layer
@@ -1139,6 +1148,7 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
                             "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig,
                             tasks=("wikitext2",))  # the pipeline is a masked LM (§4): no form for other tasks
+    kernel = in_proportion(kernel, cfg.steps, get_task(cfg.task).presets[cfg.preset].steps, cfg.given)
     with cli.one_line_errors():
         run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda layer: KernelSparseAttention(
             m.dim, m.heads, m.head_dim, m.attn_dropout, max_len=m.max_len, window=kernel.window, hidden=kernel.hidden,

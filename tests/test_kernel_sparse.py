@@ -912,3 +912,13 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
     assert report in capsys.readouterr().out and "core FLOPs × dense | model time × dense" in report  # printed too
     assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
     assert (out / "kernel_report.md").is_file() and (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
+
+
+def test_a_short_run_takes_the_pipeline_in_proportion_unless_it_sets_a_size():
+    """A 20-step run of the 1000-step preset took ~10 minutes in its 128-sequence analysis and 300-step predictors
+    and fine-tuning; now they scale with the steps, as the warm-up does, unless the command sets any of them."""
+    kernel = ks.KernelConfig()
+    short = ks.in_proportion(kernel, 20, 1000, frozenset())
+    assert (short.analysis_sequences, short.predictor_steps, short.finetune_steps) == (3, 6, 6)
+    assert ks.in_proportion(kernel, 20, 1000, frozenset({"predictor_steps"})) == kernel
+    assert ks.in_proportion(kernel, 1000, 1000, frozenset()) == kernel == ks.in_proportion(kernel, 0, 1000, set())
