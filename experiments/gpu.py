@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench import cli
-from bench.files import read_json, write_json
+from bench.files import default_data_dir, read_json, write_json
 from experiments import frontier, scaling
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,8 +102,9 @@ def correctness(device: str, size: str, budget: Budget, out: Path) -> list:
 def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
     rows = []
     for name, command in ENTRY.items():
-        if budget.left() < 10:
-            rows.append({"method": name, "status": "not run: budget spent"})
+        if budget.left() < 10 or (name == "kernel" and not (default_data_dir() / "wikitext-2").is_dir()):
+            rows.append({"method": name, "status": "not run: " + ("budget spent" if budget.left() < 10 else
+                                                                  f"no WikiText-2 in {default_data_dir()}")})
             continue
         folder = scratch / re.sub(r"\W+", "-", name)
         task = KERNEL_TASK if name == "kernel" else TASK[size]
