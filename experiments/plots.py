@@ -163,8 +163,9 @@ def frontiers(records: List[dict], path: Path) -> str:
     names = list(families(0))
     for ax, variant in zip(axes[0], variants):
         for family in names:
-            points = sorted((statistics.median(r["density"] for r in rs), statistics.median(r["test"] for r in rs), rs)
-                            for (v, f, _), rs in groups.items() if v == variant and f == family)
+            points = sorted(((statistics.median(r["density"] for r in rs), statistics.median(r["test"] for r in rs), rs)
+                             for (v, f, _), rs in groups.items() if v == variant and f == family),
+                            key=lambda point: point[:2])  # two settings may tie: never compare their records
             if not points:
                 continue
             colour = f"C{names.index(family)}"
