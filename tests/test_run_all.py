@@ -408,6 +408,16 @@ def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_
     assert ours.startswith("duplicates64: adaptive 30% (sbm), fixed 60% (window); duplicates128: adaptive –")
 
 
+def test_the_frontier_plot_takes_two_settings_that_tie(tmp_path):
+    """Two settings with the same median density and metric (recall's windows did) are drawn, not compared."""
+    pytest.importorskip("matplotlib")
+    from experiments import plots
+    tests = {"full-n64": 0.99, "window-d0.2-n64": 0.7, "window-d0.4-n64": 0.7}
+    _, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": 0.3} for s in tests})
+    plots.frontiers(frontier_records(folder), tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").stat().st_size > 0
+
+
 def frontier_records(folder):
     from experiments.grid import load
     return load(folder)[0]
