@@ -78,7 +78,8 @@ def run(argv, budget: Budget, env=None, cap: float = 600) -> dict:
                               timeout=max(1.0, min(cap, budget.left())))
         code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        code, output = "timed out", (exc.stdout or b"").decode(errors="replace") if exc.stdout else ""
+        out = exc.stdout or ""  # str in text mode, but bytes on some Pythons
+        code, output = "timed out", out.decode(errors="replace") if isinstance(out, bytes) else out
     return {"code": code, "seconds": round(time.monotonic() - start, 1), "output": output}
 
 
