@@ -317,7 +317,6 @@ def begin(out: Path, resume: bool, step: int) -> None:
     """Once the run is ready to train: metrics.json goes first (from then on the folder does not look finished),
     then leftovers of atomic writes; a resumed run keeps its checkpoints and its log up to the checkpoint's step
     (rewritten atomically), a fresh one removes the old checkpoints, then the old log."""
-    out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").unlink(missing_ok=True)
     for leftover in [*out.glob("metrics.json*.tmp"), *out.glob("checkpoint*.pt*.tmp"), *out.glob("log.jsonl*.tmp")]:
         leftover.unlink(missing_ok=True)

@@ -22,7 +22,7 @@ HEADS = ("cls", "token", "lm", "pair")
 
 @dataclass(kw_only=True)
 class Backbone:
-    """The backbone's sizes: written once here; a task's preset (bench/tasks.py) sets them beside its training
+    """The backbone's sizes: written once here; a task's preset (bench/tasks/) sets them beside its training
     recipe, and ModelConfig adds what the task decides."""
     dim: int = 64
     depth: int = 2
