@@ -283,7 +283,7 @@ def available_memory(device: str) -> Tuple[int, str]:
     available = proc_kib("/proc/meminfo", "MemAvailable")
     if available is not None:
         return available * 1024, "available on this machine"
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"  # no /proc: macOS
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"  # macOS
 
 
 def activation_bytes(cfg) -> int:

@@ -57,10 +57,7 @@ def folder_problem(path) -> Optional[str]:
     if str(path) == "":  # a str; Path("") is "."
         return "must name a folder (use . for the current one)"
     path = Path(os.path.abspath(path))
-    try:
-        limit = os.pathconf("/", "PC_PATH_MAX")
-    except (OSError, ValueError):
-        limit = 4096
+    limit = os.pathconf("/", "PC_PATH_MAX")
     if len(os.fsencode(str(path))) >= limit:
         return f"the path is longer than the {limit} bytes this system allows"
     existing = path

@@ -117,8 +117,8 @@ EXTRA_FORMULAS.update({aten._softmax: _softmax, aten._log_softmax: _softmax,
 
 def count_flops(fn: Callable[[], object], modules: Optional[Dict[str, nn.Module]] = None,
                 root: Optional[nn.Module] = None) -> Dict[str, int]:
-    """Runs fn() once under the counter. Returns {"total": FLOPs} plus, for each submodule of ``root`` given in
-    ``modules`` (a {label: module} dict), the FLOPs spent inside it."""
+    """Runs fn() once under the counter. Returns {"total": FLOPs} plus, for each submodule of
+    ``root`` given in ``modules`` (a {label: module} dict), the FLOPs spent inside it."""
     # this file's extra formulas; a depth deep enough for nested attention modules
     with flop_counter.FlopCounterMode(depth=64, display=False, custom_mapping=EXTRA_FORMULAS) as mode:
         fn()
@@ -174,13 +174,14 @@ def proc_kib(path: str, field: str) -> Optional[int]:
 
 
 class PeakRSS:
-    """Peak resident memory above a baseline taken at construction. The heap's free pages go back to the OS
-    first (glibc's ``malloc_trim``): with the benchmarks' allocator setting (glibc keeps freed memory, see
-    experiments/scaling.py) a warm-up pass of the same size would leave its pages resident, and the measured
-    pass would reuse them without raising the high-water mark, reading as ~0 bytes. On Linux the high-water
-    mark (VmHWM) is then reset (writing 5 to /proc/self/clear_refs), so what ran before — data loading,
-    imports — does not count; elsewhere the lifetime peak ``ru_maxrss`` is used, and the measured work must be
-    the process's largest (which is why each measured cell runs in its own process)."""
+    """Peak resident memory above a baseline taken at construction. The heap's free pages go back
+    to the OS first (glibc's ``malloc_trim``): with the benchmarks' allocator setting (glibc keeps
+    freed memory, see experiments/scaling.py) a warm-up pass of the same size would leave its pages
+    resident, and the measured pass would reuse them without raising the high-water mark, reading
+    as ~0 bytes. On Linux the high-water mark (VmHWM) is then reset (writing 5 to
+    /proc/self/clear_refs), so what ran before — data loading, imports — does not count; elsewhere
+    the lifetime peak ``ru_maxrss`` is used, and the measured work must be the process's largest
+    (which is why each measured cell runs in its own process)."""
 
     def __init__(self):
         with contextlib.suppress(OSError, AttributeError):  # without glibc, nothing to return

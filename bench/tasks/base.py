@@ -43,7 +43,7 @@ class Task:
         raise NotImplementedError
 
     def fetch(self, url: str, path: Path, help_text: str, **checks) -> Path:
-        """``url`` downloaded to ``path`` and checked (data_files.fetch), unless downloads are off."""
+        """``url`` downloaded to ``path`` and checked (data_files.fetch), unless they are off."""
         if not self.download_allowed or data_files.offline():
             raise DataError(help_text + " (Downloads are off.)")
         return data_files.fetch(url, path, help_text, **checks)

@@ -245,7 +245,7 @@ def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"
         try:
             with np.load(path, allow_pickle=False) as f:
                 arrays = {key: f[key] for key in f.files}
-        except (OSError, ValueError, zipfile.BadZipFile):  # none there, or a damaged one: built again
+        except (OSError, ValueError, zipfile.BadZipFile):  # none there, or damaged: built again
             continue
         try:
             problem = check(arrays)

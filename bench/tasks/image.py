@@ -100,16 +100,16 @@ class Image(LRATask):
             else:
                 images.append((rel, data))
         if not batches and not images:
-            raise DataError(f"image: {source} holds neither cifar-10-batches-py/{{data_batch_1..5,test_batch}} nor "
-                            f"{{train,test}}/<class>/*.jpg|png images")
+            raise DataError(f"image: {source} holds neither cifar-10-batches-py/{{data_batch_1..5,"
+                            f"test_batch}} nor {{train,test}}/<class>/*.jpg|png images")
         train_x, train_y, test_x, test_y = (self._from_python(source, batches) if batches else
                                             self._from_images(source, images))
         if (len(train_x), len(test_x)) != (self.COUNTS["train"], self.COUNTS["test"]):
-            raise DataError(f"image: {source} has {len(train_x)} training and {len(test_x)} test images, expected "
-                            f"{self.COUNTS['train']} and {self.COUNTS['test']}")
+            raise DataError(f"image: {source} has {len(train_x)} training and {len(test_x)} test "
+                            f"images, expected {self.COUNTS['train']} and {self.COUNTS['test']}")
         cut = len(train_x) - self.VALID  # LRA: train[:90%] / train[90%:]
-        return {"train_x": train_x[:cut], "train_y": train_y[:cut], "valid_x": train_x[cut:], "valid_y": train_y[cut:],
-                "test_x": test_x, "test_y": test_y}
+        return {"train_x": train_x[:cut], "train_y": train_y[:cut], "valid_x": train_x[cut:],
+                "valid_y": train_y[cut:], "test_x": test_x, "test_y": test_y}
 
     @staticmethod
     def _wanted(rel: PurePosixPath) -> bool:
@@ -119,7 +119,7 @@ class Image(LRATask):
                 and rel.suffix.lower() in (".jpg", ".jpeg", ".png"))
 
     def _from_python(self, source, batches):
-        """(train pixels, train labels, test pixels, test labels) of the cifar-10-batches-py files."""
+        """(train pixels, train labels, test pixels, test labels) from cifar-10-batches-py."""
         missing = sorted(set(CIFAR_PY_MD5) - set(batches))
         if missing:
             raise DataError(f"image: {source} lacks {missing} of cifar-10-batches-py. Fetch {self.URL} again.")
@@ -167,9 +167,9 @@ class Image(LRATask):
                                 CIFAR_CLASSES.index(label)))
         for split in rows:
             rows[split].sort(key=lambda r: r[0])
-        train, test = rows["train"], rows["test"]
-        return (np.array([r[1] for r in train], np.uint8), np.array([r[2] for r in train], np.int64),
-                np.array([r[1] for r in test], np.uint8), np.array([r[2] for r in test], np.int64))
+        pixels = {split: np.array([r[1] for r in rows[split]], np.uint8) for split in rows}
+        labels = {split: np.array([r[2] for r in rows[split]], np.int64) for split in rows}
+        return pixels["train"], labels["train"], pixels["test"], labels["test"]
 
     def cache_problem(self, arrays) -> Optional[str]:
         """What ``read`` makes: 32x32 grayscale images and labels, split 45,000 / 5,000 / 10,000."""

@@ -33,8 +33,8 @@ import torch
 
 from bench.config import Preset
 from bench.tasks.base import ExampleSetTask
-from bench.tasks.data_files import (DataError, array_problem, cached, iter_archive, ragged_problem, safe_extract,
-                                    source_key)
+from bench.tasks.data_files import (DataError, array_problem, cached, iter_archive, ragged_problem,
+                                    safe_extract, source_key)
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
 
@@ -81,8 +81,8 @@ class LRATask(ExampleSetTask):
         return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
 
     def look_up(self, found: Iterator[Path], help_text: str, url: str, target: Path, **checksum) -> Path:
-        """--data-file (which must exist), else the first of ``found``, else ``url`` fetched to ``target`` and
-        checked."""
+        """--data-file (which must exist), else the first of ``found``, else ``url`` fetched to
+        ``target`` and checked."""
         if self.data_file is not None and not Path(self.data_file).exists():
             raise DataError(f"{self.name}: nothing at {self.data_file} (given by --data-file)")
         path = Path(self.data_file) if self.data_file is not None else next(found, None)

@@ -40,7 +40,8 @@ class Duplicates(ExampleSetTask):
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         self.seq_len, self.vocab_size = seq_len, seq_len + 1
-        self.splits = {split: self.generate(self.EVAL_EXAMPLES, torch.Generator().manual_seed(seed * 1000 + 7 + i))
+        self.splits = {split: self.generate(self.EVAL_EXAMPLES,
+                                            torch.Generator().manual_seed(seed * 1000 + 7 + i))
                        for i, split in enumerate(("valid", "test"))}
 
     def generate(self, count: int, generator: torch.Generator) -> Dict[str, Tensor]:
