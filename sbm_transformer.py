@@ -172,14 +172,11 @@ class SBMAttention(nn.Module):
         return x, z, s, z @ s.transpose(1, 2)
 
     def sample_dense(self, prob: Tensor, valid: Tensor, causal: bool, generator) -> Tensor:
-        """One Bernoulli(min(1, P + δ)) per admissible pair (Eq. 8), as the official code draws M."""
+        """One Bernoulli(min(1, P + δ)) per pair (Eq. 8), as the official code draws M; then
+        padding, causality and forced self-loops: a (B, H, N, M) mask."""
         # u < min(1, π) ⟺ u < π for u ∈ [0, 1): no clamp needed
         mask = torch.rand(prob.shape, generator=generator, device=prob.device, dtype=prob.dtype) < \
             prob + self.exploration()
-        return self.fix_mask(mask, valid, causal)
-
-    def fix_mask(self, mask: Tensor, valid: Tensor, causal: bool) -> Tensor:
-        """Padding, causality and forced self-loops applied to a (B, H, N, M) mask."""
         n = mask.shape[-1]
         # No edge from or to padding (the official code samples padded keys, at weight 0, and lets padded queries
         # attend): padded tokens' memberships never meet the loss.
@@ -256,18 +253,14 @@ class StraightThrough(torch.autograd.Function):
 
 # ---- fast path: Eq. 5-9 on the sampled edges, O(E) -----------------------------------------------
 # Eq. 8: sample_edges draws M as a graph grouped by query (CSR, Edges): fastRG proposes, thinning
-# makes each pair exact Bernoulli(min(1, P + δ)), in order. Eq. 3-4: EdgeAttention scores the edges
-# alone (SDDMM), a softmax per query by segment reductions, Y by sparse products. Eq. 9:
+# makes each pair exact Bernoulli(min(1, P + δ)). Eq. 3-4: EdgeAttention scores the edges alone
+# (SDDMM), a softmax per query by segment reductions, Y by sparse products. Eq. 9:
 # StraightThroughEdges carries ∂L/∂p_e to Q̂ and K̂Ŝᵀ. Between forward and backward a layer keeps
-# its graph (4 bytes an edge; dropout's mask, 1): the backward recomputes scores and α (fwd+bwd
-# 10-25% longer at n = 2048-8192, D = 32) and builds the key-major copy (CSC) for dK, dV and ∂L/∂K̂,
-# which the STE's backward reuses and frees. Autograd keeps the memberships' intermediates:
-# recomputing them in the backward saves 8 MiB at n = 4096 (42 → 34 MiB of tensors at 1%) but costs
-# 7-12% of the step there; the crossover with SDPA stays at 1.4%. Per-edge temporaries go a chunk of
-# queries or keys at a time (CHUNK): the peak holds four E-sized arrays of 4 bytes. Time O(E(D + K)
-# + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²); App. B's Table 5 omits the N·K² of
-# K̂Ŝᵀ and fastRG's R·K² block counts, which at K = 128 > D = 32 dominate short sequences (ListOps
-# at N = 200 costs more FLOPs than full attention).
+# its graph alone (4 bytes an edge; dropout's mask, 1), and autograd the memberships' intermediates
+# (recomputing them too would save 8 MiB at n = 4096, 1%, for 7-12% of the step; the crossover with
+# SDPA stays at 1.4%). Time O(E(D + K) + N(D² + KD + K²) + K²(D + R)), memory O(E + N(K + D) + RK²);
+# App. B's Table 5 omits the N·K² of K̂Ŝᵀ and fastRG's R·K² block counts, which at K = 128 > D = 32
+# dominate short sequences (ListOps at N = 200 costs more FLOPs than full attention).
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
@@ -398,10 +391,11 @@ def _ranges(ptr: Tensor, start: int, stop: int, size: int):
         start = end
 
 
-def _sddmm(pattern: Tensor, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
-    """Values of scale·(a bᵀ) at the pattern's nonzeros: one dot product per edge, O(E·width). Written over the
-    pattern's values (which must be finite, _zeros), so the graph's indices are not copied (sampled_addmm
-    without `out` copies them: 3 E-sized buffers where this takes one)."""
+def _sddmm(edges: Edges, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
+    """(E,) scale·(a bᵀ) at the edges: one dot product per edge, O(E·width). Written over a pattern
+    of zeros (finite: sampled_addmm reads them, NaN · 0), so the graph's indices are not copied
+    (sampled_addmm without `out` copies them: 3 E-sized buffers where this takes one)."""
+    pattern = edges.csr(a.new_zeros(edges.E))
     return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=scale, out=pattern).values()
 
 
@@ -417,11 +411,6 @@ def _kept_offsets(keep: Tensor, row_ptr: Tensor) -> Tensor:
     before = torch.zeros(len(keep) + 1, dtype=torch.int32, device=keep.device)
     torch.cumsum(keep, 0, dtype=torch.int32, out=before[1:])
     return before.index_select(0, row_ptr)
-
-
-def _zeros(edges: Edges, like: Tensor) -> Tensor:
-    """An SDDMM pattern's values, which _sddmm overwrites; finite: sampled_addmm reads them (NaN · 0)."""
-    return like.new_zeros(edges.E)
 
 
 @torch.compiler.disable  # data-dependent sizes (the number of edges): torch.compile runs the sampler eagerly
@@ -494,7 +483,7 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
         index = unsure.nonzero().squeeze(1)
         checked = Edges.from_csr(_kept_offsets(unsure, part.row_ptr), part.col.index_select(0, index), 1, part.N,
                                  part.M)
-        pi = _sddmm(checked.csr(_zeros(checked, x)), x[q0:q1], w) + delta
+        pi = _sddmm(checked, x[q0:q1], w) + delta
         U = U.index_select(0, index).mul_(checked.to_rows(rate[q0:q1]).mul_(pi).expm1_().neg_())
         ok.index_put_((index,), U < pi.clamp_(max=1.0))  # U·(1 − e^{−c_i π}) < min(1, π)
         keep[at] = ok
@@ -508,15 +497,17 @@ class EdgeAttention(torch.autograd.Function):
     Inputs q (R·N, D), k, v (R·M, D), p (E,) edge probabilities (their value is not used: the mask is the
     binary M), edges, keep (E,) bool dropout mask or None, p_drop, ste. Saves two floats per query (the
     softmax's maximum and sum) and nothing per edge but the graph: the backward recomputes s_e and α with the
-    forward's kernels, bit for bit. Products are sparse kernels over the edges: SDDMM for scores and ∂L/∂α, CSR
-    products for the output and dQ, the same on the key-major copy for dK, dV (its SDDMMs k_j·q_i, v_j·dO_i give
-    the query-major values). Chunks (Edges.chunks) change no bit. The backward's sparse products have no
-    derivative: a double backward (create_graph=True: a gradient penalty, gradgradcheck) raises at once."""
+    forward's kernels, bit for bit (fwd+bwd 10-25% longer at n = 2048-8192, D = 32). Products are
+    sparse kernels over the edges: SDDMM for scores and ∂L/∂α, CSR products for the output and dQ,
+    the same on the key-major copy for dK, dV (its SDDMMs k_j·q_i, v_j·dO_i give the query-major
+    values). Chunks (Edges.chunks) change no bit; the peak holds four E-sized arrays of 4 bytes. The
+    backward's sparse products have no derivative: a double backward (create_graph=True: a gradient
+    penalty, gradgradcheck) raises at once."""
 
     @staticmethod
     def forward(ctx, q, k, v, p, edges: Edges, keep: Optional[Tensor], p_drop: float, ste: str):
         scale = q.shape[-1] ** -0.5
-        s = _sddmm(edges.csr(_zeros(edges, q)), q, k, scale)  # (E,) scores s_e = q_i·k_j/√D
+        s = _sddmm(edges, q, k, scale)  # (E,) scores s_e = q_i·k_j/√D
         top = torch.segment_reduce(s, "max", offsets=edges.row_ptr, unsafe=True)  # (R·N,) stabiliser
         total = torch.empty_like(top)  # (R·N,) Σ_e exp(s_e − top_i), ≥ 1 if any edge
         y = v.new_empty(q.shape[0], v.shape[1])  # (R·N, D); a query without edges gets 0
@@ -549,10 +540,10 @@ class EdgeAttention(torch.autograd.Function):
         dp_edge = q.new_empty(edges.E) if ctx.needs_input_grad[3] else None
         for q0, at, part in edges.chunks():  # query-major: dQ and Eq. 9
             q1 = q0 + part.N
-            s = _sddmm(part.csr(_zeros(part, q)), q[q0:q1], k, scale)  # the forward's scores, recomputed
+            s = _sddmm(part, q[q0:q1], k, scale)  # the forward's scores, recomputed
             alpha = (s - part.to_rows(top[q0:q1])).exp_()
             alpha /= part.to_rows(total[q0:q1])
-            dp = _sddmm(part.csr(_zeros(part, q)), grad_out[q0:q1], v, drop)  # ∂L/∂α_e = dO_i·v_j (÷ keep)
+            dp = _sddmm(part, grad_out[q0:q1], v, drop)  # ∂L/∂α_e = dO_i·v_j (÷ keep)
             if keep is not None:
                 dp *= keep[at]
             row_dot[q0:q1] = torch.segment_reduce(alpha * dp, "sum", offsets=part.row_ptr, unsafe=True)
@@ -565,9 +556,9 @@ class EdgeAttention(torch.autograd.Function):
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         for j0, at, part in edges.chunks(key_major=True):  # key-major: the same values, for dK and dV
             j1, rows = j0 + part.N, part.col
-            s = _sddmm(part.csr(_zeros(part, q)), k[j0:j1], q, scale)
+            s = _sddmm(part, k[j0:j1], q, scale)
             alpha = (s - top.index_select(0, rows)).exp_().div_(total.index_select(0, rows))
-            dp = _sddmm(part.csr(_zeros(part, q)), v[j0:j1], grad_out, drop)
+            dp = _sddmm(part, v[j0:j1], grad_out, drop)
             weights = alpha
             if keep is not None:
                 kept = keep[at]
@@ -688,22 +679,6 @@ def density_profile(model: nn.Module, evaluate, split: str, limit: Optional[int]
             "std": [d.std(0).tolist() if len(d) > 1 else [0.0] * d.shape[1] for d in per_layer]}
 
 
-@contextlib.contextmanager
-def exploring_in_eval(model: nn.Module):
-    """δ-exploration on in evaluation for every SBM layer (the official code's choice, `explore_in_eval`), restored
-    on exit: how much of a trained model's accuracy comes from δ's random edges, which evaluation otherwise drops
-    (§4.2 adds them to help training)."""
-    layers = [m for m in model.modules() if isinstance(m, SBMAttention)]
-    saved = [m.explore_in_eval for m in layers]
-    for m in layers:
-        m.explore_in_eval = True
-    try:
-        yield model
-    finally:
-        for m, explore in zip(layers, saved):
-            m.explore_in_eval = explore
-
-
 # -------------------------------------------------------------------------------------------------- main
 def main(argv=None, prog: str = "python sbm_transformer.py") -> int:
     """SBM-Transformer trained on the shared loop (bench/): every step samples each head's graph and adds the
@@ -737,9 +712,12 @@ def main(argv=None, prog: str = "python sbm_transformer.py") -> int:
         if record is not None:
             limit = cfg.final_eval_batches
             record["sbm"] = {**vars(sbm), "density": density_profile(run.model, run.evaluate, "test", limit)}
-            if sbm.delta > 0 and not sbm.explore_in_eval:  # the test split again, δ's random edges kept
-                with exploring_in_eval(run.model):
-                    explored = run.evaluate("test", limit)
+            # the test split again with δ's random edges, which §4.2 adds for training and
+            # evaluation otherwise drops: how much of the accuracy they bring
+            if sbm.delta > 0 and not sbm.explore_in_eval:
+                for m in layers:
+                    m.explore_in_eval = True
+                explored = run.evaluate("test", limit)
                 record["sbm"]["test_with_exploration"] = {"metric": explored["metric"], "density": explored["density"]}
         loop.finish(run, record)
     return 0

@@ -16,8 +16,6 @@ import typing
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-LOG_EVERY = 50
-
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """An option's default shown where it has one (never "(default: None)": the help says what an absent option
@@ -224,7 +222,7 @@ def task_parser(prog: str, description: str, out_help: str) -> argparse.Argument
 
 def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The options of every training entry point: task_parser's, and the run's own (resume, schedule, logging)."""
-    from bench.config import LR_DECAYS
+    from bench.config import LR_DECAYS, RunConfig  # its defaults are the options'
     p = task_parser(prog, description, "the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
@@ -234,12 +232,14 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--init-from", metavar="CHECKPOINT",
                    help="start from the model weights of CHECKPOINT (a snapshot, or a finished run's "
                         "OUT/checkpoint.pt), with this run's own settings, optimizer and schedule")
-    p.add_argument("--grad-clip", type=non_negative_float, default=1.0, help="gradient-norm clipping (0 = off)")
-    p.add_argument("--lr-decay", choices=LR_DECAYS, default="cosine",
+    p.add_argument("--grad-clip", type=non_negative_float, default=RunConfig.grad_clip,
+                   help="gradient-norm clipping (0 = off)")
+    p.add_argument("--lr-decay", choices=LR_DECAYS, default=RunConfig.lr_decay,
                    help="shape of the decay after warm-up, from the peak to the floor at the last step")
-    p.add_argument("--lr-floor", type=unit_fraction, default=0.1, metavar="FRACTION",
+    p.add_argument("--lr-floor", type=unit_fraction, default=RunConfig.lr_floor, metavar="FRACTION",
                    help="learning rate at the last step, as a fraction of the peak")
-    p.add_argument("--log-every", type=positive_int, default=LOG_EVERY, help="steps between progress lines")
+    p.add_argument("--log-every", type=positive_int, default=RunConfig.log_every,
+                   help="steps between progress lines")
     p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
     p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
                    help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from whose weights "
@@ -283,10 +283,7 @@ def available_memory(device: str) -> Tuple[int, str]:
     available = proc_kib("/proc/meminfo", "MemAvailable")
     if available is not None:
         return available * 1024, "available on this machine"
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"
-    except (OSError, ValueError):
-        return 2 ** 62, "on this machine"
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"  # macOS
 
 
 def activation_bytes(cfg) -> int:

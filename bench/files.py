@@ -57,10 +57,7 @@ def folder_problem(path) -> Optional[str]:
     if str(path) == "":  # a str; Path("") is "."
         return "must name a folder (use . for the current one)"
     path = Path(os.path.abspath(path))
-    try:
-        limit = os.pathconf("/", "PC_PATH_MAX")
-    except (OSError, ValueError):
-        limit = 4096
+    limit = os.pathconf("/", "PC_PATH_MAX")
     if len(os.fsencode(str(path))) >= limit:
         return f"the path is longer than the {limit} bytes this system allows"
     existing = path
@@ -317,7 +314,6 @@ def begin(out: Path, resume: bool, step: int) -> None:
     """Once the run is ready to train: metrics.json goes first (from then on the folder does not look finished),
     then leftovers of atomic writes; a resumed run keeps its checkpoints and its log up to the checkpoint's step
     (rewritten atomically), a fresh one removes the old checkpoints, then the old log."""
-    out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").unlink(missing_ok=True)
     for leftover in [*out.glob("metrics.json*.tmp"), *out.glob("checkpoint*.pt*.tmp"), *out.glob("log.jsonl*.tmp")]:
         leftover.unlink(missing_ok=True)

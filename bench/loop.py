@@ -143,10 +143,7 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
 def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention: Callable) -> Model:
     """The task's data and the model, initialised from the seed. First, every layer's attention runs once on zeros
     of the task's length (the random state restored), so that a setting it refuses is refused before any data."""
-    if cfg.data_file is not None:
-        task.data_file = cfg.data_file
-    if cfg.no_download:
-        task.download_allowed = False
+    task.data_file, task.download_allowed = cfg.data_file, not cfg.no_download
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     factory = make_attention(model_cfg)
@@ -341,7 +338,7 @@ def final_record(run: Run) -> Optional[dict]:
 def finish(run: Run, record: Optional[dict]) -> None:
     """The first process writes ``record`` to OUT/metrics.json and prints its final line; the processes end
     together. Weights that give a final loss not finite are a divergence, not a result."""
-    losses = [record.get(k) for k in ("valid_loss", "test_loss") if record.get(k) is not None] if run.is_main else []
+    losses = [record["valid_loss"], record["test_loss"]] if run.is_main else []
     stop_if_diverged(run, torch.tensor(all(map(math.isfinite, losses))), "the final evaluation's loss", run.step)
     if run.is_main:
         record["wall_time_s"] = run.progress().wall_time_s

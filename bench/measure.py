@@ -22,6 +22,7 @@ taken just before the measured work (``PeakRSS``; the scaling benchmarks run eac
 Time: warm-up, then the median of repeated calls, CUDA synchronised around each (``time_fn``); variants side
 by side with their calls interleaved (``interleaved``).
 """
+import contextlib
 import ctypes
 import ctypes.util
 import platform
@@ -116,19 +117,17 @@ EXTRA_FORMULAS.update({aten._softmax: _softmax, aten._log_softmax: _softmax,
 
 def count_flops(fn: Callable[[], object], modules: Optional[Dict[str, nn.Module]] = None,
                 root: Optional[nn.Module] = None) -> Dict[str, int]:
-    """Runs fn() once under the counter. Returns {"total": FLOPs} plus, for each named submodule of root
-    given in ``modules`` (a {label: module} dict), the FLOPs spent inside it, summed per label."""
+    """Runs fn() once under the counter. Returns {"total": FLOPs} plus, for each submodule of
+    ``root`` given in ``modules`` (a {label: module} dict), the FLOPs spent inside it."""
     # this file's extra formulas; a depth deep enough for nested attention modules
     with flop_counter.FlopCounterMode(depth=64, display=False, custom_mapping=EXTRA_FORMULAS) as mode:
         fn()
     result = {"total": int(mode.get_total_flops())}
     if modules:
-        counts = mode.get_flop_counts()
-        names = {id(m): name for name, m in root.named_modules()} if root is not None else {}
-        prefix = type(root).__name__ if root is not None else ""
+        counts = mode.get_flop_counts()  # by the module's path, as "RootClass.blocks.0.attn"
+        paths = {id(m): f"{type(root).__name__}.{name}" for name, m in root.named_modules()}
         for label, module in modules.items():
-            key = f"{prefix}.{names[id(module)]}" if id(module) in names else None
-            result[label] = result.get(label, 0) + int(sum(counts.get(key, {}).values()))
+            result[label] = int(sum(counts.get(paths.get(id(module)), {}).values()))
     return result
 
 
@@ -174,29 +173,19 @@ def proc_kib(path: str, field: str) -> Optional[int]:
         return None
 
 
-def release_free_heap() -> None:
-    """Return the heap's free pages to the OS (glibc ``malloc_trim(0)``; a no-op without glibc).
-
-    Needed before a resident-set baseline: with the benchmarks' allocator setting (glibc keeps freed memory,
-    see experiments/scaling.py) a warm-up pass of the same size leaves its pages resident, and the
-    measured pass would reuse them without raising the high-water mark, reading as ~0 bytes."""
-    name = ctypes.util.find_library("c")
-    try:
-        if name is not None:
-            ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 class PeakRSS:
-    """Peak resident memory above a baseline taken at construction. Freed heap pages are returned to the OS
-    first (``release_free_heap``), so memory freed by earlier work (a warm-up) is not silently reused; on
-    Linux the high-water mark (VmHWM) is then reset (writing 5 to /proc/self/clear_refs), so what ran before —
-    data loading, imports — does not count; elsewhere the lifetime peak ``ru_maxrss`` is used, and the
-    measured work must be the process's largest (which is why each measured cell runs in its own process)."""
+    """Peak resident memory above a baseline taken at construction. The heap's free pages go back
+    to the OS first (glibc's ``malloc_trim``): with the benchmarks' allocator setting (glibc keeps
+    freed memory, see experiments/scaling.py) a warm-up pass of the same size would leave its pages
+    resident, and the measured pass would reuse them without raising the high-water mark, reading
+    as ~0 bytes. On Linux the high-water mark (VmHWM) is then reset (writing 5 to
+    /proc/self/clear_refs), so what ran before — data loading, imports — does not count; elsewhere
+    the lifetime peak ``ru_maxrss`` is used, and the measured work must be the process's largest
+    (which is why each measured cell runs in its own process)."""
 
     def __init__(self):
-        release_free_heap()
+        with contextlib.suppress(OSError, AttributeError):  # without glibc, nothing to return
+            ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
@@ -284,23 +273,23 @@ class Timed:
         return statistics.median(self.ms)
 
 
-def interleaved(variants: Dict[str, Callable[[int], object]], device: torch.device, repeats: int, warmup: int = 1,
-                clock: Callable[[], float] = time.perf_counter, alternate: bool = False,
+def interleaved(variants: Dict[str, Callable[[int], object]], device: torch.device, repeats: int,
+                warmup: int = 1, alternate: bool = False,
                 after_round: Optional[Callable[[int], None]] = None) -> Dict[str, Timed]:
     """Each variant timed side by side: ``warmup`` untimed rounds, then ``repeats`` timed ones, each round calling
     every variant once with the round's index (``alternate``: in reverse order every other round), so that load
-    on a shared machine falls on all alike; by ``clock``, CUDA synchronised around each call. Returns each
+    on a shared machine falls on all alike; CUDA synchronised around each call. Returns each
     variant's ms and results of the timed rounds (keep the results small: they all stay alive)."""
     timed = {name: Timed([], []) for name in variants}
     names = list(variants)
     for round_ in range(warmup + repeats):
         for name in (names[::-1] if alternate and round_ % 2 else names):
             synchronize(device)
-            start = clock()
+            start = time.perf_counter()
             result = variants[name](round_)
             synchronize(device)
             if round_ >= warmup:
-                timed[name].ms.append((clock() - start) * 1e3)
+                timed[name].ms.append((time.perf_counter() - start) * 1e3)
                 timed[name].results.append(result)
         if after_round is not None:
             after_round(round_)

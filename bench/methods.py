@@ -130,16 +130,10 @@ def attention_options(method: str, texts: Dict[str, str]) -> dict:
     return options
 
 
-def optional_of(declared):
-    """X for Optional[X], else None."""
-    plain = plain_type(declared)
-    return plain if plain is not declared else None
-
-
 def parse_as(text: str, declared):
     """``text`` as a value of the type ``declared`` (bool, int, float, str, Optional of one); ValueError if not."""
-    if optional_of(declared) is not None:
-        return None if text.lower() == "none" else parse_as(text, optional_of(declared))
+    if plain_type(declared) is not declared:  # Optional[X]
+        return None if text.lower() == "none" else parse_as(text, plain_type(declared))
     if declared is bool:
         return parse_bool(text)
     if declared is int:
@@ -152,7 +146,7 @@ def parse_as(text: str, declared):
 
 
 def type_words(declared) -> str:
-    if optional_of(declared) is not None:
-        return f"{type_words(optional_of(declared))} or none"
+    if plain_type(declared) is not declared:
+        return f"{type_words(plain_type(declared))} or none"
     words = {bool: "true or false", int: "an integer", float: "a finite number", str: "text"}
     return words.get(declared, f"{declared} values, which --attn cannot give")

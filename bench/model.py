@@ -22,8 +22,8 @@ HEADS = ("cls", "token", "lm", "pair")
 
 @dataclass(kw_only=True)
 class Backbone:
-    """The backbone's sizes: written once here; a task's preset (bench/tasks.py) sets them beside its training
-    recipe, and ModelConfig adds what the task decides."""
+    """The backbone's sizes: written once here; a task's preset (bench/tasks/) sets them beside its
+    training recipe, and ModelConfig adds what the task decides."""
     dim: int = 64
     depth: int = 2
     heads: int = 2

@@ -21,8 +21,7 @@ def parse_attn_option(text: str):
     """KEY=VALUE → (KEY, VALUE text); registry.attention_options gives VALUE the type the attention declares."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--attn expects key=value, got {text!r}")
-    key, value = text.split("=", 1)
-    return key, value
+    return tuple(text.split("=", 1))
 
 
 def method_asked(argv: List[str]) -> Tuple[str, List[str]]:

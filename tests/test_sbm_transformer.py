@@ -535,13 +535,11 @@ def test_density_from_holds_the_regulariser_back_until_its_step(tmp_path):
     assert later["train_density"] < free["train_density"]
 
 
-def test_exploring_in_eval_keeps_delta_in_evaluation_and_restores_the_setting():
+def test_exploration_is_delta_in_training_and_in_evaluation_only_where_asked():
     model = torch.nn.Sequential(*[sbm.SBMAttention(DIM, H, D, clusters=4, delta=0.05) for _ in range(2)]).eval()
     model[1].explore_in_eval = True
     assert [m.exploration() for m in model] == [0.0, 0.05]
-    with sbm.exploring_in_eval(model):
-        assert [m.exploration() for m in model] == [0.05, 0.05]
-    assert [m.explore_in_eval for m in model] == [False, True]
+    assert [m.exploration() for m in model.train()] == [0.05, 0.05]
 
 
 @pytest.mark.parametrize("bad", [["--attn", "clusters=2"], ["--clusters", "0"], ["--path", "dense"]])

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bench.config import Preset
+from bench.tasks import data_files
+from bench.tasks.data_files import DataError
 
 IGNORE = -100
 
@@ -28,6 +30,8 @@ class Task:
     metric: str  # "accuracy" or "bpb"
     presets: Dict[str, Preset] = field(default_factory=dict)
     reads_files = False  # True: setup() reads data files and raises DataError when they are missing
+    data_file = None  # --data-file: what a task that reads files reads instead of its own
+    download_allowed = True  # --no-download sets it False
 
     def setup(self, seq_len: int, seed: int, data_dir: Path, eval_context: int = 0) -> None:
         raise NotImplementedError
@@ -37,6 +41,12 @@ class Task:
 
     def eval_batches(self, split: str, batch_size: int, limit: Optional[int]) -> Iterator[Dict[str, Tensor]]:
         raise NotImplementedError
+
+    def fetch(self, url: str, path: Path, help_text: str, **checks) -> Path:
+        """``url`` downloaded to ``path`` and checked (data_files.fetch), unless they are off."""
+        if not self.download_allowed or data_files.offline():
+            raise DataError(help_text + " (Downloads are off.)")
+        return data_files.fetch(url, path, help_text, **checks)
 
 
 class ExampleSetTask(Task):

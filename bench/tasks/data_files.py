@@ -217,17 +217,6 @@ def cache_folders(data_dir: Path) -> List[Path]:
     return [Path(data_dir) / "cache", Path.home() / ".cache" / "sparse-attn"]
 
 
-def load_cache(path: Path) -> Optional[Dict[str, "np.ndarray"]]:
-    import numpy as np
-    if not path.is_file():
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return {key: f[key] for key in f.files}
-    except (OSError, ValueError, zipfile.BadZipFile):
-        return None  # a damaged cache is rebuilt
-
-
 def source_key(path: Path) -> str:
     """sha256 of an archive file; for a folder, of its listing (relative names, sizes, mtimes)."""
     path = Path(path)
@@ -244,19 +233,22 @@ def source_key(path: Path) -> str:
 
 
 def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"]],
-           check: Optional[Callable[[Dict[str, "np.ndarray"]], Optional[str]]] = None) -> Dict[str, "np.ndarray"]:
+           check: Callable[[Dict[str, "np.ndarray"]], Optional[str]]) -> Dict[str, "np.ndarray"]:
     """The cache ``name`` from the first cache folder that holds a readable one that ``check`` (what is wrong
     with its arrays, or None) accepts, else ``build()``, saved. A cache that fails the check (other keys, cut
     short, another shape) is said and rebuilt, never trained on. Where the cache will go is found before the
     build; with no writable cache folder the data are built and used, not kept (said in one line). The folder is
     made only once the build succeeded, so a build that fails leaves none."""
+    import numpy as np
     for folder in cache_folders(data_dir):
         path = folder / f"{name}.npz"
-        arrays = load_cache(path)
-        if arrays is None:
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {key: f[key] for key in f.files}
+        except (OSError, ValueError, zipfile.BadZipFile):  # none there, or damaged: built again
             continue
         try:
-            problem = check(arrays) if check is not None else None
+            problem = check(arrays)
         except (KeyError, IndexError, ValueError, TypeError) as exc:
             problem = f"does not hold the arrays expected ({type(exc).__name__}: {exc})"
         if problem is None:
@@ -270,7 +262,6 @@ def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"
               f"used but not kept; set SPARSE_ATTN_CACHE to a writable folder to keep them", flush=True)
         return arrays
     try:
-        import numpy as np
         target.mkdir(parents=True, exist_ok=True)
         write_atomic_with(target / f"{name}.npz", lambda f: np.savez(f, **arrays))
     except OSError as exc:

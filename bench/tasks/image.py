@@ -99,12 +99,17 @@ class Image(LRATask):
                 batches[rel.name] = data
             else:
                 images.append((rel, data))
-        if batches:
-            return self._from_python(source, batches)
-        if images:
-            return self._from_images(source, images)
-        raise DataError(f"image: {source} holds neither cifar-10-batches-py/{{data_batch_1..5,test_batch}} nor "
-                        f"{{train,test}}/<class>/*.jpg|png images")
+        if not batches and not images:
+            raise DataError(f"image: {source} holds neither cifar-10-batches-py/{{data_batch_1..5,"
+                            f"test_batch}} nor {{train,test}}/<class>/*.jpg|png images")
+        train_x, train_y, test_x, test_y = (self._from_python(source, batches) if batches else
+                                            self._from_images(source, images))
+        if (len(train_x), len(test_x)) != (self.COUNTS["train"], self.COUNTS["test"]):
+            raise DataError(f"image: {source} has {len(train_x)} training and {len(test_x)} test "
+                            f"images, expected {self.COUNTS['train']} and {self.COUNTS['test']}")
+        cut = len(train_x) - self.VALID  # LRA: train[:90%] / train[90%:]
+        return {"train_x": train_x[:cut], "train_y": train_y[:cut], "valid_x": train_x[cut:],
+                "valid_y": train_y[cut:], "test_x": test_x, "test_y": test_y}
 
     @staticmethod
     def _wanted(rel: PurePosixPath) -> bool:
@@ -114,6 +119,7 @@ class Image(LRATask):
                 and rel.suffix.lower() in (".jpg", ".jpeg", ".png"))
 
     def _from_python(self, source, batches):
+        """(train pixels, train labels, test pixels, test labels) from cifar-10-batches-py."""
         missing = sorted(set(CIFAR_PY_MD5) - set(batches))
         if missing:
             raise DataError(f"image: {source} lacks {missing} of cifar-10-batches-py. Fetch {self.URL} again.")
@@ -131,13 +137,10 @@ class Image(LRATask):
                 raise DataError(f"image: cannot read {name} from {source}: {exc}") from None
         train_x = lra_grayscale(np.concatenate([x[f"data_batch_{i}"] for i in range(1, 6)])).reshape(-1, 1024)
         train_y = np.concatenate([y[f"data_batch_{i}"] for i in range(1, 6)])
-        test_x, test_y = lra_grayscale(x["test_batch"]).reshape(-1, 1024), y["test_batch"]
-        self._check_counts(source, len(train_x), len(test_x))
-        cut = len(train_x) - self.VALID  # LRA: train[:90%] / train[90%:]
-        return {"train_x": train_x[:cut], "train_y": train_y[:cut], "valid_x": train_x[cut:],
-                "valid_y": train_y[cut:], "test_x": test_x, "test_y": test_y}
+        return train_x, train_y, lra_grayscale(x["test_batch"]).reshape(-1, 1024), y["test_batch"]
 
     def _from_images(self, source, images):
+        """The same from an image-folder tree."""
         try:
             from PIL import Image as PILImage
         except ImportError:
@@ -164,23 +167,14 @@ class Image(LRATask):
                                 CIFAR_CLASSES.index(label)))
         for split in rows:
             rows[split].sort(key=lambda r: r[0])
-        self._check_counts(source, len(rows["train"]), len(rows["test"]))
-        train_x = np.stack([r[1] for r in rows["train"]])
-        train_y = np.array([r[2] for r in rows["train"]], np.int64)
-        cut = len(train_x) - self.VALID
-        return {"train_x": train_x[:cut], "train_y": train_y[:cut], "valid_x": train_x[cut:], "valid_y": train_y[cut:],
-                "test_x": np.stack([r[1] for r in rows["test"]]),
-                "test_y": np.array([r[2] for r in rows["test"]], np.int64)}
+        pixels = {split: np.array([r[1] for r in rows[split]], np.uint8) for split in rows}
+        labels = {split: np.array([r[2] for r in rows[split]], np.int64) for split in rows}
+        return pixels["train"], labels["train"], pixels["test"], labels["test"]
 
     def cache_problem(self, arrays) -> Optional[str]:
         """What ``read`` makes: 32x32 grayscale images and labels, split 45,000 / 5,000 / 10,000."""
         counts = {"train": self.COUNTS["train"] - self.VALID, "valid": self.VALID, "test": self.COUNTS["test"]}
         return images_problem(arrays, counts, (1024,))
-
-    def _check_counts(self, source, train, test):
-        if (train, test) != (self.COUNTS["train"], self.COUNTS["test"]):
-            raise DataError(f"image: {source} has {train} training and {test} test images, expected "
-                            f"{self.COUNTS['train']} and {self.COUNTS['test']}")
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         side = square_side(seq_len, "image", sides=(32, 16, 8, 4))

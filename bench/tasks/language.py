@@ -22,7 +22,7 @@ from torch import Tensor
 
 from bench.config import Preset
 from bench.tasks.base import IGNORE, Task
-from bench.tasks.data_files import DataError, fetch, iter_archive, offline
+from bench.tasks.data_files import DataError, iter_archive
 
 MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 0-255)
 
@@ -30,8 +30,6 @@ MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 
 class ByteLM(Task):
     """Byte-level language modelling on a byte array per split; bits per byte."""
     reads_files = True
-    download_allowed = True
-    data_file: Optional[Path] = None  # set from --data-file
 
     def __init__(self, name: str):
         cpu = Preset(seq_len=256, dim=128, depth=2, heads=4, head_dim=32, mlp_dim=512, dropout=0.0, steps=1500,
@@ -119,9 +117,8 @@ class Enwik8(ByteLM):
         help_text = (f"enwik8: not found (looked for {looked}). Download {self.URL} and pass it with --data-file "
                      f"(the zip or the unzipped file 'enwik8', sha256 {self.SHA256}), or put either there, or "
                      f"point --data-dir / SPARSE_ATTN_DATA at a folder holding enwik8/enwik8.")
-        if not self.download_allowed or offline():
-            raise DataError(help_text + " (Downloads are off.)")
-        return fetch(self.URL, data_dir / "enwik8" / "enwik8.zip", help_text, verify=self.check_download)
+        return self.fetch(self.URL, data_dir / "enwik8" / "enwik8.zip", help_text,
+                          verify=self.check_download)
 
     def check_download(self, path: Path) -> Optional[str]:
         """What is wrong with a downloaded archive, or None: it must hold one member 'enwik8' of ``SIZE`` bytes
@@ -207,10 +204,9 @@ class LocalBytes(ByteLM):
                      f"wiki.{{train,valid,test}}.tokens, or valid and test alone, and for wikitext-2-v1.zip). Download "
                      f"{self.WIKITEXT_URL} (md5 {self.WIKITEXT_MD5}) into {folder}, or pass --data-file with any text "
                      f"file, or set --data-dir / SPARSE_ATTN_DATA.")
-        if archive is None and (not self.download_allowed or offline()):
-            raise DataError(help_text)
         if archive is None:
-            archive = fetch(self.WIKITEXT_URL, folder / "wikitext-2-v1.zip", help_text, md5=self.WIKITEXT_MD5)
+            archive = self.fetch(self.WIKITEXT_URL, folder / "wikitext-2-v1.zip", help_text,
+                                 md5=self.WIKITEXT_MD5)
         members = {path.name: data for path, data in
                    iter_archive(archive, lambda p: p.name in {f"wiki.{s}.tokens" for s in self.SPLITS})}
         missing = [f"wiki.{s}.tokens" for s in self.SPLITS if f"wiki.{s}.tokens" not in members]

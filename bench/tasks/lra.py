@@ -23,7 +23,6 @@ period and weight decay 0 of the ``lra_config.py`` its code uses. The harness's 
 Shape legend: B batch, N tokens (seq_len).
 """
 import dataclasses
-import hashlib
 import itertools
 import math
 from pathlib import Path, PurePosixPath
@@ -34,8 +33,8 @@ import torch
 
 from bench.config import Preset
 from bench.tasks.base import ExampleSetTask
-from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, offline,
-                                    ragged_problem, safe_extract, source_key)
+from bench.tasks.data_files import (DataError, array_problem, cached, iter_archive, ragged_problem,
+                                    safe_extract, source_key)
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
 
@@ -70,9 +69,7 @@ class Docs:
 # ------------------------------------------------------------------------------------------ the task base
 class LRATask(ExampleSetTask):
     """Fixed splits of arrays held in memory, read from data files (or generated: pathfinder)."""
-    download_allowed = True
     reads_files = True
-    data_file: Optional[str] = None
 
     def split_size(self, split: str) -> int:
         return len(self.splits[split][-1])  # its labels
@@ -83,23 +80,13 @@ class LRATask(ExampleSetTask):
         x, y = self.splits[split]
         return {"tokens": torch.from_numpy(x[idx].astype(np.int64)), "targets": torch.from_numpy(y[idx])}
 
-    def given_file(self) -> Optional[Path]:
-        """The path named by --data-file (which must exist), or None when the data is looked up."""
-        if self.data_file is None:
-            return None
-        path = Path(self.data_file)
-        if not path.exists():
-            raise DataError(f"{self.name}: nothing at {path} (given by --data-file)")
-        return path
-
     def look_up(self, found: Iterator[Path], help_text: str, url: str, target: Path, **checksum) -> Path:
-        """--data-file, else the first of ``found``, else ``url`` fetched to ``target`` and checked."""
-        path = self.given_file() or next(found, None)
-        if path is not None:
-            return path
-        if not self.download_allowed or offline():
-            raise DataError(help_text + " (Downloads are off.)")
-        return fetch(url, target, help_text, **checksum)
+        """--data-file (which must exist), else the first of ``found``, else ``url`` fetched to
+        ``target`` and checked."""
+        if self.data_file is not None and not Path(self.data_file).exists():
+            raise DataError(f"{self.name}: nothing at {self.data_file} (given by --data-file)")
+        path = Path(self.data_file) if self.data_file is not None else next(found, None)
+        return path if path is not None else self.fetch(url, target, help_text, **checksum)
 
 
 def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: int, eval_every: int,
@@ -278,11 +265,8 @@ class Retrieval(LRATask):
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         self.seq_len = seq_len
         folder = self.locate(Path(data_dir))
-        key = hashlib.sha256()
-        for name in self.FILES.values():
-            stat = (folder / name).stat()
-            key.update(f"{name}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-        arrays = cached(data_dir, f"aan-bytes-{key.hexdigest()[:20]}", lambda: self.read(folder), self.cache_problem)
+        arrays = cached(data_dir, f"aan-bytes-{source_key(folder)[:20]}", lambda: self.read(folder),
+                        self.cache_problem)
         self.splits = {}
         for split in self.FILES:
             a, b = (Docs(arrays[f"{split}_{side}_bytes"], arrays[f"{split}_{side}_offsets"]) for side in "ab")

@@ -40,10 +40,9 @@ class Duplicates(ExampleSetTask):
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         self.seq_len, self.vocab_size = seq_len, seq_len + 1
-        self.splits = {}
-        for offset, split in enumerate(("valid", "test")):
-            g = torch.Generator().manual_seed(seed * 1000 + 7 + offset)
-            self.splits[split] = self.generate(self.EVAL_EXAMPLES, g)
+        self.splits = {split: self.generate(self.EVAL_EXAMPLES,
+                                            torch.Generator().manual_seed(seed * 1000 + 7 + i))
+                       for i, split in enumerate(("valid", "test"))}
 
     def generate(self, count: int, generator: torch.Generator) -> Dict[str, Tensor]:
         tokens = torch.randint(1, self.seq_len + 1, (count, self.seq_len), generator=generator)  # (B, N)
