@@ -132,33 +132,35 @@ def kill_when_checkpointed(args: list, out: Path, after: int) -> int:
 
 def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_path):
     """Every field of the record but the measured times and memory equals the uninterrupted run's, after two kills
-    (one before and one after SSA's dense tail begins, at step 200, so that a training density of the steps since
+    (one before and one after SSA's dense tail begins, at step 100, so that a training density of the steps since
     the last resume alone would show), after a kill inside the final write of metrics.json, and after a --resume
-    of the finished run."""
+    of the finished run. The kills are of processes; the resumes run in this process."""
+    steps, dense_from = 200, 100
     args = ["--method", "ssa", "--finetune-fraction", "0.5", "--task", "duplicates", *TINY, "--dropout", "0.1",
-            "--steps", "400", "--eval-every", "40", "--log-every", "1000"]
+            "--steps", str(steps), "--eval-every", "20", "--log-every", "1000"]
     full = tmp_path / "full"
     train_here(*args, "--out", str(full))
 
     killed = tmp_path / "killed"
     first = kill_when_checkpointed(args, killed, 0)
-    second = kill_when_checkpointed(args, killed, max(first, 200))
-    assert 0 < first < 200 <= second < 400
-    train(*args, "--out", str(killed), "--resume")
+    second = kill_when_checkpointed(args, killed, max(first, dense_from))
+    assert 0 < first < dense_from <= second < steps
+    train_here(*args, "--out", str(killed), "--resume")
     (killed / "metrics.json").rename(killed / "metrics.json.x1y2z3.tmp")  # a kill inside the final write
     (killed / "metrics.json.x1y2z3.tmp").write_text('{"status": "comp')
     a = record(full)
     measured = {"wall_time_s", "train_time_s", "median_step_ms", "peak_memory_bytes", "inference_memory_per_example_bytes",
                 "config"}
     for again in ("after a kill in the final write", "of the finished run"):
-        train(*args, "--out", str(killed), "--resume")
+        train_here(*args, "--out", str(killed), "--resume")
         b = record(killed)
         assert {k: v for k, v in a.items() if k not in measured} == {k: v for k, v in b.items() if k not in measured}, again
         assert {**a["config"], "out": None, "resume": None} == {**b["config"], "out": None, "resume": None}, again
         assert b["peak_memory_bytes"] > 2 ** 20 and b["median_step_ms"] > 0 and set(a) == set(b), again
-        assert b["train_density"] == pytest.approx((0.25 * 200 + 1.0 * 200) / 400), again  # sampled, then dense
+        sampled_then_dense = (0.25 * dense_from + 1.0 * (steps - dense_from)) / steps
+        assert b["train_density"] == pytest.approx(sampled_then_dense), again
     assert not list(killed.glob("*.tmp"))
-    assert valid_steps(killed / "log.jsonl") == list(range(40, 401, 40))
+    assert valid_steps(killed / "log.jsonl") == list(range(20, steps + 1, 20))
 
 
 def test_two_process_ddp_keeps_identical_weights(tmp_path):
