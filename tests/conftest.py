@@ -1,9 +1,11 @@
 """Shared test settings: where the real data live (SPARSE_ATTN_DATA, as CI sets it; else ./data, as the harness), one
 intra-op thread per test, seeded generators, the device of the on_device tests (SPARSE_ATTN_TEST_DEVICE, cpu unless
-set: a GPU job runs ``SPARSE_ATTN_TEST_DEVICE=cuda python -m pytest -m on_device``), and a recorder of low-precision
-softmax / exp under autocast."""
+set: a GPU job runs ``SPARSE_ATTN_TEST_DEVICE=cuda python -m pytest -m on_device``), a command line's main() run in
+this process (``here``), and a recorder of low-precision softmax / exp under autocast."""
+import importlib
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,29 @@ def exit_code(main, argv: list):
         return main(list(argv))
     except SystemExit as exc:
         return exc.code
+
+
+@pytest.fixture
+def here(capsys, monkeypatch):
+    """``python -m MODULE ARGS`` for a test that does not check the process boundary: MODULE's
+    main(args) in this process, from the repository root, with one OpenMP thread and no
+    SPARSE_ATTN_DATA (as the tests' subprocesses run); a CompletedProcess of its exit code and
+    output, as subprocess.run gives."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("SPARSE_ATTN_DATA", raising=False)
+
+    def call(module: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        code = exit_code(importlib.import_module(module).main, args)
+        out, err = capsys.readouterr()
+        if isinstance(code, str):  # sys.exit("message"): a process prints it and exits 1
+            code, err = 1, err + code + "\n"
+        result = subprocess.CompletedProcess([module, *args], code or 0, out, err)
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return result
+    return call
 
 
 def processes(*words: str, without: str = "") -> list:

@@ -44,11 +44,12 @@ def test_help_exits_at_once_and_runs_nothing():
     assert "./run_all.sh: budget" not in result.stdout and "(default: quick)" not in result.stdout
 
 
-def test_an_unknown_option_is_refused_before_anything_runs(tmp_path):
-    result = sh(["bash", "run_all.sh", "--smoke", "--out", str(tmp_path / "x"), "--bogus"], check=False)
+def test_an_unknown_option_is_refused_before_anything_runs(tmp_path, here):
+    result = here("experiments.run_all", "--smoke", "--out", str(tmp_path / "x"), "--bogus", check=False)
     assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr
     assert not (tmp_path / "x").exists()
-    result = sh(["bash", "run_all.sh", "--smoke", "--out", str(tmp_path / "x"), "--methods", "nope"], check=False)
+    result = here("experiments.run_all", "--smoke", "--out", str(tmp_path / "x"), "--methods", "nope",
+                  check=False)
     assert result.returncode == 2 and "unknown methods ['nope']" in result.stderr
 
 
@@ -70,15 +71,18 @@ def test_a_fresh_clone_runs_into_its_own_ignored_folder_and_leaves_git_clean(tmp
     assert sh(["git", "status", "--porcelain"], cwd=clone).stdout == ""
 
 
-def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypatch):
+def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypatch, here):
+    """./run_all.sh --out with a cell of each kind: run (full and sbm on bytes), n/a (linformer on
+    bytes) and no data (retrieval); its rerun (in this process: the first run was the user's command)
+    keeps the cells and the scaling table."""
     data, out = fake_wikitext(tmp_path / "data"), tmp_path / "run"
-    result = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
-                 "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
+    argv = ["--smoke", "--out", str(out), "--methods", "full,linformer,sbm", "--tasks", "bytes,retrieval",
+            "--data-dir", str(data), "--lengths", "32"]
+    result = sh(["bash", "run_all.sh", *argv])
     assert "n/a: linformer on bytes (no causal form)" in result.stdout  # said in the plan, before any cell ran
     assert "no data: retrieval" in result.stdout and "ETA" in result.stdout
     cells = sorted(p.name for p in (out / "runs").iterdir())
-    assert cells == ["full-bytes-cpu-s0", "full-duplicates-cpu-s0", "linformer-duplicates-cpu-s0",
-                     "sbm-bytes-cpu-s0", "sbm-duplicates-cpu-s0"]  # no process for n/a or no-data cells
+    assert cells == ["full-bytes-cpu-s0", "sbm-bytes-cpu-s0"]  # no process for n/a or no-data cells
     assert all(json.loads((out / "runs" / c / "metrics.json").read_text())["status"] == "complete" for c in cells)
     assert json.loads((out / "scaling.json").read_text())["args"]["lengths"] == "32"
     report = (out / "REPORT.md").read_text()
@@ -88,9 +92,9 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypa
     if shutil.which("python3") and __import__("importlib").util.find_spec("matplotlib"):
         assert (out / "accuracy_vs_cost.png").stat().st_size > 1000 and (out / "scaling.png").stat().st_size > 1000
         assert "![" in report
-    rerun = sh(["bash", "run_all.sh", "--smoke", "--out", str(out), "--methods", "full,linformer,sbm",
-                "--tasks", "duplicates,bytes,retrieval", "--data-dir", str(data), "--lengths", "32"])
-    assert rerun.stdout.count("complete, kept") == 5 and "scaling.json was measured with these settings; kept" in rerun.stdout
+    rerun = here("experiments.run_all", *argv)
+    assert rerun.stdout.count("complete, kept") == 2
+    assert "scaling.json was measured with these settings; kept" in rerun.stdout
     # A table an older version wrote (settings under other names, e.g. "batch", "warmup") is measured anew.
     from experiments import run_all, scaling
     old = json.loads((out / "scaling.json").read_text())
@@ -251,9 +255,9 @@ def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path)
     assert "(results/README.md#sbm-transformer-fig-4-duplicates-every-method-the-papers-recipe)" in text
 
 
-def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path):
-    result = sh([sys.executable, "-m", "experiments.claims", "run", "sbm-table3", "--cells", "*-s9", "--out",
-                 str(tmp_path / "claim")], check=False)
+def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path, here):
+    result = here("experiments.claims", "run", "sbm-table3", "--cells", "*-s9", "--out", str(tmp_path / "claim"),
+                  check=False)
     assert result.returncode == 2 and "no cell of sbm-table3 matches '*-s9'" in result.stderr
     assert "full-listops-paper-s0" in result.stderr and not (tmp_path / "claim").exists()
 
@@ -313,15 +317,14 @@ def test_a_killed_driver_leaves_no_benchmark_running(tmp_path, phase):
                              ("time.sleep(600)", str(tmp_path)), "run_all", tmp_path)
 
 
-def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path):
-    args = [sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(tmp_path), "--methods", "full",
-            "--tasks", "duplicates"]
-    sh([*args, *FAST])
+def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path, here):
+    args = ["--budget", "smoke", "--out", str(tmp_path), "--methods", "full", "--tasks", "duplicates"]
+    here("experiments.grid", *args, *FAST)
     record = tmp_path / "runs" / "full-duplicates-cpu-s0" / "metrics.json"
     assert json.loads(record.read_text())["steps"] == 1
-    same = sh([*args, *FAST])
+    same = here("experiments.grid", *args, *FAST)
     assert "complete, kept" in same.stdout
-    changed = sh([*args, "--set", "steps=2", "--set", "final_eval_batches=1"])
+    changed = here("experiments.grid", *args, "--set", "steps=2", "--set", "final_eval_batches=1")
     assert "made with another command" in changed.stdout and "redone" in changed.stdout
     assert json.loads(record.read_text())["steps"] == 2
 

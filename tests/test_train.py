@@ -1,6 +1,6 @@
-"""bench/train.py through its command line: a smoke run, resume after a real kill, 2-process DDP, a
-diverged run's exit code and a run holding the lock that refuses a second, each in a subprocess; the
-other paths, --steps 0, --help and clear errors for bad input through main() in this process."""
+"""bench/train.py through its command line: resume after a real kill, 2-process DDP and a run holding
+the lock that refuses a second, each in a subprocess; the other paths (a smoke run, a diverged run's
+exit code, --steps 0, --help, clear errors for bad input) through main() in this process."""
 import json
 import os
 import signal
@@ -27,16 +27,6 @@ def env():
     return e
 
 
-def train(*args, check=True):
-    """python -m bench.train in a subprocess, for the tests where the process boundary matters: a
-    kill, a lock, DDP, the exit code of a real run."""
-    result = subprocess.run([sys.executable, "-m", "bench.train", *args], cwd=ROOT, env=env(),
-                            capture_output=True, text=True, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
-    return result
-
-
 def train_here(*args) -> None:
     """A run through bench.train's main(args) in this process (no process boundary in question)."""
     code = exit_code(harness.main, args)
@@ -45,7 +35,7 @@ def train_here(*args) -> None:
 
 def in_process(capsys, monkeypatch, tmp_path, *args):
     """bench.train's main(args) in this process, from an empty current folder and with the
-    environment train() gives a subprocess: (exit code, stdout, stderr)."""
+    environment env() gives a subprocess: (exit code, stdout, stderr)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPARSE_ATTN_OFFLINE", "1")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -58,11 +48,11 @@ def record(out: Path) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def test_duplicates_run_writes_the_results_record(tmp_path):
+def test_duplicates_run_writes_the_results_record(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    result = train("--method", "full", "--task", "duplicates", *TINY, "--steps", "6", "--eval-every", "3",
-                   "--log-every", "2", "--out", str(out))
-    assert "step 6/6" in result.stdout and "ms/step" in result.stdout and "ETA" in result.stdout
+    code, stdout, _ = in_process(capsys, monkeypatch, tmp_path, "--method", "full", "--task", "duplicates", *TINY,
+                                 "--steps", "6", "--eval-every", "3", "--log-every", "2", "--out", str(out))
+    assert code == 0 and "step 6/6" in stdout and "ms/step" in stdout and "ETA" in stdout
     rec = record(out)
     for field in ("method", "task", "seed", "device", "valid", "test", "density", "density_per_layer", "params",
                   "flops_per_example", "peak_memory_bytes", "median_step_ms", "steps", "wall_time_s",
@@ -132,33 +122,35 @@ def kill_when_checkpointed(args: list, out: Path, after: int) -> int:
 
 def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_path):
     """Every field of the record but the measured times and memory equals the uninterrupted run's, after two kills
-    (one before and one after SSA's dense tail begins, at step 200, so that a training density of the steps since
+    (one before and one after SSA's dense tail begins, at step 100, so that a training density of the steps since
     the last resume alone would show), after a kill inside the final write of metrics.json, and after a --resume
-    of the finished run."""
+    of the finished run. The kills are of processes; the resumes run in this process."""
+    steps, dense_from = 200, 100
     args = ["--method", "ssa", "--finetune-fraction", "0.5", "--task", "duplicates", *TINY, "--dropout", "0.1",
-            "--steps", "400", "--eval-every", "40", "--log-every", "1000"]
+            "--steps", str(steps), "--eval-every", "20", "--log-every", "1000"]
     full = tmp_path / "full"
     train_here(*args, "--out", str(full))
 
     killed = tmp_path / "killed"
     first = kill_when_checkpointed(args, killed, 0)
-    second = kill_when_checkpointed(args, killed, max(first, 200))
-    assert 0 < first < 200 <= second < 400
-    train(*args, "--out", str(killed), "--resume")
+    second = kill_when_checkpointed(args, killed, max(first, dense_from))
+    assert 0 < first < dense_from <= second < steps
+    train_here(*args, "--out", str(killed), "--resume")
     (killed / "metrics.json").rename(killed / "metrics.json.x1y2z3.tmp")  # a kill inside the final write
     (killed / "metrics.json.x1y2z3.tmp").write_text('{"status": "comp')
     a = record(full)
     measured = {"wall_time_s", "train_time_s", "median_step_ms", "peak_memory_bytes", "inference_memory_per_example_bytes",
                 "config"}
     for again in ("after a kill in the final write", "of the finished run"):
-        train(*args, "--out", str(killed), "--resume")
+        train_here(*args, "--out", str(killed), "--resume")
         b = record(killed)
         assert {k: v for k, v in a.items() if k not in measured} == {k: v for k, v in b.items() if k not in measured}, again
         assert {**a["config"], "out": None, "resume": None} == {**b["config"], "out": None, "resume": None}, again
         assert b["peak_memory_bytes"] > 2 ** 20 and b["median_step_ms"] > 0 and set(a) == set(b), again
-        assert b["train_density"] == pytest.approx((0.25 * 200 + 1.0 * 200) / 400), again  # sampled, then dense
+        sampled_then_dense = (0.25 * dense_from + 1.0 * (steps - dense_from)) / steps
+        assert b["train_density"] == pytest.approx(sampled_then_dense), again
     assert not list(killed.glob("*.tmp"))
-    assert valid_steps(killed / "log.jsonl") == list(range(40, 401, 40))
+    assert valid_steps(killed / "log.jsonl") == list(range(20, steps + 1, 20))
 
 
 def test_two_process_ddp_keeps_identical_weights(tmp_path):
@@ -352,13 +344,14 @@ def test_corrupt_enwik8_exits_with_the_expected_checksum(tmp_path, capsys, monke
     assert "Traceback" not in err
 
 
-def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_says_so(tmp_path):
+def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_says_so(tmp_path, capsys, monkeypatch):
     """--lr 1e20: the loss of step 2 is NaN. The run stops there with one line and exit 3, and its record is valid
     JSON saying "diverged", which the grid keeps as a failed cell rather than a result."""
     out = tmp_path / "run"
-    result = train("--task", "duplicates", *TINY, "--steps", "6", "--lr", "1e20", "--out", str(out), check=False)
-    assert result.returncode == 3 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: the run diverged: the loss of step 2 is not finite")
+    code, _, stderr = in_process(capsys, monkeypatch, tmp_path, "--task", "duplicates", *TINY, "--steps", "6",
+                                 "--lr", "1e20", "--out", str(out))
+    assert code == 3 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("error: the run diverged: the loss of step 2 is not finite")
     rec = json.loads((out / "metrics.json").read_text())  # json.loads reads a bare NaN: the text is checked
     assert rec["status"] == "diverged" and rec["diverged_at_step"] == 2 and "NaN" not in (out / "metrics.json").read_text()
 
