@@ -4,13 +4,10 @@
     python -m experiments.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
     python -m experiments.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
 
-A claim of kind ``runs`` is a set of training runs (each a grid cell: its own process, record and log, resumable,
-results/CLAIM/runs/CELL). A claim of kind ``output`` is the saved output of a benchmark script (results/CLAIM/*.md,
-its command and wall time on the first line; the scaling claim also keeps experiments.scaling's JSON). The report
-(experiments/report.py) gives each claim a section of results/README.md, in this order.
-
-Each claim carries its verdict rule: its folder → (what our records give, the verdict: REPRODUCED, NO_INFORMATION
-or "differs: <how>", by the threshold written in the rule), and the paper's figure beside it (``figure``).
+A claim of kind ``runs`` is a set of training runs, each a grid cell (results/CLAIM/runs/CELL); one of kind
+``output`` the saved output of benchmark scripts (results/CLAIM/*.md). Each claim carries its verdict rule: its
+folder → (what our records give, the verdict: REPRODUCED, NO_INFORMATION or "differs: <how>", by the threshold
+written in the rule), beside the paper's figure. The report gives each claim a section of results/README.md.
 """
 import argparse
 import fnmatch
@@ -46,7 +43,7 @@ class Setting:
 class Claim:
     name: str  # the folder under results/
     title: str
-    kind: str  # "runs", "output" or "scaling"
+    kind: str  # "runs" or "output"
     paper: str  # what the paper reports, in its own words and numbers, for the reader to compare
     runs: Tuple[Setting, ...] = ()
     seeds: Tuple[int, ...] = (0,)
@@ -63,7 +60,7 @@ class Claim:
         cells = []
         for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]:
             pending = {k: v for k, v in s.options.items() if hasattr(v, "resolve")}
-            values = {k: v.resolve(runs, s.task, s.preset, self.seeds) if runs else None for k, v in pending.items()}
+            values = {k: v.resolve(runs) if runs else None for k, v in pending.items()}
             options = dict(s.options, **{k: value or f"<{type(pending[k]).__name__}>" for k, value in values.items()})
             waiting = [k for k, value in values.items() if value is None]
             cells += [dict(grid.make_cell(s.method, s.task, seed, s.preset, options, s.tag),
@@ -369,17 +366,15 @@ def main(argv=None) -> int:
         run.error(f"no cell of {claim.name} matches {args.cells!r}: " + ", ".join(c["name"] for c in claim.cells()))
     out.mkdir(parents=True, exist_ok=True)
     with cli.one_line_errors(), grid.grid_lock(out):
+        failures = 0
         if claim.kind == "runs":
             print(f"{claim.name}: {len(cells)} runs into {out}, {args.jobs} side by side", flush=True)
             failures = run_claim(claim, out, args.cells, args.jobs)
-            complete = all((read_json(out / "runs" / c["name"] / "metrics.json") or {}).get("status") == "complete"
-                           for c in claim.cells(out / "runs"))
-            if claim.commands and complete:  # its benchmarks time the settings of every run
-                failures += run_output(claim, out)
-            elif claim.commands:
-                print(f"{claim.name}: {', '.join(claim.commands)}: once every run is complete", flush=True)
-        else:
-            failures = run_output(claim, out)
+        if all((read_json(out / "runs" / c["name"] / "metrics.json") or {}).get("status") == "complete"
+               for c in claim.cells(out / "runs")):  # the benchmarks time the settings of every run
+            failures += run_output(claim, out)
+        elif claim.commands:
+            print(f"{claim.name}: {', '.join(claim.commands)}: once every run is complete", flush=True)
     return 1 if failures else 0
 
 

@@ -3,7 +3,6 @@
 
     python -m experiments.claims run frontier --cells '*-lr*'     # stage 1: each family's learning rate, seed 0
     python -m experiments.claims run frontier                     # stage 2: every setting, seeds 0-4 (resumable)
-    python -m experiments.claims run frontier --cells 'window-d0.2-n64-duplicates-cpu-s3'   # one cell
 
 Tasks: ``duplicates`` at 64 and 128 tokens (SBM paper §5.1: a token's label depends on another occurrence of its
 value, placed by content); ``recall``, scattered-key associative recall (bench/tasks/synthetic.py), 2 layers; and
@@ -11,12 +10,10 @@ value, placed by content); ``recall``, scattered-key associative recall (bench/t
 Families: dense (2 heads and 1), the fixed patterns (window, BigBird) at target densities, a fixed head allocation
 (one full head beside a window head), Reformer's LSH over (hashes, bucket size), and SBM at λ = 0 and with its
 regulariser switched on halfway, once the task is learned (``--density-from``). SSA is left out: its evaluation
-is dense, so at inference it sits at full attention's density whatever its training budget. The kernel method is
-a masked-LM pipeline on WikiText-2 only (bench/methods.py), outside these tasks.
-
-One model and recipe per task for every method; the learning rate per family is the best validation metric of
-three (seed 0, the family's first setting), as Zoology does (Arora et al. 2023, arXiv 2312.04927): a cell of stage
-2 waits until its family's three are complete.
+is dense, so at inference it sits at full attention's density whatever its training budget; so is the kernel
+method, a masked-LM pipeline on WikiText-2 only. One model and recipe per task for every method; the learning
+rate per family is the best validation metric of three (seed 0, the family's first setting), as Zoology does
+(Arora et al. 2023, arXiv 2312.04927): a cell of stage 2 waits until its family's three are complete.
 """
 import math
 import statistics
@@ -64,7 +61,7 @@ class BestLearningRate:
     cells: Tuple[str, ...]
     higher_is_better: bool
 
-    def resolve(self, runs: Path, task: str, preset: str, seeds) -> Optional[str]:
+    def resolve(self, runs: Path) -> Optional[str]:
         records = [read_json(runs / f"{name}-s0" / "metrics.json") or {} for name in self.cells]
         if any(r.get("status") != "complete" for r in records):
             return None

@@ -5,16 +5,14 @@
     python -m experiments.gpu --device cpu --tiny --out DIR   # every stage at toy sizes: the job's own test (CI)
 
 The stages, in this order; a stage starts only while budget remains, and stops at its next run once it is spent:
-1. ``correctness``: ``pytest -m on_device`` with SPARSE_ATTN_TEST_DEVICE set to the device: reference and fast
-   paths agree (SBM, SSA, the kernel method, window, BigBird, full) and the attention contract is fuzzed on it
-   (padding, causal, bf16/float16 autocast, generators on the device);
-2. ``entry``: each method's own training command (``python sbm_transformer.py``, ``python ssa.py``, ``python
-   kernel_sparse.py`` on WikiText-2 where its files are, ``python -m bench.train`` for each baseline) on ListOps at
-   its paper length (2,048 tokens, batch 128), 100 steps (SBM 10): each run's step time, peak memory
-   (``max_memory_allocated``) and density as its metrics.json records them. Timing runs, not trained models;
+1. ``correctness``: ``pytest -m on_device`` on the device: reference and fast paths agree and the attention
+   contract is fuzzed there (padding, causal, bf16/float16 autocast, generators on the device);
+2. ``entry``: each method's own training command on ListOps at its paper length (2,048 tokens, batch 128), 100
+   steps (SBM 10): each run's step time, peak memory (``max_memory_allocated``) and density as its metrics.json
+   records them. Timing runs, not trained models;
 3. ``scaling``: forward+backward time and peak memory of every attention against length (1K to 16K, each method
-   until memory runs out), SBM at its initial density and at 1%, beside full attention (SDPA, which takes its
-   fused kernels on CUDA); the crossover: the first length from which a method stays faster than full attention;
+   until memory runs out) beside full attention (SDPA's fused kernels); the first length from which a method
+   stays faster than full attention;
 4. ``frontier``: the frontier claim's families (experiments/frontier.py) on duplicates at 512 and 1,024 tokens,
    seed 0, while budget remains.
 Records: OUT/gpu.json (device, torch, each stage's time and rows), OUT/README.md (its tables), OUT/correctness.log.
@@ -31,9 +29,8 @@ from pathlib import Path
 
 from bench import cli
 from bench.files import default_data_dir, read_json, write_json
-from experiments import frontier, scaling
+from experiments import frontier, grid, scaling
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("correctness", "entry", "scaling", "frontier")
 SCALING_METHODS = ("full", "full-ref", "sbm", "sbm@0.01", "ssa", "kernel", "window", "bigbird", "reformer",
                    "performer", "linformer", "nystromformer", "linear")
@@ -74,17 +71,13 @@ def run(argv, budget: Budget, env=None, cap: float = 600) -> dict:
     seconds and the last lines of its output."""
     start = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, env=env,
+        proc = subprocess.run([sys.executable, *argv], cwd=grid.ROOT, capture_output=True, text=True, env=env,
                               timeout=max(1.0, min(cap, budget.left())))
         code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""  # str in text mode, but bytes on some Pythons
         code, output = "timed out", out.decode(errors="replace") if isinstance(out, bytes) else out
     return {"code": code, "seconds": round(time.monotonic() - start, 1), "output": output}
-
-
-def last_line(output: str) -> str:
-    return (output.strip().splitlines() or ["no output"])[-1][:300]
 
 
 # ------------------------------------------------------------------------------------------------ the stages
@@ -120,8 +113,8 @@ def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
                                                           "density", "test", "metric", "device")})
             row["config"] = {k: record["config"].get(k) for k in ("seq_len", "batch_size", "dim", "depth", "heads")}
         else:
-            row["status"] = ("failed: timed out" if result["code"] == "timed out" else
-                             f"failed: {last_line(result['output'])}")
+            said = (result["output"].strip().splitlines() or ["no output"])[-1][:300]
+            row["status"] = "failed: " + ("timed out" if result["code"] == "timed out" else said)
         rows.append(row)
     return rows
 
@@ -173,11 +166,8 @@ def frontier_rows(device: str, size: str, budget: Budget, scratch: Path) -> list
             for method, tag, extra in members[:1] if size == "tiny" else members:
                 if budget.left() < 20:
                     return rows
-                options = {**recipe, **extra}
-                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates", "--device", device]
-                for key, value in options.items():
-                    for item in (value if isinstance(value, list) else [value]):
-                        argv += [f"--{key.replace('_', '-')}", str(item)]
+                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates", "--device", device,
+                        *grid.flags({**recipe, **extra})]
                 folder = scratch / f"{method}{tag}-n{n}"
                 result = run([*argv, "--out", str(folder), "--overwrite"], budget, cap=120)
                 record = read_json(folder / "metrics.json") or {}
@@ -257,16 +247,12 @@ def main(argv=None) -> int:
     stages = [s for s in args.stages.split(",") if s]
     if not stages or set(stages) - set(STAGES):
         p.error(f"--stages takes a comma-separated list of {', '.join(STAGES)}, got {args.stages!r}")
+    device = scaling.device_or_exit(p, args.device)
     import torch
-    from bench.config import resolve_device
-    try:
-        device = str(resolve_device(args.device))
-    except ValueError as exc:
-        p.error(str(exc))
     if device == "cpu" and not args.tiny:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
     size = "tiny" if args.tiny else "full"
-    out = Path(args.out or ROOT / "results" / "gpu" / device_slug(device))
+    out = Path(args.out or grid.ROOT / "results" / "gpu" / device_slug(device))
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
     record = {"device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
@@ -286,14 +272,10 @@ def main(argv=None) -> int:
             start, share = time.monotonic(), budget.share(budget.left() if last else
                                                           SHARE[stage] / parts * args.budget)
             print(f"stage {stage} ({budget.left():.0f} s of budget left)", flush=True)
-            if stage == "correctness":
-                rows = correctness(device, size, share, out)
-            elif stage == "entry":
-                rows = entry_points(device, size, share, Path(scratch))
-            elif stage == "scaling":
-                rows = scaling_rows(device, size, share)
-            else:
-                rows = frontier_rows(device, size, share, Path(scratch))
+            rows = {"correctness": lambda: correctness(device, size, share, out),
+                    "entry": lambda: entry_points(device, size, share, Path(scratch)),
+                    "scaling": lambda: scaling_rows(device, size, share),
+                    "frontier": lambda: frontier_rows(device, size, share, Path(scratch))}[stage]()
             record["stages"][stage] = {"status": stage_status(rows), "torch": torch.__version__,
                                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                        "seconds": round(time.monotonic() - start, 1), "rows": rows}

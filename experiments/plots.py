@@ -1,7 +1,5 @@
-"""Plots of the report, drawn from the same records as its tables (matplotlib, an optional extra).
-
-Each function writes one PNG and returns its caption; ``available()`` says whether matplotlib is installed
-(without it the report writes its tables only and says so in one line).
+"""Plots of the report, drawn from the same records as its tables (matplotlib, an optional extra): each function
+writes one PNG and returns its caption.
 """
 import importlib.util
 import json
@@ -11,7 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from bench.files import read_json
+from bench.files import kept_log, read_json
 from experiments.frontier import VARIANTS, by_setting, families
 from experiments.grid import load
 
@@ -27,16 +25,11 @@ def figure(columns: int, rows: int = 1, width: float = 5.5, height: float = 4.0)
     return plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
 
 
-def matplotlib_ticker():
-    import matplotlib.ticker
-    return matplotlib.ticker
-
-
 def log_x(ax) -> None:
     """A log x axis labelled as plain numbers at 1-2-5 steps (0.5, 1, 2, 5, 10) where the data span at most
     ~1.5 decades, and at powers of ten only where they span more (1-2-5 labels would overlap there); never minor
     labels, which overlap where the data span less than a decade."""
-    ticker = matplotlib_ticker()
+    import matplotlib.ticker as ticker
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
 
@@ -205,13 +198,8 @@ SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
 
 
 def log_lines(folder: Path) -> List[dict]:
-    lines = []
-    for line in (folder / "log.jsonl").read_text().splitlines() if (folder / "log.jsonl").exists() else []:
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            break  # a torn last line of a killed run
-    return lines
+    """A run's log.jsonl, without a line torn by a kill."""
+    return [json.loads(line) for line in kept_log(folder / "log.jsonl", math.inf).splitlines()]
 
 
 def ssa_curve(folder: Path) -> Optional[tuple]:

@@ -5,8 +5,8 @@ in README.md, above the generated region, which this never rewrites.
     python -m experiments.report                        # results/README.md's text, printed
     python -m experiments.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
 
-The generated region: the quick grid's methods table, the claims table (paper, ours, the verdict of each claim's rule
-in experiments/claims.py), the main plots. A table quoting a scaling run reads that one run and names it."""
+A table quoting a scaling run reads that one run and names it.
+"""
 import json
 import math
 import os

@@ -5,21 +5,21 @@ one run folder.
     ./run_all.sh --smoke --out X      # every cell at a handful of steps (about 4 minutes): checks the plumbing
     ./run_all.sh --full               # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
-Everything this writes goes to the run folder (--out, default runs/grid-BUDGET, an ignored path): the cells'
-records under OUT/runs/, the scaling measurements OUT/scaling.json, the report OUT/REPORT.md (printed at the
-end) and its plots OUT/*.png. Nothing tracked is modified. A rerun into the same folder resumes: complete
-cells and a scaling table of the same methods and lengths are kept (experiments/grid.py says when a cell is redone).
-Publishing is a separate, explicit step for maintainers: copy a run into results/quick (``--out
-results/quick``) and regenerate the README with ``python -m experiments.report --readme README.md``.
+Everything goes to the run folder (--out, an ignored path): the cells under OUT/runs/, OUT/scaling.json, the
+report OUT/REPORT.md (printed at the end) and its plots; nothing tracked is modified. A rerun into the same
+folder resumes. Publishing is a separate step for maintainers: a run into results/quick (``--out
+results/quick``), then ``python -m experiments.report --readme README.md``.
 """
 import argparse
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench import cli
-from bench import methods as registry  # light: the grid, report and torch are imported once options parse
+from bench import methods as registry
+from experiments import grid  # light: the report and torch are imported once options parse
 from bench.files import read_json, write_json
 
 SCALING = {"quick": "1024,2048", "smoke": "128", "full": "1024,2048,4096,8192"}
@@ -42,24 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--full", dest="budget", action="store_const", const="full",
                        help="paper presets, three seeds (a GPU job); one cell at a time")
     p.set_defaults(budget="quick")
-    p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
-    p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
-    p.add_argument("--tasks", default=None, help="comma-separated (default: every grid task)")
-    p.add_argument("--seeds", default=None, help="comma-separated (default: the budget's)")
+    grid.add_selection_arguments(p)
     p.add_argument("--jobs", type=cli.positive_int, default=None, help="cells side by side (default: cores; 1 for --full)")
-    p.add_argument("--lengths", default=None, type=lengths_option,
+    p.add_argument("--lengths", default=None, type=cli.positive_ints,
                    help="scaling table lengths (default: the budget's: quick "
                    f"{SCALING['quick']}, smoke {SCALING['smoke']}, full {SCALING['full']})")
     p.add_argument("--no-scaling", action="store_true", help="skip the attention scaling table")
-    p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
-    p.add_argument("--device", default="auto", type=cli.device_option,
-                   help="auto (CUDA when present; the default), cpu, cuda or cuda:N")
     return p
-
-
-def lengths_option(text: str) -> str:
-    """--lengths: comma-separated lengths (cli.positive_ints), kept as the text scaling.main takes."""
-    return ",".join(map(str, cli.positive_ints(text)))
 
 
 def scaling_methods(methods) -> str:
@@ -73,7 +62,7 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
     """OUT/scaling.json, kept when it was measured with the same settings (a resumed run); a table of other
     methods, lengths or repetitions, or one an older version wrote with other setting names, is measured anew.
     Returns how many of its cells failed."""
-    from experiments import grid, scaling
+    from experiments import scaling
     path = out / "scaling.json"
     wanted = scaling_methods(methods)
     settings = {"methods": wanted, "lengths": lengths, **SCALING_REPEATS[budget]}
@@ -92,8 +81,6 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
     OUT/step_time-TASK, every method's training step timed side by side in one process beside fair full
     attention (the report's step-time ratios; the smoke budget times its first task only, to check the
     plumbing). The number of tasks it failed on."""
-    import subprocess
-    from experiments import grid
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]
@@ -102,7 +89,7 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
         result = subprocess.run([sys.executable, "-m", "experiments.step_time", "--task", task, "--runs",
                                  str(out / "runs" / f"*-{task}-{preset}-s{seed}"), "--repeats",
                                  str(STEP_TIME_REPEATS[budget]), "--out", str(out / f"step_time-{task}")],
-                                cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                                cwd=grid.ROOT, capture_output=True, text=True,
                                 preexec_fn=grid.die_with_parent)  # no timing outlives a killed ./run_all.sh
         if result.returncode != 0:
             failed += 1
@@ -112,13 +99,9 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
 
 def source_commit() -> str:
     """The git commit of the code that ran ("+ changes" when the tree differs from it), or "unknown"."""
-    import subprocess
-    root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head, dirty = (subprocess.run(["git", *args], cwd=grid.ROOT, capture_output=True, text=True, check=True).stdout
+                       .strip() for args in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain", "-uno"]))
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" + changes" if dirty else "")
@@ -127,11 +110,9 @@ def source_commit() -> str:
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    from experiments import grid, report
+    from experiments import report
     jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
-    if args.tasks is None:
-        args.tasks = ",".join(grid.GRID_TASKS)
-    lengths = args.lengths if args.lengths is not None else SCALING[args.budget]
+    lengths = ",".join(map(str, args.lengths)) if args.lengths else SCALING[args.budget]  # as scaling.main takes it
     try:
         methods, tasks, seeds, out = grid.checked_plan_options(args)
     except ValueError as exc:

@@ -1,29 +1,23 @@
-"""SBM-Transformer scaling: its attention core on a given edge set and the whole SBM module at controlled
-densities, beside full attention (fused SDPA and the explicit reference), in one run.
+"""SBM scaling: the attention core and the module at controlled densities, beside full attention.
 
     python -m experiments.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
     python -m experiments.sbm_scaling --lengths 4096 --densities 0.01,0.1 --out runs/sbm_scaling
     python -m experiments.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
 
-Cells, each in a fresh process as experiments.scaling's (batch 1, 2 heads, head dim 32, non-causal,
-training mode):
-- ``full``, ``full-ref``: experiments.scaling's cells of baselines/full.py (fused SDPA; materialised
-  scores).
-- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head,
-  as the sampler gives it (block-diagonal CSR), from q, k, v and per-edge p that require grad; the
-  graph's structures (Edges; in the backward the key-major copy) are built inside the timed region.
-- ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted by one
-  constant, calibrated with fastrg.expected_edges so that the expected density, δ included, is d.
-- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d
-  only.
-Per cell: scaling.costs's measurements and the density drawn; with --rounds, every cell once a round
-and the medians. Then per n: the densities where SBM's time meets fused SDPA's and its memory the
-reference path's, from a least-squares line through the measured densities (cost is linear in the
-edges); the module's memory as peak = a + b·E (memory_fit: b the bytes an edge), each round fitted
-apart; and where each ``sbm`` cell's time goes (profile_parts: the functions named in PARTS), beside
-the core cell of the same density. The JSON goes to OUT/sbm_scaling.json.
+Cells (--kinds), each in a fresh process as experiments.scaling's (batch 1, 2 heads, head dim 32, non-causal,
+training mode), measured as scaling.costs says, with the density drawn:
+- ``full``, ``full-ref``: experiments.scaling's cells of full attention (fused SDPA; materialised scores);
+- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, as the
+  sampler gives it (block-diagonal CSR), from q, k, v and per-edge p that require grad; the graph's
+  structures (Edges; in the backward the key-major copy) are built inside the timed region;
+- ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted by one constant so
+  that the expected density, δ included, is d (sbm_transformer.at_density);
+- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d only.
+Then per n: the densities where SBM's time meets fused SDPA's and its memory the reference path's (a least-
+squares line through the measured densities: cost is linear in the edges); the module's memory as peak =
+a + b·E (memory_fit), each round fitted apart; where each ``sbm`` cell's time goes (profile_parts), beside the
+core cell of the same density. The JSON goes to OUT/sbm_scaling.json.
 """
-import argparse
 import contextlib
 import json
 import statistics
@@ -37,6 +31,7 @@ from tabulate import tabulate
 from bench import cli, measure
 from bench.files import write_json
 from experiments import scaling
+from experiments.scaling import line_fit
 from bench.config import resolve_device
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
@@ -169,13 +164,6 @@ def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
     return scaling.run_cell(cell, allocator, timeout, module="experiments.sbm_scaling")
 
 
-def line_fit(xs: list, ys: list) -> tuple:
-    """(intercept, slope) of the least-squares line through the points (xs, ys)."""
-    x, y = torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64)
-    slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
-    return float(y.mean()) - slope * float(x.mean()), slope
-
-
 def crossover(points: list, target: float):
     """Density where the least-squares line through (density, value) points reaches `target`, or None."""
     if len(points) < 2 or target is None:
@@ -278,9 +266,7 @@ def parts_table(rows: list, profiled: list) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.sbm_scaling", allow_abbrev=False,
-                                description=__doc__.split(", beside")[0] + ".",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser("python -m experiments.sbm_scaling", __doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192",
                    help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
@@ -310,10 +296,8 @@ def main(argv=None) -> int:
     cells = []
     for n in args.lengths:
         named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
-        named += [(f"{kind}@{d:g}", kind, d)
-                  for kind in kinds if kind in ("core", "sbm") for d in densities]
-        if "sbm-dense" in kinds:
-            named.append((f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0]))
+        named += [(f"{kind}@{d:g}", kind, d) for kind in kinds if kind in ("core", "sbm") for d in densities]
+        named += [(f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0])] * ("sbm-dense" in kinds)
         cells += [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
                              "method": kind if d is None else None}) for name, kind, d in named]
     measured = [[] for _ in cells]

@@ -2,20 +2,14 @@
 
     python -m experiments.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
     python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
-    python -m experiments.scaling --methods ... --out results/scaling                   # the published table
 
-A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a
-constructor option of one of them. ``full-ref`` is full attention on its reference path
-(materialised scores); ``sbm@D`` is SBM-Transformer at density D, as a trained model samples
-(sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%; both on the
-fast path (the cost linear in edges the method claims) unless ``--attn sbm.path=reference``. Each
-(method, length) cell runs in a fresh process, so its peak memory is its own (measured as ``costs``
-says); ratios are to ``full`` without options. The table goes to OUT/scaling.json.
-
-The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every
-op): by default every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736
-(``--allocator keep``), and the setting is printed with the table; ``--allocator default`` uses
-glibc's defaults. Never mix the two in a table.
+A method is a registry name; ``full-ref`` is full attention on its reference path (materialised scores);
+``sbm@D`` is SBM-Transformer at density D, as a trained model samples (sbm_transformer.at_density), where
+``sbm`` is an untrained one at its initial ~25%; both on the fast path (the cost linear in edges the method
+claims) unless ``--attn sbm.path=reference``. Each (method, length) cell runs in a fresh process, so its peak
+memory is its own; ratios are to ``full`` without options. The glibc allocator setting changes CPU timings
+1.5-4× (large buffers page-faulted back on every op): every cell runs with ``--allocator``'s, printed with the
+table; never mix two in a table.
 """
 import argparse
 import inspect
@@ -23,6 +17,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -162,27 +157,41 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiment
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
-                              out: str) -> None:
-    """The options every scaling benchmark shares (shapes, device, repetitions, allocator, output folder)."""
+def add_benchmark_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, out: str) -> None:
+    """The options every attention benchmark shares: shapes, repetitions, threads, output folder."""
     p.add_argument("--batch-size", type=cli.bounded_int(1, cli.MAX_LENGTH, "a batch size"), default=1,
                    help="sequences per forward")
     p.add_argument("--heads", type=cli.layers, default=2, help="attention heads")
     p.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")
-    p.add_argument("--device", default="auto", type=cli.device_option,
-                   help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--warmup-iters", type=cli.non_negative_int, default=warmup_iters,
                    help="untimed iterations before the timed ones")
     p.add_argument("--repeats", type=cli.positive_int, default=repeats, help="timed iterations (the median is reported)")
+    p.add_argument("--threads", type=cli.threads, default=0,
+                   help="torch intra-op threads (0: torch's default, the machine's cores)")
+    p.add_argument("--out", metavar="DIR", default=out, help="folder for what the benchmark writes")
+
+
+def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
+                              out: str) -> None:
+    """The options every scaling benchmark shares: add_benchmark_arguments', the device, the allocator and the
+    time of the cells, each measured in a process of its own."""
+    add_benchmark_arguments(p, warmup_iters, repeats, out)
+    p.add_argument("--device", default="auto", type=cli.device_option,
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep",
                    help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
                         "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's")
-    p.add_argument("--threads", type=cli.threads, default=0,
-                   help="torch intra-op threads in every cell (0: torch's default, the machine's cores)")
     p.add_argument("--timeout", type=cli.positive_int, default=timeout, help="seconds per cell")
-    p.add_argument("--out", metavar="DIR", default=out, type=cli.out_folder,
-                   help="folder for the JSON of the measurements")
     p.add_argument("--cell", help=argparse.SUPPRESS)
+
+
+def device_or_exit(p: argparse.ArgumentParser, device: str) -> str:
+    """--device resolved (auto: CUDA when present), or the parser's one-line exit for a device this machine lacks."""
+    from bench.config import resolve_device
+    try:
+        return str(resolve_device(device))
+    except ValueError as exc:
+        p.error(str(exc))
 
 
 def describe(device: str, allocator: str) -> tuple:
@@ -250,14 +259,10 @@ def main(argv=None) -> int:
             attention_options(name, texts)  # an unknown key or a value of the wrong type fails here, not in a cell
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
+    device = device_or_exit(p, args.device)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
-    from bench.config import resolve_device
-    try:
-        device = str(resolve_device(args.device))
-    except ValueError as exc:
-        p.error(str(exc))
     rows = []
     for n in args.lengths:
         for method in methods:
@@ -286,6 +291,12 @@ def exit_code(rows: list) -> int:
     if failed:
         print(f"error: {failed} of {len(rows)} cells failed (their rows say why)", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def line_fit(xs: list, ys: list) -> tuple:
+    """(intercept, slope) of the least-squares line through the points (xs, ys)."""
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
 
 
 def load_average() -> float:

@@ -34,9 +34,9 @@ from tabulate import tabulate
 
 from bench import cli
 from bench.files import default_data_dir, read_json, write_atomic, write_json
-from experiments.grid import die_with_parent
+from experiments import scaling
+from experiments.grid import ROOT, die_with_parent
 
-ROOT = Path(__file__).resolve().parent.parent
 FT_FRACTION = 0.1  # §3.4: "the last 10% of the training epochs"
 SETTINGS = {
     "S0": ["--ssa-layers", "0"],
@@ -83,11 +83,7 @@ def check_settings(p, names: list, common: list, out: Path):
                                          SSAConfig)[0])
         except SystemExit:
             p.error(said.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1])
-    from bench.config import resolve_device
-    try:  # a CUDA device this machine lacks: refused once, not by the first setting's run
-        resolve_device(configs[0].device)
-    except ValueError as exc:
-        p.error(str(exc))
+    scaling.device_or_exit(p, configs[0].device)  # refused once, not by the first setting's run
     return configs[0]
 
 
@@ -160,8 +156,6 @@ def main(argv=None) -> int:
     names = args.settings.split(",")
     if not set(names) <= set(SETTINGS) or "S0" not in names:
         p.error(f"--settings must include S0 and come from {list(SETTINGS)}, got {names}")
-    if args.ensemble_samples < 0 or (args.steps is not None and args.steps < 0):
-        p.error("--ensemble-samples and --steps must be >= 0")
     from bench.tasks import TASKS, get_task  # after parsing: --help imports nothing heavy
     if args.task not in TASKS or get_task(args.task).metric != "bpb":
         p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")

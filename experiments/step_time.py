@@ -1,28 +1,21 @@
 """Training-step time of a table's methods side by side in one process, full attention timed as a user runs it.
 
-    python -m experiments.step_time --task listops --preset paper --batch-size 8                # SBM Table 3's ListOps 2K
-    python -m experiments.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016,0.04
+    python -m experiments.step_time --task listops --preset paper --batch-size 8      # SBM Table 3's ListOps 2K
     python -m experiments.step_time --task listops --preset paper --batch-size 8 \
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
-    python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'  # a claim's
+    python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'
 
-One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it),
-the same batches for all, one training step (forward, loss, backward, AdamW) of each in turn, round
-after round; the median and [min-max] over --repeats rounds, and each variant's ratio to full
-attention:
-- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel
-  for its math path (`torch._fused_sdp_choice`, printed), and every batch is padded to the preset's
-  length.
-- `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence:
-  what a user would time. Dropout's own cost is the ratio of the two rows.
-- each other method of --methods, untrained (their costs do not depend on the weights), and SBM with
-  each layer's membership logits shifted so that its expected density is each of --sbm-density (a
-  number, or a run folder whose test density is taken), as sbm_transformer.at_density calibrates one
-  module.
-With --runs, the variants are the settings of those run folders (which must agree in task and
-model): each run's method, options and budget, SBM at its record's test density, full attention as
-run and fair. A benchmark, not a test: the figures depend on the machine; the ratios are what one
-process on it measured.
+One model per variant (bench.model's backbone, as the claim's runs train it), the same batches for all, one
+training step (forward, loss, backward, AdamW) of each in turn, round after round; the median and [min-max]
+over --repeats rounds, and each variant's ratio to full attention:
+- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel for its
+  math path (`torch._fused_sdp_choice`, printed), and every batch is padded to the preset's length.
+- `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence: what a user
+  would time. Dropout's own cost is the ratio of the two rows.
+- each other method of --methods, untrained (their costs do not depend on the weights), SBM at each density of
+  --sbm-density (sbm_transformer.at_density calibrates each layer); or, with --runs, the settings of those run
+  folders (which must agree in task and model), SBM at its record's test density.
+A benchmark, not a test: the ratios are what one process on this machine measured.
 """
 import dataclasses
 import inspect
@@ -88,31 +81,16 @@ def sbm_densities(text: str) -> dict:
     return densities
 
 
-def variants(cfg: RunConfig, task, names: list, sbm_density: dict, example: dict) -> dict:
-    """label → (model, whether its batches are trimmed), the models built on the same initialisation seed."""
-    model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                               max_len=cfg.seq_len)
-    built = {}
+def method_records(names: list, sbm_density: dict, cfg: RunConfig) -> dict:
+    """--methods as variants takes runs: each method untrained at its defaults with the preset's attention
+    dropout and positional embeddings, SBM once per --sbm-density label."""
+    config = {"attn_dropout": cfg.attn_dropout, "pos_emb": cfg.pos_emb}
+    records = {}
     for name in names:
-        if name == "sbm":
-            from sbm_transformer import SBMConfig, make_attention_factory
-            for label, density in sbm_density.items():
-                torch.manual_seed(derive_seed(cfg.seed, "init"))
-                model = Model(model_cfg, make_attention_factory(SBMConfig(), cfg.dim, cfg.heads, cfg.head_dim,
-                                                                cfg.attn_dropout, cfg.depth))
-                shift_sbm(model, model_inputs(example, torch.device("cpu")), density)
-                built[label] = (model, False)
-            continue
-        torch.manual_seed(derive_seed(cfg.seed, "init"))
-        model = Model(model_cfg, registry.same_in_every_layer(registry.get(name).load(), model_cfg, {}))
-        built[f"{name} (as run)" if name == "full" else name] = (model, False)
-    if "full" in names:
-        fair = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                              max_len=cfg.seq_len)
-        fair.attn_dropout = 0.0
-        torch.manual_seed(derive_seed(cfg.seed, "init"))
-        built["full (fair)"] = (Model(fair, registry.same_in_every_layer(registry.get("full").load(), fair, {})), True)
-    return built
+        records.update({label: {"method": "sbm", "config": config, "density": density}
+                        for label, density in sbm_density.items()} if name == "sbm" else
+                       {name: {"method": name, "config": config}})
+    return records
 
 
 def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str]) -> tuple:
@@ -134,10 +112,10 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
                      out=out, data_dir=data_dir), records
 
 
-def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
-    """label → (model, trimmed): one variant per run record, built as the run was (its method, its settings, its
-    --attn budget, its attention dropout and positional embeddings: SSA's LM runs carry ALiBi instead) on the
-    same initialisation seed; SBM at the record's test density."""
+def variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
+    """label → (model, trimmed): one variant per run record (named by its folder, or its label), built as the run
+    was (its method, its settings, its --attn budget, its attention dropout and positional embeddings: SSA's LM runs
+    carry ALiBi instead) on the same initialisation seed; SBM at the record's test density."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     built, full_cfg = {}, model_cfg
@@ -196,12 +174,12 @@ def main(argv=None) -> int:
     with cli.one_line_errors():
         if args.runs:
             cfg, records = runs_config(args.runs, task, cfg.out, cfg.data_dir)  # the records' task and model
-        densities = sbm_densities(args.sbm_density) if "sbm" in names and not args.runs else {}
+        else:
+            records = method_records(names, sbm_densities(args.sbm_density) if "sbm" in names else {}, cfg)
         task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
         batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(derive_seed(cfg.seed, i, "data")))
                    for i in range(args.warmup_iters + args.repeats)]
-        built = run_variants(cfg, task, records, batches[0]) if args.runs else \
-            variants(cfg, task, names, densities, batches[0])
+        built = variants(cfg, task, records, batches[0])
     def training_step(model, trim: bool, optimizer):
         def step(round_: int) -> float:  # the density the step computed
             used = trimmed(batches[round_]) if trim else batches[round_]
