@@ -54,9 +54,8 @@ class Claim:
     rule: Callable[[Path], Tuple[str, str]] = None  # the claim's folder → (ours, verdict)
 
     def cells(self, runs: Path = None) -> List[dict]:
-        """Every run as a grid cell. An option whose value is read from the records under ``runs`` (one with a
-        ``resolve`` method: frontier.BestLearningRate) is resolved there; until it can be, its cell carries
-        ``"waiting"`` and a placeholder in its command."""
+        """Every run as a grid cell; an option read from the records under ``runs`` (frontier.BestLearningRate) is
+        resolved there, until when its cell carries ``"waiting"`` and a placeholder in its command."""
         cells = []
         for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]:
             pending = {k: v for k, v in s.options.items() if hasattr(v, "resolve")}
@@ -310,11 +309,6 @@ def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
     return failures + len(cells)
 
 
-def script_name(words: List[str]) -> str:
-    """experiments.step_time for ["python", "-m", "experiments.step_time", ...], kernel_sparse for ["python", "kernel_sparse.py"]."""
-    return words[2].split(".")[-1] if words[1] == "-m" else Path(words[1]).stem
-
-
 def run_output(claim: Claim, out: Path) -> int:
     """Runs a benchmark claim's commands one after another, each saved as OUT/<script>.md: the command and the
     wall time it took on this machine on the first line, then what it printed."""
@@ -322,11 +316,10 @@ def run_output(claim: Claim, out: Path) -> int:
     import shlex
     import subprocess
     import time
-    failures, scripts = 0, [script_name(shlex.split(c)) for c in claim.commands]
-    for command in claim.commands:
-        words = shlex.split(command)
-        name = script_name(words) + (f"-{words[words.index('--task') + 1]}" if scripts.count(script_name(words)) > 1
-                                     else "")  # one script run per task: step_time-listops.md
+    failures, scripts = 0, [re.match(r"python (?:-m experiments\.)?(\w+)", c).group(1) for c in claim.commands]
+    for command, script in zip(claim.commands, scripts):
+        words = shlex.split(command)  # a script run once per task is saved per task: step_time-listops.md
+        name = script + (f"-{words[words.index('--task') + 1]}" if scripts.count(script) > 1 else "")
         print(f"{claim.name}: {command} ...", flush=True)
         start = time.time()
         result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True,

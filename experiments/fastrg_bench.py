@@ -6,16 +6,12 @@
 
 For n = m in --lengths, K = 128 and each density: X, Y (n × K) uniform(0, 1) (overlapping clusters, like
 SBM-Transformer's sigmoid memberships) and S (K × K) uniform, scaled so that Σλ / (n·m) = density, λ = X S Yᵀ.
-fastRG is `fastrg.sample(X, S, Y, generator=g, dedup=True, csr=True)`, the form a sparse attention consumes;
-naive is P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path), P included, in row
-blocks of at most 2^24 entries; its cost does not depend on the density, so it is timed once per n. The calls
-of one n are interleaved call by call, so that load falls on all alike. Two more calls give what a draw pays
-before its edges (Rohe et al. 2018: O((n + m)K + E)): "fixed", one expected edge, and "tables", 8K expected
-edges, every CDF entry built. The log-log slope of time against edges is fitted over the cells with E ≥ 1e5.
-igraph.Graph.SBM (directed, self-loops, K blocks of n/K nodes, preference S/mean(S) × density) draws the same
-edge counts, not the same law (hard clusters, not mixed memberships). --allocator keep (the default) has glibc
-keep freed memory, so that large buffers are not page-faulted back on every call. A second thread's cost:
-results/notes/thread_cost.md.
+naive is P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path), P included; its cost
+does not depend on the density, so it is timed once per n. The calls of one n are interleaved call by call.
+"fixed" (one expected edge) and "tables" (8K, every CDF entry built) give what a draw pays before its edges
+(Rohe et al. 2018: O((n + m)K + E)). igraph.Graph.SBM draws the same edge counts, not the same law (hard
+clusters of n/K nodes, not mixed memberships). --allocator keep has glibc keep freed memory, so that large
+buffers are not page-faulted back on every call. A second thread's cost: results/notes/thread_cost.md.
 """
 import ctypes
 import ctypes.util
@@ -25,20 +21,22 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 from tabulate import tabulate
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import fastrg  # noqa: E402
-from bench import cli, measure  # noqa: E402
-from bench.files import write_json  # noqa: E402
-from experiments import scaling  # noqa: E402
+import fastrg
+from bench import cli, measure
+from bench.files import write_json
+from experiments import scaling
 
 K = 128
 NAIVE_BLOCK = 1 << 24  # entries of P per block in the naive draw
+# the table's columns: header → the record's key; igraph's where it is timed too
+COLUMNS = {"n": "n", "density": "density", "edges": "edges", "fastRG ms": "fastrg_ms", "naive ms": "naive_ms",
+           "speed-up": "speed_up", "ns/edge": "ns_per_edge", "fixed ms": "fixed_ms",
+           "ns/edge above fixed": "ns_per_edge_above_fixed", "tables ms": "tables_ms"}
+IGRAPH_COLUMNS = {"igraph ms": "igraph_ms", "igraph fixed ms": "igraph_fixed_ms", "fastRG/igraph": "fastrg_over_igraph"}
 
 
 def keep_freed_memory() -> str:
@@ -109,7 +107,7 @@ def main(argv=None) -> int:
                          "core is not counted, for a shared machine)")
     ap.add_argument("--igraph", action="store_true",
                     help="time igraph's C stochastic block model generator beside fastRG (needs python-igraph)")
-    ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench", type=cli.out_folder,
+    ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench",
                     help="folder for fastrg_bench.json (the table's rows, slope and settings)")
     args = ap.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
@@ -167,13 +165,11 @@ def main(argv=None) -> int:
           "Poisson counts that any draw costs); tables ms: a call with 8K expected edges (all (n + m)K CDF "
           "entries built); ns/edge above fixed: (fastRG − fixed) / edges, – where the edges take under a tenth "
           "of the call")
-    headers = ["n", "density", "edges", "fastRG ms", "naive ms", "speed-up", "ns/edge", "fixed ms",
-               "ns/edge above fixed", "tables ms"] + (["igraph ms", "igraph fixed ms", "fastRG/igraph"]
-                                                       if args.igraph else [])
+    columns = {**COLUMNS, **(IGRAPH_COLUMNS if args.igraph else {})}
     if args.igraph:
         print("igraph ms: igraph.Graph.SBM, hard clusters of n/K nodes, the same expected edges; igraph fixed ms: "
               "one expected edge; fastRG/igraph: the ratio of the two times")
-    print(tabulate(rows, headers=headers, tablefmt="github", colalign=("right",) * len(headers)))
+    print(tabulate(rows, headers=list(columns), tablefmt="github", colalign=("right",) * len(columns)))
     log_edges, *log_ms = zip(*fitted) if len(fitted) >= 2 else [None] * 4
     slope, slope_above, slope_tables = (scaling.line_fit(log_edges, y)[1] if log_edges else None for y in log_ms)
     if slope is not None:
@@ -183,14 +179,11 @@ def main(argv=None) -> int:
     else:
         print("log-log slope: fewer than 2 cells with E >= 1e5")
     path = cli.out_file(args.out, "fastrg_bench.json")
-    keys = ["n", "density", "edges", "fastrg_ms", "naive_ms", "speed_up", "ns_per_edge", "fixed_ms",
-            "ns_per_edge_above_fixed", "tables_ms"] + (["igraph_ms", "igraph_fixed_ms", "fastrg_over_igraph"]
-                                                       if args.igraph else [])
     settings = {k: v for k, v in vars(args).items() if k != "out"}  # where it was written is no setting
     write_json(path, {"settings": {**settings, "device": str(device),
                                    "threads": torch.get_num_threads(), "allocator": allocator,
                                    "load_average": [load, end_load]},
-                      "rows": [dict(zip(keys, row)) for row in rows], "slope": slope,
+                      "rows": [dict(zip(columns.values(), row)) for row in rows], "slope": slope,
                       "slope_above_fixed": slope_above, "slope_above_tables": slope_tables})
     print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -219,12 +219,6 @@ def stage_status(rows: list) -> str:
     return "; ".join(said) or "ok"
 
 
-def device_slug(device: str) -> str:
-    import torch
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def build_parser():
     p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0],
                    epilog=__doc__[__doc__.index("The stages"):])
@@ -251,12 +245,11 @@ def main(argv=None) -> int:
     import torch
     if device == "cpu" and not args.tiny:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
-    size = "tiny" if args.tiny else "full"
-    out = Path(args.out or grid.ROOT / "results" / "gpu" / device_slug(device))
+    size, name = "tiny" if args.tiny else "full", torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
+    out = Path(args.out or grid.ROOT / "results" / "gpu" / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget)
-    record = {"device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
-              "torch": torch.__version__, "python": sys.version.split()[0], "budget_s": args.budget, "size": size,
+    record = {"device": name, "torch": torch.__version__, "python": sys.version.split()[0], "budget_s": args.budget, "size": size,
               "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
               "stages": {}}
     earlier = read_json(out / "gpu.json") or {}

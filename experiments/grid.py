@@ -2,15 +2,13 @@
 
     python -m experiments.grid                          # the quick budget into runs/grid-quick (what ./run_all.sh runs)
     python -m experiments.grid --budget smoke           # every cell at a handful of steps: checks the plumbing
-    python -m experiments.grid --budget full            # paper presets, 3 seeds (a GPU job)
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets: ``quick`` trains each task at the settings of QUICK, calibrated so that full attention clearly learns
-every task shown within ./run_all.sh's time on a 2-core CPU (QUICK_LEFT_OUT: where the others are measured);
-``smoke``: a few steps of every cell at tiny shapes; ``full``: the paper presets. Every cell of a task uses the
-same backbone and recipe. Resumable within its folder (OUT/grid.lock names the grid that holds it): a complete
-cell of the planned command is kept, one left with a checkpoint resumed, one of another budget redone.
-Stopping the grid (SIGTERM, SIGINT, or SIGKILL on Linux) stops its cells.
+Budgets: ``quick`` trains each task at the settings of QUICK, in which full attention clearly learns it within
+./run_all.sh's time on a 2-core CPU; ``smoke``: a few steps at tiny shapes; ``full``: the paper presets. Every
+cell of a task has the same backbone and recipe. Resumable within its folder: a complete cell of the planned
+command is kept, one left with a checkpoint resumed, one of another budget redone. Stopping the grid (SIGTERM,
+SIGINT, or SIGKILL on Linux) stops its cells.
 """
 import argparse
 import ctypes
@@ -120,9 +118,8 @@ def flags(settings: Dict[str, object]) -> List[str]:
 
 def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: Optional[dict] = None,
               tag: str = "", estimate_s: float = 3600.0) -> dict:
-    """One training run of a grid or a claim, as data: what runs, its options beside task, preset and seed
-    ({option: value}), its folder's name (``tag`` tells two settings of one method apart) and its command, run
-    from the repository root (the method's own file, or bench.train for a baseline)."""
+    """One training run of a grid or a claim, as data: its options ({option: value}), its folder's name (``tag``
+    tells two settings of one method apart) and its command (the method's own file, or bench.train's)."""
     settings = dict(settings or {})
     spec = registry.get(method)
     entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]
@@ -357,10 +354,8 @@ def cell_option(text: str) -> tuple:
 
 
 def check_options(options: List[tuple], methods: List[str]) -> None:
-    """--set's options checked once, up front (ValueError), rather than by every cell: parsed as python -m bench.train
-    parses them, a bad value of an option every training entry point takes is refused, and so is a name it does not
-    take when a baseline (which bench.train trains) is among ``methods``; a method file's own settings are its
-    cells' to check."""
+    """--set's options checked once, up front (ValueError), as python -m bench.train parses them: a bad value, and
+    a name it does not take where it trains a baseline of ``methods`` (a method file's own settings: its cells')."""
     from bench.train import build_parser
     parser = build_parser("--set")
     parser.exit_on_error = False

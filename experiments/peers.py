@@ -1,22 +1,19 @@
 """Our baselines side by side with the public implementations a user would otherwise pick: ours ÷ peer.
 
     pip install -r requirements-peers.txt      # optional: never a dependency of the repository itself
-    python -m experiments.peers                      # n = 4096, batch 1, 2 heads, head dim 32; into runs/peers/
     python -m experiments.peers --lengths 1024,4096 --repeats 41 --threads 1
 
 Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training mode; non-causal):
 - full · torch.nn.MultiheadAttention (need_weights=False: the fused path);
 - nystromformer (64 landmarks, 6 pseudo-inverse iterations, no conv skip) · nystrom-attention 0.0.14
   (num_landmarks=64, residual=False): the same mathematics, outputs equal to rounding;
-- reformer (2 hashes, bucket_size 64 → 64 buckets of 64 at n = 4096) · reformer-pytorch 1.4.4
-  LSHSelfAttention (n_hashes=2, bucket_size=64). Ours corrects duplicate pairs exactly (the peer's
-  default, allow_duplicate_attention=True, does not) and draws one rotation per sample, head and round;
-- performer (256 features, features fixed: redraw_interval=0) · performer-pytorch SelfAttention
-  (nb_features=256, which keeps its features unless a PerformerLM redraws them);
+- reformer (2 hashes, bucket_size 64) · reformer-pytorch 1.4.4 LSHSelfAttention (n_hashes=2, bucket_size=64).
+  Ours corrects duplicate pairs exactly (the peer's default, allow_duplicate_attention=True, does not) and
+  draws one rotation per sample, head and round;
+- performer (256 features, fixed: redraw_interval=0) · performer-pytorch SelfAttention (nb_features=256);
 - linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
-Forward+backward of every side of every pair once a repetition (the order reversed every other one), so that
-a change of load falls on both sides alike: the medians, their ratio and the quartiles of the per-repetition
-ratios. experiments.scaling's glibc setting should be in the environment; the header says whether it is.
+Forward+backward of both sides of every pair once a repetition, the order reversed every other one, so that a
+change of load falls on both alike. experiments.scaling's glibc setting should be in the environment.
 """
 import importlib.util
 import os
@@ -51,24 +48,21 @@ def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module
     import reformer_pytorch
 
     dim = heads * head_dim
-    ours_call = lambda m, x: m(x)[0]  # noqa: E731
-    peer_call = lambda m, x: m(x)  # noqa: E731
-    mha_call = lambda m, x: m(x, x, x, need_weights=False)[0]  # noqa: E731
-    return {
-        "full": (FullAttention(dim, heads, head_dim), ours_call,
-                 torch.nn.MultiheadAttention(dim, heads, batch_first=True), mha_call),
-        "nystromformer": (NystromAttention(dim, heads, head_dim, landmarks=64), ours_call,
-                          nystrom_attention.NystromAttention(dim, dim_head=head_dim, heads=heads, num_landmarks=64,
-                                                             residual=False), peer_call),
-        "reformer": (ReformerAttention(dim, heads, head_dim, n_hashes=2, bucket_size=64), ours_call,
+    built = {  # (ours, peer), built in this order from one seed
+        "full": (FullAttention(dim, heads, head_dim), torch.nn.MultiheadAttention(dim, heads, batch_first=True)),
+        "nystromformer": (NystromAttention(dim, heads, head_dim, landmarks=64), nystrom_attention.NystromAttention(
+            dim, dim_head=head_dim, heads=heads, num_landmarks=64, residual=False)),
+        "reformer": (ReformerAttention(dim, heads, head_dim, n_hashes=2, bucket_size=64),
                      reformer_pytorch.LSHSelfAttention(dim, heads=heads, dim_head=head_dim, bucket_size=64,
-                                                       n_hashes=2), peer_call),
-        "performer": (PerformerAttention(dim, heads, head_dim, features=256, redraw_interval=0), ours_call,
-                      performer_pytorch.SelfAttention(dim, heads=heads, dim_head=head_dim, nb_features=256),
-                      peer_call),
-        "linformer": (LinformerAttention(dim, heads, head_dim, rank=256, max_len=n), ours_call,
-                      linformer.LinformerSelfAttention(dim, n, k=256, heads=heads, dim_head=head_dim), peer_call),
+                                                       n_hashes=2)),
+        "performer": (PerformerAttention(dim, heads, head_dim, features=256, redraw_interval=0),
+                      performer_pytorch.SelfAttention(dim, heads=heads, dim_head=head_dim, nb_features=256)),
+        "linformer": (LinformerAttention(dim, heads, head_dim, rank=256, max_len=n),
+                      linformer.LinformerSelfAttention(dim, n, k=256, heads=heads, dim_head=head_dim)),
     }
+    mha_call = lambda m, x: m(x, x, x, need_weights=False)[0]  # noqa: E731  (the fused path)
+    return {name: (ours, lambda m, x: m(x)[0], peer, mha_call if name == "full" else lambda m, x: m(x))
+            for name, (ours, peer) in built.items()}
 
 
 def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor", grad: "torch.Tensor") -> None:

@@ -26,9 +26,8 @@ def figure(columns: int, rows: int = 1, width: float = 5.5, height: float = 4.0)
 
 
 def log_x(ax) -> None:
-    """A log x axis labelled as plain numbers at 1-2-5 steps (0.5, 1, 2, 5, 10) where the data span at most
-    ~1.5 decades, and at powers of ten only where they span more (1-2-5 labels would overlap there); never minor
-    labels, which overlap where the data span less than a decade."""
+    """A log x axis labelled as plain numbers at 1-2-5 steps where the data span at most ~1.5 decades, at powers of
+    ten only where they span more, never at minor ticks: labels that would overlap are left out."""
     import matplotlib.ticker as ticker
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -42,14 +41,16 @@ def log_x(ax) -> None:
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
-def save(fig, path: Path, axes, xlabel, ylabels: List[str]) -> None:
-    """Labels (``xlabel``: one for every panel, or a list of one per panel), grid, layout, PNG; closes the figure."""
+def save(fig, path: Path, axes, xlabel, ylabels: List[str], rect=(0, 0, 1, 1)) -> None:
+    """Labels (``xlabel``: one for every panel, or a list of one per panel; None: none), grid, layout within
+    ``rect``, PNG; closes the figure."""
     axes = list(axes)
     for ax, x, ylabel in zip(axes, [xlabel] * len(axes) if isinstance(xlabel, str) else xlabel, ylabels):
-        ax.set_xlabel(x, fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
+        for label, set_label in ((x, ax.set_xlabel), (ylabel, ax.set_ylabel)):
+            if label is not None:
+                set_label(label, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
     plt.close(fig)
@@ -79,13 +80,13 @@ QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot'
 
 def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], budget: str,
                      reference: str = "full") -> str:
-    """One row per task: the test metric against what a training step costs relative to full attention on the
-    same task (``costs``: name → a record's value; the QUICK_COSTS columns), one colour and marker per method,
-    named once in the legend (no labels beside the points: they overlap where methods cost alike)."""
+    """One row per task: the test metric against what a training step costs (``costs``: name → a record's value)
+    × full attention's on that task, one colour and marker per method named in one legend."""
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
     methods = list(dict.fromkeys(r["method"] for r in records))
     style = {m: dict(color=f"C{i % 10}", marker="osD^v<>ph*"[i // 10 % 10]) for i, m in enumerate(methods)}
     fig, axes = figure(len(QUICK_COSTS), len(tasks), 3.6, 2.9)
+    ylabels = []  # on each row's first panel
     for row, task in zip(axes, tasks):
         mine = [r for r in records if r["task"] == task]
         scale = 100 if mine[0]["metric"] == "accuracy" else 1
@@ -99,18 +100,13 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
                 ax.axhline(scale * mine[0]["base_rate"], color="grey", linestyle=":")
             log_x(ax)
             ax.set_title(f"{task}: {name}", fontsize=9)
-        row[0].set_ylabel("test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)", fontsize=8)
+        ylabels += ["test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)"]
+        ylabels += [None] * (len(QUICK_COSTS) - 1)
     handles = {h.get_label(): h for ax in axes.flat for h in ax.collections}
     fig.legend([handles[m] for m in methods if m in handles], [m for m in methods if m in handles],
                loc="lower center", ncol=min(len(methods), 6), fontsize=8, frameon=False)
-    for ax in axes[-1]:
-        ax.set_xlabel(f"× {reference} attention (log)", fontsize=8)
-    for ax in axes.flat:
-        ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout(rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
+    xlabels = [None] * len(QUICK_COSTS) * (len(tasks) - 1) + [f"× {reference} attention (log)"] * len(QUICK_COSTS)
+    save(fig, path, axes.flat, xlabels, ylabels, rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
     return (f"{budget.capitalize()} grid: test metric against a training step's attention FLOPs, time and peak "
             f"memory × {reference} attention (log), one row per task; dotted: the task's base rate.")
 

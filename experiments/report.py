@@ -91,28 +91,20 @@ def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
             for label, ms in step_time["step_ms"].items() if label != "full (fair)"}
 
 
-def ratios(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[tuple, Dict[str, float]]:
-    """Per (method, task): COSTS ÷ full attention's; step time ÷ fair full's from ``step_times`` where timed."""
-    cells = by(recs, "method", "task")
-    both = lambda rs, ref, get: mean(rs, get) and mean(ref, get)  # noqa: E731
-    out = {(m, t): {k: mean(rs, get) / mean(cells[(REFERENCE, t)], get) for k, get in COSTS.items()
-                    if both(rs, cells.get((REFERENCE, t), []), get)} for (m, t), rs in cells.items()}
-    for (m, t), named in out.items():
-        fair = fair_step_ratios((step_times or {}).get(t))
-        if m in fair:
-            named["step time"] = fair[m]
-    return out
-
-
 def step_times_of(folder: Path) -> Dict[str, dict]:
     """task → experiments.step_time's JSON in FOLDER/step_time-TASK (a run folder's or a claim's)."""
     return {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/step_time.json")}
 
 
 def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[str, Dict[str, float]]:
-    """Per method: each of COSTS relative to full attention, geometric mean over the tasks where both ran."""
-    logs = defaultdict(lambda: defaultdict(list))
-    for (method, _), named in ratios(recs, step_times).items():
+    """Per method: each of COSTS ÷ full attention's on the same task (step time ÷ fair full attention's where
+    ``step_times`` timed the task), geometric mean over the tasks where both ran."""
+    cells, logs = by(recs, "method", "task"), defaultdict(lambda: defaultdict(list))
+    for (method, task), rs in cells.items():
+        ref = cells.get((REFERENCE, task), [])
+        named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items() if mean(rs, get) and mean(ref, get)}
+        fair = fair_step_ratios((step_times or {}).get(task))
+        named.update({"step time": fair[method]} if method in fair else {})
         for name, value in named.items():
             logs[method][name].append(math.log(value))
     return {m: {k: math.exp(statistics.mean(v)) for k, v in named.items()} for m, named in logs.items()}
@@ -315,25 +307,21 @@ def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
 
 def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
     """One claim as Markdown for results/README.md (links relative to results/), with its plots (FIGURES)."""
-    folder, link = results / claim.name, f"[{claim.name}/]({claim.name}/)"
+    folder, link, recs = results / claim.name, f"[{claim.name}/]({claim.name}/)", load(results / claim.name)[0]
+    missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
     out = [f"## {claim.title}", f"Paper: {claim.paper}",
-           table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"])]
-    if claim.kind == "runs":
-        recs = load(folder)[0]
-        missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
-        out.append(f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each run's "
-                   "command: `python -m experiments.claims list`).")
-        out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
-        out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
-                for task, timed in sorted(step_times_of(folder).items())
-                if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
-        out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
-        out += [f"Not yet run: {len(missing)} runs" if len(missing) > 20 else
-                "Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
-    else:
-        out.append("Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).")
-        out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
-        out += [scaling.render(json.loads(path.read_text())) for path in sorted(folder.glob("scaling*.json"))]
+           table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"]),
+           f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each run's command: "
+           "`python -m experiments.claims list`)." if claim.kind == "runs" else
+           "Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link})."]
+    out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
+    out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
+            for task, timed in sorted(step_times_of(folder).items())
+            if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
+    out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
+    out += [scaling.render(json.loads(path.read_text())) for path in sorted(folder.glob("scaling*.json"))]
+    out += [f"Not yet run: {len(missing)} runs" if len(missing) > 20 else
+            "Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
     out += [f"- {note}" for note in claim.notes]
     return "\n\n".join(out + figures(FIGURES.get(claim.name, ()), captions, "plots/"))
 

@@ -5,10 +5,9 @@ one run folder.
     ./run_all.sh --smoke --out X      # every cell at a handful of steps (about 4 minutes): checks the plumbing
     ./run_all.sh --full               # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
-Everything goes to the run folder (--out, an ignored path): the cells under OUT/runs/, OUT/scaling.json, the
-report OUT/REPORT.md (printed at the end) and its plots; nothing tracked is modified. A rerun into the same
-folder resumes. Publishing is a separate step for maintainers: a run into results/quick (``--out
-results/quick``), then ``python -m experiments.report --readme README.md``.
+Everything goes to the run folder (an ignored path; a rerun resumes), the report OUT/REPORT.md last; nothing
+tracked is modified. Publishing is a maintainer's step: ``--out results/quick``, then ``python -m
+experiments.report --readme README.md``.
 """
 import argparse
 import os
@@ -59,9 +58,8 @@ def scaling_methods(methods) -> str:
 
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
-    """OUT/scaling.json, kept when it was measured with the same settings (a resumed run); a table of other
-    methods, lengths or repetitions, or one an older version wrote with other setting names, is measured anew.
-    Returns how many of its cells failed."""
+    """OUT/scaling.json, kept when it was measured with the same settings (a resumed run), else measured anew;
+    how many of its cells failed."""
     from experiments import scaling
     path = out / "scaling.json"
     wanted = scaling_methods(methods)
@@ -77,10 +75,8 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
 
 
 def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
-    """Per task with a full-attention record: experiments.step_time over the task's cells of ``seed`` into
-    OUT/step_time-TASK, every method's training step timed side by side in one process beside fair full
-    attention (the report's step-time ratios; the smoke budget times its first task only, to check the
-    plumbing). The number of tasks it failed on."""
+    """experiments.step_time over each task's cells of ``seed`` with a full-attention record (the smoke budget:
+    its first task, to check the plumbing) into OUT/step_time-TASK; the number of tasks it failed on."""
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]
@@ -137,15 +133,14 @@ def main(argv=None) -> int:
             failures += run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda")
                                     else args.device)
         wall = time.time() - start
-        previous = read_json(out / "run.json") or {}
+        earlier = (read_json(out / "run.json") or {}).get("wall_time_s")
         write_json(out / "run.json", {"command": ["./run_all.sh", *(argv if argv is not None else sys.argv[1:])],
-                                           "wall_time_s": wall, "earlier_wall_time_s": previous.get("wall_time_s"),
-                                           "budget": args.budget, "jobs": jobs, "commit": source_commit()})
+                                      "wall_time_s": wall, "earlier_wall_time_s": earlier, "budget": args.budget,
+                                      "jobs": jobs, "commit": source_commit()})
         text = report.write_run_report(out)
     print(text)
     print(f"\n./run_all.sh finished in {cli.clock(wall)} ({failures} failed cells, grid and scaling): report "
-          f"{out / 'REPORT.md'}",
-          flush=True)
+          f"{out / 'REPORT.md'}", flush=True)
     return 1 if failures else 0
 
 

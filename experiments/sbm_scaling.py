@@ -1,22 +1,18 @@
 """SBM scaling: the attention core and the module at controlled densities, beside full attention.
 
     python -m experiments.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
-    python -m experiments.sbm_scaling --lengths 4096 --densities 0.01,0.1 --out runs/sbm_scaling
     python -m experiments.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
 
-Cells (--kinds), each in a fresh process as experiments.scaling's (batch 1, 2 heads, head dim 32, non-causal,
-training mode), measured as scaling.costs says, with the density drawn:
+Cells (--kinds), each in a fresh process as experiments.scaling's (training mode, non-causal):
 - ``full``, ``full-ref``: experiments.scaling's cells of full attention (fused SDPA; materialised scores);
 - ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, as the
-  sampler gives it (block-diagonal CSR), from q, k, v and per-edge p that require grad; the graph's
-  structures (Edges; in the backward the key-major copy) are built inside the timed region;
-- ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted by one constant so
-  that the expected density, δ included, is d (sbm_transformer.at_density);
+  sampler gives it (block-diagonal CSR); the graph's structures are built inside the timed region;
+- ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted so that the
+  expected density, δ included, is d (sbm_transformer.at_density);
 - ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d only.
-Then per n: the densities where SBM's time meets fused SDPA's and its memory the reference path's (a least-
-squares line through the measured densities: cost is linear in the edges); the module's memory as peak =
-a + b·E (memory_fit), each round fitted apart; where each ``sbm`` cell's time goes (profile_parts), beside the
-core cell of the same density. The JSON goes to OUT/sbm_scaling.json.
+Then per n: the densities where SBM's time meets fused SDPA's and its memory the reference path's (cost is
+linear in the edges: a least-squares line through the densities); the module's memory as a + b·E, each round
+fitted apart; where each ``sbm`` cell's time goes (profile_parts), beside the core cell of its density.
 """
 import contextlib
 import json
@@ -73,11 +69,9 @@ def labelled():
 
 
 def profile_parts(step, steps: int) -> dict:
-    """Milliseconds per call of `step` (one forward+backward of SBMAttention) spent in each part of the
-    module (PARTS), from torch.profiler: an op belongs to the innermost part label (`sbm: ...`) it runs
-    under; a backward op to the part whose forward op created its autograd node (the profiler's sequence
-    number). Ops under no label (projections, density, gradient accumulation) are "other". Profiling adds a
-    few µs per op, so the parts sum to a little more than the unprofiled step."""
+    """Milliseconds per call of `step` (SBMAttention's forward+backward) in each part (PARTS), by torch.profiler:
+    an op is the innermost part label's it runs under, a backward op that of the forward op that created its
+    autograd node (sequence number); the rest is "other". Profiling adds a few µs per op."""
     from torch.profiler import ProfilerActivity, profile
 
     with labelled(), profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -159,47 +153,37 @@ def measure_cell(cell: dict) -> dict:
 
 
 def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
-    if cell["kind"] == "full":
-        return scaling.run_cell({**cell, "causal": False}, allocator, timeout)
-    return scaling.run_cell(cell, allocator, timeout, module="experiments.sbm_scaling")
+    """A cell of full attention is experiments.scaling's, the others this module's."""
+    module = "experiments.scaling" if cell["kind"] == "full" else "experiments.sbm_scaling"
+    return scaling.run_cell(cell, allocator, timeout, module)
 
 
-def crossover(points: list, target: float):
-    """Density where the least-squares line through (density, value) points reaches `target`, or None."""
-    if len(points) < 2 or target is None:
-        return None
-    intercept, slope = line_fit([float(p[0]) for p in points], [float(p[1]) for p in points])
-    return (target - intercept) / slope if slope > 0 else None
-
-
-def shown_density(crossover_density) -> str:
-    """A crossover for the table: "none" where the fitted line stays above the reference at every density (it
-    meets it below 0), "> 100%" where it stays below up to full density, "–" where there is no fit."""
-    if crossover_density is None:
+def crossover(rows: list, key: str, reference) -> str:
+    """The density where the least-squares line through the rows' (density, key) reaches the reference's:
+    "none" where it stays above it at every density (it meets it below 0), "> 100%" where it stays below up to
+    full density, "–" where there is no fit."""
+    if len(rows) < 2 or reference is None:
         return "–"
-    return "none" if crossover_density < 0 else "> 100%" if crossover_density > 1 else f"{crossover_density:.2%}"
+    intercept, slope = line_fit([r["density"] for r in rows], [float(r[key]) for r in rows])
+    density = (reference[key] - intercept) / slope if slope > 0 else None
+    return "–" if density is None else "none" if density < 0 else "> 100%" if density > 1 else f"{density:.2%}"
 
 
 def summary(rows: list) -> list:
+    """Per n, the crossover densities of the core and the module: time against fused SDPA's, memory against the
+    reference path's."""
     out = []
     for n in sorted({r["n"] for r in rows}):
         cells = {r["method"]: r for r in rows if r["n"] == n and "error" not in r}
-        full, ref = cells.get("full"), cells.get("full-ref")
-        line = [n]
-        for kind in ("core", "sbm"):
-            pts = [(r["density"], r) for name, r in cells.items() if name.startswith(kind + "@")]
-            t = crossover([(dens, r["fwdbwd_ms"]) for dens, r in pts], full and full["fwdbwd_ms"])
-            m = crossover([(dens, r["peak_bytes"]) for dens, r in pts], ref and ref["peak_bytes"])
-            line += [shown_density(t), shown_density(m)]
-        out.append(line)
+        mine = {kind: [r for name, r in cells.items() if name.startswith(kind + "@")] for kind in ("core", "sbm")}
+        out.append([n, *(crossover(mine[kind], key, cells.get(reference)) for kind in ("core", "sbm")
+                          for key, reference in (("fwdbwd_ms", "full"), ("peak_bytes", "full-ref")))])
     return out
 
 
 def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
-    """Per n, the module's (``sbm``) peak memory as a + b·E over its densities, E = density · batch · heads · n²
-    edges drawn, by least squares in each round apart: the medians of a (MiB) and b (bytes an edge) with their
-    range over rounds, of the peak (RSS on CPU) and of the tensors' peak; fused SDPA's and the explicit path's
-    peaks (MiB), and fused SDPA's tensors; and each density's peak (MiB) with its ratio to both."""
+    """Per n, the module's peak memory (and its tensors') as a + b·E over its densities, E the edges drawn, by
+    least squares in each round apart (median [range]), beside full attention's; each density's peak and ratios."""
     def spread(values, unit):
         return f"{statistics.median(values) / unit:.1f} [{min(values) / unit:.1f}, {max(values) / unit:.1f}]"
 
@@ -234,12 +218,11 @@ def median_row(runs: list) -> dict:
         return runs[-1]
     row = dict(done[0], peak_rounds=[r["peak_bytes"] for r in done],
                tensor_peak_rounds=[r["tensor_peak_bytes"] for r in done])
-    for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes", "tensor_peak_bytes"):
-        row[key] = statistics.median(r[key] for r in done)
+    for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes", "tensor_peak_bytes", "pass_ms"):
+        if key in row:
+            row[key] = statistics.median(r[key] for r in done)
     if "parts_ms" in row:
         row["parts_ms"] = {part: statistics.median(r["parts_ms"][part] for r in done) for part in row["parts_ms"]}
-    if "pass_ms" in row:
-        row["pass_ms"] = statistics.median(r["pass_ms"] for r in done)
     return row
 
 
@@ -292,7 +275,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
     load, started = scaling.load_average(), time.time()
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
-            "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
+            "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads, "causal": False}
     cells = []
     for n in args.lengths:
         named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]

@@ -3,13 +3,11 @@
     python -m experiments.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
     python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
 
-A method is a registry name; ``full-ref`` is full attention on its reference path (materialised scores);
-``sbm@D`` is SBM-Transformer at density D, as a trained model samples (sbm_transformer.at_density), where
-``sbm`` is an untrained one at its initial ~25%; both on the fast path (the cost linear in edges the method
-claims) unless ``--attn sbm.path=reference``. Each (method, length) cell runs in a fresh process, so its peak
-memory is its own; ratios are to ``full`` without options. The glibc allocator setting changes CPU timings
-1.5-4× (large buffers page-faulted back on every op): every cell runs with ``--allocator``'s, printed with the
-table; never mix two in a table.
+``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is SBM-Transformer at
+density D, as a trained model samples, where ``sbm`` is an untrained one at its initial ~25%; both on the fast
+path (the cost linear in edges the method claims) unless ``--attn sbm.path=reference``. Each (method, length)
+cell runs in a fresh process, so its peak memory is its own. The glibc allocator setting changes CPU timings
+1.5-4× (large buffers page-faulted back on every op): each table states its own; never mix two in a table.
 """
 import argparse
 import inspect
@@ -20,7 +18,6 @@ import signal
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional
 
 from tabulate import tabulate
@@ -115,9 +112,8 @@ def measure_cell(cell: dict) -> dict:
 
 
 def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
-    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline
-    (CPU: peak RSS; CUDA: max_memory_allocated), forward and forward+backward medians after warm-up
-    (ms), the tensors' own peak, forward FLOPs (bench.measure conventions)."""
+    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline, forward and
+    forward+backward medians (ms), the tensors' own peak, forward FLOPs (bench.measure's conventions)."""
     import torch
 
     from bench import measure
@@ -134,19 +130,14 @@ def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
 
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
-    """Measure one cell in a fresh process (`python -m MODULE --cell JSON`), so peak memory is its own and
-    no allocator state carries over; the row, or {"error": reason}. The cell dies with this process (on Linux
-    even by SIGKILL: experiments.grid.die_with_parent), so a killed table leaves no measurement running."""
-    from experiments.grid import die_with_parent
-    env = dict(os.environ, **ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])}
-                                                       if cell.get("threads") else {}))
-    for key in ALLOCATORS["keep"]:
-        if allocator == "default":
-            env.pop(key, None)
+    """One cell measured in a fresh process (`python -m MODULE --cell JSON`) that dies with this one, so that its
+    peak memory is its own: the row, or {"error": reason}."""
+    from experiments.grid import ROOT, die_with_parent
+    env = {k: v for k, v in os.environ.items() if k not in ALLOCATORS["keep"]}  # the setting asked for alone
+    env.update(ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])} if cell.get("threads") else {}))
     try:
-        proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env,
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=Path(__file__).resolve().parents[1], preexec_fn=die_with_parent)
+        proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     if proc.returncode < 0:  # killed: by the kernel for memory, most often

@@ -5,17 +5,14 @@
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
     python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'
 
-One model per variant (bench.model's backbone, as the claim's runs train it), the same batches for all, one
-training step (forward, loss, backward, AdamW) of each in turn, round after round; the median and [min-max]
-over --repeats rounds, and each variant's ratio to full attention:
+One model per variant, the same batches for all, one training step (forward, loss, backward, AdamW) of each in
+turn, round after round; each variant's median ratio to full attention:
 - `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel for its
-  math path (`torch._fused_sdp_choice`, printed), and every batch is padded to the preset's length.
+  math path (printed), and every batch is padded to the preset's length;
 - `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence: what a user
-  would time. Dropout's own cost is the ratio of the two rows.
+  would time. Dropout's own cost is the ratio of the two rows;
 - each other method of --methods, untrained (their costs do not depend on the weights), SBM at each density of
-  --sbm-density (sbm_transformer.at_density calibrates each layer); or, with --runs, the settings of those run
-  folders (which must agree in task and model), SBM at its record's test density.
-A benchmark, not a test: the ratios are what one process on this machine measured.
+  --sbm-density; or, with --runs, the settings of those run folders, SBM at its record's test density.
 """
 import dataclasses
 import inspect
@@ -113,9 +110,8 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
 
 
 def variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
-    """label → (model, trimmed): one variant per run record (named by its folder, or its label), built as the run
-    was (its method, its settings, its --attn budget, its attention dropout and positional embeddings: SSA's LM runs
-    carry ALiBi instead) on the same initialisation seed; SBM at the record's test density."""
+    """label → (model, trimmed): one variant per record, built as the run was (method, settings, --attn budget,
+    attention dropout, positional embeddings) on one initialisation seed; SBM at the record's test density."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     built, full_cfg = {}, model_cfg
@@ -195,7 +191,6 @@ def main(argv=None) -> int:
     timed = interleaved({label: training_step(model, trim, torch.optim.AdamW(model.parameters(), lr=cfg.lr))
                          for label, (model, trim) in built.items()}, torch.device("cpu"), args.repeats,
                         args.warmup_iters)
-    times, density = {label: t.ms for label, t in timed.items()}, {label: t.results for label, t in timed.items()}
     kernel = {}
     for label, (model, trim) in built.items():
         if label.startswith("full"):  # the SDPA kernel the last round's length takes
@@ -203,10 +198,9 @@ def main(argv=None) -> int:
             kernel[label] = {0: "math", 1: "flash"}.get(
                 int(torch._fused_sdp_choice(q, q, q, None, model.cfg.attn_dropout, False)), "other")
     as_run, fair = (timed[k].median if k in timed else None for k in ("full (as run)", "full (fair)"))
-    rows = [[label, f"{statistics.median(t):.0f} [{min(t):.0f}-{max(t):.0f}]",
-             *(f"{statistics.median(t) / ref:.3f}" if ref else "–" for ref in (fair, as_run)),
-             f"{statistics.mean(density[label]):.2%}", kernel.get(label, "–")]
-            for label, t in times.items()]
+    rows = [[label, f"{t.median:.0f} [{min(t.ms):.0f}-{max(t.ms):.0f}]",
+             *(f"{t.median / ref:.3f}" if ref else "–" for ref in (fair, as_run)),
+             f"{statistics.mean(t.results):.2%}", kernel.get(label, "–")] for label, t in timed.items()]
     masks = [b["key_padding_mask"] for b in batches if b.get("key_padding_mask") is not None]
     valid = statistics.mean(float((~m).sum(1).float().mean()) for m in masks) if masks else cfg.seq_len
     print(f"{cfg.task} ({cfg.preset} preset): a training step of batch {cfg.batch_size} padded to {cfg.seq_len} "
@@ -215,8 +209,8 @@ def main(argv=None) -> int:
     print(tabulate(rows, headers=["variant", "step ms", "÷ full (fair)", "÷ full (as run)", "density computed",
                                   "CPU SDPA kernel"], tablefmt="github", disable_numparse=True))
     path = cli.out_file(cfg.out or "runs/step_time", "step_time.json")
-    path.write_text(json.dumps({"settings": vars(args), "step_ms": times, "sdpa_kernel": kernel,
-                                "mean_valid_length": valid}, indent=2, default=str))
+    path.write_text(json.dumps({"settings": vars(args), "step_ms": {k: t.ms for k, t in timed.items()},
+                                "sdpa_kernel": kernel, "mean_valid_length": valid}, indent=2, default=str))
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
