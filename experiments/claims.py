@@ -4,10 +4,11 @@
     python -m experiments.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
     python -m experiments.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
 
-A claim of kind ``runs`` is a set of training runs, each a grid cell (results/CLAIM/runs/CELL); one of kind
-``output`` the saved output of benchmark scripts (results/CLAIM/*.md). Each claim carries its verdict rule: its
-folder → (what our records give, the verdict: REPRODUCED, NO_INFORMATION or "differs: <how>", by the threshold
-written in the rule), beside the paper's figure. The report gives each claim a section of results/README.md.
+A claim of kind ``runs`` is a set of training runs, each a grid cell (results/CLAIM/runs/CELL);
+one of kind ``output``, benchmarks' saved output (results/CLAIM/*.md). Each claim carries its
+verdict rule: its folder → (what our records give, the verdict: REPRODUCED, NO_INFORMATION or
+"differs: <how>" by the rule's threshold), beside the paper's figure; the report gives it a
+section of results/README.md.
 """
 import argparse
 import fnmatch
@@ -54,8 +55,8 @@ class Claim:
     rule: Callable[[Path], Tuple[str, str]] = None  # the claim's folder → (ours, verdict)
 
     def cells(self, runs: Path = None) -> List[dict]:
-        """Every run as a grid cell; an option read from the records under ``runs`` (frontier.BestLearningRate) is
-        resolved there, until when its cell carries ``"waiting"`` and a placeholder in its command."""
+        """Every run as a grid cell; an option read from the records under ``runs`` (such as
+        frontier.BestLearningRate) is resolved there, until then its cell is ``"waiting"``."""
         cells = []
         for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]:
             pending = {k: v for k, v in s.options.items() if hasattr(v, "resolve")}
@@ -310,16 +311,16 @@ def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
 
 
 def run_output(claim: Claim, out: Path) -> int:
-    """Runs a benchmark claim's commands one after another, each saved as OUT/<script>.md: the command and the
-    wall time it took on this machine on the first line, then what it printed."""
+    """A claim's benchmarks one by one, each saved as OUT/<script>.md after its command and time."""
     import platform
     import shlex
     import subprocess
     import time
-    failures, scripts = 0, [re.match(r"python (?:-m experiments\.)?(\w+)", c).group(1) for c in claim.commands]
+    scripts = [re.match(r"python (?:-m experiments\.)?(\w+)", c).group(1) for c in claim.commands]
+    failures = 0
     for command, script in zip(claim.commands, scripts):
-        words = shlex.split(command)  # a script run once per task is saved per task: step_time-listops.md
-        name = script + (f"-{words[words.index('--task') + 1]}" if scripts.count(script) > 1 else "")
+        words = shlex.split(command)  # a script run per task saved per task: step_time-image.md
+        name = script + (f"-{words[words.index('--task') + 1]}" * (scripts.count(script) > 1))
         print(f"{claim.name}: {command} ...", flush=True)
         start = time.time()
         result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True,
@@ -363,11 +364,12 @@ def main(argv=None) -> int:
         if claim.kind == "runs":
             print(f"{claim.name}: {len(cells)} runs into {out}, {args.jobs} side by side", flush=True)
             failures = run_claim(claim, out, args.cells, args.jobs)
-        if all((read_json(out / "runs" / c["name"] / "metrics.json") or {}).get("status") == "complete"
-               for c in claim.cells(out / "runs")):  # the benchmarks time the settings of every run
+        runs = out / "runs"
+        if all((read_json(runs / c["name"] / "metrics.json") or {}).get("status") == "complete"
+               for c in claim.cells(runs)):  # its benchmarks time the settings of every run
             failures += run_output(claim, out)
         elif claim.commands:
-            print(f"{claim.name}: {', '.join(claim.commands)}: once every run is complete", flush=True)
+            print(f"{claim.name}: {', '.join(claim.commands)}: once every run is complete")
     return 1 if failures else 0
 
 

@@ -4,14 +4,15 @@
     python -m experiments.fastrg_bench --threads 1 --clock cpu      # on a shared machine
     python -m experiments.fastrg_bench --threads 1 --igraph         # beside igraph (pip install igraph)
 
-For n = m in --lengths, K = 128 and each density: X, Y (n × K) uniform(0, 1) (overlapping clusters, like
-SBM-Transformer's sigmoid memberships) and S (K × K) uniform, scaled so that Σλ / (n·m) = density, λ = X S Yᵀ.
-naive is P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path), P included; its cost
-does not depend on the density, so it is timed once per n. The calls of one n are interleaved call by call.
-"fixed" (one expected edge) and "tables" (8K, every CDF entry built) give what a draw pays before its edges
-(Rohe et al. 2018: O((n + m)K + E)). igraph.Graph.SBM draws the same edge counts, not the same law (hard
-clusters of n/K nodes, not mixed memberships). --allocator keep has glibc keep freed memory, so that large
-buffers are not page-faulted back on every call. A second thread's cost: results/notes/thread_cost.md.
+For n = m in --lengths, K = 128 and each density: X, Y (n × K) uniform(0, 1) (overlapping clusters,
+like SBM-Transformer's sigmoid memberships), S (K × K) uniform, scaled so that Σλ / (n·m) = density,
+λ = X S Yᵀ. naive: P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path),
+P included, timed once per n (its cost does not depend on the density). The calls of one n are
+interleaved. "fixed" (one expected edge) and "tables" (8K: every CDF entry built) give what a draw
+pays before its edges (Rohe et al. 2018: O((n + m)K + E)). igraph.Graph.SBM draws the same edge
+counts, not the same law (hard clusters of n/K nodes). --allocator keep: glibc keeps freed memory,
+so that large buffers are not page-faulted back on every call. A second thread's cost:
+results/notes/thread_cost.md.
 """
 import ctypes
 import ctypes.util
@@ -32,11 +33,6 @@ from experiments import scaling
 
 K = 128
 NAIVE_BLOCK = 1 << 24  # entries of P per block in the naive draw
-# the table's columns: header → the record's key; igraph's where it is timed too
-COLUMNS = {"n": "n", "density": "density", "edges": "edges", "fastRG ms": "fastrg_ms", "naive ms": "naive_ms",
-           "speed-up": "speed_up", "ns/edge": "ns_per_edge", "fixed ms": "fixed_ms",
-           "ns/edge above fixed": "ns_per_edge_above_fixed", "tables ms": "tables_ms"}
-IGRAPH_COLUMNS = {"igraph ms": "igraph_ms", "igraph fixed ms": "igraph_fixed_ms", "fastRG/igraph": "fastrg_over_igraph"}
 
 
 def keep_freed_memory() -> str:
@@ -121,7 +117,7 @@ def main(argv=None) -> int:
     allocator = "glibc defaults" if args.allocator == "default" or device.type == "cuda" else keep_freed_memory()
 
     load = scaling.load_average()
-    rows, fitted = [], []  # logs of (edges, fastRG ms, ms above the fixed cost, above the tables), cells E ≥ 1e5
+    rows, fitted = [], []  # logs of E, ms and ms above the fixed cost and the tables where E ≥ 1e5
     for n in args.lengths:
         g = torch.Generator(device).manual_seed(args.seed)
         X = torch.rand(n, K, device=device, generator=g)
@@ -151,7 +147,8 @@ def main(argv=None) -> int:
                          f"{tables_ms:.1f}"]
                         + ([f"{ig:.1f}", f"{graph_ms[0]:.1f}", f"{ms / ig:.2f}"] if args.igraph else []))
             if E >= 1e5:
-                fitted.append([math.log(v) for v in (E, ms, max(ms - fixed_ms, 1e-6), max(ms - tables_ms, 1e-6))])
+                above = (max(ms - fixed_ms, 1e-6), max(ms - tables_ms, 1e-6))
+                fitted.append([math.log(v) for v in (E, ms, *above)])
             print(f"  n={n} density={density:g}: {E} edges, fastRG {ms:.1f} ms, naive {naive_ms:.1f} ms"
                   + (f", igraph {ig:.1f} ms" if args.igraph else ""), file=sys.stderr, flush=True)
 
@@ -165,13 +162,16 @@ def main(argv=None) -> int:
           "Poisson counts that any draw costs); tables ms: a call with 8K expected edges (all (n + m)K CDF "
           "entries built); ns/edge above fixed: (fastRG − fixed) / edges, – where the edges take under a tenth "
           "of the call")
-    columns = {**COLUMNS, **(IGRAPH_COLUMNS if args.igraph else {})}
+    headers = ["n", "density", "edges", "fastRG ms", "naive ms", "speed-up", "ns/edge", "fixed ms",
+               "ns/edge above fixed", "tables ms"] + (["igraph ms", "igraph fixed ms", "fastRG/igraph"]
+                                                       if args.igraph else [])
     if args.igraph:
         print("igraph ms: igraph.Graph.SBM, hard clusters of n/K nodes, the same expected edges; igraph fixed ms: "
               "one expected edge; fastRG/igraph: the ratio of the two times")
-    print(tabulate(rows, headers=list(columns), tablefmt="github", colalign=("right",) * len(columns)))
+    print(tabulate(rows, headers=headers, tablefmt="github", colalign=("right",) * len(headers)))
     log_edges, *log_ms = zip(*fitted) if len(fitted) >= 2 else [None] * 4
-    slope, slope_above, slope_tables = (scaling.line_fit(log_edges, y)[1] if log_edges else None for y in log_ms)
+    slope, slope_above, slope_tables = (scaling.line_fit(log_edges, y)[1] if log_edges else None
+                                        for y in log_ms)
     if slope is not None:
         print(f"log-log slope of fastRG time vs edges over {len(fitted)} cells with E >= 1e5: {slope:.2f} "
               f"(target 0.8-1.2); of the time above the fixed cost: {slope_above:.2f}; above the tables: "
@@ -179,11 +179,14 @@ def main(argv=None) -> int:
     else:
         print("log-log slope: fewer than 2 cells with E >= 1e5")
     path = cli.out_file(args.out, "fastrg_bench.json")
+    keys = ["n", "density", "edges", "fastrg_ms", "naive_ms", "speed_up", "ns_per_edge", "fixed_ms",
+            "ns_per_edge_above_fixed", "tables_ms"] + (["igraph_ms", "igraph_fixed_ms", "fastrg_over_igraph"]
+                                                       if args.igraph else [])
     settings = {k: v for k, v in vars(args).items() if k != "out"}  # where it was written is no setting
     write_json(path, {"settings": {**settings, "device": str(device),
                                    "threads": torch.get_num_threads(), "allocator": allocator,
                                    "load_average": [load, end_load]},
-                      "rows": [dict(zip(columns.values(), row)) for row in rows], "slope": slope,
+                      "rows": [dict(zip(keys, row)) for row in rows], "slope": slope,
                       "slope_above_fixed": slope_above, "slope_above_tables": slope_tables})
     print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -4,13 +4,14 @@
     python -m experiments.claims run frontier --cells '*-lr*'     # stage 1: each family's learning rate, seed 0
     python -m experiments.claims run frontier                     # stage 2: every setting, seeds 0-4 (resumable)
 
-Tasks: ``duplicates`` at 64 and 128 tokens (SBM paper §5.1: a label depends on another occurrence of a value,
-placed by content); ``recall``, scattered-key associative recall, 2 layers; ``bytes``, a positional control (a
-local window does about as well as full attention). Families: dense, the fixed patterns (window, BigBird, a full
-head beside a window head) at target densities, Reformer's LSH, and SBM at λ = 0 and with its regulariser on from
-halfway. SSA is left out (its evaluation is dense), and so is the kernel method (a masked-LM pipeline). The
-learning rate per family is the best validation metric of three (seed 0, its first setting), as Zoology does
-(Arora et al. 2023, arXiv 2312.04927): a cell of stage 2 waits until its family's three are complete.
+Tasks: ``duplicates`` at 64 and 128 tokens (SBM paper §5.1: a label depends on another occurrence of
+a value, placed by content); ``recall``, scattered-key associative recall, 2 layers; ``bytes``, a
+positional control (a local window does about as well as full attention). Families: dense, the fixed
+patterns (window, BigBird, a full head beside a window head) at target densities, Reformer's LSH,
+SBM at λ = 0 and with its regulariser on from halfway; not SSA (its evaluation is dense) nor the
+kernel method (a masked-LM pipeline). A family's learning rate is the best of three (seed 0, its
+first setting), as in Zoology (Arora et al. 2023, arXiv 2312.04927): a cell of stage 2 waits for its
+family's three.
 """
 import math
 import statistics
@@ -83,9 +84,9 @@ def settings():
 
 # ------------------------------------------------------------------------------------------------ the verdict
 def entropy_ratio(record: dict) -> Optional[float]:
-    """Test cross-entropy ÷ the base rate's entropy (nats): 1 at the label marginal, 0 when solved; a measure with
-    power where token accuracy sits at the base rate. Duplicates' labels are binary (the majority share is the base
-    rate), recall's values uniform over 16; None for bytes (bits per byte is already a cross-entropy)."""
+    """Test cross-entropy ÷ the base rate's entropy: 1 at the label marginal, 0 when solved, a
+    measure with power where accuracy sits at the base rate (duplicates: binary labels; recall: 16
+    values; bytes: None, bits per byte is one)."""
     p, task, loss = record.get("base_rate"), record.get("config", {}).get("task"), record.get("test_loss")
     if loss is None or p is None or not 0 < p < 1 or task not in ("duplicates", "recall"):
         return None
@@ -105,8 +106,8 @@ def by_setting(records: List[dict]) -> Dict[Tuple[str, str, str], List[dict]]:
 
 
 def verdict_rows(records: List[dict]) -> List[dict]:
-    """Per task variant and family: the lowest median test density at which its median test metric reaches full
-    attention's (within MARGIN; bits per byte: 0.05), with the seeds that do, or "does not"."""
+    """Per task variant and family: the lowest median test density at which its median test metric
+    reaches full attention's (within MARGIN; bits per byte: 0.05), with the seeds that do."""
     groups, rows = by_setting(records), []
     for variant, (task, _, _) in VARIANTS.items():
         full = groups.get((variant, "dense", "full"), [])
@@ -164,9 +165,8 @@ PAYS = 1.5  # an adaptive family pays where it reaches full attention at a densi
 
 
 def rule(folder: Path) -> Tuple[str, str]:
-    """On each content task: the lowest density at which an adaptive family (SBM, Reformer) reaches full attention
-    against the lowest of the fixed ones (window, BigBird, the head allocation); adaptivity pays on a task where
-    the adaptive one needs at most 1/PAYS of the fixed one's density."""
+    """On each content task, the lowest density at which an adaptive family reaches full attention
+    against the fixed families' lowest: adaptivity pays where it needs at most 1/PAYS of that."""
     rows, said, pays = verdict_rows(load(folder)[0]), [], []
     for variant in ("duplicates64", "duplicates128", "recall64"):
         lowest = {kind: min([(r["density"], r["family"]) for r in rows if r["task"] == variant

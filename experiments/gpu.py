@@ -54,25 +54,18 @@ FUZZ_CASES = {"full": 10, "tiny": 1}
 SHARE = {"correctness": 0.2, "entry": 0.4, "scaling": 0.4}  # a stage's most: its part of the stages run before
 
 
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def share(self, seconds: float) -> "Budget":
-        """A stage's budget: `seconds`, or what is left of this one if less."""
-        return Budget(min(seconds, self.left()))
+def left(deadline: float) -> float:
+    """Seconds until ``deadline`` (time.monotonic's clock): what is left of a budget."""
+    return deadline - time.monotonic()
 
 
-def run(argv, budget: Budget, env=None, cap: float = 600) -> dict:
-    """A subprocess in the repository's root, stopped at the budget's end (or `cap` seconds): its exit code,
-    seconds and the last lines of its output."""
+def run(argv, deadline: float, env=None, cap: float = 600) -> dict:
+    """``python ARGV`` from the repository's root, stopped at ``deadline`` (or after `cap` seconds): its
+    exit code, seconds and output."""
     start = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, *argv], cwd=grid.ROOT, capture_output=True, text=True, env=env,
-                              timeout=max(1.0, min(cap, budget.left())))
+                              timeout=max(1.0, min(cap, left(deadline))))
         code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""  # str in text mode, but bytes on some Pythons
@@ -81,11 +74,11 @@ def run(argv, budget: Budget, env=None, cap: float = 600) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the stages
-def correctness(device: str, size: str, budget: Budget, out: Path) -> list:
+def correctness(device: str, size: str, deadline: float, out: Path) -> list:
     cases = str(FUZZ_CASES[size])
     selection = ["-m", "on_device"] + (["-k", "contract and (sbm or full)"] if size == "tiny" else [])
     env = dict(os.environ, SPARSE_ATTN_TEST_DEVICE=device, SPARSE_ATTN_FUZZ_CASES=cases)
-    result = run(["-m", "pytest", "-q", "-p", "no:randomly", *selection], budget, env)
+    result = run(["-m", "pytest", "-q", "-p", "no:randomly", *selection], deadline, env)
     (out / "correctness.log").write_text(result["output"])
     summary = next((line for line in reversed(result["output"].splitlines()) if re.search(r"passed|failed|error",
                                                                                           line)), "no summary")
@@ -93,18 +86,18 @@ def correctness(device: str, size: str, budget: Budget, out: Path) -> list:
              "seconds": result["seconds"], "summary": summary.strip("= ")}]
 
 
-def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
+def entry_points(device: str, size: str, deadline: float, scratch: Path) -> list:
     rows = []
     for name, command in ENTRY.items():
-        if budget.left() < 10 or (name == "kernel" and not (default_data_dir() / "wikitext-2").is_dir()):
-            rows.append({"method": name, "status": "not run: " + ("budget spent" if budget.left() < 10 else
+        if left(deadline) < 10 or (name == "kernel" and not (default_data_dir() / "wikitext-2").is_dir()):
+            rows.append({"method": name, "status": "not run: " + ("budget spent" if left(deadline) < 10 else
                                                                   f"no WikiText-2 in {default_data_dir()}")})
             continue
         folder = scratch / re.sub(r"\W+", "-", name)
         task = KERNEL_TASK if name == "kernel" else TASK[size]
         steps = FEW_STEPS.get(name, []) if size == "full" else []
         argv = [*command, *task, *RUN[size], *steps, "--device", device]
-        result = run([*argv, "--out", str(folder), "--overwrite"], budget, cap=150)
+        result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=150)
         record = read_json(folder / "metrics.json") or {}
         row = {"method": name, "command": " ".join(["python", *command]), "argv": " ".join(["python", *argv]),
                "code": result["code"], "seconds": result["seconds"]}
@@ -119,13 +112,13 @@ def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
     return rows
 
 
-def scaling_rows(device: str, size: str, budget: Budget) -> list:
+def scaling_rows(device: str, size: str, deadline: float) -> list:
     import torch
     rows, stopped = [], {}
     for n in SCALING_LENGTHS[size]:
         for method in SCALING_METHODS:
             row = {"method": method, "n": n}
-            if method in stopped or budget.left() < 5:
+            if method in stopped or left(deadline) < 5:
                 rows.append({**row, "error": stopped.get(method, "not run: budget spent")})
                 continue
             cell = {"method": method, "options": {}, "n": n, "batch": 4, "heads": 4, "head_dim": 64,
@@ -158,18 +151,18 @@ def crossovers(rows: list) -> list:
     return result
 
 
-def frontier_rows(device: str, size: str, budget: Budget, scratch: Path) -> list:
+def frontier_rows(device: str, size: str, deadline: float, scratch: Path) -> list:
     rows, steps = [], FRONTIER_STEPS[size]
     for n in FRONTIER_LENGTHS[size]:
         recipe = {**frontier.DUPLICATES, "seq_len": n, "steps": steps, "lr": "1e-3"}
         for family, members in frontier.families(steps).items():
             for method, tag, extra in members[:1] if size == "tiny" else members:
-                if budget.left() < 20:
+                if left(deadline) < 20:
                     return rows
                 argv = ["-m", "bench.train", "--method", method, "--task", "duplicates", "--device", device,
                         *grid.flags({**recipe, **extra})]
                 folder = scratch / f"{method}{tag}-n{n}"
-                result = run([*argv, "--out", str(folder), "--overwrite"], budget, cap=120)
+                result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=120)
                 record = read_json(folder / "metrics.json") or {}
                 rows.append({"n": n, "family": family, "setting": f"{method}{tag}", "code": result["code"],
                              **{k: record.get(k) for k in ("test", "density", "median_step_ms")}})
@@ -186,26 +179,22 @@ def markdown(record: dict) -> str:
     parts = [f"# The GPU job on {record['device']}\n", f"torch {record['torch']}, Python {record['python']}, "
              f"budget {record['budget_s']} s, size {record['size']}; `{record['command']}`\n",
              table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds", "date"])]
-    stages = record["stages"]
-    if stages.get("correctness", {}).get("rows"):
-        parts.append(table(stages["correctness"]["rows"], ["tests", "cases per variant", "code", "seconds",
-                                                           "summary"]))
-    if stages.get("entry", {}).get("rows"):
-        rows = [{**r, "peak MiB": f"{r['peak_memory_bytes'] / 2 ** 20:.0f}" if r.get("peak_memory_bytes") else "",
-                 "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
-                 "density": f"{r['density']:.4f}" if r.get("density") is not None else ""}
-                for r in stages["entry"]["rows"]]
+    rows = {stage: done.get("rows") for stage, done in record["stages"].items()}
+    if rows.get("correctness"):
+        parts.append(table(rows["correctness"], ["tests", "cases per variant", "code", "seconds", "summary"]))
+    if rows.get("entry"):
+        entry = [{**r, "peak MiB": f"{r['peak_memory_bytes'] / 2 ** 20:.0f}" if r.get("peak_memory_bytes") else "",
+                  "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
+                  "density": f"{r['density']:.4f}" if r.get("density") is not None else ""} for r in rows["entry"]]
         parts.append("Each method's own entry point on ListOps (one short timing run each):\n\n" +
-                     table(rows, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds",
-                                  "status"]))
-    if stages.get("scaling", {}).get("rows"):
-        rows = stages["scaling"]["rows"]
+                     table(entry, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds",
+                                   "status"]))
+    if rows.get("scaling"):
         parts.append("Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n" +
-                     scaling.table(rows, "full"))
-        parts.append(table(crossovers(rows), ["method", "faster than full from", "lengths measured"]))
-    if stages.get("frontier", {}).get("rows"):
-        parts.append(table(stages["frontier"]["rows"], ["n", "family", "setting", "test", "density",
-                                                        "median_step_ms", "code"]))
+                     scaling.table(rows["scaling"], "full"))
+        parts.append(table(crossovers(rows["scaling"]), ["method", "faster than full from", "lengths measured"]))
+    if rows.get("frontier"):
+        parts.append(table(rows["frontier"], ["n", "family", "setting", "test", "density", "median_step_ms", "code"]))
     return "\n\n".join(parts) + "\n"
 
 
@@ -248,7 +237,7 @@ def main(argv=None) -> int:
     size, name = "tiny" if args.tiny else "full", torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
     out = Path(args.out or grid.ROOT / "results" / "gpu" / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
     out.mkdir(parents=True, exist_ok=True)
-    budget = Budget(args.budget)
+    deadline = time.monotonic() + args.budget
     record = {"device": name, "torch": torch.__version__, "python": sys.version.split()[0], "budget_s": args.budget, "size": size,
               "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
               "stages": {}}
@@ -257,14 +246,14 @@ def main(argv=None) -> int:
         record["stages"] = {k: v for k, v in earlier["stages"].items() if k not in stages and "rows" in v}
     with tempfile.TemporaryDirectory(prefix="gpu-job-") as scratch:
         for stage in stages:
-            if budget.left() < 10:
+            if left(deadline) < 10:
                 record["stages"][stage] = {"status": "skipped: budget spent", "seconds": 0}
                 continue
             parts = sum(SHARE.get(s, 0) for s in stages)
             last = stage == stages[-1] or stage == "frontier"  # the last stage and the frontier take what is left
-            start, share = time.monotonic(), budget.share(budget.left() if last else
-                                                          SHARE[stage] / parts * args.budget)
-            print(f"stage {stage} ({budget.left():.0f} s of budget left)", flush=True)
+            start = time.monotonic()  # the stage's deadline: its share, or the job's if that is sooner
+            share = deadline if last else min(deadline, start + SHARE[stage] / parts * args.budget)
+            print(f"stage {stage} ({left(deadline):.0f} s of budget left)", flush=True)
             rows = {"correctness": lambda: correctness(device, size, share, out),
                     "entry": lambda: entry_points(device, size, share, Path(scratch)),
                     "scaling": lambda: scaling_rows(device, size, share),

@@ -4,11 +4,11 @@
     python -m experiments.grid --budget smoke           # every cell at a handful of steps: checks the plumbing
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets: ``quick`` trains each task at the settings of QUICK, in which full attention clearly learns it within
-./run_all.sh's time on a 2-core CPU; ``smoke``: a few steps at tiny shapes; ``full``: the paper presets. Every
-cell of a task has the same backbone and recipe. Resumable within its folder: a complete cell of the planned
-command is kept, one left with a checkpoint resumed, one of another budget redone. Stopping the grid (SIGTERM,
-SIGINT, or SIGKILL on Linux) stops its cells.
+Budgets: ``quick`` trains each task at the settings of QUICK, in which full attention clearly learns
+it within ./run_all.sh's time on 2 CPU cores; ``smoke``: a few steps at tiny shapes; ``full``: the
+paper presets. Every cell of a task has the same backbone and recipe. Resumable: a complete cell of
+the planned command is kept, one with a checkpoint resumed, one of another budget redone. Stopping
+the grid (SIGTERM, SIGINT, or SIGKILL on Linux) stops its cells.
 """
 import argparse
 import ctypes
@@ -101,8 +101,8 @@ class Budget:
         return 3600.0
 
 
-BUDGETS = {b.name: b for b in (Budget("quick", "cpu", (0,), QUICK_LEFT_OUT), Budget("smoke", "cpu", (0,)),
-                               Budget("full", "paper", (0, 1, 2)))}
+BUDGETS = {b.name: b for b in (Budget("quick", "cpu", (0,), QUICK_LEFT_OUT),
+                               Budget("smoke", "cpu", (0,)), Budget("full", "paper", (0, 1, 2)))}
 
 
 def flags(settings: Dict[str, object]) -> List[str]:
@@ -118,8 +118,8 @@ def flags(settings: Dict[str, object]) -> List[str]:
 
 def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: Optional[dict] = None,
               tag: str = "", estimate_s: float = 3600.0) -> dict:
-    """One training run of a grid or a claim, as data: its options ({option: value}), its folder's name (``tag``
-    tells two settings of one method apart) and its command (the method's own file, or bench.train's)."""
+    """One training run of a grid or a claim, as data: its options, its folder's name (``tag`` tells
+    two settings of one method apart) and its command (the method's own file, or bench.train's)."""
     settings = dict(settings or {})
     spec = registry.get(method)
     entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]
@@ -155,8 +155,7 @@ def data_problem(task: str, seq_len: int, data_dir: Path) -> Optional[str]:
 
 
 def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int], common: Dict[str, object]) -> dict:
-    """Every cell with its command, or why it does not run (n/a, no data, left out of this budget). ``common``:
-    options every cell gets (device, data folder)."""
+    """Every cell with its command, or why it does not run; ``common``: options of every cell."""
     from bench.tasks import get_task
     budget = BUDGETS[budget_name]
     data_dir = Path(common["data_dir"]) if common.get("data_dir") else default_data_dir()
@@ -167,18 +166,21 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
             continue
         causal = get_task(task).head == "lm"
         refused = {m: registry.refusal(m, causal) for m in methods if registry.applicable(m, task)}
-        not_run += [{"method": m, "task": task, "status": "n/a", "reason": why} for m, why in refused.items() if why]
+        not_run += [{"method": m, "task": task, "status": "n/a", "reason": why}
+                    for m, why in refused.items() if why]
         runnable = [m for m, why in refused.items() if not why]
         if not runnable:
             continue
-        seq_len = budget.settings(task, runnable[0]).get("seq_len", get_task(task).presets[budget.preset].seq_len)
+        preset = get_task(task).presets[budget.preset]
+        seq_len = budget.settings(task, runnable[0]).get("seq_len", preset.seq_len)
         problem = data_problem(task, seq_len, data_dir)
         if problem:
             missing[task] = problem
             continue
         for method in runnable:
-            attn = [f"{k}={v}" for k, v in (registry.get(method).grid_budget or {}).items()]
-            settings = {**budget.settings(task, method), **({"attn": attn} if attn else {}), **common}
+            grid_budget = registry.get(method).grid_budget
+            attn = {"attn": [f"{k}={v}" for k, v in grid_budget.items()]} if grid_budget else {}
+            settings = {**budget.settings(task, method), **attn, **common}
             cells += [make_cell(method, task, seed, budget.preset, settings,
                                 estimate_s=budget.estimate(task, method)) for seed in seeds]
     return {"budget": budget_name, "preset": budget.preset, "methods": methods, "tasks": tasks, "seeds": seeds,
@@ -236,17 +238,17 @@ def reap(process: subprocess.Popen) -> Optional[tuple]:
 
 
 def finish_cell(folder: Path, cell: dict, code: int, seconds: float, cpu_seconds: float) -> str:
-    """"done" when the cell wrote a complete record; otherwise failed.json says why, and so does the text."""
+    """"done" when the cell wrote a complete record, else why not (as failed.json says)."""
     status = (read_json(folder / "metrics.json") or {}).get("status")
     if code == 0 and status == "complete":
         write_json(folder / "cell.json", {"command": cell["command"], "wall_s": round(seconds, 1),
                                           "cpu_s": round(cpu_seconds, 1)})
         return "done"
     tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-5:]
-    failure, reason = "diverged" if status == "diverged" else "failed", tail[-1] if tail else "no output"
-    write_json(folder / "failed.json", {"status": failure, "method": cell["method"], "task": cell["task"],
-                                        "seed": cell["seed"], "exit_code": code, "reason": reason,
-                                        "log_tail": tail, "seconds": seconds})
+    failure, reason = "diverged" if status == "diverged" else "failed", (tail or ["no output"])[-1]
+    write_json(folder / "failed.json", {
+        "status": failure, "method": cell["method"], "task": cell["task"], "seed": cell["seed"],
+        "exit_code": code, "reason": reason, "log_tail": tail, "seconds": seconds})
     return f"{failure.upper()}: {reason}"
 
 
@@ -285,7 +287,7 @@ def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
                 finished += 1
                 remaining -= cell["estimate_s"]
                 done_estimate, done_actual = done_estimate + cell["estimate_s"], done_actual + seconds
-                eta = remaining * done_actual / done_estimate / jobs  # the estimates scaled to this machine
+                eta = remaining * done_actual / done_estimate / jobs  # at this machine's pace
                 print(f"[{finished}/{len(cells)}] {cell['name']}: {status} ({seconds:.0f} s) | elapsed "
                       f"{cli.clock(time.time() - start)} | ETA {cli.clock(eta)}", flush=True)
             time.sleep(0.2)
@@ -302,12 +304,11 @@ def describe(grid: dict, jobs: int) -> str:
     lines = [f"grid: {len(grid['cells'])} cells on {len(tasks)} tasks ({', '.join(tasks)}), {len(grid['seeds'])} "
              f"seed(s), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s) side by side; estimated "
              f"{cli.clock(total / jobs)} on a 2-core CPU"]
-    for item in grid["not_run"]:
-        lines.append(f"  n/a: {item['method']} on {item['task']} ({item['reason']})")
-    for task, message in grid["missing_data"].items():
-        lines.append(f"  no data: {task}: {message.splitlines()[0]}")
-    for task, reason in grid["left_out"].items():
-        lines.append(f"  left out of the {grid['budget']} budget: {task}: {reason}")
+    lines += [f"  n/a: {n['method']} on {n['task']} ({n['reason']})" for n in grid["not_run"]]
+    lines += [f"  no data: {task}: {said.splitlines()[0]}"
+              for task, said in grid["missing_data"].items()]
+    lines += [f"  left out of the {grid['budget']} budget: {task}: {why}"
+              for task, why in grid["left_out"].items()]
     return "\n".join(lines)
 
 
@@ -323,7 +324,7 @@ def parse_list(text: str, known: List[str], what: str) -> List[str]:
 
 
 def add_selection_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of a grid's cells that ./run_all.sh shares: which ones, where, on which device."""
+    """The options of a grid that ./run_all.sh shares: which cells, where, on which device."""
     p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=",".join(GRID_TASKS), help="comma-separated tasks")
@@ -354,8 +355,8 @@ def cell_option(text: str) -> tuple:
 
 
 def check_options(options: List[tuple], methods: List[str]) -> None:
-    """--set's options checked once, up front (ValueError), as python -m bench.train parses them: a bad value, and
-    a name it does not take where it trains a baseline of ``methods`` (a method file's own settings: its cells')."""
+    """--set's options checked once, up front (ValueError), as python -m bench.train parses them: a
+    bad value, and a name it lacks where it trains a baseline of ``methods`` (else: the cells')."""
     from bench.train import build_parser
     parser = build_parser("--set")
     parser.exit_on_error = False
@@ -375,8 +376,9 @@ def common_settings(args) -> Dict[str, object]:
             **dict(getattr(args, "options", []))}
 
 
-def selection(args) -> tuple:
-    """(methods, tasks, seeds) named by the options, checked against the registries."""
+def checked_plan_options(args) -> tuple:
+    """(methods, tasks, seeds, run folder) of the grid's or ./run_all.sh's options, checked up front
+    against the registries: a ValueError says what is wrong before anything is made."""
     from bench.tasks import TASKS
     landed = list(registry.available())
     methods = parse_list(args.methods, landed, "methods") if args.methods is not None else landed
@@ -388,14 +390,7 @@ def selection(args) -> tuple:
         seeds = None
     if not seeds or not all(0 <= s < 2 ** 32 for s in seeds):
         raise ValueError(f"--seeds takes comma-separated integers from 0 to 4,294,967,295, got {args.seeds!r}")
-    return methods, tasks, seeds
-
-
-def checked_plan_options(args) -> tuple:
-    """(methods, tasks, seeds, run folder) of a grid's options (experiments.grid's and ./run_all.sh's), each checked up
-    front: a ValueError says what is wrong before anything is made."""
-    methods, tasks, seeds = selection(args)
-    if args.device.startswith("cuda"):  # a CUDA device this machine lacks: refused once, not by every cell
+    if args.device.startswith("cuda"):  # a CUDA device it lacks: refused once, not by every cell
         from bench.config import resolve_device
         resolve_device(args.device)
     out = Path(args.out or f"runs/grid-{args.budget}")

@@ -88,13 +88,13 @@ def measure(n: int, args) -> List[list]:
     timed = interleaved(variants, torch.device("cpu"), args.repeats, args.warmup_iters, alternate=True,
                         after_round=lambda r: print(f"  n={n} repetition {r + 1}/{total}", file=sys.stderr,
                                                     flush=True))
-    times = {name: (timed[f"{name} ours"].ms, timed[f"{name} peer"].ms) for name in chosen}
     rows = []
-    for name, (ours, peer) in times.items():
-        ratios = sorted(a / b for a, b in zip(ours, peer))
+    for name in chosen:
+        ours, peer = timed[f"{name} ours"], timed[f"{name} peer"]
+        ratios = sorted(a / b for a, b in zip(ours.ms, peer.ms))
         q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-        rows.append([name, n, f"{statistics.median(ours):.1f}", f"{statistics.median(peer):.1f}",
-                     f"{statistics.median(ours) / statistics.median(peer):.2f}", f"{q1:.2f}-{q3:.2f}"])
+        rows.append([name, PEERS[name], n, f"{ours.median:.1f}", f"{peer.median:.1f}",
+                     f"{ours.median / peer.median:.2f}", f"{q1:.2f}-{q3:.2f}"])
     return rows
 
 
@@ -130,8 +130,7 @@ def main(argv=None) -> int:
             f"batch {args.batch_size}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training "
             f"mode; median of {args.repeats} interleaved repetitions after {args.warmup_iters}; allocator "
             f"{allocator}; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n\n"
-            + tabulate([[r[0], PEERS[r[0]], *r[1:]] for r in rows],
-                       headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
+            + tabulate(rows, headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
                        tablefmt="github", disable_numparse=True))
     print(text)
     path = cli.out_file(args.out, "peers.md")

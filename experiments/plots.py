@@ -112,8 +112,7 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
 
 
 def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
-    """SBM Fig. 4's story: validation accuracy of every method over training and SBM's mask density (log.jsonl).
-    ``curves``: method → its log lines."""
+    """SBM Fig. 4: each method's validation accuracy over training and SBM's mask density (method → log lines)."""
     fig, axes = figure(2)
     left, right = axes[0]
     for index, (method, lines) in enumerate(curves.items()):
@@ -185,17 +184,11 @@ def frontiers(records: List[dict], path: Path) -> str:
             "head's density ≥ its recall²).")
 
 
-
 SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
     "scaling": "every method at its default budget (sbm untrained at ~25% density, sbm@0.01 at 1%; full: fused "
                "SDPA, full-ref: the explicit path)",
     "sbm_scaling": "SBM's attention core (core@d) and module (sbm@d; sbm-dense@d, its dense path) at densities d, "
                    "beside full attention (fused SDPA, full-ref)"}
-
-
-def log_lines(folder: Path) -> List[dict]:
-    """A run's log.jsonl, without a line torn by a kill."""
-    return [json.loads(line) for line in kept_log(folder / "log.jsonl", math.inf).splitlines()]
 
 
 def ssa_curve(folder: Path) -> Optional[tuple]:
@@ -217,9 +210,9 @@ def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object]) -> D
         return {}
     plot_dir.mkdir(exist_ok=True)
     captions, fig4, quick = {}, load(results / "sbm-fig4")[0], load(results / "quick")[0]
-    if fig4:
-        captions["sbm_fig4"] = sbm_training({r["method"]: log_lines(r["folder"]) for r in fig4},
-                                            plot_dir / "sbm_fig4.png")
+    if fig4:  # each run's log.jsonl, without a line torn by a kill
+        captions["sbm_fig4"] = sbm_training({r["method"]: [json.loads(line) for line in kept_log(
+            r["folder"] / "log.jsonl", math.inf).splitlines()] for r in fig4}, plot_dir / "sbm_fig4.png")
     if ssa_curve(results / "ssa-table"):
         captions["ssa_fig7"] = ssa_ensemble(*ssa_curve(results / "ssa-table"), plot_dir / "ssa_fig7.png")
     for name, what in SCALING_PLOTS.items():

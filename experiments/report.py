@@ -7,7 +7,6 @@ in README.md, above the generated region, which this never rewrites.
 
 A table quoting a scaling run reads that one run and names it.
 """
-import json
 import math
 import os
 import re
@@ -74,12 +73,6 @@ def by(recs: List[dict], *keys) -> Dict[tuple, List[dict]]:
     return groups
 
 
-def method_order(names) -> List[str]:
-    """Registry order, then any method the records name that this process has not registered (a plug-in)."""
-    names = set(names)
-    return [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS))
-
-
 # ------------------------------------------------------------------------------------------------ a run
 def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
     """experiments.step_time's medians ÷ fair full attention's, by setting label ("full": as the recipe runs)."""
@@ -138,8 +131,9 @@ def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_res
     cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
     failed, rows = {(f["method"], f["task"]): f["status"] for f in failures}, []  # "failed" or "diverged"
-    names = [*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)]
-    for m in method_order(names):
+    names = {*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)}
+    # registry order, then any method the records name that this process has not registered (a plug-in)
+    for m in [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS)):
         row = [m] + [tests(cells[(m, t)]) if (m, t) in cells else f"n/a ({refused[(m, t)]})" if (m, t) in refused
                      else f"{failed[(m, t)]} (below)" if (m, t) in failed else
                      "–" if m in registry.METHODS and not registry.applicable(m, t) else "not run yet" for t in tasks]
@@ -319,7 +313,7 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
             for task, timed in sorted(step_times_of(folder).items())
             if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
     out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
-    out += [scaling.render(json.loads(path.read_text())) for path in sorted(folder.glob("scaling*.json"))]
+    out += [scaling.render(read_json(path)) for path in sorted(folder.glob("scaling*.json"))]
     out += [f"Not yet run: {len(missing)} runs" if len(missing) > 20 else
             "Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
     out += [f"- {note}" for note in claim.notes]
@@ -365,12 +359,9 @@ def main(argv=None) -> int:
     for option, path in (("--run", args.run), ("--results", args.results)):  # '' is refused, not taken for '.'
         if path is not None and not (path and Path(path).is_dir()):
             p.error(f"{option}: no folder {path or repr(path)}")
-    if args.run is not None:
-        print(write_run_report(Path(args.run)))
-        return 0
     results, readme = Path(args.results), Path(args.readme or ".")
-    if args.readme is None:
-        print(results_readme(results, {}))
+    if args.run is not None or args.readme is None:  # a run folder's report, or results/README.md's text
+        print(write_run_report(Path(args.run)) if args.run is not None else results_readme(results, {}))
         return 0
     if not (args.readme and readme.is_file() and os.access(readme, os.R_OK | os.W_OK)):
         p.error(f"--readme: {args.readme or repr(args.readme)} is not a file this process can read and write")

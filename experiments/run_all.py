@@ -50,19 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def scaling_methods(methods) -> str:
-    """The scaling table's methods: the grid's, full attention's explicit path beside its fused one, and SBM at a
-    trained model's 1% density beside its untrained ~25% (Table 2's densities at λ = 1e-2: 1-4%)."""
-    chosen = [m for m in methods if registry.get(m).scaling]
-    return ",".join(chosen + (["full-ref"] if "full" in chosen else []) + (["sbm@0.01"] if "sbm" in chosen else []))
-
-
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
-    """OUT/scaling.json, kept when it was measured with the same settings (a resumed run), else measured anew;
-    how many of its cells failed."""
+    """OUT/scaling.json of the grid's methods, kept when it was measured with the same settings (a resumed run),
+    else measured anew; how many of its cells failed."""
     from experiments import scaling
-    path = out / "scaling.json"
-    wanted = scaling_methods(methods)
+    path, chosen = out / "scaling.json", [m for m in methods if registry.get(m).scaling]
+    # beside them full attention's explicit path, and SBM at a trained model's 1% density beside its untrained
+    # ~25% (Table 2's densities at λ = 1e-2: 1-4%)
+    wanted = ",".join(chosen + ["full-ref"] * ("full" in chosen) + ["sbm@0.01"] * ("sbm" in chosen))
     settings = {"methods": wanted, "lengths": lengths, **SCALING_REPEATS[budget]}
     previous = (read_json(path) or {}).get("args", {})
     if all(previous.get(key) == value for key, value in settings.items()):

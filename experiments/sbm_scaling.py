@@ -159,9 +159,8 @@ def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
 
 
 def crossover(rows: list, key: str, reference) -> str:
-    """The density where the least-squares line through the rows' (density, key) reaches the reference's:
-    "none" where it stays above it at every density (it meets it below 0), "> 100%" where it stays below up to
-    full density, "–" where there is no fit."""
+    """The density where the least-squares line through the rows' (density, key) reaches the reference's: "none"
+    where it stays above it (it meets it below 0), "> 100%" below it up to full density, "–" without a fit."""
     if len(rows) < 2 or reference is None:
         return "–"
     intercept, slope = line_fit([r["density"] for r in rows], [float(r[key]) for r in rows])
@@ -170,8 +169,7 @@ def crossover(rows: list, key: str, reference) -> str:
 
 
 def summary(rows: list) -> list:
-    """Per n, the crossover densities of the core and the module: time against fused SDPA's, memory against the
-    reference path's."""
+    """Per n, the core's and the module's crossovers: time against fused SDPA's, memory the explicit path's."""
     out = []
     for n in sorted({r["n"] for r in rows}):
         cells = {r["method"]: r for r in rows if r["n"] == n and "error" not in r}
@@ -211,8 +209,7 @@ def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
 
 
 def median_row(runs: list) -> dict:
-    """One cell's measurements over rounds → the median of each time, memory and part figure, and the peak
-    memory of every round (peak_rounds, for memory_fit's spread)."""
+    """One cell's rounds → the median of each figure, beside the peak memory of every round (for memory_fit)."""
     done = [r for r in runs if "error" not in r]
     if not done:
         return runs[-1]

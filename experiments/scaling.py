@@ -164,8 +164,7 @@ def add_benchmark_arguments(p: argparse.ArgumentParser, warmup_iters: int, repea
 
 def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
                               out: str) -> None:
-    """The options every scaling benchmark shares: add_benchmark_arguments', the device, the allocator and the
-    time of the cells, each measured in a process of its own."""
+    """add_benchmark_arguments' and those of cells measured in processes of their own: device, allocator, time."""
     add_benchmark_arguments(p, warmup_iters, repeats, out)
     p.add_argument("--device", default="auto", type=cli.device_option,
                    help="auto (CUDA when present), cpu, cuda or cuda:N")
@@ -208,13 +207,10 @@ def table(rows: list, reference: str) -> str:
             out.append([label(r), r["n"], said] + [""] * 8)
             continue
         ref = refs.get(r["n"])
-
-        def ratio(key):
-            return f"{r[key] / ref[key]:.2f}" if ref and ref[key] else "–"
-
-        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}", ratio("fwdbwd_ms"),
-                    f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio("peak_bytes"), f"{r['flops'] / 1e9:.3f}",
-                    ratio("flops"), f"{r['density']:.4f}"])
+        ratio = {k: f"{r[k] / ref[k]:.2f}" if ref and ref[k] else "–" for k in ("fwdbwd_ms", "peak_bytes", "flops")}
+        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}", ratio["fwdbwd_ms"],
+                    f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio["peak_bytes"], f"{r['flops'] / 1e9:.3f}",
+                    ratio["flops"], f"{r['density']:.4f}"])
     headers = ["method", "n", "fwd ms", "fwd+bwd ms", "× full", "peak MiB", "× full", "fwd GFLOP", "× full",
                "density"]
     return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)

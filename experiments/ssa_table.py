@@ -44,22 +44,21 @@ ENSEMBLED = "S-L4"
 
 def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
     """Runs one setting in its own process (or skips it if complete)."""
-    record_path = folder / "metrics.json"
-    done = read_json(record_path) or {}
+    done = read_json(folder / "metrics.json") or {}
     if done.get("status") == "complete":
         print(f"{name}: complete, skipped", flush=True)
         return done
     folder.mkdir(parents=True, exist_ok=True)
     extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
-    extra += ["--overwrite"]  # an unfinished setting starts again
-    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder)]
+    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder),
+           "--overwrite"]  # an unfinished setting starts again
     print(f"{name}: {' '.join(cmd[1:])}", flush=True)
     with open(folder / "train.log", "w") as log:
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)  # dies with us
     if code != 0:
         tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
         raise SystemExit(f"error: {name} failed (exit {code}): " + " | ".join(tail))
-    return read_json(record_path)
+    return read_json(folder / "metrics.json")
 
 
 def check_settings(p, names: list, common: list, out: Path):
@@ -89,15 +88,11 @@ def training_flops(record: dict) -> dict:
 def render(records: dict) -> str:
     s0 = records["S0"]
     base_flops = training_flops(s0)
-    rows = []
-    for name, r in records.items():
-        flops = training_flops(r)
-        rows.append([name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}",
-                     f"{r['test'] / s0['test']:.3f}", f"{r['ssa']['sampled_density']:.3f}",
-                     f"{flops['attention'] / base_flops['attention']:.2f}",
-                     f"{flops['model'] / base_flops['model']:.2f}",
-                     f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}",
-                     f"{r['median_step_ms']:.0f}", f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"])
+    rows = [[name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}", f"{r['test'] / s0['test']:.3f}",
+             f"{r['ssa']['sampled_density']:.3f}",
+             *(f"{training_flops(r)[k] / base_flops[k]:.2f}" for k in ("attention", "model")),
+             f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}", f"{r['median_step_ms']:.0f}",
+             f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"] for name, r in records.items()]
     headers = ["setting", "ssa.py name", "valid bpb", "test bpb", "test bpb × S0", "train density",
                "attn FLOPs × S0", "model FLOPs × S0", "peak mem × S0", "step ms", "step × S0"]
     c = s0["config"]

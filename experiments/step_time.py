@@ -16,7 +16,6 @@ turn, round after round; each variant's median ratio to full attention:
 """
 import dataclasses
 import inspect
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from tabulate import tabulate
 from bench import cli
 from bench import methods as registry
 from bench.config import PRESET_FIELDS, RunConfig, SetupError, derive_seed
+from bench.files import read_json, write_json
 from bench.loop import model_inputs, task_loss
 from bench.measure import interleaved
 from bench.model import Model, ModelConfig
@@ -43,8 +43,7 @@ def trimmed(batch: dict) -> dict:
 
 
 def shift_sbm(model: Model, inputs: dict, density: float) -> None:
-    """Each SBM layer at expected density ``density`` (δ included) on the inputs that layer sees for
-    ``inputs`` (sbm_transformer.at_density)."""
+    """Each SBM layer at expected density ``density`` (δ included) on what it sees of ``inputs`` (at_density)."""
     from sbm_transformer import at_density
     seen = {}
     hooks = [block.attn.register_forward_pre_hook(lambda m, args, i=i: seen.setdefault(i, args[0].detach()))
@@ -59,7 +58,6 @@ def shift_sbm(model: Model, inputs: dict, density: float) -> None:
 
 def sbm_densities(text: str) -> dict:
     """--sbm-density: label → density, from numbers ("sbm@1.10%") or run folders (their test density, "sbm λ=W")."""
-    from bench.files import read_json
     densities = {}
     for item in filter(None, text.split(",")):
         if Path(item).is_dir():
@@ -79,8 +77,7 @@ def sbm_densities(text: str) -> dict:
 
 
 def method_records(names: list, sbm_density: dict, cfg: RunConfig) -> dict:
-    """--methods as variants takes runs: each method untrained at its defaults with the preset's attention
-    dropout and positional embeddings, SBM once per --sbm-density label."""
+    """--methods as records of untrained runs at the preset's settings, SBM once per --sbm-density label."""
     config = {"attn_dropout": cfg.attn_dropout, "pos_emb": cfg.pos_emb}
     records = {}
     for name in names:
@@ -94,7 +91,6 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
     """--runs: (RunConfig of the records' task and model, {folder name: record}) for the complete runs in the
     folders matching ``pattern``; they must share task and model."""
     import glob
-    from bench.files import read_json
     records = {Path(f).name: read_json(Path(f) / "metrics.json") for f in sorted(glob.glob(pattern))}
     records = {name: r for name, r in records.items() if r and r.get("status") == "complete"}
     if not records:
@@ -209,8 +205,8 @@ def main(argv=None) -> int:
     print(tabulate(rows, headers=["variant", "step ms", "÷ full (fair)", "÷ full (as run)", "density computed",
                                   "CPU SDPA kernel"], tablefmt="github", disable_numparse=True))
     path = cli.out_file(cfg.out or "runs/step_time", "step_time.json")
-    path.write_text(json.dumps({"settings": vars(args), "step_ms": {k: t.ms for k, t in timed.items()},
-                                "sdpa_kernel": kernel, "mean_valid_length": valid}, indent=2, default=str))
+    write_json(path, {"settings": vars(args), "step_ms": {k: t.ms for k, t in timed.items()}, "sdpa_kernel": kernel,
+                      "mean_valid_length": valid})
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
