@@ -1,23 +1,21 @@
 """The GPU job: every method on CUDA in one command, within a time budget, into compact records.
 
-    python -m experiments.gpu                                 # a CUDA machine: ~7 minutes, into results/gpu/<device>/
-    python -m experiments.gpu --budget 300 --stages scaling   # some stages, a shorter budget
-    python -m experiments.gpu --device cpu --tiny --out DIR   # every stage at toy sizes: the job's own test (CI)
+    python -m experiments.gpu                               # a CUDA machine: ~7 minutes
+    python -m experiments.gpu --budget 300 --stages scaling # some stages, a shorter budget
+    python -m experiments.gpu --device cpu --tiny --out DIR # every stage at toy sizes (CI)
 
-The stages, in this order; a stage starts only while budget remains, and stops at its next run once it is spent:
-1. ``correctness``: ``pytest -m on_device`` on the device: reference and fast paths agree and the attention
-   contract is fuzzed there (padding, causal, bf16/float16 autocast, generators on the device);
-2. ``entry``: each method's own training command on ListOps at its paper length (2,048 tokens, batch 128), 100
-   steps (SBM 10): each run's step time, peak memory (``max_memory_allocated``) and density as its metrics.json
-   records them. Timing runs, not trained models;
-3. ``scaling``: forward+backward time and peak memory of every attention against length (1K to 16K, each method
-   until memory runs out) beside full attention (SDPA's fused kernels); the first length from which a method
-   stays faster than full attention;
-4. ``frontier``: the frontier claim's families (experiments/frontier.py) on duplicates at 512 and 1,024 tokens,
-   seed 0, while budget remains.
-Records: OUT/gpu.json (device, torch, each stage's time and rows), OUT/README.md (its tables), OUT/correctness.log.
-One folder per device (default results/gpu/<device>): a table never mixes devices. A job of some --stages keeps
-the other stages' records from the folder's earlier job on the same device (each stage says its date and torch).
+The stages, in this order; each starts only while budget remains, and stops at its next run once it
+is spent:
+1. ``correctness``: ``pytest -m on_device`` on the device: reference and fast paths agree, the
+   attention contract is fuzzed there (padding, causal, autocast, generators on the device);
+2. ``entry``: each method's own training command on ListOps at its paper length (2,048 tokens, batch
+   128), 100 steps (SBM 10): step time, peak memory and density as metrics.json records them;
+3. ``scaling``: forward+backward time and peak memory of each attention against length (1K to 16K,
+   until memory runs out) beside full attention (SDPA), and the length from which it is faster;
+4. ``frontier``: the frontier claim's families on duplicates at 512 and 1,024 tokens, seed 0.
+Records: OUT/gpu.json, OUT/README.md (its tables), OUT/correctness.log, one folder per device
+(default results/gpu/<device>): a table never mixes devices. A job of some --stages keeps the other
+stages' records of the folder's earlier job on the same device (each stage says its date and torch).
 """
 import os
 import re

@@ -1,19 +1,19 @@
-"""Our baselines side by side with the public implementations a user would otherwise pick: ours ÷ peer.
+"""Our baselines beside the public implementations a user would otherwise pick: ours ÷ peer.
 
-    pip install -r requirements-peers.txt      # optional: never a dependency of the repository itself
+    pip install -r requirements-peers.txt      # optional: never a dependency of the repository
     python -m experiments.peers --lengths 1024,4096 --repeats 41 --threads 1
 
 Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training mode; non-causal):
 - full · torch.nn.MultiheadAttention (need_weights=False: the fused path);
 - nystromformer (64 landmarks, 6 pseudo-inverse iterations, no conv skip) · nystrom-attention 0.0.14
   (num_landmarks=64, residual=False): the same mathematics, outputs equal to rounding;
-- reformer (2 hashes, bucket_size 64) · reformer-pytorch 1.4.4 LSHSelfAttention (n_hashes=2, bucket_size=64).
-  Ours corrects duplicate pairs exactly (the peer's default, allow_duplicate_attention=True, does not) and
-  draws one rotation per sample, head and round;
-- performer (256 features, fixed: redraw_interval=0) · performer-pytorch SelfAttention (nb_features=256);
+- reformer (2 hashes, bucket_size 64) · reformer-pytorch 1.4.4 LSHSelfAttention (n_hashes=2,
+  bucket_size=64); ours corrects duplicate pairs exactly (the peer's default does not) and draws one
+  rotation per sample, head and round;
+- performer (256 features, redraw_interval=0) · performer-pytorch SelfAttention (nb_features=256);
 - linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
-Forward+backward of both sides of every pair once a repetition, the order reversed every other one, so that a
-change of load falls on both alike. experiments.scaling's glibc setting should be in the environment.
+Both sides of each pair run forward+backward once a repetition, in reversed order every other one,
+so that load falls on both alike; experiments.scaling's glibc setting belongs in the environment.
 """
 import importlib.util
 import os

@@ -1,5 +1,5 @@
-"""Plots of the report, drawn from the same records as its tables (matplotlib, an optional extra): each function
-writes one PNG and returns its caption.
+"""Plots of the report, drawn from the same records as its tables (matplotlib, an optional extra):
+each function writes one PNG and returns its caption.
 """
 import importlib.util
 import json

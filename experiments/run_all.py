@@ -1,13 +1,13 @@
-"""The comparison, end to end: the grid, the attention scaling table, then the report and its plots, all in
-one run folder.
+"""The comparison, end to end: the grid, the attention scaling table, then the report and its plots,
+all in one run folder.
 
-    ./run_all.sh                      # the quick grid (about 28 minutes on 2 cores) into runs/grid-quick
-    ./run_all.sh --smoke --out X      # every cell at a handful of steps (about 4 minutes): checks the plumbing
-    ./run_all.sh --full               # paper presets, 3 seeds (a GPU job); scaling to n = 8192
+    ./run_all.sh                  # the quick grid (28 minutes on 2 cores) into runs/grid-quick
+    ./run_all.sh --smoke --out X  # every cell at a few steps (about 4 minutes): the plumbing
+    ./run_all.sh --full           # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
-Everything goes to the run folder (an ignored path; a rerun resumes), the report OUT/REPORT.md last; nothing
-tracked is modified. Publishing is a maintainer's step: ``--out results/quick``, then ``python -m
-experiments.report --readme README.md``.
+Everything goes to the run folder (an ignored path; a rerun resumes), the report OUT/REPORT.md last;
+nothing tracked changes. Publishing is a maintainer's step: ``--out results/quick``, then ``python
+-m experiments.report --readme README.md``.
 """
 import argparse
 import os

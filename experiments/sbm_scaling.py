@@ -1,18 +1,18 @@
 """SBM scaling: the attention core and the module at controlled densities, beside full attention.
 
-    python -m experiments.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
-    python -m experiments.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
+    python -m experiments.sbm_scaling                        # n 1024..8192 × densities 1, 5, 25 %
+    python -m experiments.sbm_scaling --threads 1 --rounds 3 # interleaved: fair on a busy CPU
 
 Cells (--kinds), each in a fresh process as experiments.scaling's (training mode, non-causal):
-- ``full``, ``full-ref``: experiments.scaling's cells of full attention (fused SDPA; materialised scores);
-- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head, as the
-  sampler gives it (block-diagonal CSR); the graph's structures are built inside the timed region;
-- ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted so that the
+- ``full``, ``full-ref``: experiments.scaling's, full attention (fused SDPA; materialised scores);
+- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head as
+  the sampler gives it (block-diagonal CSR), its structures built inside the timed region;
+- ``sbm@d``: the SBMAttention module (regulariser off), its membership logits shifted so that the
   expected density, δ included, is d (sbm_transformer.at_density);
-- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d only.
-Then per n: the densities where SBM's time meets fused SDPA's and its memory the reference path's (cost is
-linear in the edges: a least-squares line through the densities); the module's memory as a + b·E, each round
-fitted apart; where each ``sbm`` cell's time goes (profile_parts), beside the core cell of its density.
+- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d.
+Then per n: the densities where SBM's time meets fused SDPA's and its memory the explicit path's (a
+least-squares line: cost is linear in the edges); the module's memory as a + b·E, each round fitted
+apart; where each ``sbm`` cell's time goes (profile_parts), beside the core cell of its density.
 """
 import contextlib
 import json

@@ -3,11 +3,11 @@
     python -m experiments.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
     python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
 
-``full-ref`` is full attention on its reference path (materialised scores); ``sbm@D`` is SBM-Transformer at
-density D, as a trained model samples, where ``sbm`` is an untrained one at its initial ~25%; both on the fast
-path (the cost linear in edges the method claims) unless ``--attn sbm.path=reference``. Each (method, length)
-cell runs in a fresh process, so its peak memory is its own. The glibc allocator setting changes CPU timings
-1.5-4× (large buffers page-faulted back on every op): each table states its own; never mix two in a table.
+``full-ref`` is full attention's reference path (materialised scores); ``sbm@D`` is SBM at density
+D, as a trained model samples, ``sbm`` an untrained one at ~25%; both on the fast path (its claim: a
+cost linear in edges) unless ``--attn sbm.path=reference``. Each (method, length) cell runs in a
+fresh process, so that its peak memory is its own. The glibc allocator setting changes CPU timings
+1.5-4× (large buffers page-faulted back on every op): each table states its own.
 """
 import argparse
 import inspect

@@ -3,19 +3,19 @@
     python -m experiments.ssa_table                                   # bytes (WikiText-2 text), length 1024
     python -m experiments.ssa_table --steps 600 --out runs/ssa_table  # other options go to every setting's run
 
-Settings (the SSA paper's names, §4 and Table 8; SSA on every layer, σ ramped 0.1 → 0.225 of the length):
+Settings (the paper's names, §4 and Table 8; SSA on every layer, σ ramped 0.1 → 0.225 × length):
     S0        dense attention                       ssa.py --ssa-layers 0
     S-L2      locally biased SSA, 2 windows         ssa.py --windows 2
     S-L4      locally biased SSA, 4 windows         ssa.py --windows 4 (+ the self-ensembling curve)
     S-L4+FT   S-L4, dense for the last 10 % (§3.4)  ssa.py --windows 4 --finetune-fraction 0.1
-    S-U75     unbiased SSA keeping 25 % of sources  ssa.py --unbiased 0.25 (L4's attention budget; Table 8)
-Each setting trains in its own process, one after another, with the same model, data order and budget; a
-complete one is kept on a rerun. S-L4+FT is S-L4 until its dense tail (every draw of step t is seeded by t).
-The ALiBi decoder of App. B.1 (no positional embeddings) at the CPU preset's width, with App. B.1's schedule:
-after warm-up the rate falls linearly to half its peak, so the +FT tail (§3.4: "the schedule simply
-continues") trains at half the peak rate (`--lr-decay cosine --lr-floor 0.1`: the harness's default).
-Columns normalised to S0 as in Table 1; bits per byte of the dense ("renormalised", §3.4) evaluation. The
-targets checked: S-L4 step ≤ 0.65 × S0's; S-L4+FT within 2 % of S0's bpb; S-L4 better than S-U75.
+    S-U75     unbiased SSA keeping 25 % of sources  ssa.py --unbiased 0.25 (L4's budget; Table 8)
+Each setting trains in its own process, one after another, on the same model, data and budget; a
+complete one is kept on a rerun. S-L4+FT is S-L4 until its dense tail (every draw of step t is
+seeded by t). App. B.1's ALiBi decoder at the CPU preset's width, with its schedule: after warm-up
+the rate falls linearly to half its peak, so the +FT tail (§3.4: "the schedule simply continues")
+trains at half of it. Columns ÷ S0's as in Table 1, bits per byte of the dense ("renormalised",
+§3.4) evaluation; targets: S-L4 step ≤ 0.65 × S0's, S-L4+FT within 2 % of S0's bpb, S-L4 better than
+S-U75.
 """
 import contextlib
 import io

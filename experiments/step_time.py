@@ -1,18 +1,18 @@
 """Training-step time of a table's methods side by side in one process, full attention timed as a user runs it.
 
-    python -m experiments.step_time --task listops --preset paper --batch-size 8      # SBM Table 3's ListOps 2K
+    python -m experiments.step_time --task listops --preset paper --batch-size 8  # Table 3 at 2K
     python -m experiments.step_time --task listops --preset paper --batch-size 8 \
-        --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
+        --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0  # a run's density
     python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'
 
-One model per variant, the same batches for all, one training step (forward, loss, backward, AdamW) of each in
-turn, round after round; each variant's median ratio to full attention:
-- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel for its
-  math path (printed), and every batch is padded to the preset's length;
-- `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence: what a user
-  would time. Dropout's own cost is the ratio of the two rows;
-- each other method of --methods, untrained (their costs do not depend on the weights), SBM at each density of
-  --sbm-density; or, with --runs, the settings of those run folders, SBM at its record's test density.
+One model per variant, the same batches for all, one training step (forward, loss, backward, AdamW)
+of each in turn, round after round; each variant's median ratio to full attention:
+- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel
+  for its math path (printed), and every batch is padded to the preset's length;
+- `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence:
+  what a user would time (dropout's cost is the ratio of the two);
+- each other method of --methods, untrained (its cost does not depend on its weights), SBM at each
+  density of --sbm-density; or, with --runs, the settings of those run folders.
 """
 import dataclasses
 import inspect
