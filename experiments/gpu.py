@@ -58,7 +58,7 @@ def left(deadline: float) -> float:
 
 
 def run(argv, deadline: float, env=None, cap: float = 600) -> dict:
-    """``python ARGV`` from the repository's root, stopped at ``deadline`` (or after `cap` seconds): its
+    """``python ARGV`` from the repository's root, stopped at ``deadline`` (or after `cap` s): its
     exit code, seconds and output."""
     start = time.monotonic()
     try:
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
                 continue
             parts = sum(SHARE.get(s, 0) for s in stages)
             last = stage == stages[-1] or stage == "frontier"  # the last stage and the frontier take what is left
-            start = time.monotonic()  # the stage's deadline: its share, or the job's if that is sooner
+            start = time.monotonic()  # the stage's deadline: its share, or the job's if sooner
             share = deadline if last else min(deadline, start + SHARE[stage] / parts * args.budget)
             print(f"stage {stage} ({left(deadline):.0f} s of budget left)", flush=True)
             rows = {"correctness": lambda: correctness(device, size, share, out),

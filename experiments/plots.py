@@ -26,8 +26,8 @@ def figure(columns: int, rows: int = 1, width: float = 5.5, height: float = 4.0)
 
 
 def log_x(ax) -> None:
-    """A log x axis labelled as plain numbers at 1-2-5 steps where the data span at most ~1.5 decades, at powers of
-    ten only where they span more, never at minor ticks: labels that would overlap are left out."""
+    """A log x axis labelled as plain numbers at 1-2-5 steps where the data span at most ~1.5
+    decades, at powers of ten where they span more, never at minor ticks: no labels overlap."""
     import matplotlib.ticker as ticker
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -42,7 +42,7 @@ def log_x(ax) -> None:
 
 
 def save(fig, path: Path, axes, xlabel, ylabels: List[str], rect=(0, 0, 1, 1)) -> None:
-    """Labels (``xlabel``: one for every panel, or a list of one per panel; None: none), grid, layout within
+    """Labels (``xlabel``: one for every panel or one per panel; None: none), grid, layout within
     ``rect``, PNG; closes the figure."""
     axes = list(axes)
     for ax, x, ylabel in zip(axes, [xlabel] * len(axes) if isinstance(xlabel, str) else xlabel, ylabels):
@@ -80,8 +80,8 @@ QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot'
 
 def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], budget: str,
                      reference: str = "full") -> str:
-    """One row per task: the test metric against what a training step costs (``costs``: name → a record's value)
-    × full attention's on that task, one colour and marker per method named in one legend."""
+    """One row per task: the test metric against what a training step costs (``costs``: name → a
+    record's value) × full attention's, one colour and marker per method named in one legend."""
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
     methods = list(dict.fromkeys(r["method"] for r in records))
     style = {m: dict(color=f"C{i % 10}", marker="osD^v<>ph*"[i // 10 % 10]) for i, m in enumerate(methods)}

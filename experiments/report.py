@@ -90,8 +90,8 @@ def step_times_of(folder: Path) -> Dict[str, dict]:
 
 
 def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[str, Dict[str, float]]:
-    """Per method: each of COSTS ÷ full attention's on the same task (step time ÷ fair full attention's where
-    ``step_times`` timed the task), geometric mean over the tasks where both ran."""
+    """Per method: each of COSTS ÷ full attention's on the same task (step time ÷ fair full
+    attention's where ``step_times`` timed it), geometric mean over the tasks where both ran."""
     cells, logs = by(recs, "method", "task"), defaultdict(lambda: defaultdict(list))
     for (method, task), rs in cells.items():
         ref = cells.get((REFERENCE, task), [])
@@ -132,7 +132,7 @@ def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_res
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
     failed, rows = {(f["method"], f["task"]): f["status"] for f in failures}, []  # "failed" or "diverged"
     names = {*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)}
-    # registry order, then any method the records name that this process has not registered (a plug-in)
+    # registry order, then any method the records name that this process lacks (a plug-in)
     for m in [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS)):
         row = [m] + [tests(cells[(m, t)]) if (m, t) in cells else f"n/a ({refused[(m, t)]})" if (m, t) in refused
                      else f"{failed[(m, t)]} (below)" if (m, t) in failed else
@@ -360,7 +360,7 @@ def main(argv=None) -> int:
         if path is not None and not (path and Path(path).is_dir()):
             p.error(f"{option}: no folder {path or repr(path)}")
     results, readme = Path(args.results), Path(args.readme or ".")
-    if args.run is not None or args.readme is None:  # a run folder's report, or results/README.md's text
+    if args.run is not None or args.readme is None:  # a run folder's report, or results/README.md
         print(write_run_report(Path(args.run)) if args.run is not None else results_readme(results, {}))
         return 0
     if not (args.readme and readme.is_file() and os.access(readme, os.R_OK | os.W_OK)):

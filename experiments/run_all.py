@@ -51,12 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
-    """OUT/scaling.json of the grid's methods, kept when it was measured with the same settings (a resumed run),
-    else measured anew; how many of its cells failed."""
+    """OUT/scaling.json of the grid's methods, kept when measured with the same settings (a resumed
+    run), else measured anew; how many of its cells failed."""
     from experiments import scaling
     path, chosen = out / "scaling.json", [m for m in methods if registry.get(m).scaling]
-    # beside them full attention's explicit path, and SBM at a trained model's 1% density beside its untrained
-    # ~25% (Table 2's densities at λ = 1e-2: 1-4%)
+    # beside them full attention's explicit path, and SBM at a trained model's 1% density beside its
+    # untrained ~25% (Table 2's densities at λ = 1e-2: 1-4%)
     wanted = ",".join(chosen + ["full-ref"] * ("full" in chosen) + ["sbm@0.01"] * ("sbm" in chosen))
     settings = {"methods": wanted, "lengths": lengths, **SCALING_REPEATS[budget]}
     previous = (read_json(path) or {}).get("args", {})
@@ -70,8 +70,8 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
 
 
 def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
-    """experiments.step_time over each task's cells of ``seed`` with a full-attention record (the smoke budget:
-    its first task, to check the plumbing) into OUT/step_time-TASK; the number of tasks it failed on."""
+    """experiments.step_time over each task's cells of ``seed`` with a full-attention record (smoke:
+    its first task) into OUT/step_time-TASK; the number of tasks it failed on."""
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from experiments import report
     jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
-    lengths = ",".join(map(str, args.lengths)) if args.lengths else SCALING[args.budget]  # as scaling.main takes it
+    lengths = ",".join(map(str, args.lengths)) if args.lengths else SCALING[args.budget]  # as text
     try:
         methods, tasks, seeds, out = grid.checked_plan_options(args)
     except ValueError as exc:

@@ -69,9 +69,9 @@ def labelled():
 
 
 def profile_parts(step, steps: int) -> dict:
-    """Milliseconds per call of `step` (SBMAttention's forward+backward) in each part (PARTS), by torch.profiler:
-    an op is the innermost part label's it runs under, a backward op that of the forward op that created its
-    autograd node (sequence number); the rest is "other". Profiling adds a few µs per op."""
+    """Milliseconds per call of `step` (SBMAttention's forward+backward) in each part (PARTS), by
+    torch.profiler: an op is the innermost part label's it runs under, a backward op that of the
+    forward op that made its autograd node; the rest is "other" (profiling adds µs an op)."""
     from torch.profiler import ProfilerActivity, profile
 
     with labelled(), profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -159,8 +159,8 @@ def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
 
 
 def crossover(rows: list, key: str, reference) -> str:
-    """The density where the least-squares line through the rows' (density, key) reaches the reference's: "none"
-    where it stays above it (it meets it below 0), "> 100%" below it up to full density, "–" without a fit."""
+    """The density at which a least-squares line through the rows' (density, key) meets the
+    reference's: "none" if it only would below 0, "> 100%" above 1, "–" without a fit."""
     if len(rows) < 2 or reference is None:
         return "–"
     intercept, slope = line_fit([r["density"] for r in rows], [float(r[key]) for r in rows])
@@ -180,8 +180,8 @@ def summary(rows: list) -> list:
 
 
 def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
-    """Per n, the module's peak memory (and its tensors') as a + b·E over its densities, E the edges drawn, by
-    least squares in each round apart (median [range]), beside full attention's; each density's peak and ratios."""
+    """Per n, the module's peak memory (and its tensors') as a + b·E over its densities, fitted in
+    each round apart (median [range]), beside full attention's; each density's peak and ratios."""
     def spread(values, unit):
         return f"{statistics.median(values) / unit:.1f} [{min(values) / unit:.1f}, {max(values) / unit:.1f}]"
 

@@ -112,8 +112,8 @@ def measure_cell(cell: dict) -> dict:
 
 
 def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
-    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline, forward and
-    forward+backward medians (ms), the tensors' own peak, forward FLOPs (bench.measure's conventions)."""
+    """A cell's measurements: peak memory of one forward+backward above the baseline, forward and
+    forward+backward medians (ms), the tensors' own peak, forward FLOPs (bench.measure's)."""
     import torch
 
     from bench import measure
@@ -130,10 +130,10 @@ def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
 
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
-    """One cell measured in a fresh process (`python -m MODULE --cell JSON`) that dies with this one, so that its
-    peak memory is its own: the row, or {"error": reason}."""
+    """One cell measured in a fresh process (`python -m MODULE --cell JSON`) that dies with this
+    one, so that its peak memory is its own: the row, or {"error": reason}."""
     from experiments.grid import ROOT, die_with_parent
-    env = {k: v for k, v in os.environ.items() if k not in ALLOCATORS["keep"]}  # the setting asked for alone
+    env = {k: v for k, v in os.environ.items() if k not in ALLOCATORS["keep"]}  # the one asked for
     env.update(ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])} if cell.get("threads") else {}))
     try:
         proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env, cwd=ROOT,

@@ -62,8 +62,8 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
 
 
 def check_settings(p, names: list, common: list, out: Path):
-    """S0's RunConfig; every setting's command line parsed as ssa.py parses it, and the device looked for, before
-    anything runs: a bad option is refused in one line, not after earlier settings have trained."""
+    """S0's RunConfig; every setting's command line parsed as ssa.py parses it, and the device
+    looked for, before anything runs: a bad option is refused at once, in one line."""
     from ssa import SSAConfig
     configs = []
     for name in names:

@@ -106,8 +106,8 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
 
 
 def variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
-    """label → (model, trimmed): one variant per record, built as the run was (method, settings, --attn budget,
-    attention dropout, positional embeddings) on one initialisation seed; SBM at the record's test density."""
+    """label → (model, trimmed): a variant per record, built as the run was (method, settings,
+    --attn budget, dropout, positional embeddings) from one seed; SBM at its test density."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     built, full_cfg = {}, model_cfg
