@@ -31,8 +31,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 @dataclass(frozen=True)
 class Setting:
-    """One training setting of a claim: method, task, preset and options ({option: value}); ``tag`` tells two
-    settings of one method apart in the cells' folder names (e.g. SBM at two λ)."""
+    """A claim's training setting; ``tag`` tells two of one method apart (e.g. SBM at two λ)."""
     method: str
     task: str
     preset: str = "cpu"
@@ -295,8 +294,7 @@ BY_NAME = {c.name: c for c in CLAIMS}
 
 
 def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
-    """Runs a claim's cells that match ``pattern``; a cell waiting on other runs' records (an option they give) runs
-    once they are complete. Returns how many cells failed or could not run."""
+    """The cells matching ``pattern``, each once its records are in; how many failed or wait."""
     done, failures = set(), 0
     while True:
         cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], pattern) and c["name"] not in done]

@@ -65,8 +65,7 @@ def above_fixed(ms: float, fixed_ms: float, edges: int) -> str:
 
 
 def igraph_sbm(n: int, density: float, S: torch.Tensor):
-    """A function drawing igraph's stochastic block model of n nodes in K = len(S) near-equal blocks, preference
-    matrix density · S / mean(S) (capped at 1), directed with self-loops: the number of edges drawn."""
+    """A function drawing igraph's SBM (len(S) blocks, preference ∝ S): the edges drawn."""
     import igraph
 
     k = len(S)

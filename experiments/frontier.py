@@ -54,8 +54,8 @@ def families(steps: int) -> Dict[str, List[Tuple[str, str, dict]]]:
 
 @dataclass(frozen=True)
 class BestLearningRate:
-    """The ``lr`` of a stage-2 cell: of its family's learning-rate cells (``cells``: their names without the
-    seed), the one with the best validation metric; None while one of them is not complete."""
+    """A stage-2 cell's ``lr``: its family's learning-rate ``cells``' (names without the seed) with
+    the best validation metric, once they are all complete."""
     cells: Tuple[str, ...]
     higher_is_better: bool
 
@@ -106,8 +106,7 @@ def by_setting(records: List[dict]) -> Dict[Tuple[str, str, str], List[dict]]:
 
 
 def verdict_rows(records: List[dict]) -> List[dict]:
-    """Per task variant and family: the lowest median test density at which its median test metric
-    reaches full attention's (within MARGIN; bits per byte: 0.05), with the seeds that do."""
+    """Per variant and family: the lowest median density reaching full attention's metric."""
     groups, rows = by_setting(records), []
     for variant, (task, _, _) in VARIANTS.items():
         full = groups.get((variant, "dense", "full"), [])

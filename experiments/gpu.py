@@ -58,8 +58,7 @@ def left(deadline: float) -> float:
 
 
 def run(argv, deadline: float, env=None, cap: float = 600) -> dict:
-    """``python ARGV`` from the repository's root, stopped at ``deadline`` (or after `cap` s): its
-    exit code, seconds and output."""
+    """``python ARGV`` stopped at ``deadline`` (or after `cap` s): exit code, seconds and output."""
     start = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, *argv], cwd=grid.ROOT, capture_output=True, text=True, env=env,
@@ -137,8 +136,8 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
 
 
 def crossovers(rows: list) -> list:
-    """Per method: the first length from which its forward+backward is faster than full attention's (SDPA) at
-    every longer length measured, or None."""
+    """Per method: the first length from which it is faster than full attention at each longer one
+    measured."""
     full = {r["n"]: r["fwdbwd_ms"] for r in rows if r["method"] == "full" and "error" not in r}
     result = []
     for method in SCALING_METHODS[1:]:

@@ -118,8 +118,8 @@ def flags(settings: Dict[str, object]) -> List[str]:
 
 def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: Optional[dict] = None,
               tag: str = "", estimate_s: float = 3600.0) -> dict:
-    """One training run of a grid or a claim, as data: its options, its folder's name (``tag`` tells
-    two settings of one method apart) and its command (the method's own file, or bench.train's)."""
+    """A grid's or a claim's training run as data: options, folder name (``tag`` tells two of one
+    method apart), command."""
     settings = dict(settings or {})
     spec = registry.get(method)
     entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]
@@ -145,10 +145,9 @@ def data_problem(task: str, seq_len: int, data_dir: Path) -> Optional[str]:
     """The task's own message when its data are missing (tasks that read files only), else None."""
     from bench.tasks import get_task
     instance = get_task(task)
-    if not instance.reads_files:
-        return None
     try:
-        instance.setup(seq_len, 0, data_dir, 0)
+        if instance.reads_files:
+            instance.setup(seq_len, 0, data_dir, 0)
     except DataError as exc:
         return str(exc)
     return None
@@ -377,8 +376,7 @@ def common_settings(args) -> Dict[str, object]:
 
 
 def checked_plan_options(args) -> tuple:
-    """(methods, tasks, seeds, run folder) of the grid's or ./run_all.sh's options, checked up front
-    against the registries: a ValueError says what is wrong before anything is made."""
+    """(methods, tasks, seeds, run folder) of the options, checked up front (ValueError)."""
     from bench.tasks import TASKS
     landed = list(registry.available())
     methods = parse_list(args.methods, landed, "methods") if args.methods is not None else landed

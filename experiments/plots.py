@@ -42,8 +42,8 @@ def log_x(ax) -> None:
 
 
 def save(fig, path: Path, axes, xlabel, ylabels: List[str], rect=(0, 0, 1, 1)) -> None:
-    """Labels (``xlabel``: one for every panel or one per panel; None: none), grid, layout within
-    ``rect``, PNG; closes the figure."""
+    """Labels (one ``xlabel`` or one per panel; None: none), grid, layout within ``rect``, the
+    PNG."""
     axes = list(axes)
     for ax, x, ylabel in zip(axes, [xlabel] * len(axes) if isinstance(xlabel, str) else xlabel, ylabels):
         for label, set_label in ((x, ax.set_xlabel), (ylabel, ax.set_ylabel)):
@@ -80,8 +80,8 @@ QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot'
 
 def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], budget: str,
                      reference: str = "full") -> str:
-    """One row per task: the test metric against what a training step costs (``costs``: name → a
-    record's value) × full attention's, one colour and marker per method named in one legend."""
+    """One row per task: the test metric against a training step's costs (``costs``: name → a
+    record's value) × full attention's, a colour and marker per method."""
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
     methods = list(dict.fromkeys(r["method"] for r in records))
     style = {m: dict(color=f"C{i % 10}", marker="osD^v<>ph*"[i // 10 % 10]) for i, m in enumerate(methods)}

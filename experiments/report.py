@@ -79,8 +79,7 @@ def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
     if not step_time or "full (fair)" not in step_time["step_ms"]:
         return {}
     fair = statistics.median(step_time["step_ms"]["full (fair)"])
-    names = {"full (as run)": "full", "sbm λ=0": "sbm"}  # Table 3 labels SBM without a regulariser "sbm"
-    return {names.get(label, label): statistics.median(ms) / fair
+    return {label.replace(" (as run)", ""): statistics.median(ms) / fair
             for label, ms in step_time["step_ms"].items() if label != "full (fair)"}
 
 
@@ -90,8 +89,7 @@ def step_times_of(folder: Path) -> Dict[str, dict]:
 
 
 def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[str, Dict[str, float]]:
-    """Per method: each of COSTS ÷ full attention's on the same task (step time ÷ fair full
-    attention's where ``step_times`` timed it), geometric mean over the tasks where both ran."""
+    """Per method: COSTS ÷ full attention's per task (step: ÷ fair full's), geometric mean."""
     cells, logs = by(recs, "method", "task"), defaultdict(lambda: defaultdict(list))
     for (method, task), rs in cells.items():
         ref = cells.get((REFERENCE, task), [])

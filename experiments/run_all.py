@@ -51,8 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
-    """OUT/scaling.json of the grid's methods, kept when measured with the same settings (a resumed
-    run), else measured anew; how many of its cells failed."""
+    """OUT/scaling.json of the grid's methods, kept if measured alike, else anew; its failures."""
     from experiments import scaling
     path, chosen = out / "scaling.json", [m for m in methods if registry.get(m).scaling]
     # beside them full attention's explicit path, and SBM at a trained model's 1% density beside its
@@ -70,8 +69,7 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
 
 
 def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
-    """experiments.step_time over each task's cells of ``seed`` with a full-attention record (smoke:
-    its first task) into OUT/step_time-TASK; the number of tasks it failed on."""
+    """experiments.step_time over each task's cells of ``seed`` (smoke: one task); the failures."""
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]

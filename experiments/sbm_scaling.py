@@ -180,8 +180,7 @@ def summary(rows: list) -> list:
 
 
 def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
-    """Per n, the module's peak memory (and its tensors') as a + b·E over its densities, fitted in
-    each round apart (median [range]), beside full attention's; each density's peak and ratios."""
+    """Per n, the module's peak memory as a + b·E per round (median [range]) beside full's."""
     def spread(values, unit):
         return f"{statistics.median(values) / unit:.1f} [{min(values) / unit:.1f}, {max(values) / unit:.1f}]"
 

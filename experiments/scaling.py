@@ -130,8 +130,7 @@ def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
 
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
-    """One cell measured in a fresh process (`python -m MODULE --cell JSON`) that dies with this
-    one, so that its peak memory is its own: the row, or {"error": reason}."""
+    """One cell measured in a process that dies with this one (its own peak memory): its row."""
     from experiments.grid import ROOT, die_with_parent
     env = {k: v for k, v in os.environ.items() if k not in ALLOCATORS["keep"]}  # the one asked for
     env.update(ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])} if cell.get("threads") else {}))

@@ -62,8 +62,7 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
 
 
 def check_settings(p, names: list, common: list, out: Path):
-    """S0's RunConfig; every setting's command line parsed as ssa.py parses it, and the device
-    looked for, before anything runs: a bad option is refused at once, in one line."""
+    """S0's RunConfig: each setting's command line parsed as ssa.py does before any trains."""
     from ssa import SSAConfig
     configs = []
     for name in names:

@@ -88,8 +88,7 @@ def method_records(names: list, sbm_density: dict, cfg: RunConfig) -> dict:
 
 
 def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str]) -> tuple:
-    """--runs: (RunConfig of the records' task and model, {folder name: record}) for the complete runs in the
-    folders matching ``pattern``; they must share task and model."""
+    """--runs: (RunConfig, {folder: record}) of the complete runs matching ``pattern``."""
     import glob
     records = {Path(f).name: read_json(Path(f) / "metrics.json") for f in sorted(glob.glob(pattern))}
     records = {name: r for name, r in records.items() if r and r.get("status") == "complete"}
@@ -106,8 +105,8 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
 
 
 def variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
-    """label → (model, trimmed): a variant per record, built as the run was (method, settings,
-    --attn budget, dropout, positional embeddings) from one seed; SBM at its test density."""
+    """label → (model, trimmed): one per record, built as the run was (settings, --attn budget,
+    dropout, positions) from one seed; SBM at its test density."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     built, full_cfg = {}, model_cfg
