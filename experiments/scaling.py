@@ -18,7 +18,7 @@ import signal
 import statistics
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from tabulate import tabulate
 
@@ -26,7 +26,6 @@ from bench import cli
 from bench.files import write_json
 
 ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}, "default": {}}
-ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its own: a second setting of full
 
 
 def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path: str):
@@ -37,23 +36,20 @@ def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path:
     return sbm_transformer.at_density(module, x, density)
 
 
-def resolve_method(method: str, options: Dict[str, str]):
-    """A --methods name (an alias or sbm@D included) and its --attn texts → (registry name, {key: value text})."""
-    name, preset = ALIASES.get(method, (method.split("@")[0] if method.startswith("sbm@") else method, {}))
-    return name, {**preset, **options}
-
-
-def trained_density(method: str) -> Optional[float]:
-    """D of ``sbm@D`` (a density in (0, 1]), None for any other name; ValueError for a bad D."""
+def resolve_method(method: str, options: Dict[str, str]) -> tuple:
+    """A --methods name and its --attn texts → (registry name, {key: value text}, SBM's density):
+    ``full-ref``: full attention's reference path; ``sbm@D``: SBM at density D (else ValueError)."""
+    if method == "full-ref":  # a method name of its own: a second setting of full
+        return "full", {"path": "reference", **options}, None
     if not method.startswith("sbm@"):
-        return None
+        return method, options, None
     try:
         density = float(method[4:])
     except ValueError:
-        density = None
-    if density is None or not 0 < density <= 1:
+        density = 0.0
+    if not 0 < density <= 1:
         raise ValueError(f"{method}: sbm@D takes a density D in (0, 1], e.g. sbm@0.01")
-    return density
+    return "sbm", options, density
 
 
 def attn_options(items: List[str], methods: List[str]) -> Dict[str, Dict[str, str]]:
@@ -75,7 +71,7 @@ def measure_cell(cell: dict) -> dict:
     from bench.methods import attention_options, get
     torch.manual_seed(0)
     device = torch.device(cell["device"])
-    name, texts = resolve_method(cell["method"], cell.get("options", {}))
+    name, texts, density = resolve_method(cell["method"], cell.get("options", {}))
     cls = get(name).load()
     options = attention_options(name, texts)
     if name == "sbm":  # the method's claim is a cost linear in its edges: the fast path, unless --attn says
@@ -84,9 +80,8 @@ def measure_cell(cell: dict) -> dict:
         options.setdefault("max_len", cell["n"])
     dim = cell["heads"] * cell["head_dim"]
     x = torch.randn(cell["batch"], cell["n"], dim, device=device, requires_grad=True)
-    if trained_density(cell["method"]) is not None:
-        module = shifted_module(dim, cell["heads"], cell["head_dim"], x, trained_density(cell["method"]),
-                                options["path"])
+    if density is not None:
+        module = shifted_module(dim, cell["heads"], cell["head_dim"], x, density, options["path"])
     else:
         module = cls(dim, cell["heads"], cell["head_dim"], 0.0, **options).to(device)
     grad = torch.randn(cell["batch"], cell["n"], dim, device=device)
@@ -238,8 +233,7 @@ def main(argv=None) -> int:
         options = attn_options(args.attn, methods)
         from bench.methods import attention_options, available
         for method in methods:
-            trained_density(method)
-            name, texts = resolve_method(method, options[method])
+            name, texts, _ = resolve_method(method, options[method])
             if name not in available():
                 raise ValueError(f"unknown method {method!r}; available: {sorted(available())}")
             attention_options(name, texts)  # an unknown key or a value of the wrong type fails here, not in a cell
