@@ -131,12 +131,10 @@ def verdict_rows(records: List[dict]) -> List[dict]:
     return rows
 
 
-def step_time_ratios(folder: Path, variant: str) -> Dict[str, float]:
-    """Setting label → its training step's median time ÷ fair full attention's, from the side-by-side run
-    ``python -m experiments.step_time --runs 'FOLDER/runs/*-SUFFIX-TASK-cpu-s0' --out FOLDER/step_time-VARIANT``."""
-    timed = read_json(folder / f"step_time-{variant}" / "step_time.json") or {}
+def fair_ratios(timed: dict, suffix: str = "") -> Dict[str, float]:
+    """experiments.step_time's JSON: each setting's median step ÷ fair full attention's (NaN without
+    one), by its label less " (as run)" and a claim's cell-name ``suffix``."""
     fair = statistics.median(timed.get("step_ms", {}).get("full (fair)") or [math.nan])
-    suffix = VARIANTS[variant][1]
     return {name.replace(" (as run)", "").removesuffix(suffix): statistics.median(ms) / fair
             for name, ms in timed.get("step_ms", {}).items()}
 
@@ -151,7 +149,10 @@ def table(records: List[dict]) -> str:
         reached = ("not run yet" if not row["settings"] else "does not" if row["density"] is None
                    else f"{100 * row['density']:.1f}%")
         ratio = "–" if row["sparsest"] is None else f"{row['sparsest'][1]:.3f} ({100 * row['sparsest'][0]:.1f}%)"
-        times = step_time_ratios(folder, row["task"])
+        # the side-by-side run python -m experiments.step_time --out FOLDER/step_time-VARIANT
+        # --runs 'FOLDER/runs/*-SUFFIX-TASK-cpu-s0'
+        timed = read_json(folder / f"step_time-{row['task']}" / "step_time.json") or {}
+        times = fair_ratios(timed, VARIANTS[row["task"]][1])
         time = min((times[label] for label in row["reaching"] if label in times), default=None)
         lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
                      f"{row['setting'] or '–'} | {row['seeds']} | {'–' if time is None else f'{time:.2f}'} | "

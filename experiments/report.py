@@ -74,15 +74,6 @@ def by(recs: List[dict], *keys) -> Dict[tuple, List[dict]]:
 
 
 # ------------------------------------------------------------------------------------------------ a run
-def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
-    """experiments.step_time's medians ÷ fair full attention's, by setting label ("full": as the recipe runs)."""
-    if not step_time or "full (fair)" not in step_time["step_ms"]:
-        return {}
-    fair = statistics.median(step_time["step_ms"]["full (fair)"])
-    return {label.replace(" (as run)", ""): statistics.median(ms) / fair
-            for label, ms in step_time["step_ms"].items() if label != "full (fair)"}
-
-
 def step_times_of(folder: Path) -> Dict[str, dict]:
     """task → experiments.step_time's JSON in FOLDER/step_time-TASK (a run folder's or a claim's)."""
     return {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/step_time.json")}
@@ -94,8 +85,8 @@ def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = Non
     for (method, task), rs in cells.items():
         ref = cells.get((REFERENCE, task), [])
         named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items() if mean(rs, get) and mean(ref, get)}
-        fair = fair_step_ratios((step_times or {}).get(task))
-        named.update({"step time": fair[method]} if method in fair else {})
+        fair = frontier.fair_ratios((step_times or {}).get(task) or {}).get(method, math.nan)
+        named.update({} if math.isnan(fair) else {"step time": fair})  # NaN: not timed
         for name, value in named.items():
             logs[method][name].append(math.log(value))
     return {m: {k: math.exp(statistics.mean(v)) for k, v in named.items()} for m, named in logs.items()}
