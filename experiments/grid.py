@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from bench import cli
 from bench import methods as registry
@@ -79,30 +79,21 @@ PROCESS_SECONDS = 6  # starting python, importing torch and setting up a task, p
 
 @dataclass(frozen=True)
 class Budget:
-    name: str
     preset: str
     seeds: tuple
+    settings: Callable[[str, str], dict]  # (task, method) → the options beside task, preset, seed
+    estimate: Callable[[str, str], float]  # (task, method) → a cell's seconds on one thread
     left_out: Dict[str, str] = field(default_factory=dict)
 
-    def settings(self, task: str, method: str) -> dict:
-        """The cell's options beside its task, preset and seed: {option: value}."""
-        if self.name == "quick":
-            return dict(QUICK[task][0])
-        if self.name == "smoke":
-            return dict(seq_len=SMOKE_SHAPES[task], **SMOKE, **(KERNEL_SMOKE if method == "kernel" else {}))
-        return {}
 
-    def estimate(self, task: str, method: str) -> float:
-        """Seconds one cell is expected to take on one thread (full: unknown, so a nominal hour)."""
-        if self.name == "smoke":
-            return PROCESS_SECONDS + (6 if method == "kernel" else 2)
-        if self.name == "quick":
-            return QUICK[task][1] * registry.get(method).cost
-        return 3600.0
-
-
-BUDGETS = {b.name: b for b in (Budget("quick", "cpu", (0,), QUICK_LEFT_OUT),
-                               Budget("smoke", "cpu", (0,)), Budget("full", "paper", (0, 1, 2)))}
+BUDGETS = {
+    "quick": Budget("cpu", (0,), lambda task, _: dict(QUICK[task][0]),
+                    lambda task, m: QUICK[task][1] * registry.get(m).cost, QUICK_LEFT_OUT),
+    "smoke": Budget("cpu", (0,), lambda task, method: dict(
+        seq_len=SMOKE_SHAPES[task], **SMOKE, **(KERNEL_SMOKE if method == "kernel" else {})),
+        lambda _, method: PROCESS_SECONDS + (6 if method == "kernel" else 2)),
+    "full": Budget("paper", (0, 1, 2), lambda *_: {}, lambda *_: 3600.0),  # unknown: a nominal hour
+}
 
 
 def flags(settings: Dict[str, object]) -> List[str]:
