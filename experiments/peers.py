@@ -105,8 +105,7 @@ PEERS = {"full": "torch.nn.MultiheadAttention", "nystromformer": "nystrom-attent
 
 def main(argv=None) -> int:
     p = cli.parser("python -m experiments.peers", __doc__.splitlines()[0])
-    p.add_argument("--lengths", default="4096", type=cli.positive_ints,
-                   help="comma-separated sequence lengths (multiples of 128)")
+    p.add_argument("--lengths", default="4096", type=cli.positive_ints, help="multiples of 128")
     p.add_argument("--methods", default=",".join(PEERS), help="comma-separated, from " + ",".join(PEERS))
     scaling.add_benchmark_arguments(p, warmup_iters=2, repeats=21, out="runs/peers")
     args = p.parse_args(argv)

@@ -272,13 +272,12 @@ def main(argv=None) -> int:
     load, started = scaling.load_average(), time.time()
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
             "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads, "causal": False}
-    cells = []
-    for n in args.lengths:
-        named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
-        named += [(f"{kind}@{d:g}", kind, d) for kind in kinds if kind in ("core", "sbm") for d in densities]
-        named += [(f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0])] * ("sbm-dense" in kinds)
-        cells += [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
-                             "method": kind if d is None else None}) for name, kind, d in named]
+    named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
+    named += [(f"{k}@{d:g}", k, d) for k in kinds if k in ("core", "sbm") for d in densities]
+    named += [(f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0])] * ("sbm-dense" in kinds)
+    cells = [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
+                        "method": kind if d is None else None})
+             for n in args.lengths for name, kind, d in named]
     measured = [[] for _ in cells]
     for round_ in range(args.rounds):  # every round measures every cell once: load falls on all cells alike
         for (name, n, cell), runs in zip(cells, measured):
