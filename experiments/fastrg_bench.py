@@ -7,12 +7,11 @@
 For n = m in --lengths, K = 128 and each density: X, Y (n × K) uniform(0, 1) (overlapping clusters,
 like SBM-Transformer's sigmoid memberships), S (K × K) uniform, scaled so that Σλ / (n·m) = density,
 λ = X S Yᵀ. naive: P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path),
-P included, timed once per n (its cost does not depend on the density). The calls of one n are
-interleaved. "fixed" (one expected edge) and "tables" (8K: every CDF entry built) give what a draw
-pays before its edges (Rohe et al. 2018: O((n + m)K + E)). igraph.Graph.SBM draws the same edge
-counts, not the same law (hard clusters of n/K nodes). --allocator keep: glibc keeps freed memory,
-so that large buffers are not page-faulted back on every call. A second thread's cost:
-results/notes/thread_cost.md.
+timed once per n (its cost does not depend on the density). "fixed" (one expected edge) and "tables"
+(8K: every CDF entry built) give what a draw pays before its edges (Rohe et al. 2018: O((n + m)K +
+E)). igraph.Graph.SBM draws the same edge counts, not the same law (hard clusters of n/K nodes).
+--allocator keep: glibc keeps freed memory, so that large buffers are not page-faulted back on every
+call.
 """
 import ctypes
 import ctypes.util

@@ -8,10 +8,9 @@ Tasks: ``duplicates`` at 64 and 128 tokens (SBM paper §5.1: a label depends on 
 a value, placed by content); ``recall``, scattered-key associative recall, 2 layers; ``bytes``, a
 positional control (a local window does about as well as full attention). Families: dense, the fixed
 patterns (window, BigBird, a full head beside a window head) at target densities, Reformer's LSH,
-SBM at λ = 0 and with its regulariser on from halfway; not SSA (its evaluation is dense) nor the
-kernel method (a masked-LM pipeline). A family's learning rate is the best of three (seed 0, its
-first setting), as in Zoology (Arora et al. 2023, arXiv 2312.04927): a cell of stage 2 waits for its
-family's three.
+SBM at λ = 0 and with its regulariser on from halfway (SSA's evaluation is dense; the kernel method
+is a masked-LM pipeline). A family's learning rate is the best of three (seed 0, its first setting),
+as in Zoology (Arora et al. 2023, arXiv 2312.04927).
 """
 import math
 import statistics

@@ -4,18 +4,16 @@
     python -m experiments.gpu --budget 300 --stages scaling # some stages, a shorter budget
     python -m experiments.gpu --device cpu --tiny --out DIR # every stage at toy sizes (CI)
 
-The stages, in this order; each starts only while budget remains, and stops at its next run once it
-is spent:
-1. ``correctness``: ``pytest -m on_device`` on the device: reference and fast paths agree, the
-   attention contract is fuzzed there (padding, causal, autocast, generators on the device);
-2. ``entry``: each method's own training command on ListOps at its paper length (2,048 tokens, batch
-   128), 100 steps (SBM 10): step time, peak memory and density as metrics.json records them;
-3. ``scaling``: forward+backward time and peak memory of each attention against length (1K to 16K,
-   until memory runs out) beside full attention (SDPA), and the length from which it is faster;
+The stages, in order; each starts while budget remains, and stops at its next run once it is spent:
+1. ``correctness``: ``pytest -m on_device`` (reference and fast paths agree; the contract, fuzzed);
+2. ``entry``: each method's own training command on ListOps at 2,048 tokens, batch 128, 100 steps
+   (SBM 10): step time, peak memory and density as metrics.json records them;
+3. ``scaling``: each attention's forward+backward time and peak memory from 1K to 16K tokens beside
+   full attention (SDPA), and the length from which it is faster;
 4. ``frontier``: the frontier claim's families on duplicates at 512 and 1,024 tokens, seed 0.
-Records: OUT/gpu.json, OUT/README.md (its tables), OUT/correctness.log, one folder per device
-(default results/gpu/<device>): a table never mixes devices. A job of some --stages keeps the other
-stages' records of the folder's earlier job on the same device (each stage says its date and torch).
+Records: OUT/gpu.json, OUT/README.md (its tables), OUT/correctness.log, a folder per device (default
+results/gpu/<device>): a table never mixes devices. A job of some --stages keeps the other stages'
+records of the folder's earlier job on the same device.
 """
 import os
 import re
@@ -136,8 +134,8 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
 
 
 def crossovers(rows: list) -> list:
-    """Per method: the first length from which it is faster than full attention at each longer one
-    measured."""
+    """Per method: the first length from which it beats full attention's time at every longer
+    one."""
     full = {r["n"]: r["fwdbwd_ms"] for r in rows if r["method"] == "full" and "error" not in r}
     result = []
     for method in SCALING_METHODS[1:]:

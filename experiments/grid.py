@@ -4,11 +4,11 @@
     python -m experiments.grid --budget smoke           # every cell at a handful of steps: checks the plumbing
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets: ``quick`` trains each task at the settings of QUICK, in which full attention clearly learns
-it within ./run_all.sh's time on 2 CPU cores; ``smoke``: a few steps at tiny shapes; ``full``: the
-paper presets. Every cell of a task has the same backbone and recipe. Resumable: a complete cell of
-the planned command is kept, one with a checkpoint resumed, one of another budget redone. Stopping
-the grid (SIGTERM, SIGINT, or SIGKILL on Linux) stops its cells.
+Budgets: ``quick``, QUICK's settings, in which full attention clearly learns each task within
+./run_all.sh's time on 2 CPU cores; ``smoke``: a few steps at tiny shapes; ``full``: the paper
+presets. Every cell of a task has the same backbone and recipe. Resumable: a complete cell of the
+planned command is kept, one with a checkpoint resumed, one of another budget redone. Stopping the
+grid (even by SIGKILL, on Linux) stops its cells.
 """
 import argparse
 import ctypes
@@ -109,8 +109,7 @@ def flags(settings: Dict[str, object]) -> List[str]:
 
 def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: Optional[dict] = None,
               tag: str = "", estimate_s: float = 3600.0) -> dict:
-    """A grid's or a claim's training run as data: options, folder name (``tag`` tells two of one
-    method apart), command."""
+    """A grid's or claim's run as data: options, folder name (``tag``: of one method's), command."""
     settings = dict(settings or {})
     spec = registry.get(method)
     entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]

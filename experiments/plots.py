@@ -1,5 +1,4 @@
-"""Plots of the report, drawn from the same records as its tables (matplotlib, an optional extra):
-each function writes one PNG and returns its caption.
+"""Plots of the report from its tables' records (matplotlib, optional): a PNG and its caption each.
 """
 import importlib.util
 import json
@@ -42,8 +41,7 @@ def log_x(ax) -> None:
 
 
 def save(fig, path: Path, axes, xlabel, ylabels: List[str], rect=(0, 0, 1, 1)) -> None:
-    """Labels (one ``xlabel`` or one per panel; None: none), grid, layout within ``rect``, the
-    PNG."""
+    """Labels (one ``xlabel`` or one per panel; None: none), grid, layout within ``rect``, PNG."""
     axes = list(axes)
     for ax, x, ylabel in zip(axes, [xlabel] * len(axes) if isinstance(xlabel, str) else xlabel, ylabels):
         for label, set_label in ((x, ax.set_xlabel), (ylabel, ax.set_ylabel)):

@@ -1,5 +1,4 @@
-"""The comparison, end to end: the grid, the attention scaling table, then the report and its plots,
-all in one run folder.
+"""The comparison end to end: the grid, attention scaling, the report and its plots, in one folder.
 
     ./run_all.sh                  # the quick grid (28 minutes on 2 cores) into runs/grid-quick
     ./run_all.sh --smoke --out X  # every cell at a few steps (about 4 minutes): the plumbing

@@ -5,14 +5,12 @@
 
 Cells (--kinds), each in a fresh process as experiments.scaling's (training mode, non-causal):
 - ``full``, ``full-ref``: experiments.scaling's, full attention (fused SDPA; materialised scores);
-- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head as
-  the sampler gives it (block-diagonal CSR), its structures built inside the timed region;
-- ``sbm@d``: the SBMAttention module (regulariser off), its membership logits shifted so that the
-  expected density, δ included, is d (sbm_transformer.at_density);
+- ``core@d``: sbm_transformer.EdgeAttention on a uniform random graph of density d per head as the
+  sampler gives it (block-diagonal CSR), its structures built in the timed region;
+- ``sbm@d``: the SBMAttention module (regulariser off) at expected density d, δ included;
 - ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d.
-Then per n: the densities where SBM's time meets fused SDPA's and its memory the explicit path's (a
-least-squares line: cost is linear in the edges); the module's memory as a + b·E, each round fitted
-apart; where each ``sbm`` cell's time goes (profile_parts), beside the core cell of its density.
+Per n, the tables printed say where SBM's time and memory meet full attention's, the module's memory
+per edge, and where its time goes.
 """
 import contextlib
 import json

@@ -10,12 +10,10 @@ Settings (the paper's names, §4 and Table 8; SSA on every layer, σ ramped 0.1 
     S-L4+FT   S-L4, dense for the last 10 % (§3.4)  ssa.py --windows 4 --finetune-fraction 0.1
     S-U75     unbiased SSA keeping 25 % of sources  ssa.py --unbiased 0.25 (L4's budget; Table 8)
 Each setting trains in its own process, one after another, on the same model, data and budget; a
-complete one is kept on a rerun. S-L4+FT is S-L4 until its dense tail (every draw of step t is
-seeded by t). App. B.1's ALiBi decoder at the CPU preset's width, with its schedule: after warm-up
-the rate falls linearly to half its peak, so the +FT tail (§3.4: "the schedule simply continues")
-trains at half of it. Columns ÷ S0's as in Table 1, bits per byte of the dense ("renormalised",
-§3.4) evaluation; targets: S-L4 step ≤ 0.65 × S0's, S-L4+FT within 2 % of S0's bpb, S-L4 better than
-S-U75.
+complete one is kept. S-L4+FT is S-L4 (every draw of step t is seeded by t) until its dense tail.
+App. B.1's ALiBi decoder at the CPU preset's width, with its schedule: after warm-up the rate falls
+linearly to half its peak, so the +FT tail (§3.4: "the schedule simply continues") trains at half of
+it. Columns ÷ S0's as in Table 1; bits per byte of the dense ("renormalised", §3.4) evaluation.
 """
 import contextlib
 import io

@@ -7,12 +7,11 @@
 
 One model per variant, the same batches for all, one training step (forward, loss, backward, AdamW)
 of each in turn, round after round; each variant's median ratio to full attention:
-- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel
-  for its math path (printed), and every batch is padded to the preset's length;
-- `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence:
-  what a user would time (dropout's cost is the ratio of the two);
-- each other method of --methods, untrained (its cost does not depend on its weights), SBM at each
-  density of --sbm-density; or, with --runs, the settings of those run folders.
+- `full (as run)`: the preset's recipe (with attention dropout, CPU SDPA leaves its flash kernel for
+  its math path), every batch padded to the preset's length;
+- `full (fair)`: without attention dropout, each batch trimmed to its longest sequence;
+- each other method of --methods untrained (its cost does not depend on its weights), SBM at each
+  --sbm-density; or, with --runs, the settings of those run folders.
 """
 import dataclasses
 import inspect
