@@ -53,8 +53,7 @@ class Claim:
     rule: Callable[[Path], Tuple[str, str]] = None  # the claim's folder → (ours, verdict)
 
     def cells(self, runs: Path = None) -> List[dict]:
-        """Every run as a grid cell; an option read from the records under ``runs`` (such as
-        frontier.BestLearningRate) is resolved there, until then its cell is ``"waiting"``."""
+        """Every run as a grid cell, ``"waiting"`` for the records under ``runs`` it needs."""
         cells = []
         for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]:
             pending = {k: v for k, v in s.options.items() if hasattr(v, "resolve")}

@@ -53,8 +53,7 @@ def families(steps: int) -> Dict[str, List[Tuple[str, str, dict]]]:
 
 @dataclass(frozen=True)
 class BestLearningRate:
-    """A stage-2 cell's ``lr``: its family's learning-rate ``cells``' (names without the seed) with
-    the best validation metric, once they are all complete."""
+    """A stage-2 cell's ``lr``: its family's rate ``cells``' best by validation, once all are in."""
     cells: Tuple[str, ...]
     higher_is_better: bool
 

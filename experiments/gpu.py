@@ -134,8 +134,7 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
 
 
 def crossovers(rows: list) -> list:
-    """Per method: the first length from which it beats full attention's time at every longer
-    one."""
+    """Per method: the first length from which it beats full attention at each longer one run."""
     full = {r["n"]: r["fwdbwd_ms"] for r in rows if r["method"] == "full" and "error" not in r}
     result = []
     for method in SCALING_METHODS[1:]:

@@ -78,8 +78,7 @@ QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot'
 
 def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], budget: str,
                      reference: str = "full") -> str:
-    """One row per task: the test metric against a training step's costs (``costs``: name → a
-    record's value) × full attention's, a colour and marker per method."""
+    """Per task, the test metric against a step's ``costs`` × full attention's, per method."""
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
     methods = list(dict.fromkeys(r["method"] for r in records))
     style = {m: dict(color=f"C{i % 10}", marker="osD^v<>ph*"[i // 10 % 10]) for i, m in enumerate(methods)}

@@ -107,8 +107,7 @@ def measure_cell(cell: dict) -> dict:
 
 
 def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
-    """A cell's measurements: peak memory of one forward+backward above the baseline, forward and
-    forward+backward medians (ms), the tensors' own peak, forward FLOPs (bench.measure's)."""
+    """A cell's peak memory above baseline, forward and forward+backward ms, tensor peak, FLOPs."""
     import torch
 
     from bench import measure

@@ -104,8 +104,7 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
 
 
 def variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
-    """label → (model, trimmed): one per record, built as the run was (settings, --attn budget,
-    dropout, positions) from one seed; SBM at its test density."""
+    """label → (model, trimmed): each record's run rebuilt from one seed; SBM at its density."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     built, full_cfg = {}, model_cfg
