@@ -315,11 +315,11 @@ def run_output(claim: Claim, out: Path) -> int:
     scripts = [re.match(r"python (?:-m experiments\.)?(\w+)", c).group(1) for c in claim.commands]
     failures = 0
     for command, script in zip(claim.commands, scripts):
-        words = shlex.split(command)  # a script run per task saved per task: step_time-image.md
-        name = script + (f"-{words[words.index('--task') + 1]}" * (scripts.count(script) > 1))
+        argv = shlex.split(command)  # a script run per task saved per task: step_time-image.md
+        name = script + ("-" + argv[argv.index("--task") + 1] if scripts.count(script) > 1 else "")
         print(f"{claim.name}: {command} ...", flush=True)
         start = time.time()
-        result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True,
+        result = subprocess.run([sys.executable, *argv[1:]], cwd=RESULTS.parent, capture_output=True, text=True,
                                 preexec_fn=grid.die_with_parent)  # no benchmark outlives a killed claims run
         wall = time.time() - start
         if result.returncode != 0:
