@@ -109,7 +109,7 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
 
 
 def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
-    """SBM Fig. 4: each method's validation accuracy over training and SBM's mask density (method → log lines)."""
+    """SBM Fig. 4: each method's validation accuracy over training and SBM's density (log lines)."""
     fig, axes = figure(2)
     left, right = axes[0]
     for index, (method, lines) in enumerate(curves.items()):

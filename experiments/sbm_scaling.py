@@ -167,7 +167,7 @@ def crossover(rows: list, key: str, reference) -> str:
 
 
 def summary(rows: list) -> list:
-    """Per n, the core's and the module's crossovers: time against fused SDPA's, memory the explicit path's."""
+    """Per n, core and module crossovers: time against fused SDPA's, memory the explicit path's."""
     out = []
     for n in sorted({r["n"] for r in rows}):
         cells = {r["method"]: r for r in rows if r["n"] == n and "error" not in r}
@@ -206,7 +206,7 @@ def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
 
 
 def median_row(runs: list) -> dict:
-    """One cell's rounds → the median of each figure, beside the peak memory of every round (for memory_fit)."""
+    """One cell's rounds → each figure's median, beside every round's peak memory (memory_fit's)."""
     done = [r for r in runs if "error" not in r]
     if not done:
         return runs[-1]

@@ -157,7 +157,7 @@ def add_benchmark_arguments(p: argparse.ArgumentParser, warmup_iters: int, repea
 
 def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
                               out: str) -> None:
-    """add_benchmark_arguments' and those of cells measured in processes of their own: device, allocator, time."""
+    """add_benchmark_arguments', and the cells' own: device, allocator, time limit."""
     add_benchmark_arguments(p, warmup_iters, repeats, out)
     p.add_argument("--device", default="auto", type=cli.device_option,
                    help="auto (CUDA when present), cpu, cuda or cuda:N")
@@ -169,7 +169,7 @@ def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, rep
 
 
 def device_or_exit(p: argparse.ArgumentParser, device: str) -> str:
-    """--device resolved (auto: CUDA when present), or the parser's one-line exit for a device this machine lacks."""
+    """--device resolved (auto: CUDA when present), or the parser's exit if the machine lacks it."""
     from bench.config import resolve_device
     try:
         return str(resolve_device(device))

@@ -42,7 +42,7 @@ def trimmed(batch: dict) -> dict:
 
 
 def shift_sbm(model: Model, inputs: dict, density: float) -> None:
-    """Each SBM layer at expected density ``density`` (δ included) on what it sees of ``inputs`` (at_density)."""
+    """Each SBM layer at expected density ``density`` (δ included) on what it sees of ``inputs``."""
     from sbm_transformer import at_density
     seen = {}
     hooks = [block.attn.register_forward_pre_hook(lambda m, args, i=i: seen.setdefault(i, args[0].detach()))
@@ -76,7 +76,7 @@ def sbm_densities(text: str) -> dict:
 
 
 def method_records(names: list, sbm_density: dict, cfg: RunConfig) -> dict:
-    """--methods as records of untrained runs at the preset's settings, SBM once per --sbm-density label."""
+    """--methods as records of untrained runs of the preset, SBM once per --sbm-density."""
     config = {"attn_dropout": cfg.attn_dropout, "pos_emb": cfg.pos_emb}
     records = {}
     for name in names:
