@@ -153,8 +153,8 @@ def frontier_rows(device: str, size: str, deadline: float, scratch: Path) -> lis
             for method, tag, extra in members[:1] if size == "tiny" else members:
                 if left(deadline) < 20:
                     return rows
-                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates", "--device", device,
-                        *grid.flags({**recipe, **extra})]
+                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates",
+                        "--device", device, *grid.flags({**recipe, **extra})]
                 folder = scratch / f"{method}{tag}-n{n}"
                 result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=120)
                 record = read_json(folder / "metrics.json") or {}
@@ -173,22 +173,26 @@ def markdown(record: dict) -> str:
     parts = [f"# The GPU job on {record['device']}\n", f"torch {record['torch']}, Python {record['python']}, "
              f"budget {record['budget_s']} s, size {record['size']}; `{record['command']}`\n",
              table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds", "date"])]
-    rows = {stage: done.get("rows") for stage, done in record["stages"].items()}
-    if rows.get("correctness"):
-        parts.append(table(rows["correctness"], ["tests", "cases per variant", "code", "seconds", "summary"]))
-    if rows.get("entry"):
-        entry = [{**r, "peak MiB": f"{r['peak_memory_bytes'] / 2 ** 20:.0f}" if r.get("peak_memory_bytes") else "",
-                  "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
-                  "density": f"{r['density']:.4f}" if r.get("density") is not None else ""} for r in rows["entry"]]
+    stages = record["stages"]
+    if stages.get("correctness", {}).get("rows"):
+        parts.append(table(stages["correctness"]["rows"], ["tests", "cases per variant", "code", "seconds",
+                                                           "summary"]))
+    if stages.get("entry", {}).get("rows"):
+        rows = [{**r, "peak MiB": f"{r['peak_memory_bytes'] / 2 ** 20:.0f}" if r.get("peak_memory_bytes") else "",
+                 "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
+                 "density": f"{r['density']:.4f}" if r.get("density") is not None else ""}
+                for r in stages["entry"]["rows"]]
         parts.append("Each method's own entry point on ListOps (one short timing run each):\n\n" +
-                     table(entry, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds",
-                                   "status"]))
-    if rows.get("scaling"):
+                     table(rows, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds",
+                                  "status"]))
+    if stages.get("scaling", {}).get("rows"):
+        rows = stages["scaling"]["rows"]
         parts.append("Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n" +
-                     scaling.table(rows["scaling"], "full"))
-        parts.append(table(crossovers(rows["scaling"]), ["method", "faster than full from", "lengths measured"]))
-    if rows.get("frontier"):
-        parts.append(table(rows["frontier"], ["n", "family", "setting", "test", "density", "median_step_ms", "code"]))
+                     scaling.table(rows, "full"))
+        parts.append(table(crossovers(rows), ["method", "faster than full from", "lengths measured"]))
+    if stages.get("frontier", {}).get("rows"):
+        parts.append(table(stages["frontier"]["rows"], ["n", "family", "setting", "test", "density",
+                                                        "median_step_ms", "code"]))
     return "\n\n".join(parts) + "\n"
 
 
@@ -228,11 +232,14 @@ def main(argv=None) -> int:
     import torch
     if device == "cpu" and not args.tiny:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
-    size, name = "tiny" if args.tiny else "full", torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
-    out = Path(args.out or grid.ROOT / "results" / "gpu" / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"))
+    size = "tiny" if args.tiny else "full"
+    name = torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    out = Path(args.out or grid.ROOT / "results" / "gpu" / slug)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    record = {"device": name, "torch": torch.__version__, "python": sys.version.split()[0], "budget_s": args.budget, "size": size,
+    record = {"device": name, "torch": torch.__version__, "python": sys.version.split()[0],
+              "budget_s": args.budget, "size": size,
               "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
               "stages": {}}
     earlier = read_json(out / "gpu.json") or {}

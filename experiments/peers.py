@@ -48,21 +48,24 @@ def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module
     import reformer_pytorch
 
     dim = heads * head_dim
-    built = {  # (ours, peer), built in this order from one seed
-        "full": (FullAttention(dim, heads, head_dim), torch.nn.MultiheadAttention(dim, heads, batch_first=True)),
-        "nystromformer": (NystromAttention(dim, heads, head_dim, landmarks=64), nystrom_attention.NystromAttention(
-            dim, dim_head=head_dim, heads=heads, num_landmarks=64, residual=False)),
-        "reformer": (ReformerAttention(dim, heads, head_dim, n_hashes=2, bucket_size=64),
+    ours_call = lambda m, x: m(x)[0]  # noqa: E731
+    peer_call = lambda m, x: m(x)  # noqa: E731
+    mha_call = lambda m, x: m(x, x, x, need_weights=False)[0]  # noqa: E731
+    return {
+        "full": (FullAttention(dim, heads, head_dim), ours_call,
+                 torch.nn.MultiheadAttention(dim, heads, batch_first=True), mha_call),
+        "nystromformer": (NystromAttention(dim, heads, head_dim, landmarks=64), ours_call,
+                          nystrom_attention.NystromAttention(dim, dim_head=head_dim, heads=heads, num_landmarks=64,
+                                                             residual=False), peer_call),
+        "reformer": (ReformerAttention(dim, heads, head_dim, n_hashes=2, bucket_size=64), ours_call,
                      reformer_pytorch.LSHSelfAttention(dim, heads=heads, dim_head=head_dim, bucket_size=64,
-                                                       n_hashes=2)),
-        "performer": (PerformerAttention(dim, heads, head_dim, features=256, redraw_interval=0),
-                      performer_pytorch.SelfAttention(dim, heads=heads, dim_head=head_dim, nb_features=256)),
-        "linformer": (LinformerAttention(dim, heads, head_dim, rank=256, max_len=n),
-                      linformer.LinformerSelfAttention(dim, n, k=256, heads=heads, dim_head=head_dim)),
+                                                       n_hashes=2), peer_call),
+        "performer": (PerformerAttention(dim, heads, head_dim, features=256, redraw_interval=0), ours_call,
+                      performer_pytorch.SelfAttention(dim, heads=heads, dim_head=head_dim, nb_features=256),
+                      peer_call),
+        "linformer": (LinformerAttention(dim, heads, head_dim, rank=256, max_len=n), ours_call,
+                      linformer.LinformerSelfAttention(dim, n, k=256, heads=heads, dim_head=head_dim), peer_call),
     }
-    mha_call = lambda m, x: m(x, x, x, need_weights=False)[0]  # noqa: E731  (the fused path)
-    return {name: (ours, lambda m, x: m(x)[0], peer, mha_call if name == "full" else lambda m, x: m(x))
-            for name, (ours, peer) in built.items()}
 
 
 def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor", grad: "torch.Tensor") -> None:
@@ -129,8 +132,8 @@ def main(argv=None) -> int:
             f"batch {args.batch_size}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training "
             f"mode; median of {args.repeats} interleaved repetitions after {args.warmup_iters}; allocator "
             f"{allocator}; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n\n"
-            + tabulate(rows, headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
-                       tablefmt="github", disable_numparse=True))
+            + tabulate(rows, tablefmt="github", disable_numparse=True, headers=[
+                "ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"]))
     print(text)
     path = cli.out_file(args.out, "peers.md")
     path.write_text(text + "\n")

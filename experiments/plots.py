@@ -102,7 +102,8 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
     handles = {h.get_label(): h for ax in axes.flat for h in ax.collections}
     fig.legend([handles[m] for m in methods if m in handles], [m for m in methods if m in handles],
                loc="lower center", ncol=min(len(methods), 6), fontsize=8, frameon=False)
-    xlabels = [None] * len(QUICK_COSTS) * (len(tasks) - 1) + [f"× {reference} attention (log)"] * len(QUICK_COSTS)
+    last_row = [f"× {reference} attention (log)"] * len(QUICK_COSTS)
+    xlabels = [None] * (axes.size - len(last_row)) + last_row
     save(fig, path, axes.flat, xlabels, ylabels, rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
     return (f"{budget.capitalize()} grid: test metric against a training step's attention FLOPs, time and peak "
             f"memory × {reference} attention (log), one row per task; dotted: the task's base rate.")
@@ -208,8 +209,9 @@ def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object]) -> D
     plot_dir.mkdir(exist_ok=True)
     captions, fig4, quick = {}, load(results / "sbm-fig4")[0], load(results / "quick")[0]
     if fig4:  # each run's log.jsonl, without a line torn by a kill
-        captions["sbm_fig4"] = sbm_training({r["method"]: [json.loads(line) for line in kept_log(
-            r["folder"] / "log.jsonl", math.inf).splitlines()] for r in fig4}, plot_dir / "sbm_fig4.png")
+        logs = {r["method"]: kept_log(r["folder"] / "log.jsonl", math.inf) for r in fig4}
+        curves = {m: [json.loads(line) for line in log.splitlines()] for m, log in logs.items()}
+        captions["sbm_fig4"] = sbm_training(curves, plot_dir / "sbm_fig4.png")
     if ssa_curve(results / "ssa-table"):
         captions["ssa_fig7"] = ssa_ensemble(*ssa_curve(results / "ssa-table"), plot_dir / "ssa_fig7.png")
     for name, what in SCALING_PLOTS.items():

@@ -84,7 +84,8 @@ def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = Non
     cells, logs = by(recs, "method", "task"), defaultdict(lambda: defaultdict(list))
     for (method, task), rs in cells.items():
         ref = cells.get((REFERENCE, task), [])
-        named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items() if mean(rs, get) and mean(ref, get)}
+        named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items()
+                 if mean(rs, get) and mean(ref, get)}
         fair = frontier.fair_ratios((step_times or {}).get(task) or {}).get(method, math.nan)
         named.update({} if math.isnan(fair) else {"step time": fair})  # NaN: not timed
         for name, value in named.items():
@@ -290,12 +291,13 @@ def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
 
 def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
     """One claim as Markdown for results/README.md (links relative to results/), with its plots (FIGURES)."""
-    folder, link, recs = results / claim.name, f"[{claim.name}/]({claim.name}/)", load(results / claim.name)[0]
+    folder, link = results / claim.name, f"[{claim.name}/]({claim.name}/)"
+    recs = load(folder)[0]
     missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
     out = [f"## {claim.title}", f"Paper: {claim.paper}",
            table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"]),
-           f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each run's command: "
-           "`python -m experiments.claims list`)." if claim.kind == "runs" else
+           f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each "
+           "run's command: `python -m experiments.claims list`)." if claim.kind == "runs" else
            "Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link})."]
     out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
     out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
@@ -350,7 +352,7 @@ def main(argv=None) -> int:
             p.error(f"{option}: no folder {path or repr(path)}")
     results, readme = Path(args.results), Path(args.readme or ".")
     if args.run is not None or args.readme is None:  # a run folder's report, or results/README.md
-        print(write_run_report(Path(args.run)) if args.run is not None else results_readme(results, {}))
+        print(results_readme(results, {}) if args.run is None else write_run_report(Path(args.run)))
         return 0
     if not (args.readme and readme.is_file() and os.access(readme, os.R_OK | os.W_OK)):
         p.error(f"--readme: {args.readme or repr(args.readme)} is not a file this process can read and write")

@@ -88,8 +88,9 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
 def source_commit() -> str:
     """The git commit of the code that ran ("+ changes" when the tree differs from it), or "unknown"."""
     try:
-        head, dirty = (subprocess.run(["git", *args], cwd=grid.ROOT, capture_output=True, text=True, check=True).stdout
-                       .strip() for args in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain", "-uno"]))
+        head, dirty = (subprocess.run(["git", *args], cwd=grid.ROOT, capture_output=True, text=True,
+                                      check=True).stdout.strip()
+                       for args in [["rev-parse", "--short", "HEAD"], ["status", "-s", "-uno"]])
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" + changes" if dirty else "")
@@ -125,10 +126,10 @@ def main(argv=None) -> int:
             failures += run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda")
                                     else args.device)
         wall = time.time() - start
-        earlier = (read_json(out / "run.json") or {}).get("wall_time_s")
+        previous = read_json(out / "run.json") or {}
         write_json(out / "run.json", {"command": ["./run_all.sh", *(argv if argv is not None else sys.argv[1:])],
-                                      "wall_time_s": wall, "earlier_wall_time_s": earlier, "budget": args.budget,
-                                      "jobs": jobs, "commit": source_commit()})
+                                           "wall_time_s": wall, "earlier_wall_time_s": previous.get("wall_time_s"),
+                                           "budget": args.budget, "jobs": jobs, "commit": source_commit()})
         text = report.write_run_report(out)
     print(text)
     print(f"\n./run_all.sh finished in {cli.clock(wall)} ({failures} failed cells, grid and scaling): report "

@@ -151,9 +151,9 @@ def measure_cell(cell: dict) -> dict:
 
 
 def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
-    """A cell of full attention is experiments.scaling's, the others this module's."""
-    module = "experiments.scaling" if cell["kind"] == "full" else "experiments.sbm_scaling"
-    return scaling.run_cell(cell, allocator, timeout, module)
+    if cell["kind"] == "full":
+        return scaling.run_cell({**cell, "causal": False}, allocator, timeout)
+    return scaling.run_cell(cell, allocator, timeout, module="experiments.sbm_scaling")
 
 
 def crossover(rows: list, key: str, reference) -> str:
@@ -162,8 +162,10 @@ def crossover(rows: list, key: str, reference) -> str:
     if len(rows) < 2 or reference is None:
         return "–"
     intercept, slope = line_fit([r["density"] for r in rows], [float(r[key]) for r in rows])
-    density = (reference[key] - intercept) / slope if slope > 0 else None
-    return "–" if density is None else "none" if density < 0 else "> 100%" if density > 1 else f"{density:.2%}"
+    if slope <= 0:
+        return "–"
+    density = (reference[key] - intercept) / slope
+    return "none" if density < 0 else "> 100%" if density > 1 else f"{density:.2%}"
 
 
 def summary(rows: list) -> list:
@@ -171,9 +173,9 @@ def summary(rows: list) -> list:
     out = []
     for n in sorted({r["n"] for r in rows}):
         cells = {r["method"]: r for r in rows if r["n"] == n and "error" not in r}
-        mine = {kind: [r for name, r in cells.items() if name.startswith(kind + "@")] for kind in ("core", "sbm")}
-        out.append([n, *(crossover(mine[kind], key, cells.get(reference)) for kind in ("core", "sbm")
-                          for key, reference in (("fwdbwd_ms", "full"), ("peak_bytes", "full-ref")))])
+        mine = {k: [r for m, r in cells.items() if m.startswith(k + "@")] for k in ("core", "sbm")}
+        out.append([n, *(crossover(mine[k], key, cells.get(ref)) for k in ("core", "sbm")
+                         for key, ref in (("fwdbwd_ms", "full"), ("peak_bytes", "full-ref")))])
     return out
 
 
@@ -269,7 +271,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
     load, started = scaling.load_average(), time.time()
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
-            "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads, "causal": False}
+            "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
     named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
     named += [(f"{k}@{d:g}", k, d) for k in kinds if k in ("core", "sbm") for d in densities]
     named += [(f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0])] * ("sbm-dense" in kinds)

@@ -127,10 +127,12 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiment
     """One cell measured in a process that dies with this one (its own peak memory): its row."""
     from experiments.grid import ROOT, die_with_parent
     env = {k: v for k, v in os.environ.items() if k not in ALLOCATORS["keep"]}  # the one asked for
-    env.update(ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])} if cell.get("threads") else {}))
+    threads = {"OMP_NUM_THREADS": str(cell["threads"])} if cell.get("threads") else {}
+    env.update(ALLOCATORS[allocator], **threads)
     try:
-        proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_parent)
+        proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env,
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     if proc.returncode < 0:  # killed: by the kernel for memory, most often
@@ -141,7 +143,7 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiment
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def add_benchmark_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, out: str) -> None:
+def add_benchmark_arguments(p, warmup_iters: int, repeats: int, out: str) -> None:
     """The options every attention benchmark shares: shapes, repetitions, threads, output folder."""
     p.add_argument("--batch-size", type=cli.bounded_int(1, cli.MAX_LENGTH, "a batch size"), default=1,
                    help="sequences per forward")
@@ -200,10 +202,11 @@ def table(rows: list, reference: str) -> str:
             out.append([label(r), r["n"], said] + [""] * 8)
             continue
         ref = refs.get(r["n"])
-        ratio = {k: f"{r[k] / ref[k]:.2f}" if ref and ref[k] else "–" for k in ("fwdbwd_ms", "peak_bytes", "flops")}
-        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}", ratio["fwdbwd_ms"],
-                    f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio["peak_bytes"], f"{r['flops'] / 1e9:.3f}",
-                    ratio["flops"], f"{r['density']:.4f}"])
+        ratio = {k: f"{r[k] / ref[k]:.2f}" if ref and ref[k] else "–"
+                 for k in ("fwdbwd_ms", "peak_bytes", "flops")}
+        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}",
+                    ratio["fwdbwd_ms"], f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio["peak_bytes"],
+                    f"{r['flops'] / 1e9:.3f}", ratio["flops"], f"{r['density']:.4f}"])
     headers = ["method", "n", "fwd ms", "fwd+bwd ms", "× full", "peak MiB", "× full", "fwd GFLOP", "× full",
                "density"]
     return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)

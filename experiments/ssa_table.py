@@ -48,8 +48,8 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
         return done
     folder.mkdir(parents=True, exist_ok=True)
     extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
-    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder),
-           "--overwrite"]  # an unfinished setting starts again
+    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra,
+           "--out", str(folder), "--overwrite"]  # an unfinished setting starts again
     print(f"{name}: {' '.join(cmd[1:])}", flush=True)
     with open(folder / "train.log", "w") as log:
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)  # dies with us
@@ -85,11 +85,12 @@ def training_flops(record: dict) -> dict:
 def render(records: dict) -> str:
     s0 = records["S0"]
     base_flops = training_flops(s0)
-    rows = [[name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}", f"{r['test'] / s0['test']:.3f}",
-             f"{r['ssa']['sampled_density']:.3f}",
+    rows = [[name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}",
+             f"{r['test'] / s0['test']:.3f}", f"{r['ssa']['sampled_density']:.3f}",
              *(f"{training_flops(r)[k] / base_flops[k]:.2f}" for k in ("attention", "model")),
-             f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}", f"{r['median_step_ms']:.0f}",
-             f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"] for name, r in records.items()]
+             f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}",
+             f"{r['median_step_ms']:.0f}", f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"]
+            for name, r in records.items()]
     headers = ["setting", "ssa.py name", "valid bpb", "test bpb", "test bpb × S0", "train density",
                "attn FLOPs × S0", "model FLOPs × S0", "peak mem × S0", "step ms", "step × S0"]
     c = s0["config"]

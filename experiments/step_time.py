@@ -164,7 +164,8 @@ def main(argv=None) -> int:
         if args.runs:
             cfg, records = runs_config(args.runs, task, cfg.out, cfg.data_dir)  # the records' task and model
         else:
-            records = method_records(names, sbm_densities(args.sbm_density) if "sbm" in names else {}, cfg)
+            densities = sbm_densities(args.sbm_density) if "sbm" in names else {}
+            records = method_records(names, densities, cfg)
         task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
         batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(derive_seed(cfg.seed, i, "data")))
                    for i in range(args.warmup_iters + args.repeats)]
@@ -193,7 +194,8 @@ def main(argv=None) -> int:
     as_run, fair = (timed[k].median if k in timed else None for k in ("full (as run)", "full (fair)"))
     rows = [[label, f"{t.median:.0f} [{min(t.ms):.0f}-{max(t.ms):.0f}]",
              *(f"{t.median / ref:.3f}" if ref else "–" for ref in (fair, as_run)),
-             f"{statistics.mean(t.results):.2%}", kernel.get(label, "–")] for label, t in timed.items()]
+             f"{statistics.mean(t.results):.2%}", kernel.get(label, "–")]
+            for label, t in timed.items()]
     masks = [b["key_padding_mask"] for b in batches if b.get("key_padding_mask") is not None]
     valid = statistics.mean(float((~m).sum(1).float().mean()) for m in masks) if masks else cfg.seq_len
     print(f"{cfg.task} ({cfg.preset} preset): a training step of batch {cfg.batch_size} padded to {cfg.seq_len} "
@@ -202,8 +204,8 @@ def main(argv=None) -> int:
     print(tabulate(rows, headers=["variant", "step ms", "÷ full (fair)", "÷ full (as run)", "density computed",
                                   "CPU SDPA kernel"], tablefmt="github", disable_numparse=True))
     path = cli.out_file(cfg.out or "runs/step_time", "step_time.json")
-    write_json(path, {"settings": vars(args), "step_ms": {k: t.ms for k, t in timed.items()}, "sdpa_kernel": kernel,
-                      "mean_valid_length": valid})
+    write_json(path, {"settings": vars(args), "step_ms": {k: t.ms for k, t in timed.items()},
+                      "sdpa_kernel": kernel, "mean_valid_length": valid})
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
