@@ -4,10 +4,9 @@
     python -m experiments.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
     python -m experiments.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
 
-A claim of kind ``runs`` is a set of training runs, each a grid cell (results/CLAIM/runs/CELL); one
-of kind ``output``, benchmarks' saved output (results/CLAIM/*.md). Each carries its verdict rule:
-its folder → (what our records give, the verdict: REPRODUCED, NO_INFORMATION or "differs: <how>" by
-the rule's threshold).
+A claim of kind ``runs`` is a set of training runs, grid cells (results/CLAIM/runs/CELL); one of
+kind ``output``, benchmarks' saved output (results/CLAIM/*.md). Its rule: its folder → (ours, the
+verdict: REPRODUCED, NO_INFORMATION or "differs: <how>").
 """
 import argparse
 import fnmatch

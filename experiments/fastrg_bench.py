@@ -5,13 +5,12 @@
     python -m experiments.fastrg_bench --threads 1 --igraph         # beside igraph (pip install igraph)
 
 For n = m in --lengths, K = 128 and each density: X, Y (n × K) uniform(0, 1) (overlapping clusters,
-like SBM-Transformer's sigmoid memberships), S (K × K) uniform, scaled so that Σλ / (n·m) = density,
-λ = X S Yᵀ. naive: P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path),
-timed once per n (its cost does not depend on the density). "fixed" (one expected edge) and "tables"
-(8K: every CDF entry built) give what a draw pays before its edges (Rohe et al. 2018: O((n + m)K +
-E)). igraph.Graph.SBM draws the same edge counts, not the same law (hard clusters of n/K nodes).
---allocator keep: glibc keeps freed memory, so that large buffers are not page-faulted back on every
-call.
+like SBM-Transformer's memberships), S (K × K) uniform, scaled so that Σλ / (n·m) = density, λ = X S
+Yᵀ. naive: P = X S Yᵀ, then rand(n, m) < P (the official SBM-Transformer dense path), once per n
+(its cost does not depend on the density). "fixed" (one expected edge) and "tables" (8K: every CDF
+entry built): what a draw pays before its edges (Rohe et al. 2018: O((n + m)K + E)).
+igraph.Graph.SBM draws the same edge counts, not the same law (hard clusters). --allocator keep:
+glibc keeps freed memory, not page-faulting large buffers back on every call.
 """
 import ctypes
 import ctypes.util
@@ -66,7 +65,6 @@ def above_fixed(ms: float, fixed_ms: float, edges: int) -> str:
 def igraph_sbm(n: int, density: float, S: torch.Tensor):
     """A function drawing igraph's SBM (len(S) blocks, preference ∝ S): the edges drawn."""
     import igraph
-
     k = len(S)
     sizes = [n // k + (b < n % k) for b in range(k)]
     pref = (S.double().cpu() * (density / float(S.double().mean()))).clamp(max=1.0).tolist()

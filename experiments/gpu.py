@@ -11,9 +11,8 @@ The stages, in order; each starts while budget remains, and stops at its next ru
 3. ``scaling``: each attention's forward+backward time and peak memory from 1K to 16K tokens beside
    full attention (SDPA), and the length from which it is faster;
 4. ``frontier``: the frontier claim's families on duplicates at 512 and 1,024 tokens, seed 0.
-Records: OUT/gpu.json, OUT/README.md (its tables), OUT/correctness.log, a folder per device (default
-results/gpu/<device>): a table never mixes devices. A job of some --stages keeps the other stages'
-records of the folder's earlier job on the same device.
+Records: OUT/gpu.json, OUT/README.md, OUT/correctness.log, a folder per device (a table never mixes
+devices); a job of some --stages keeps the others' records of its device.
 """
 import os
 import re

@@ -4,11 +4,10 @@
     python -m experiments.grid --budget smoke           # every cell at a handful of steps: checks the plumbing
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets: ``quick``, QUICK's settings, in which full attention clearly learns each task within
-./run_all.sh's time on 2 CPU cores; ``smoke``: a few steps at tiny shapes; ``full``: the paper
-presets. Every cell of a task has the same backbone and recipe. Resumable: a complete cell of the
-planned command is kept, one with a checkpoint resumed, one of another budget redone. Stopping the
-grid (even by SIGKILL, on Linux) stops its cells.
+Budgets: ``quick`` (QUICK: full attention clearly learns each task within ./run_all.sh's time on 2
+CPU cores); ``smoke``, a few steps at tiny shapes; ``full``, the paper presets. A task's cells share
+backbone and recipe. A rerun keeps complete cells of the planned command, resumes checkpoints,
+redoes cells of other budgets. Stopping the grid (even by SIGKILL, on Linux) stops its cells.
 """
 import argparse
 import ctypes

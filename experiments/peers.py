@@ -46,7 +46,6 @@ def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module
     import nystrom_attention
     import performer_pytorch
     import reformer_pytorch
-
     dim = heads * head_dim
     ours_call = lambda m, x: m(x)[0]  # noqa: E731
     peer_call = lambda m, x: m(x)  # noqa: E731
@@ -77,7 +76,6 @@ def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor
 
 def measure(n: int, args) -> List[list]:
     import torch
-
     from bench.measure import interleaved
     torch.manual_seed(0)
     built = pairs(n, args.heads, args.head_dim)

@@ -4,8 +4,6 @@ in README.md, above the generated region, which this never rewrites.
     python -m experiments.report --readme README.md     # the generated region, results/README.md, results/plots/
     python -m experiments.report                        # results/README.md's text, printed
     python -m experiments.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
-
-A table quoting a scaling run reads that one run and names it.
 """
 import math
 import os

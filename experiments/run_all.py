@@ -4,9 +4,8 @@
     ./run_all.sh --smoke --out X  # every cell at a few steps (about 4 minutes): the plumbing
     ./run_all.sh --full           # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
-Everything goes to the run folder (an ignored path; a rerun resumes), the report OUT/REPORT.md last;
-nothing tracked changes. Publishing is a maintainer's step: ``--out results/quick``, then ``python
--m experiments.report --readme README.md``.
+Everything goes to the run folder (ignored by git; a rerun resumes), OUT/REPORT.md last; ``--out
+results/quick`` then ``python -m experiments.report --readme README.md`` publish a run.
 """
 import argparse
 import os

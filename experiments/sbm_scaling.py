@@ -5,12 +5,10 @@
 
 Cells (--kinds), each in a fresh process as experiments.scaling's (training mode, non-causal):
 - ``full``, ``full-ref``: experiments.scaling's, full attention (fused SDPA; materialised scores);
-- ``core@d``: sbm_transformer.EdgeAttention on a uniform random graph of density d per head as the
-  sampler gives it (block-diagonal CSR), its structures built in the timed region;
+- ``core@d``: EdgeAttention on a uniform random CSR graph of density d, built in the timed region;
 - ``sbm@d``: the SBMAttention module (regulariser off) at expected density d, δ included;
 - ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d.
-Per n, the tables printed say where SBM's time and memory meet full attention's, the module's memory
-per edge, and where its time goes.
+Per n, the tables printed say where SBM meets full attention, its memory per edge, its time's parts.
 """
 import contextlib
 import json
@@ -71,7 +69,6 @@ def profile_parts(step, steps: int) -> dict:
     torch.profiler: an op is the innermost part label's it runs under, a backward op that of the
     forward op that made its autograd node; the rest is "other" (profiling adds µs an op)."""
     from torch.profiler import ProfilerActivity, profile
-
     with labelled(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
@@ -106,7 +103,6 @@ def profile_parts(step, steps: int) -> dict:
 def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one cell and measures it."""
     import sbm_transformer
-
     torch.manual_seed(0)
     device = torch.device(cell["device"])
     b, h, d, n = cell["batch"], cell["heads"], cell["head_dim"], cell["n"]

@@ -3,11 +3,10 @@
     python -m experiments.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
     python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
 
-``full-ref`` is full attention's reference path (materialised scores); ``sbm@D`` is SBM at density
-D, as a trained model samples, ``sbm`` an untrained one at ~25%; both on the fast path (its claim: a
-cost linear in edges) unless ``--attn sbm.path=reference``. Each (method, length) cell runs in a
-fresh process, so that its peak memory is its own. The glibc allocator setting changes CPU timings
-1.5-4× (large buffers page-faulted back on every op): each table states its own.
+``full-ref`` is full attention's reference path (materialised scores); ``sbm@D`` SBM at density D as
+a trained model samples, ``sbm`` an untrained one at ~25%, both on the fast path unless ``--attn
+sbm.path=reference``. Each cell runs in its own process (its own peak memory), with the glibc
+allocator setting, which changes CPU timings 1.5-4×.
 """
 import argparse
 import inspect
@@ -31,7 +30,6 @@ ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719
 def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path: str):
     """SBMAttention on `path` at expected density `density` on x (sbm_transformer.at_density)."""
     import sbm_transformer
-
     module = sbm_transformer.SBMAttention(dim, heads, head_dim, path=path).to(x.device).train()
     return sbm_transformer.at_density(module, x, density)
 
@@ -67,7 +65,6 @@ def attn_options(items: List[str], methods: List[str]) -> Dict[str, Dict[str, st
 def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one attention module and measures it."""
     import torch
-
     from bench.methods import attention_options, get
     torch.manual_seed(0)
     device = torch.device(cell["device"])
@@ -109,7 +106,6 @@ def measure_cell(cell: dict) -> dict:
 def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
     """A cell's peak memory above baseline, forward and forward+backward ms, tensor peak, FLOPs."""
     import torch
-
     from bench import measure
     measure.synchronize(device)
     meter = measure.PeakRSS() if device.type == "cpu" else None

@@ -5,8 +5,7 @@
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0  # a run's density
     python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'
 
-One model per variant, the same batches for all, one training step (forward, loss, backward, AdamW)
-of each in turn, round after round; each variant's median ratio to full attention:
+One model per variant, the same batches, a training step of each in turn, round after round:
 - `full (as run)`: the preset's recipe (with attention dropout, CPU SDPA leaves its flash kernel for
   its math path), every batch padded to the preset's length;
 - `full (fair)`: without attention dropout, each batch trimmed to its longest sequence;
