@@ -130,18 +130,6 @@ def load(folder: Path):
 
 
 # ------------------------------------------------------------------------------------------------ planning
-def data_problem(task: str, seq_len: int, data_dir: Path) -> Optional[str]:
-    """The task's own message when its data are missing (tasks that read files only), else None."""
-    from bench.tasks import get_task
-    instance = get_task(task)
-    try:
-        if instance.reads_files:
-            instance.setup(seq_len, 0, data_dir, 0)
-    except DataError as exc:
-        return str(exc)
-    return None
-
-
 def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int], common: Dict[str, object]) -> dict:
     """Every cell with its command, or why it does not run; ``common``: options of every cell."""
     from bench.tasks import get_task
@@ -152,18 +140,21 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
         if task in budget.left_out:
             left_out[task] = budget.left_out[task]
             continue
-        causal = get_task(task).head == "lm"
-        refused = {m: registry.refusal(m, causal) for m in methods if registry.applicable(m, task)}
+        instance = get_task(task)
+        refused = {m: registry.refusal(m, instance.head == "lm")
+                   for m in methods if registry.applicable(m, task)}
         not_run += [{"method": m, "task": task, "status": "n/a", "reason": why}
                     for m, why in refused.items() if why]
         runnable = [m for m, why in refused.items() if not why]
         if not runnable:
             continue
-        preset = get_task(task).presets[budget.preset]
+        preset = instance.presets[budget.preset]
         seq_len = budget.settings(task, runnable[0]).get("seq_len", preset.seq_len)
-        problem = data_problem(task, seq_len, data_dir)
-        if problem:
-            missing[task] = problem
+        try:  # the task's own message when its data are missing (tasks that read files only)
+            if instance.reads_files:
+                instance.setup(seq_len, 0, data_dir, 0)
+        except DataError as exc:
+            missing[task] = str(exc)
             continue
         for method in runnable:
             grid_budget = registry.get(method).grid_budget
