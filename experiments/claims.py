@@ -4,13 +4,9 @@
     python -m experiments.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
     python -m experiments.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
 
-A claim of kind ``runs`` is a set of training runs (each a grid cell: its own process, record and log, resumable,
-results/CLAIM/runs/CELL). A claim of kind ``output`` is the saved output of a benchmark script (results/CLAIM/*.md,
-its command and wall time on the first line; the scaling claim also keeps experiments.scaling's JSON). The report
-(experiments/report.py) gives each claim a section of results/README.md, in this order.
-
-Each claim carries its verdict rule: its folder → (what our records give, the verdict: REPRODUCED, NO_INFORMATION
-or "differs: <how>", by the threshold written in the rule), and the paper's figure beside it (``figure``).
+A claim of kind ``runs`` is a set of training runs, grid cells (results/CLAIM/runs/CELL); one of
+kind ``output``, benchmarks' saved output (results/CLAIM/*.md). Its rule: its folder → (ours, the
+verdict: REPRODUCED, NO_INFORMATION or "differs: <how>").
 """
 import argparse
 import fnmatch
@@ -33,8 +29,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 @dataclass(frozen=True)
 class Setting:
-    """One training setting of a claim: method, task, preset and options ({option: value}); ``tag`` tells two
-    settings of one method apart in the cells' folder names (e.g. SBM at two λ)."""
+    """A claim's training setting; ``tag`` tells two of one method apart (e.g. SBM at two λ)."""
     method: str
     task: str
     preset: str = "cpu"
@@ -46,7 +41,7 @@ class Setting:
 class Claim:
     name: str  # the folder under results/
     title: str
-    kind: str  # "runs", "output" or "scaling"
+    kind: str  # "runs" or "output"
     paper: str  # what the paper reports, in its own words and numbers, for the reader to compare
     runs: Tuple[Setting, ...] = ()
     seeds: Tuple[int, ...] = (0,)
@@ -57,13 +52,11 @@ class Claim:
     rule: Callable[[Path], Tuple[str, str]] = None  # the claim's folder → (ours, verdict)
 
     def cells(self, runs: Path = None) -> List[dict]:
-        """Every run as a grid cell. An option whose value is read from the records under ``runs`` (one with a
-        ``resolve`` method: frontier.BestLearningRate) is resolved there; until it can be, its cell carries
-        ``"waiting"`` and a placeholder in its command."""
+        """Every run as a grid cell, ``"waiting"`` for the records under ``runs`` it needs."""
         cells = []
         for s, seeds in [(s, self.seeds) for s in self.runs] + [(s, self.seeds[:1]) for s in self.once]:
             pending = {k: v for k, v in s.options.items() if hasattr(v, "resolve")}
-            values = {k: v.resolve(runs, s.task, s.preset, self.seeds) if runs else None for k, v in pending.items()}
+            values = {k: v.resolve(runs) if runs else None for k, v in pending.items()}
             options = dict(s.options, **{k: value or f"<{type(pending[k]).__name__}>" for k, value in values.items()})
             waiting = [k for k, value in values.items() if value is None]
             cells += [dict(grid.make_cell(s.method, s.task, seed, s.preset, options, s.tag),
@@ -298,8 +291,7 @@ BY_NAME = {c.name: c for c in CLAIMS}
 
 
 def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
-    """Runs a claim's cells that match ``pattern``; a cell waiting on other runs' records (an option they give) runs
-    once they are complete. Returns how many cells failed or could not run."""
+    """The cells matching ``pattern``, each once its records are in; how many failed or wait."""
     done, failures = set(), 0
     while True:
         cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], pattern) and c["name"] not in done]
@@ -313,26 +305,20 @@ def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
     return failures + len(cells)
 
 
-def script_name(words: List[str]) -> str:
-    """experiments.step_time for ["python", "-m", "experiments.step_time", ...], kernel_sparse for ["python", "kernel_sparse.py"]."""
-    return words[2].split(".")[-1] if words[1] == "-m" else Path(words[1]).stem
-
-
 def run_output(claim: Claim, out: Path) -> int:
-    """Runs a benchmark claim's commands one after another, each saved as OUT/<script>.md: the command and the
-    wall time it took on this machine on the first line, then what it printed."""
+    """A claim's benchmarks one by one, each saved as OUT/<script>.md after its command and time."""
     import platform
     import shlex
     import subprocess
     import time
-    failures, scripts = 0, [script_name(shlex.split(c)) for c in claim.commands]
-    for command in claim.commands:
-        words = shlex.split(command)
-        name = script_name(words) + (f"-{words[words.index('--task') + 1]}" if scripts.count(script_name(words)) > 1
-                                     else "")  # one script run per task: step_time-listops.md
+    scripts = [re.match(r"python (?:-m experiments\.)?(\w+)", c).group(1) for c in claim.commands]
+    failures = 0
+    for command, script in zip(claim.commands, scripts):
+        argv = shlex.split(command)  # a script run per task saved per task: step_time-image.md
+        name = script + ("-" + argv[argv.index("--task") + 1] if scripts.count(script) > 1 else "")
         print(f"{claim.name}: {command} ...", flush=True)
         start = time.time()
-        result = subprocess.run([sys.executable, *words[1:]], cwd=RESULTS.parent, capture_output=True, text=True,
+        result = subprocess.run([sys.executable, *argv[1:]], cwd=RESULTS.parent, capture_output=True, text=True,
                                 preexec_fn=grid.die_with_parent)  # no benchmark outlives a killed claims run
         wall = time.time() - start
         if result.returncode != 0:
@@ -369,17 +355,16 @@ def main(argv=None) -> int:
         run.error(f"no cell of {claim.name} matches {args.cells!r}: " + ", ".join(c["name"] for c in claim.cells()))
     out.mkdir(parents=True, exist_ok=True)
     with cli.one_line_errors(), grid.grid_lock(out):
+        failures = 0
         if claim.kind == "runs":
             print(f"{claim.name}: {len(cells)} runs into {out}, {args.jobs} side by side", flush=True)
             failures = run_claim(claim, out, args.cells, args.jobs)
-            complete = all((read_json(out / "runs" / c["name"] / "metrics.json") or {}).get("status") == "complete"
-                           for c in claim.cells(out / "runs"))
-            if claim.commands and complete:  # its benchmarks time the settings of every run
-                failures += run_output(claim, out)
-            elif claim.commands:
-                print(f"{claim.name}: {', '.join(claim.commands)}: once every run is complete", flush=True)
-        else:
-            failures = run_output(claim, out)
+        runs = out / "runs"
+        if all((read_json(runs / c["name"] / "metrics.json") or {}).get("status") == "complete"
+               for c in claim.cells(runs)):  # its benchmarks time the settings of every run
+            failures += run_output(claim, out)
+        elif claim.commands:
+            print(f"{claim.name}: {', '.join(claim.commands)}: once every run is complete")
     return 1 if failures else 0
 
 

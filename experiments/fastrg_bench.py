@@ -1,54 +1,33 @@
 """Benchmark: fastRG sampling time against the number of edges drawn, beside a naive dense Bernoulli draw.
 
-For n = m in --lengths, K = 128 clusters and densities in --densities: X, Y (n × K) uniform(0, 1)
-(overlapping clusters, like SBM-Transformer's sigmoid memberships), S (K × K) uniform, scaled so
-that Σλ / (n·m) = density, λ = X S Yᵀ. Per cell:
-- fastRG: `fastrg.sample(X, S, Y, generator=g, dedup=True, csr=True)`, the form a sparse attention
-  consumes;
-- naive: P = X S Yᵀ, then torch.rand(n, m) < P (the official SBM-Transformer dense path), P
-  included. Its cost does not depend on the density: timed once per n, in row blocks of at most 2^24
-  entries.
-Time (wall clock, or with --clock cpu the process's CPU time, for a shared machine): the median of
---repeats calls after warm-up, the cells of one n interleaved call by call so that load falls on all
-alike. Per n, two calls give what a draw pays before its edges (Rohe et al. 2018: O((n + m)K + E)):
-"fixed", one expected edge (the checks and column sums, O((n + m)K), and the K² Poisson counts),
-timed in a second such call, as the first pays for the cache the naive draw's n·m buffers leave
-cold; "tables", 8K expected edges, so that all (n + m)K CDF entries are built. The log-log slope of
-time against edges is fitted over the cells with E ≥ 1e5, for the whole time and for the time above
-the fixed cost and above the tables. With --igraph (python-igraph, not a requirement of this
-repository), `igraph.Graph.SBM` (directed, self-loops, a Bernoulli draw per pair like fastRG's
-dedup) is timed in the same rounds: K blocks of n/K nodes, preference matrix S/mean(S) times the
-density: the same edge counts, not the same law (hard clusters, not mixed memberships). --allocator
-keep (the default) tells glibc to keep freed memory (mallopt M_MMAP_MAX = 0, M_TRIM_THRESHOLD = 2^31
-− 1), so that large buffers are not page-faulted back on every call. The table is printed, and
-written with its settings to OUT/fastrg_bench.json. A second thread's cost:
-results/notes/thread_cost.md.
-
     python -m experiments.fastrg_bench
-    python -m experiments.fastrg_bench --lengths 1024,8192 --densities 0.01 --repeats 3 --out /tmp/fastrg
     python -m experiments.fastrg_bench --threads 1 --clock cpu      # on a shared machine
     python -m experiments.fastrg_bench --threads 1 --igraph         # beside igraph (pip install igraph)
+
+For n = m in --lengths, K = 128 and each density: X, Y (n × K) uniform(0, 1) (overlapping clusters,
+like SBM-Transformer's memberships), S (K × K) uniform, scaled so that Σλ / (n·m) = density, λ = X S
+Yᵀ. naive: P = X S Yᵀ, then rand(n, m) < P (the official SBM-Transformer dense path), once per n
+(its cost does not depend on the density). "fixed" (one expected edge) and "tables" (8K: every CDF
+entry built): what a draw pays before its edges (Rohe et al. 2018: O((n + m)K + E)).
+igraph.Graph.SBM draws the same edge counts, not the same law (hard clusters). --allocator keep:
+glibc keeps freed memory, not page-faulting large buffers back on every call.
 """
 import ctypes
 import ctypes.util
 import importlib.util
+import math
 import os
 import platform
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 from tabulate import tabulate
 
-if __package__ in (None, ""):  # run as a script: make the repository root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import fastrg  # noqa: E402
-from bench import cli, measure  # noqa: E402
-from bench.config import resolve_device  # noqa: E402
-from bench.files import write_json  # noqa: E402
-from experiments import scaling  # noqa: E402
+import fastrg
+from bench import cli, measure
+from bench.files import write_json
+from experiments import scaling
 
 K = 128
 NAIVE_BLOCK = 1 << 24  # entries of P per block in the naive draw
@@ -84,19 +63,12 @@ def above_fixed(ms: float, fixed_ms: float, edges: int) -> str:
 
 
 def igraph_sbm(n: int, density: float, S: torch.Tensor):
-    """A function drawing igraph's stochastic block model of n nodes in K = len(S) near-equal blocks, preference
-    matrix density · S / mean(S) (capped at 1), directed with self-loops: the number of edges drawn."""
+    """A function drawing igraph's SBM (len(S) blocks, preference ∝ S): the edges drawn."""
     import igraph
-
     k = len(S)
     sizes = [n // k + (b < n % k) for b in range(k)]
     pref = (S.double().cpu() * (density / float(S.double().mean()))).clamp(max=1.0).tolist()
     return lambda: igraph.Graph.SBM(pref, sizes, directed=True, allowed_edge_types="loops").ecount()
-
-
-def loglog_slope(edges: list[float], ms: list[float]) -> float:
-    x, y = np.log(np.asarray(edges)), np.log(np.asarray(ms))
-    return float(np.polyfit(x, y, 1)[0])
 
 
 def densities(text: str) -> list:
@@ -127,7 +99,7 @@ def main(argv=None) -> int:
                          "core is not counted, for a shared machine)")
     ap.add_argument("--igraph", action="store_true",
                     help="time igraph's C stochastic block model generator beside fastRG (needs python-igraph)")
-    ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench", type=cli.out_folder,
+    ap.add_argument("--out", metavar="DIR", default="runs/fastrg_bench",
                     help="folder for fastrg_bench.json (the table's rows, slope and settings)")
     args = ap.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
@@ -137,14 +109,11 @@ def main(argv=None) -> int:
     if args.igraph and importlib.util.find_spec("igraph") is None:  # the table without igraph's columns
         print("igraph's columns left out: python-igraph is not installed (pip install igraph)", flush=True)
         args.igraph = False
-    try:
-        device = resolve_device(args.device)
-    except ValueError as exc:
-        ap.error(str(exc))
+    device = torch.device(scaling.device_or_exit(ap, args.device))
     allocator = "glibc defaults" if args.allocator == "default" or device.type == "cuda" else keep_freed_memory()
 
     load = scaling.load_average()
-    rows, fit_e, fit_ms, fit_above, fit_tables = [], [], [], [], []
+    rows, fitted = [], []  # logs of E, ms and ms above the fixed cost and the tables where E ≥ 1e5
     for n in args.lengths:
         g = torch.Generator(device).manual_seed(args.seed)
         X = torch.rand(n, K, device=device, generator=g)
@@ -174,10 +143,8 @@ def main(argv=None) -> int:
                          f"{tables_ms:.1f}"]
                         + ([f"{ig:.1f}", f"{graph_ms[0]:.1f}", f"{ms / ig:.2f}"] if args.igraph else []))
             if E >= 1e5:
-                fit_e.append(E)
-                fit_ms.append(ms)
-                fit_above.append(max(ms - fixed_ms, 1e-6))
-                fit_tables.append(max(ms - tables_ms, 1e-6))
+                above = (max(ms - fixed_ms, 1e-6), max(ms - tables_ms, 1e-6))
+                fitted.append([math.log(v) for v in (E, ms, *above)])
             print(f"  n={n} density={density:g}: {E} edges, fastRG {ms:.1f} ms, naive {naive_ms:.1f} ms"
                   + (f", igraph {ig:.1f} ms" if args.igraph else ""), file=sys.stderr, flush=True)
 
@@ -198,10 +165,11 @@ def main(argv=None) -> int:
         print("igraph ms: igraph.Graph.SBM, hard clusters of n/K nodes, the same expected edges; igraph fixed ms: "
               "one expected edge; fastRG/igraph: the ratio of the two times")
     print(tabulate(rows, headers=headers, tablefmt="github", colalign=("right",) * len(headers)))
-    fits = [loglog_slope(fit_e, y) if len(fit_e) >= 2 else None for y in (fit_ms, fit_above, fit_tables)]
-    slope, slope_above, slope_tables = fits
+    log_edges, *log_ms = zip(*fitted) if len(fitted) >= 2 else [None] * 4
+    slope, slope_above, slope_tables = (scaling.line_fit(log_edges, y)[1] if log_edges else None
+                                        for y in log_ms)
     if slope is not None:
-        print(f"log-log slope of fastRG time vs edges over {len(fit_e)} cells with E >= 1e5: {slope:.2f} "
+        print(f"log-log slope of fastRG time vs edges over {len(fitted)} cells with E >= 1e5: {slope:.2f} "
               f"(target 0.8-1.2); of the time above the fixed cost: {slope_above:.2f}; above the tables: "
               f"{slope_tables:.2f}")
     else:

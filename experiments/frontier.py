@@ -3,20 +3,14 @@
 
     python -m experiments.claims run frontier --cells '*-lr*'     # stage 1: each family's learning rate, seed 0
     python -m experiments.claims run frontier                     # stage 2: every setting, seeds 0-4 (resumable)
-    python -m experiments.claims run frontier --cells 'window-d0.2-n64-duplicates-cpu-s3'   # one cell
 
-Tasks: ``duplicates`` at 64 and 128 tokens (SBM paper §5.1: a token's label depends on another occurrence of its
-value, placed by content); ``recall``, scattered-key associative recall (bench/tasks/synthetic.py), 2 layers; and
-``bytes``, a positional control (language modelling, where a local window does about as well as full attention).
-Families: dense (2 heads and 1), the fixed patterns (window, BigBird) at target densities, a fixed head allocation
-(one full head beside a window head), Reformer's LSH over (hashes, bucket size), and SBM at λ = 0 and with its
-regulariser switched on halfway, once the task is learned (``--density-from``). SSA is left out: its evaluation
-is dense, so at inference it sits at full attention's density whatever its training budget. The kernel method is
-a masked-LM pipeline on WikiText-2 only (bench/methods.py), outside these tasks.
-
-One model and recipe per task for every method; the learning rate per family is the best validation metric of
-three (seed 0, the family's first setting), as Zoology does (Arora et al. 2023, arXiv 2312.04927): a cell of stage
-2 waits until its family's three are complete.
+Tasks: ``duplicates`` at 64 and 128 tokens (SBM paper §5.1: a label depends on another occurrence of
+a value, placed by content); ``recall``, scattered-key associative recall, 2 layers; ``bytes``, a
+positional control (a local window does about as well as full attention). Families: dense, the fixed
+patterns (window, BigBird, a full head beside a window head) at target densities, Reformer's LSH,
+SBM at λ = 0 and with its regulariser on from halfway (SSA's evaluation is dense; the kernel method
+is a masked-LM pipeline). A family's learning rate is the best of three (seed 0, its first setting),
+as in Zoology (Arora et al. 2023, arXiv 2312.04927).
 """
 import math
 import statistics
@@ -59,12 +53,11 @@ def families(steps: int) -> Dict[str, List[Tuple[str, str, dict]]]:
 
 @dataclass(frozen=True)
 class BestLearningRate:
-    """The ``lr`` of a stage-2 cell: of its family's learning-rate cells (``cells``: their names without the
-    seed), the one with the best validation metric; None while one of them is not complete."""
+    """A stage-2 cell's ``lr``: its family's rate ``cells``' best by validation, once all are in."""
     cells: Tuple[str, ...]
     higher_is_better: bool
 
-    def resolve(self, runs: Path, task: str, preset: str, seeds) -> Optional[str]:
+    def resolve(self, runs: Path) -> Optional[str]:
         records = [read_json(runs / f"{name}-s0" / "metrics.json") or {} for name in self.cells]
         if any(r.get("status") != "complete" for r in records):
             return None
@@ -89,9 +82,9 @@ def settings():
 
 # ------------------------------------------------------------------------------------------------ the verdict
 def entropy_ratio(record: dict) -> Optional[float]:
-    """Test cross-entropy ÷ the base rate's entropy (nats): 1 at the label marginal, 0 when solved; a measure with
-    power where token accuracy sits at the base rate. Duplicates' labels are binary (the majority share is the base
-    rate), recall's values uniform over 16; None for bytes (bits per byte is already a cross-entropy)."""
+    """Test cross-entropy ÷ the base rate's entropy: 1 at the label marginal, 0 when solved, a
+    measure with power where accuracy sits at the base rate (duplicates: binary labels; recall: 16
+    values; bytes: None, bits per byte is one)."""
     p, task, loss = record.get("base_rate"), record.get("config", {}).get("task"), record.get("test_loss")
     if loss is None or p is None or not 0 < p < 1 or task not in ("duplicates", "recall"):
         return None
@@ -111,9 +104,7 @@ def by_setting(records: List[dict]) -> Dict[Tuple[str, str, str], List[dict]]:
 
 
 def verdict_rows(records: List[dict]) -> List[dict]:
-    """Per task variant and family: the lowest median test density at which the family's median test metric
-    reaches full attention's (within MARGIN; bits per byte: within 0.05), with the fraction of its seeds that
-    did, or "does not"."""
+    """Per variant and family: the lowest median density reaching full attention's metric."""
     groups, rows = by_setting(records), []
     for variant, (task, _, _) in VARIANTS.items():
         full = groups.get((variant, "dense", "full"), [])
@@ -138,12 +129,10 @@ def verdict_rows(records: List[dict]) -> List[dict]:
     return rows
 
 
-def step_time_ratios(folder: Path, variant: str) -> Dict[str, float]:
-    """Setting label → its training step's median time ÷ fair full attention's, from the side-by-side run
-    ``python -m experiments.step_time --runs 'FOLDER/runs/*-SUFFIX-TASK-cpu-s0' --out FOLDER/step_time-VARIANT``."""
-    timed = read_json(folder / f"step_time-{variant}" / "step_time.json") or {}
+def fair_ratios(timed: dict, suffix: str = "") -> Dict[str, float]:
+    """experiments.step_time's JSON: each setting's median step ÷ fair full attention's (NaN without
+    one), by its label less " (as run)" and a claim's cell-name ``suffix``."""
     fair = statistics.median(timed.get("step_ms", {}).get("full (fair)") or [math.nan])
-    suffix = VARIANTS[variant][1]
     return {name.replace(" (as run)", "").removesuffix(suffix): statistics.median(ms) / fair
             for name, ms in timed.get("step_ms", {}).items()}
 
@@ -158,7 +147,10 @@ def table(records: List[dict]) -> str:
         reached = ("not run yet" if not row["settings"] else "does not" if row["density"] is None
                    else f"{100 * row['density']:.1f}%")
         ratio = "–" if row["sparsest"] is None else f"{row['sparsest'][1]:.3f} ({100 * row['sparsest'][0]:.1f}%)"
-        times = step_time_ratios(folder, row["task"])
+        # the side-by-side run python -m experiments.step_time --out FOLDER/step_time-VARIANT
+        # --runs 'FOLDER/runs/*-SUFFIX-TASK-cpu-s0'
+        timed = read_json(folder / f"step_time-{row['task']}" / "step_time.json") or {}
+        times = fair_ratios(timed, VARIANTS[row["task"]][1])
         time = min((times[label] for label in row["reaching"] if label in times), default=None)
         lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
                      f"{row['setting'] or '–'} | {row['seeds']} | {'–' if time is None else f'{time:.2f}'} | "
@@ -171,9 +163,8 @@ PAYS = 1.5  # an adaptive family pays where it reaches full attention at a densi
 
 
 def rule(folder: Path) -> Tuple[str, str]:
-    """On each content task: the lowest density at which an adaptive family (SBM, Reformer) reaches full attention
-    against the lowest of the fixed ones (window, BigBird, the head allocation); adaptivity pays on a task where
-    the adaptive one needs at most 1/PAYS of the fixed one's density."""
+    """On each content task, the lowest density at which an adaptive family reaches full attention
+    against the fixed families' lowest: adaptivity pays where it needs at most 1/PAYS of that."""
     rows, said, pays = verdict_rows(load(folder)[0]), [], []
     for variant in ("duplicates64", "duplicates128", "recall64"):
         lowest = {kind: min([(r["density"], r["family"]) for r in rows if r["task"] == variant

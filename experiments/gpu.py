@@ -1,25 +1,18 @@
 """The GPU job: every method on CUDA in one command, within a time budget, into compact records.
 
-    python -m experiments.gpu                                 # a CUDA machine: ~7 minutes, into results/gpu/<device>/
-    python -m experiments.gpu --budget 300 --stages scaling   # some stages, a shorter budget
-    python -m experiments.gpu --device cpu --tiny --out DIR   # every stage at toy sizes: the job's own test (CI)
+    python -m experiments.gpu                               # a CUDA machine: ~7 minutes
+    python -m experiments.gpu --budget 300 --stages scaling # some stages, a shorter budget
+    python -m experiments.gpu --device cpu --tiny --out DIR # every stage at toy sizes (CI)
 
-The stages, in this order; a stage starts only while budget remains, and stops at its next run once it is spent:
-1. ``correctness``: ``pytest -m on_device`` with SPARSE_ATTN_TEST_DEVICE set to the device: reference and fast
-   paths agree (SBM, SSA, the kernel method, window, BigBird, full) and the attention contract is fuzzed on it
-   (padding, causal, bf16/float16 autocast, generators on the device);
-2. ``entry``: each method's own training command (``python sbm_transformer.py``, ``python ssa.py``, ``python
-   kernel_sparse.py`` on WikiText-2 where its files are, ``python -m bench.train`` for each baseline) on ListOps at
-   its paper length (2,048 tokens, batch 128), 100 steps (SBM 10): each run's step time, peak memory
-   (``max_memory_allocated``) and density as its metrics.json records them. Timing runs, not trained models;
-3. ``scaling``: forward+backward time and peak memory of every attention against length (1K to 16K, each method
-   until memory runs out), SBM at its initial density and at 1%, beside full attention (SDPA, which takes its
-   fused kernels on CUDA); the crossover: the first length from which a method stays faster than full attention;
-4. ``frontier``: the frontier claim's families (experiments/frontier.py) on duplicates at 512 and 1,024 tokens,
-   seed 0, while budget remains.
-Records: OUT/gpu.json (device, torch, each stage's time and rows), OUT/README.md (its tables), OUT/correctness.log.
-One folder per device (default results/gpu/<device>): a table never mixes devices. A job of some --stages keeps
-the other stages' records from the folder's earlier job on the same device (each stage says its date and torch).
+The stages, in order; each starts while budget remains, and stops at its next run once it is spent:
+1. ``correctness``: ``pytest -m on_device`` (reference and fast paths agree; the contract, fuzzed);
+2. ``entry``: each method's own training command on ListOps at 2,048 tokens, batch 128, 100 steps
+   (SBM 10): step time, peak memory and density as metrics.json records them;
+3. ``scaling``: each attention's forward+backward time and peak memory from 1K to 16K tokens beside
+   full attention (SDPA), and the length from which it is faster;
+4. ``frontier``: the frontier claim's families on duplicates at 512 and 1,024 tokens, seed 0.
+Records: OUT/gpu.json, OUT/README.md, OUT/correctness.log, a folder per device (a table never mixes
+devices); a job of some --stages keeps the others' records of its device.
 """
 import os
 import re
@@ -31,9 +24,8 @@ from pathlib import Path
 
 from bench import cli
 from bench.files import default_data_dir, read_json, write_json
-from experiments import frontier, scaling
+from experiments import frontier, grid, scaling
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("correctness", "entry", "scaling", "frontier")
 SCALING_METHODS = ("full", "full-ref", "sbm", "sbm@0.01", "ssa", "kernel", "window", "bigbird", "reformer",
                    "performer", "linformer", "nystromformer", "linear")
@@ -57,25 +49,17 @@ FUZZ_CASES = {"full": 10, "tiny": 1}
 SHARE = {"correctness": 0.2, "entry": 0.4, "scaling": 0.4}  # a stage's most: its part of the stages run before
 
 
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-    def share(self, seconds: float) -> "Budget":
-        """A stage's budget: `seconds`, or what is left of this one if less."""
-        return Budget(min(seconds, self.left()))
+def left(deadline: float) -> float:
+    """Seconds until ``deadline`` (time.monotonic's clock): what is left of a budget."""
+    return deadline - time.monotonic()
 
 
-def run(argv, budget: Budget, env=None, cap: float = 600) -> dict:
-    """A subprocess in the repository's root, stopped at the budget's end (or `cap` seconds): its exit code,
-    seconds and the last lines of its output."""
+def run(argv, deadline: float, env=None, cap: float = 600) -> dict:
+    """``python ARGV`` stopped at ``deadline`` (or after `cap` s): exit code, seconds and output."""
     start = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, env=env,
-                              timeout=max(1.0, min(cap, budget.left())))
+        proc = subprocess.run([sys.executable, *argv], cwd=grid.ROOT, capture_output=True, text=True, env=env,
+                              timeout=max(1.0, min(cap, left(deadline))))
         code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""  # str in text mode, but bytes on some Pythons
@@ -83,16 +67,12 @@ def run(argv, budget: Budget, env=None, cap: float = 600) -> dict:
     return {"code": code, "seconds": round(time.monotonic() - start, 1), "output": output}
 
 
-def last_line(output: str) -> str:
-    return (output.strip().splitlines() or ["no output"])[-1][:300]
-
-
 # ------------------------------------------------------------------------------------------------ the stages
-def correctness(device: str, size: str, budget: Budget, out: Path) -> list:
+def correctness(device: str, size: str, deadline: float, out: Path) -> list:
     cases = str(FUZZ_CASES[size])
     selection = ["-m", "on_device"] + (["-k", "contract and (sbm or full)"] if size == "tiny" else [])
     env = dict(os.environ, SPARSE_ATTN_TEST_DEVICE=device, SPARSE_ATTN_FUZZ_CASES=cases)
-    result = run(["-m", "pytest", "-q", "-p", "no:randomly", *selection], budget, env)
+    result = run(["-m", "pytest", "-q", "-p", "no:randomly", *selection], deadline, env)
     (out / "correctness.log").write_text(result["output"])
     summary = next((line for line in reversed(result["output"].splitlines()) if re.search(r"passed|failed|error",
                                                                                           line)), "no summary")
@@ -100,18 +80,18 @@ def correctness(device: str, size: str, budget: Budget, out: Path) -> list:
              "seconds": result["seconds"], "summary": summary.strip("= ")}]
 
 
-def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
+def entry_points(device: str, size: str, deadline: float, scratch: Path) -> list:
     rows = []
     for name, command in ENTRY.items():
-        if budget.left() < 10 or (name == "kernel" and not (default_data_dir() / "wikitext-2").is_dir()):
-            rows.append({"method": name, "status": "not run: " + ("budget spent" if budget.left() < 10 else
+        if left(deadline) < 10 or (name == "kernel" and not (default_data_dir() / "wikitext-2").is_dir()):
+            rows.append({"method": name, "status": "not run: " + ("budget spent" if left(deadline) < 10 else
                                                                   f"no WikiText-2 in {default_data_dir()}")})
             continue
         folder = scratch / re.sub(r"\W+", "-", name)
         task = KERNEL_TASK if name == "kernel" else TASK[size]
         steps = FEW_STEPS.get(name, []) if size == "full" else []
         argv = [*command, *task, *RUN[size], *steps, "--device", device]
-        result = run([*argv, "--out", str(folder), "--overwrite"], budget, cap=150)
+        result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=150)
         record = read_json(folder / "metrics.json") or {}
         row = {"method": name, "command": " ".join(["python", *command]), "argv": " ".join(["python", *argv]),
                "code": result["code"], "seconds": result["seconds"]}
@@ -120,19 +100,19 @@ def entry_points(device: str, size: str, budget: Budget, scratch: Path) -> list:
                                                           "density", "test", "metric", "device")})
             row["config"] = {k: record["config"].get(k) for k in ("seq_len", "batch_size", "dim", "depth", "heads")}
         else:
-            row["status"] = ("failed: timed out" if result["code"] == "timed out" else
-                             f"failed: {last_line(result['output'])}")
+            said = (result["output"].strip().splitlines() or ["no output"])[-1][:300]
+            row["status"] = "failed: " + ("timed out" if result["code"] == "timed out" else said)
         rows.append(row)
     return rows
 
 
-def scaling_rows(device: str, size: str, budget: Budget) -> list:
+def scaling_rows(device: str, size: str, deadline: float) -> list:
     import torch
     rows, stopped = [], {}
     for n in SCALING_LENGTHS[size]:
         for method in SCALING_METHODS:
             row = {"method": method, "n": n}
-            if method in stopped or budget.left() < 5:
+            if method in stopped or left(deadline) < 5:
                 rows.append({**row, "error": stopped.get(method, "not run: budget spent")})
                 continue
             cell = {"method": method, "options": {}, "n": n, "batch": 4, "heads": 4, "head_dim": 64,
@@ -153,8 +133,7 @@ def scaling_rows(device: str, size: str, budget: Budget) -> list:
 
 
 def crossovers(rows: list) -> list:
-    """Per method: the first length from which its forward+backward is faster than full attention's (SDPA) at
-    every longer length measured, or None."""
+    """Per method: the first length from which it beats full attention at each longer one run."""
     full = {r["n"]: r["fwdbwd_ms"] for r in rows if r["method"] == "full" and "error" not in r}
     result = []
     for method in SCALING_METHODS[1:]:
@@ -165,21 +144,18 @@ def crossovers(rows: list) -> list:
     return result
 
 
-def frontier_rows(device: str, size: str, budget: Budget, scratch: Path) -> list:
+def frontier_rows(device: str, size: str, deadline: float, scratch: Path) -> list:
     rows, steps = [], FRONTIER_STEPS[size]
     for n in FRONTIER_LENGTHS[size]:
         recipe = {**frontier.DUPLICATES, "seq_len": n, "steps": steps, "lr": "1e-3"}
         for family, members in frontier.families(steps).items():
             for method, tag, extra in members[:1] if size == "tiny" else members:
-                if budget.left() < 20:
+                if left(deadline) < 20:
                     return rows
-                options = {**recipe, **extra}
-                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates", "--device", device]
-                for key, value in options.items():
-                    for item in (value if isinstance(value, list) else [value]):
-                        argv += [f"--{key.replace('_', '-')}", str(item)]
+                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates",
+                        "--device", device, *grid.flags({**recipe, **extra})]
                 folder = scratch / f"{method}{tag}-n{n}"
-                result = run([*argv, "--out", str(folder), "--overwrite"], budget, cap=120)
+                result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=120)
                 record = read_json(folder / "metrics.json") or {}
                 rows.append({"n": n, "family": family, "setting": f"{method}{tag}", "code": result["code"],
                              **{k: record.get(k) for k in ("test", "density", "median_step_ms")}})
@@ -229,12 +205,6 @@ def stage_status(rows: list) -> str:
     return "; ".join(said) or "ok"
 
 
-def device_slug(device: str) -> str:
-    import torch
-    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
 def build_parser():
     p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0],
                    epilog=__doc__[__doc__.index("The stages"):])
@@ -257,20 +227,18 @@ def main(argv=None) -> int:
     stages = [s for s in args.stages.split(",") if s]
     if not stages or set(stages) - set(STAGES):
         p.error(f"--stages takes a comma-separated list of {', '.join(STAGES)}, got {args.stages!r}")
+    device = scaling.device_or_exit(p, args.device)
     import torch
-    from bench.config import resolve_device
-    try:
-        device = str(resolve_device(args.device))
-    except ValueError as exc:
-        p.error(str(exc))
     if device == "cpu" and not args.tiny:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
     size = "tiny" if args.tiny else "full"
-    out = Path(args.out or ROOT / "results" / "gpu" / device_slug(device))
+    name = torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    out = Path(args.out or grid.ROOT / "results" / "gpu" / slug)
     out.mkdir(parents=True, exist_ok=True)
-    budget = Budget(args.budget)
-    record = {"device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
-              "torch": torch.__version__, "python": sys.version.split()[0], "budget_s": args.budget, "size": size,
+    deadline = time.monotonic() + args.budget
+    record = {"device": name, "torch": torch.__version__, "python": sys.version.split()[0],
+              "budget_s": args.budget, "size": size,
               "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
               "stages": {}}
     earlier = read_json(out / "gpu.json") or {}
@@ -278,22 +246,18 @@ def main(argv=None) -> int:
         record["stages"] = {k: v for k, v in earlier["stages"].items() if k not in stages and "rows" in v}
     with tempfile.TemporaryDirectory(prefix="gpu-job-") as scratch:
         for stage in stages:
-            if budget.left() < 10:
+            if left(deadline) < 10:
                 record["stages"][stage] = {"status": "skipped: budget spent", "seconds": 0}
                 continue
             parts = sum(SHARE.get(s, 0) for s in stages)
             last = stage == stages[-1] or stage == "frontier"  # the last stage and the frontier take what is left
-            start, share = time.monotonic(), budget.share(budget.left() if last else
-                                                          SHARE[stage] / parts * args.budget)
-            print(f"stage {stage} ({budget.left():.0f} s of budget left)", flush=True)
-            if stage == "correctness":
-                rows = correctness(device, size, share, out)
-            elif stage == "entry":
-                rows = entry_points(device, size, share, Path(scratch))
-            elif stage == "scaling":
-                rows = scaling_rows(device, size, share)
-            else:
-                rows = frontier_rows(device, size, share, Path(scratch))
+            start = time.monotonic()  # the stage's deadline: its share, or the job's if sooner
+            share = deadline if last else min(deadline, start + SHARE[stage] / parts * args.budget)
+            print(f"stage {stage} ({left(deadline):.0f} s of budget left)", flush=True)
+            rows = {"correctness": lambda: correctness(device, size, share, out),
+                    "entry": lambda: entry_points(device, size, share, Path(scratch)),
+                    "scaling": lambda: scaling_rows(device, size, share),
+                    "frontier": lambda: frontier_rows(device, size, share, Path(scratch))}[stage]()
             record["stages"][stage] = {"status": stage_status(rows), "torch": torch.__version__,
                                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                        "seconds": round(time.monotonic() - start, 1), "rows": rows}

@@ -2,17 +2,12 @@
 
     python -m experiments.grid                          # the quick budget into runs/grid-quick (what ./run_all.sh runs)
     python -m experiments.grid --budget smoke           # every cell at a handful of steps: checks the plumbing
-    python -m experiments.grid --budget full            # paper presets, 3 seeds (a GPU job)
     python -m experiments.grid --out X --methods full,sbm --tasks duplicates
 
-Budgets (BUDGETS): ``quick`` trains each task at the settings of QUICK, calibrated so that full attention
-clearly learns every task shown within ./run_all.sh's time on a 2-core CPU; QUICK_LEFT_OUT says where a task
-that cannot be learned in that time is measured instead. ``smoke``: a few steps of every cell at tiny shapes;
-``full``: the paper presets. Every cell of a task uses the same backbone and recipe. The kernel method, a
-masked-LM pipeline (Karkhanis, Roberts, Krishnan, a CMU report without arXiv id, §4), runs on ``wikitext2``
-only (bench/methods.py). Resumable within its folder (OUT/grid.lock names the grid that holds it): a complete
-cell of the planned command is kept, one left with a checkpoint resumed, one of another budget redone.
-Stopping the grid (SIGTERM, SIGINT, or SIGKILL on Linux) stops its cells.
+Budgets: ``quick`` (QUICK: full attention clearly learns each task within ./run_all.sh's time on 2
+CPU cores); ``smoke``, a few steps at tiny shapes; ``full``, the paper presets. A task's cells share
+backbone and recipe. A rerun keeps complete cells of the planned command, resumes checkpoints,
+redoes cells of other budgets. Stopping the grid (even by SIGKILL, on Linux) stops its cells.
 """
 import argparse
 import ctypes
@@ -24,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from bench import cli
 from bench import methods as registry
@@ -85,27 +80,19 @@ PROCESS_SECONDS = 6  # starting python, importing torch and setting up a task, p
 class Budget:
     preset: str
     seeds: tuple
+    settings: Callable[[str, str], dict]  # (task, method) → the options beside task, preset, seed
+    estimate: Callable[[str, str], float]  # (task, method) → a cell's seconds on one thread
     left_out: Dict[str, str] = field(default_factory=dict)
 
-    def settings(self, name: str, task: str, method: str) -> dict:
-        """The cell's options beside its task, preset and seed: {option: value}."""
-        if name == "quick":
-            return dict(QUICK[task][0])
-        if name == "smoke":
-            return dict(seq_len=SMOKE_SHAPES[task], **SMOKE, **(KERNEL_SMOKE if method == "kernel" else {}))
-        return {}
 
-    def estimate(self, name: str, task: str, method: str) -> float:
-        """Seconds one cell is expected to take on one thread (full: unknown, so a nominal hour)."""
-        if name == "smoke":
-            return PROCESS_SECONDS + (6 if method == "kernel" else 2)
-        if name == "quick":
-            return QUICK[task][1] * registry.get(method).cost
-        return 3600.0
-
-
-BUDGETS = {"quick": Budget("cpu", (0,), QUICK_LEFT_OUT), "smoke": Budget("cpu", (0,)),
-           "full": Budget("paper", (0, 1, 2))}
+BUDGETS = {
+    "quick": Budget("cpu", (0,), lambda task, _: dict(QUICK[task][0]),
+                    lambda task, m: QUICK[task][1] * registry.get(m).cost, QUICK_LEFT_OUT),
+    "smoke": Budget("cpu", (0,), lambda task, method: dict(
+        seq_len=SMOKE_SHAPES[task], **SMOKE, **(KERNEL_SMOKE if method == "kernel" else {})),
+        lambda _, method: PROCESS_SECONDS + (6 if method == "kernel" else 2)),
+    "full": Budget("paper", (0, 1, 2), lambda *_: {}, lambda *_: 3600.0),  # unknown: a nominal hour
+}
 
 
 def flags(settings: Dict[str, object]) -> List[str]:
@@ -121,9 +108,7 @@ def flags(settings: Dict[str, object]) -> List[str]:
 
 def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: Optional[dict] = None,
               tag: str = "", estimate_s: float = 3600.0) -> dict:
-    """One training run of a grid or a claim, as data: what runs, its options beside task, preset and seed
-    ({option: value}), its folder's name (``tag`` tells two settings of one method apart) and its command, run
-    from the repository root (the method's own file, or bench.train for a baseline)."""
+    """A grid's or claim's run as data: options, folder name (``tag``: of one method's), command."""
     settings = dict(settings or {})
     spec = registry.get(method)
     entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]
@@ -145,22 +130,8 @@ def load(folder: Path):
 
 
 # ------------------------------------------------------------------------------------------------ planning
-def data_problem(task: str, seq_len: int, data_dir: Path) -> Optional[str]:
-    """The task's own message when its data are missing (tasks that read files only), else None."""
-    from bench.tasks import get_task
-    instance = get_task(task)
-    if not instance.reads_files:
-        return None
-    try:
-        instance.setup(seq_len, 0, data_dir, 0)
-    except DataError as exc:
-        return str(exc)
-    return None
-
-
 def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int], common: Dict[str, object]) -> dict:
-    """Every cell with its command, or why it does not run (n/a, no data, left out of this budget). ``common``:
-    options every cell gets (device, data folder)."""
+    """Every cell with its command, or why it does not run; ``common``: options of every cell."""
     from bench.tasks import get_task
     budget = BUDGETS[budget_name]
     data_dir = Path(common["data_dir"]) if common.get("data_dir") else default_data_dir()
@@ -169,28 +140,28 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
         if task in budget.left_out:
             left_out[task] = budget.left_out[task]
             continue
-        causal = get_task(task).head == "lm"
-        runnable = [m for m in methods if registry.applicable(m, task)]
-        for method in runnable:
-            reason = registry.refusal(method, causal)
-            if reason:
-                not_run.append({"method": method, "task": task, "status": "n/a", "reason": reason})
-        runnable = [m for m in runnable if not registry.refusal(m, causal)]
+        instance = get_task(task)
+        refused = {m: registry.refusal(m, instance.head == "lm")
+                   for m in methods if registry.applicable(m, task)}
+        not_run += [{"method": m, "task": task, "status": "n/a", "reason": why}
+                    for m, why in refused.items() if why]
+        runnable = [m for m, why in refused.items() if not why]
         if not runnable:
             continue
-        seq_len = budget.settings(budget_name, task, runnable[0]).get("seq_len",
-                                                                       get_task(task).presets[budget.preset].seq_len)
-        problem = data_problem(task, seq_len, data_dir)
-        if problem:
-            missing[task] = problem
+        preset = instance.presets[budget.preset]
+        seq_len = budget.settings(task, runnable[0]).get("seq_len", preset.seq_len)
+        try:  # the task's own message when its data are missing (tasks that read files only)
+            if instance.reads_files:
+                instance.setup(seq_len, 0, data_dir, 0)
+        except DataError as exc:
+            missing[task] = str(exc)
             continue
         for method in runnable:
-            for seed in seeds:
-                attn = {"attn": [f"{k}={v}" for k, v in registry.get(method).grid_budget.items()]} \
-                    if registry.get(method).grid_budget else {}
-                cells.append(make_cell(method, task, seed, budget.preset,
-                                       {**budget.settings(budget_name, task, method), **attn, **common},
-                                       estimate_s=budget.estimate(budget_name, task, method)))
+            grid_budget = registry.get(method).grid_budget
+            attn = {"attn": [f"{k}={v}" for k, v in grid_budget.items()]} if grid_budget else {}
+            settings = {**budget.settings(task, method), **attn, **common}
+            cells += [make_cell(method, task, seed, budget.preset, settings,
+                                estimate_s=budget.estimate(task, method)) for seed in seeds]
     return {"budget": budget_name, "preset": budget.preset, "methods": methods, "tasks": tasks, "seeds": seeds,
             "cells": cells, "not_run": not_run, "missing_data": missing, "left_out": left_out}
 
@@ -245,26 +216,25 @@ def reap(process: subprocess.Popen) -> Optional[tuple]:
     return process.returncode, usage.ru_utime + usage.ru_stime
 
 
-def finish_cell(folder: Path, cell: dict, code: int, seconds: float, cpu_seconds: float) -> bool:
-    """True when the cell wrote a complete record; otherwise failed.json says why."""
-    if code == 0 and (read_json(folder / "metrics.json") or {}).get("status") == "complete":
+def finish_cell(folder: Path, cell: dict, code: int, seconds: float, cpu_seconds: float) -> str:
+    """"done" when the cell wrote a complete record, else why not (as failed.json says)."""
+    status = (read_json(folder / "metrics.json") or {}).get("status")
+    if code == 0 and status == "complete":
         write_json(folder / "cell.json", {"command": cell["command"], "wall_s": round(seconds, 1),
                                           "cpu_s": round(cpu_seconds, 1)})
-        return True
+        return "done"
     tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-5:]
-    diverged = (read_json(folder / "metrics.json") or {}).get("status") == "diverged"
+    failure, reason = "diverged" if status == "diverged" else "failed", (tail or ["no output"])[-1]
     write_json(folder / "failed.json", {
-        "status": "diverged" if diverged else "failed", "method": cell["method"], "task": cell["task"],
-        "seed": cell["seed"],
-        "exit_code": code, "reason": tail[-1] if tail else "no output", "log_tail": tail, "seconds": seconds})
-    return False
+        "status": failure, "method": cell["method"], "task": cell["task"], "seed": cell["seed"],
+        "exit_code": code, "reason": reason, "log_tail": tail, "seconds": seconds})
+    return f"{failure.upper()}: {reason}"
 
 
 def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
     """Runs the planned cells, longest first; returns how many failed."""
     threads = max(1, (os.cpu_count() or 1) // jobs)
-    order = sorted(cells, key=lambda c: -c["estimate_s"])
-    pending, running, failures = list(order), {}, 0
+    pending, running, failures, finished = sorted(cells, key=lambda c: -c["estimate_s"]), {}, 0, 0
     start, done_estimate, done_actual = time.time(), 0.0, 0.0
     remaining = sum(c["estimate_s"] for c in cells)
 
@@ -277,7 +247,6 @@ def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
 
     previous = {sig: signal.signal(sig, stop_cells) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        finished = 0
         while pending or running:
             while pending and len(running) < jobs:
                 cell = pending.pop(0)
@@ -292,15 +261,12 @@ def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
             for process, (code, cpu_seconds) in [(p, r) for p in list(running) for r in [reap(p)] if r]:
                 cell, folder, began = running.pop(process)
                 seconds = time.time() - began
-                ok = finish_cell(folder, cell, code, seconds, cpu_seconds)
-                failures += not ok
+                status = finish_cell(folder, cell, code, seconds, cpu_seconds)
+                failures += status != "done"
                 finished += 1
                 remaining -= cell["estimate_s"]
                 done_estimate, done_actual = done_estimate + cell["estimate_s"], done_actual + seconds
-                speed = done_actual / done_estimate if done_estimate else 1.0
-                eta = remaining * speed / jobs
-                failure = {} if ok else read_json(folder / "failed.json")
-                status = "done" if ok else f"{failure['status'].upper()}: {failure['reason']}"
+                eta = remaining * done_actual / done_estimate / jobs  # at this machine's pace
                 print(f"[{finished}/{len(cells)}] {cell['name']}: {status} ({seconds:.0f} s) | elapsed "
                       f"{cli.clock(time.time() - start)} | ETA {cli.clock(eta)}", flush=True)
             time.sleep(0.2)
@@ -317,12 +283,11 @@ def describe(grid: dict, jobs: int) -> str:
     lines = [f"grid: {len(grid['cells'])} cells on {len(tasks)} tasks ({', '.join(tasks)}), {len(grid['seeds'])} "
              f"seed(s), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s) side by side; estimated "
              f"{cli.clock(total / jobs)} on a 2-core CPU"]
-    for item in grid["not_run"]:
-        lines.append(f"  n/a: {item['method']} on {item['task']} ({item['reason']})")
-    for task, message in grid["missing_data"].items():
-        lines.append(f"  no data: {task}: {message.splitlines()[0]}")
-    for task, reason in grid["left_out"].items():
-        lines.append(f"  left out of the {grid['budget']} budget: {task}: {reason}")
+    lines += [f"  n/a: {n['method']} on {n['task']} ({n['reason']})" for n in grid["not_run"]]
+    lines += [f"  no data: {task}: {said.splitlines()[0]}"
+              for task, said in grid["missing_data"].items()]
+    lines += [f"  left out of the {grid['budget']} budget: {task}: {why}"
+              for task, why in grid["left_out"].items()]
     return "\n".join(lines)
 
 
@@ -337,17 +302,22 @@ def parse_list(text: str, known: List[str], what: str) -> List[str]:
     return items
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("python -m experiments.grid", __doc__.splitlines()[0])
-    p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help="cells' training budget")
+def add_selection_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a grid that ./run_all.sh shares: which cells, where, on which device."""
+    p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=",".join(GRID_TASKS), help="comma-separated tasks")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the budget's: 0, or 0,1,2 for full)")
-    p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
-    p.add_argument("--jobs", type=cli.positive_int, default=os.cpu_count() or 1, help="cells side by side")
     p.add_argument("--device", default="auto", type=cli.device_option, help="every cell's device: auto (CUDA when "
                    "present), cpu, cuda or cuda:N")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("python -m experiments.grid", __doc__.splitlines()[0])
+    p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help="cells' training budget")
+    add_selection_arguments(p)
+    p.add_argument("--jobs", type=cli.positive_int, default=os.cpu_count() or 1, help="cells side by side")
     p.add_argument("--set", action="append", default=[], type=cell_option, metavar="NAME=VALUE", dest="options",
                    help="a training option every cell gets, e.g. --set steps=2 (repeatable; the cells' own flags: "
                         "python -m bench.train --help)")
@@ -364,10 +334,8 @@ def cell_option(text: str) -> tuple:
 
 
 def check_options(options: List[tuple], methods: List[str]) -> None:
-    """--set's options checked once, up front (ValueError), rather than by every cell: parsed as python -m bench.train
-    parses them, a bad value of an option every training entry point takes is refused, and so is a name it does not
-    take when a baseline (which bench.train trains) is among ``methods``; a method file's own settings are its
-    cells' to check."""
+    """--set's options checked once, up front (ValueError), as python -m bench.train parses them: a
+    bad value, and a name it lacks where it trains a baseline of ``methods`` (else: the cells')."""
     from bench.train import build_parser
     parser = build_parser("--set")
     parser.exit_on_error = False
@@ -387,8 +355,8 @@ def common_settings(args) -> Dict[str, object]:
             **dict(getattr(args, "options", []))}
 
 
-def selection(args) -> tuple:
-    """(methods, tasks, seeds) named by the options, checked against the registries."""
+def checked_plan_options(args) -> tuple:
+    """(methods, tasks, seeds, run folder) of the options, checked up front (ValueError)."""
     from bench.tasks import TASKS
     landed = list(registry.available())
     methods = parse_list(args.methods, landed, "methods") if args.methods is not None else landed
@@ -400,21 +368,9 @@ def selection(args) -> tuple:
         seeds = None
     if not seeds or not all(0 <= s < 2 ** 32 for s in seeds):
         raise ValueError(f"--seeds takes comma-separated integers from 0 to 4,294,967,295, got {args.seeds!r}")
-    return methods, tasks, seeds
-
-
-def check_device(device: str) -> None:
-    """A CUDA device this machine lacks is refused once, up front (ValueError), not by every cell."""
-    if device.startswith("cuda"):
+    if args.device.startswith("cuda"):  # a CUDA device it lacks: refused once, not by every cell
         from bench.config import resolve_device
-        resolve_device(device)
-
-
-def checked_plan_options(args) -> tuple:
-    """(methods, tasks, seeds, run folder) of a grid's options (experiments.grid's and ./run_all.sh's), each checked up
-    front: a ValueError says what is wrong before anything is made."""
-    methods, tasks, seeds = selection(args)
-    check_device(args.device)
+        resolve_device(args.device)
     out = Path(args.out or f"runs/grid-{args.budget}")
     problem = folder_problem(out)
     if problem:

@@ -1,27 +1,19 @@
-"""Our baselines side by side with the public implementations a user would otherwise pick: forward+backward
-time at the same settings, in one process, repetitions interleaved; the table gives ours ÷ peer per
-method.
+"""Our baselines beside the public implementations a user would otherwise pick: ours ÷ peer.
 
-    pip install -r requirements-peers.txt      # optional: never a dependency of the repository itself
-    python -m experiments.peers                      # n = 4096, batch 1, 2 heads, head dim 32; into runs/peers/
+    pip install -r requirements-peers.txt      # optional: never a dependency of the repository
     python -m experiments.peers --lengths 1024,4096 --repeats 41 --threads 1
 
 Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training mode; non-causal):
 - full · torch.nn.MultiheadAttention (need_weights=False: the fused path);
 - nystromformer (64 landmarks, 6 pseudo-inverse iterations, no conv skip) · nystrom-attention 0.0.14
   (num_landmarks=64, residual=False): the same mathematics, outputs equal to rounding;
-- reformer (2 hashes, bucket_size 64 → 64 buckets of 64 at n = 4096) · reformer-pytorch 1.4.4
-  LSHSelfAttention (n_hashes=2, bucket_size=64). Ours corrects duplicate pairs exactly (the peer's
-  default, allow_duplicate_attention=True, does not) and draws one rotation per sample, head and
-  round;
-- performer (256 features, features fixed: redraw_interval=0) · performer-pytorch SelfAttention
-  (nb_features=256, which keeps its features unless a PerformerLM redraws them);
+- reformer (2 hashes, bucket_size 64) · reformer-pytorch 1.4.4 LSHSelfAttention (n_hashes=2,
+  bucket_size=64); ours corrects duplicate pairs exactly (the peer's default does not) and draws one
+  rotation per sample, head and round;
+- performer (256 features, redraw_interval=0) · performer-pytorch SelfAttention (nb_features=256);
 - linformer (rank 256, max_len n) · linformer LinformerSelfAttention (k=256, seq_len=n).
-
-Every side of every pair is timed once a repetition (bench.measure.interleaved, the order reversed
-every other one), so a change of load falls on both sides alike: the medians, their ratio and the
-quartiles of the per-repetition ratios. experiments.scaling's glibc setting should be in the
-environment; the header says whether it is. The table is printed and written to OUT/peers.md.
+Both sides of each pair run forward+backward once a repetition, in reversed order every other one,
+so that load falls on both alike; experiments.scaling's glibc setting belongs in the environment.
 """
 import importlib.util
 import os
@@ -54,7 +46,6 @@ def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module
     import nystrom_attention
     import performer_pytorch
     import reformer_pytorch
-
     dim = heads * head_dim
     ours_call = lambda m, x: m(x)[0]  # noqa: E731
     peer_call = lambda m, x: m(x)  # noqa: E731
@@ -85,7 +76,6 @@ def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor
 
 def measure(n: int, args) -> List[list]:
     import torch
-
     from bench.measure import interleaved
     torch.manual_seed(0)
     built = pairs(n, args.heads, args.head_dim)
@@ -99,13 +89,13 @@ def measure(n: int, args) -> List[list]:
     timed = interleaved(variants, torch.device("cpu"), args.repeats, args.warmup_iters, alternate=True,
                         after_round=lambda r: print(f"  n={n} repetition {r + 1}/{total}", file=sys.stderr,
                                                     flush=True))
-    times = {name: (timed[f"{name} ours"].ms, timed[f"{name} peer"].ms) for name in chosen}
     rows = []
-    for name, (ours, peer) in times.items():
-        ratios = sorted(a / b for a, b in zip(ours, peer))
+    for name in chosen:
+        ours, peer = timed[f"{name} ours"], timed[f"{name} peer"]
+        ratios = sorted(a / b for a, b in zip(ours.ms, peer.ms))
         q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-        rows.append([name, n, f"{statistics.median(ours):.1f}", f"{statistics.median(peer):.1f}",
-                     f"{statistics.median(ours) / statistics.median(peer):.2f}", f"{q1:.2f}-{q3:.2f}"])
+        rows.append([name, PEERS[name], n, f"{ours.median:.1f}", f"{peer.median:.1f}",
+                     f"{ours.median / peer.median:.2f}", f"{q1:.2f}-{q3:.2f}"])
     return rows
 
 
@@ -116,20 +106,12 @@ PEERS = {"full": "torch.nn.MultiheadAttention", "nystromformer": "nystrom-attent
 
 def main(argv=None) -> int:
     p = cli.parser("python -m experiments.peers", __doc__.splitlines()[0])
-    p.add_argument("--lengths", default="4096", type=cli.positive_ints,
-                   help="comma-separated sequence lengths (multiples of 128)")
+    p.add_argument("--lengths", default="4096", type=cli.positive_ints, help="multiples of 128")
     p.add_argument("--methods", default=",".join(PEERS), help="comma-separated, from " + ",".join(PEERS))
-    p.add_argument("--batch-size", type=cli.positive_int, default=1, help="sequences per forward")
-    p.add_argument("--heads", type=cli.layers, default=2, help="attention heads")
-    p.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")
-    p.add_argument("--warmup-iters", type=cli.non_negative_int, default=2, help="untimed repetitions first")
-    p.add_argument("--repeats", type=cli.positive_int, default=21, help="timed repetitions (interleaved)")
-    p.add_argument("--threads", type=cli.threads, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--out", metavar="DIR", default="runs/peers", help="folder for the table (peers.md)")
+    scaling.add_benchmark_arguments(p, warmup_iters=2, repeats=21, out="runs/peers")
     args = p.parse_args(argv)
-    lengths = args.lengths
     args.methods = [v for v in args.methods.split(",") if v]
-    if any(v < 128 or v % 128 for v in lengths):
+    if any(v < 128 or v % 128 for v in args.lengths):
         p.error("--lengths: each must be a positive multiple of 128 (reformer-pytorch needs 2 × bucket_size)")
     if not args.methods or set(args.methods) - set(PEERS):
         p.error(f"--methods: choose from {sorted(PEERS)}")
@@ -141,17 +123,15 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     where, _ = scaling.describe("cpu", "keep")
     allocator = {key: os.environ.get(key, "unset") for key in scaling.ALLOCATORS["keep"]}
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    started = time.time()
-    rows = [row for n in lengths for row in measure(n, args)]
-    end_load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load, started = scaling.load_average(), time.time()
+    rows = [row for n in args.lengths for row in measure(n, args)]
+    end_load = scaling.load_average()
     text = (f"Ours ÷ public implementations — {where}, torch {torch.__version__}; "
             f"batch {args.batch_size}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training "
             f"mode; median of {args.repeats} interleaved repetitions after {args.warmup_iters}; allocator "
             f"{allocator}; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n\n"
-            + tabulate([[r[0], PEERS[r[0]], *r[1:]] for r in rows],
-                       headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
-                       tablefmt="github", disable_numparse=True))
+            + tabulate(rows, tablefmt="github", disable_numparse=True, headers=[
+                "ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"]))
     print(text)
     path = cli.out_file(args.out, "peers.md")
     path.write_text(text + "\n")

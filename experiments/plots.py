@@ -1,7 +1,4 @@
-"""Plots of the report, drawn from the same records as its tables (matplotlib, an optional extra).
-
-Each function writes one PNG and returns its caption; ``available()`` says whether matplotlib is installed
-(without it the report writes its tables only and says so in one line).
+"""Plots of the report from its tables' records (matplotlib, optional): a PNG and its caption each.
 """
 import importlib.util
 import json
@@ -11,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from bench.files import read_json
+from bench.files import kept_log, read_json
 from experiments.frontier import VARIANTS, by_setting, families
 from experiments.grid import load
 
@@ -27,16 +24,10 @@ def figure(columns: int, rows: int = 1, width: float = 5.5, height: float = 4.0)
     return plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
 
 
-def matplotlib_ticker():
-    import matplotlib.ticker
-    return matplotlib.ticker
-
-
 def log_x(ax) -> None:
-    """A log x axis labelled as plain numbers at 1-2-5 steps (0.5, 1, 2, 5, 10) where the data span at most
-    ~1.5 decades, and at powers of ten only where they span more (1-2-5 labels would overlap there); never minor
-    labels, which overlap where the data span less than a decade."""
-    ticker = matplotlib_ticker()
+    """A log x axis labelled as plain numbers at 1-2-5 steps where the data span at most ~1.5
+    decades, at powers of ten where they span more, never at minor ticks: no labels overlap."""
+    import matplotlib.ticker as ticker
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
 
@@ -49,14 +40,15 @@ def log_x(ax) -> None:
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
-def save(fig, path: Path, axes, xlabel, ylabels: List[str]) -> None:
-    """Labels (``xlabel``: one for every panel, or a list of one per panel), grid, layout, PNG; closes the figure."""
+def save(fig, path: Path, axes, xlabel, ylabels: List[str], rect=(0, 0, 1, 1)) -> None:
+    """Labels (one ``xlabel`` or one per panel; None: none), grid, layout within ``rect``, PNG."""
     axes = list(axes)
     for ax, x, ylabel in zip(axes, [xlabel] * len(axes) if isinstance(xlabel, str) else xlabel, ylabels):
-        ax.set_xlabel(x, fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
+        for label, set_label in ((x, ax.set_xlabel), (ylabel, ax.set_ylabel)):
+            if label is not None:
+                set_label(label, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
     plt.close(fig)
@@ -86,13 +78,12 @@ QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot'
 
 def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], budget: str,
                      reference: str = "full") -> str:
-    """One row per task: the test metric against what a training step costs relative to full attention on the
-    same task (``costs``: name → a record's value; the QUICK_COSTS columns), one colour and marker per method,
-    named once in the legend (no labels beside the points: they overlap where methods cost alike)."""
+    """Per task, the test metric against a step's ``costs`` × full attention's, per method."""
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
     methods = list(dict.fromkeys(r["method"] for r in records))
     style = {m: dict(color=f"C{i % 10}", marker="osD^v<>ph*"[i // 10 % 10]) for i, m in enumerate(methods)}
     fig, axes = figure(len(QUICK_COSTS), len(tasks), 3.6, 2.9)
+    ylabels = []  # on each row's first panel
     for row, task in zip(axes, tasks):
         mine = [r for r in records if r["task"] == task]
         scale = 100 if mine[0]["metric"] == "accuracy" else 1
@@ -106,25 +97,20 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
                 ax.axhline(scale * mine[0]["base_rate"], color="grey", linestyle=":")
             log_x(ax)
             ax.set_title(f"{task}: {name}", fontsize=9)
-        row[0].set_ylabel("test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)", fontsize=8)
+        ylabels += ["test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)"]
+        ylabels += [None] * (len(QUICK_COSTS) - 1)
     handles = {h.get_label(): h for ax in axes.flat for h in ax.collections}
     fig.legend([handles[m] for m in methods if m in handles], [m for m in methods if m in handles],
                loc="lower center", ncol=min(len(methods), 6), fontsize=8, frameon=False)
-    for ax in axes[-1]:
-        ax.set_xlabel(f"× {reference} attention (log)", fontsize=8)
-    for ax in axes.flat:
-        ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout(rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
+    last_row = [f"× {reference} attention (log)"] * len(QUICK_COSTS)
+    xlabels = [None] * (axes.size - len(last_row)) + last_row
+    save(fig, path, axes.flat, xlabels, ylabels, rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
     return (f"{budget.capitalize()} grid: test metric against a training step's attention FLOPs, time and peak "
             f"memory × {reference} attention (log), one row per task; dotted: the task's base rate.")
 
 
 def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
-    """SBM Fig. 4's story: validation accuracy of every method over training and SBM's mask density (log.jsonl).
-    ``curves``: method → its log lines."""
+    """SBM Fig. 4: each method's validation accuracy over training and SBM's density (log lines)."""
     fig, axes = figure(2)
     left, right = axes[0]
     for index, (method, lines) in enumerate(curves.items()):
@@ -196,22 +182,11 @@ def frontiers(records: List[dict], path: Path) -> str:
             "head's density ≥ its recall²).")
 
 
-
 SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
     "scaling": "every method at its default budget (sbm untrained at ~25% density, sbm@0.01 at 1%; full: fused "
                "SDPA, full-ref: the explicit path)",
     "sbm_scaling": "SBM's attention core (core@d) and module (sbm@d; sbm-dense@d, its dense path) at densities d, "
                    "beside full attention (fused SDPA, full-ref)"}
-
-
-def log_lines(folder: Path) -> List[dict]:
-    lines = []
-    for line in (folder / "log.jsonl").read_text().splitlines() if (folder / "log.jsonl").exists() else []:
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            break  # a torn last line of a killed run
-    return lines
 
 
 def ssa_curve(folder: Path) -> Optional[tuple]:
@@ -233,9 +208,10 @@ def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object]) -> D
         return {}
     plot_dir.mkdir(exist_ok=True)
     captions, fig4, quick = {}, load(results / "sbm-fig4")[0], load(results / "quick")[0]
-    if fig4:
-        captions["sbm_fig4"] = sbm_training({r["method"]: log_lines(r["folder"]) for r in fig4},
-                                            plot_dir / "sbm_fig4.png")
+    if fig4:  # each run's log.jsonl, without a line torn by a kill
+        logs = {r["method"]: kept_log(r["folder"] / "log.jsonl", math.inf) for r in fig4}
+        curves = {m: [json.loads(line) for line in log.splitlines()] for m, log in logs.items()}
+        captions["sbm_fig4"] = sbm_training(curves, plot_dir / "sbm_fig4.png")
     if ssa_curve(results / "ssa-table"):
         captions["ssa_fig7"] = ssa_ensemble(*ssa_curve(results / "ssa-table"), plot_dir / "ssa_fig7.png")
     for name, what in SCALING_PLOTS.items():

@@ -4,10 +4,7 @@ in README.md, above the generated region, which this never rewrites.
     python -m experiments.report --readme README.md     # the generated region, results/README.md, results/plots/
     python -m experiments.report                        # results/README.md's text, printed
     python -m experiments.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
-
-The generated region: the quick grid's methods table, the claims table (paper, ours, the verdict of each claim's rule
-in experiments/claims.py), the main plots. A table quoting a scaling run reads that one run and names it."""
-import json
+"""
 import math
 import os
 import re
@@ -74,45 +71,21 @@ def by(recs: List[dict], *keys) -> Dict[tuple, List[dict]]:
     return groups
 
 
-def method_order(names) -> List[str]:
-    """Registry order, then any method the records name that this process has not registered (a plug-in)."""
-    names = set(names)
-    return [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS))
-
-
 # ------------------------------------------------------------------------------------------------ a run
-def fair_step_ratios(step_time: Optional[dict]) -> Dict[str, float]:
-    """experiments.step_time's medians ÷ fair full attention's, by setting label ("full": as the recipe runs)."""
-    if not step_time or "full (fair)" not in step_time["step_ms"]:
-        return {}
-    fair = statistics.median(step_time["step_ms"]["full (fair)"])
-    names = {"full (as run)": "full", "sbm λ=0": "sbm"}  # Table 3 labels SBM without a regulariser "sbm"
-    return {names.get(label, label): statistics.median(ms) / fair
-            for label, ms in step_time["step_ms"].items() if label != "full (fair)"}
-
-
-def ratios(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[tuple, Dict[str, float]]:
-    """Per (method, task): COSTS ÷ full attention's; step time ÷ fair full's from ``step_times`` where timed."""
-    cells = by(recs, "method", "task")
-    both = lambda rs, ref, get: mean(rs, get) and mean(ref, get)  # noqa: E731
-    out = {(m, t): {k: mean(rs, get) / mean(cells[(REFERENCE, t)], get) for k, get in COSTS.items()
-                    if both(rs, cells.get((REFERENCE, t), []), get)} for (m, t), rs in cells.items()}
-    for (m, t), named in out.items():
-        fair = fair_step_ratios((step_times or {}).get(t))
-        if m in fair:
-            named["step time"] = fair[m]
-    return out
-
-
 def step_times_of(folder: Path) -> Dict[str, dict]:
     """task → experiments.step_time's JSON in FOLDER/step_time-TASK (a run folder's or a claim's)."""
     return {path.parent.name.split("-", 1)[1]: read_json(path) for path in folder.glob("step_time-*/step_time.json")}
 
 
 def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = None) -> Dict[str, Dict[str, float]]:
-    """Per method: each of COSTS relative to full attention, geometric mean over the tasks where both ran."""
-    logs = defaultdict(lambda: defaultdict(list))
-    for (method, _), named in ratios(recs, step_times).items():
+    """Per method: COSTS ÷ full attention's per task (step: ÷ fair full's), geometric mean."""
+    cells, logs = by(recs, "method", "task"), defaultdict(lambda: defaultdict(list))
+    for (method, task), rs in cells.items():
+        ref = cells.get((REFERENCE, task), [])
+        named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items()
+                 if mean(rs, get) and mean(ref, get)}
+        fair = frontier.fair_ratios((step_times or {}).get(task) or {}).get(method, math.nan)
+        named.update({} if math.isnan(fair) else {"step time": fair})  # NaN: not timed
         for name, value in named.items():
             logs[method][name].append(math.log(value))
     return {m: {k: math.exp(statistics.mean(v)) for k, v in named.items()} for m, named in logs.items()}
@@ -146,8 +119,9 @@ def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_res
     cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
     refused = {(n["method"], n["task"]): n["reason"] for n in plan.get("not_run", [])}
     failed, rows = {(f["method"], f["task"]): f["status"] for f in failures}, []  # "failed" or "diverged"
-    names = [*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)]
-    for m in method_order(names):
+    names = {*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)}
+    # registry order, then any method the records name that this process lacks (a plug-in)
+    for m in [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS)):
         row = [m] + [tests(cells[(m, t)]) if (m, t) in cells else f"n/a ({refused[(m, t)]})" if (m, t) in refused
                      else f"{failed[(m, t)]} (below)" if (m, t) in failed else
                      "–" if m in registry.METHODS and not registry.applicable(m, t) else "not run yet" for t in tasks]
@@ -316,24 +290,21 @@ def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
 def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
     """One claim as Markdown for results/README.md (links relative to results/), with its plots (FIGURES)."""
     folder, link = results / claim.name, f"[{claim.name}/]({claim.name}/)"
+    recs = load(folder)[0]
+    missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
     out = [f"## {claim.title}", f"Paper: {claim.paper}",
-           table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"])]
-    if claim.kind == "runs":
-        recs = load(folder)[0]
-        missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
-        out.append(f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each run's "
-                   "command: `python -m experiments.claims list`).")
-        out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
-        out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
-                for task, timed in sorted(step_times_of(folder).items())
-                if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
-        out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
-        out += [f"Not yet run: {len(missing)} runs" if len(missing) > 20 else
-                "Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
-    else:
-        out.append("Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).")
-        out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
-        out += [scaling.render(json.loads(path.read_text())) for path in sorted(folder.glob("scaling*.json"))]
+           table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"]),
+           f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each "
+           "run's command: `python -m experiments.claims list`)." if claim.kind == "runs" else
+           "Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link})."]
+    out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
+    out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
+            for task, timed in sorted(step_times_of(folder).items())
+            if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
+    out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
+    out += [scaling.render(read_json(path)) for path in sorted(folder.glob("scaling*.json"))]
+    out += [f"Not yet run: {len(missing)} runs" if len(missing) > 20 else
+            "Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
     out += [f"- {note}" for note in claim.notes]
     return "\n\n".join(out + figures(FIGURES.get(claim.name, ()), captions, "plots/"))
 
@@ -377,12 +348,9 @@ def main(argv=None) -> int:
     for option, path in (("--run", args.run), ("--results", args.results)):  # '' is refused, not taken for '.'
         if path is not None and not (path and Path(path).is_dir()):
             p.error(f"{option}: no folder {path or repr(path)}")
-    if args.run is not None:
-        print(write_run_report(Path(args.run)))
-        return 0
     results, readme = Path(args.results), Path(args.readme or ".")
-    if args.readme is None:
-        print(results_readme(results, {}))
+    if args.run is not None or args.readme is None:  # a run folder's report, or results/README.md
+        print(results_readme(results, {}) if args.run is None else write_run_report(Path(args.run)))
         return 0
     if not (args.readme and readme.is_file() and os.access(readme, os.R_OK | os.W_OK)):
         p.error(f"--readme: {args.readme or repr(args.readme)} is not a file this process can read and write")

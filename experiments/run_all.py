@@ -1,25 +1,22 @@
-"""The comparison, end to end: the grid, the attention scaling table, then the report and its plots, all in
-one run folder.
+"""The comparison end to end: the grid, attention scaling, the report and its plots, in one folder.
 
-    ./run_all.sh                      # the quick grid (about 28 minutes on 2 cores) into runs/grid-quick
-    ./run_all.sh --smoke --out X      # every cell at a handful of steps (about 4 minutes): checks the plumbing
-    ./run_all.sh --full               # paper presets, 3 seeds (a GPU job); scaling to n = 8192
+    ./run_all.sh                  # the quick grid (28 minutes on 2 cores) into runs/grid-quick
+    ./run_all.sh --smoke --out X  # every cell at a few steps (about 4 minutes): the plumbing
+    ./run_all.sh --full           # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
-Everything this writes goes to the run folder (--out, default runs/grid-BUDGET, an ignored path): the cells'
-records under OUT/runs/, the scaling measurements OUT/scaling.json, the report OUT/REPORT.md (printed at the
-end) and its plots OUT/*.png. Nothing tracked is modified. A rerun into the same folder resumes: complete
-cells and a scaling table of the same methods and lengths are kept (experiments/grid.py says when a cell is redone).
-Publishing is a separate, explicit step for maintainers: copy a run into results/quick (``--out
-results/quick``) and regenerate the README with ``python -m experiments.report --readme README.md``.
+Everything goes to the run folder (ignored by git; a rerun resumes), OUT/REPORT.md last; ``--out
+results/quick`` then ``python -m experiments.report --readme README.md`` publish a run.
 """
 import argparse
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench import cli
-from bench import methods as registry  # light: the grid, report and torch are imported once options parse
+from bench import methods as registry
+from experiments import grid  # light: the report and torch are imported once options parse
 from bench.files import read_json, write_json
 
 SCALING = {"quick": "1024,2048", "smoke": "128", "full": "1024,2048,4096,8192"}
@@ -42,40 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--full", dest="budget", action="store_const", const="full",
                        help="paper presets, three seeds (a GPU job); one cell at a time")
     p.set_defaults(budget="quick")
-    p.add_argument("--out", metavar="DIR", default=None, help="run folder (default runs/grid-BUDGET)")
-    p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
-    p.add_argument("--tasks", default=None, help="comma-separated (default: every grid task)")
-    p.add_argument("--seeds", default=None, help="comma-separated (default: the budget's)")
+    grid.add_selection_arguments(p)
     p.add_argument("--jobs", type=cli.positive_int, default=None, help="cells side by side (default: cores; 1 for --full)")
-    p.add_argument("--lengths", default=None, type=lengths_option,
+    p.add_argument("--lengths", default=None, type=cli.positive_ints,
                    help="scaling table lengths (default: the budget's: quick "
                    f"{SCALING['quick']}, smoke {SCALING['smoke']}, full {SCALING['full']})")
     p.add_argument("--no-scaling", action="store_true", help="skip the attention scaling table")
-    p.add_argument("--data-dir", default=None, help="data folder (default $SPARSE_ATTN_DATA or ./data)")
-    p.add_argument("--device", default="auto", type=cli.device_option,
-                   help="auto (CUDA when present; the default), cpu, cuda or cuda:N")
     return p
 
 
-def lengths_option(text: str) -> str:
-    """--lengths: comma-separated lengths (cli.positive_ints), kept as the text scaling.main takes."""
-    return ",".join(map(str, cli.positive_ints(text)))
-
-
-def scaling_methods(methods) -> str:
-    """The scaling table's methods: the grid's, full attention's explicit path beside its fused one, and SBM at a
-    trained model's 1% density beside its untrained ~25% (Table 2's densities at λ = 1e-2: 1-4%)."""
-    chosen = [m for m in methods if registry.get(m).scaling]
-    return ",".join(chosen + (["full-ref"] if "full" in chosen else []) + (["sbm@0.01"] if "sbm" in chosen else []))
-
-
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
-    """OUT/scaling.json, kept when it was measured with the same settings (a resumed run); a table of other
-    methods, lengths or repetitions, or one an older version wrote with other setting names, is measured anew.
-    Returns how many of its cells failed."""
-    from experiments import grid, scaling
-    path = out / "scaling.json"
-    wanted = scaling_methods(methods)
+    """OUT/scaling.json of the grid's methods, kept if measured alike, else anew; its failures."""
+    from experiments import scaling
+    path, chosen = out / "scaling.json", [m for m in methods if registry.get(m).scaling]
+    # beside them full attention's explicit path, and SBM at a trained model's 1% density beside its
+    # untrained ~25% (Table 2's densities at λ = 1e-2: 1-4%)
+    wanted = ",".join(chosen + ["full-ref"] * ("full" in chosen) + ["sbm@0.01"] * ("sbm" in chosen))
     settings = {"methods": wanted, "lengths": lengths, **SCALING_REPEATS[budget]}
     previous = (read_json(path) or {}).get("args", {})
     if all(previous.get(key) == value for key, value in settings.items()):
@@ -88,12 +67,7 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
 
 
 def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
-    """Per task with a full-attention record: experiments.step_time over the task's cells of ``seed`` into
-    OUT/step_time-TASK, every method's training step timed side by side in one process beside fair full
-    attention (the report's step-time ratios; the smoke budget times its first task only, to check the
-    plumbing). The number of tasks it failed on."""
-    import subprocess
-    from experiments import grid
+    """experiments.step_time over each task's cells of ``seed`` (smoke: one task); the failures."""
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]
@@ -102,7 +76,7 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
         result = subprocess.run([sys.executable, "-m", "experiments.step_time", "--task", task, "--runs",
                                  str(out / "runs" / f"*-{task}-{preset}-s{seed}"), "--repeats",
                                  str(STEP_TIME_REPEATS[budget]), "--out", str(out / f"step_time-{task}")],
-                                cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                                cwd=grid.ROOT, capture_output=True, text=True,
                                 preexec_fn=grid.die_with_parent)  # no timing outlives a killed ./run_all.sh
         if result.returncode != 0:
             failed += 1
@@ -112,13 +86,10 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
 
 def source_commit() -> str:
     """The git commit of the code that ran ("+ changes" when the tree differs from it), or "unknown"."""
-    import subprocess
-    root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head, dirty = (subprocess.run(["git", *args], cwd=grid.ROOT, capture_output=True, text=True,
+                                      check=True).stdout.strip()
+                       for args in [["rev-parse", "--short", "HEAD"], ["status", "-s", "-uno"]])
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + (" + changes" if dirty else "")
@@ -127,11 +98,9 @@ def source_commit() -> str:
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    from experiments import grid, report
+    from experiments import report
     jobs = args.jobs or (1 if args.budget == "full" else os.cpu_count() or 1)
-    if args.tasks is None:
-        args.tasks = ",".join(grid.GRID_TASKS)
-    lengths = args.lengths if args.lengths is not None else SCALING[args.budget]
+    lengths = ",".join(map(str, args.lengths)) if args.lengths else SCALING[args.budget]  # as text
     try:
         methods, tasks, seeds, out = grid.checked_plan_options(args)
     except ValueError as exc:
@@ -163,8 +132,7 @@ def main(argv=None) -> int:
         text = report.write_run_report(out)
     print(text)
     print(f"\n./run_all.sh finished in {cli.clock(wall)} ({failures} failed cells, grid and scaling): report "
-          f"{out / 'REPORT.md'}",
-          flush=True)
+          f"{out / 'REPORT.md'}", flush=True)
     return 1 if failures else 0
 
 

@@ -1,29 +1,15 @@
-"""SBM-Transformer scaling: its attention core on a given edge set and the whole SBM module at controlled
-densities, beside full attention (fused SDPA and the explicit reference), in one run.
+"""SBM scaling: the attention core and the module at controlled densities, beside full attention.
 
-    python -m experiments.sbm_scaling                                     # n 1024..8192 × densities 1, 5, 25 %
-    python -m experiments.sbm_scaling --lengths 4096 --densities 0.01,0.1 --out runs/sbm_scaling
-    python -m experiments.sbm_scaling --threads 1 --rounds 3  # cells interleaved: fair ratios on a busy CPU
+    python -m experiments.sbm_scaling                        # n 1024..8192 × densities 1, 5, 25 %
+    python -m experiments.sbm_scaling --threads 1 --rounds 3 # interleaved: fair on a busy CPU
 
-Cells, each in a fresh process as experiments.scaling's (batch 1, 2 heads, head dim 32, non-causal,
-training mode):
-- ``full``, ``full-ref``: experiments.scaling's cells of baselines/full.py (fused SDPA; materialised
-  scores).
-- ``core@d``: sbm_transformer.EdgeAttention on a fixed uniform random graph of density d per head,
-  as the sampler gives it (block-diagonal CSR), from q, k, v and per-edge p that require grad; the
-  graph's structures (Edges; in the backward the key-major copy) are built inside the timed region.
-- ``sbm@d``: the whole SBMAttention module (regulariser off), its membership logits shifted by one
-  constant, calibrated with fastrg.expected_edges so that the expected density, δ included, is d.
-- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d
-  only.
-Per cell: scaling.costs's measurements and the density drawn; with --rounds, every cell once a round
-and the medians. Then per n: the densities where SBM's time meets fused SDPA's and its memory the
-reference path's, from a least-squares line through the measured densities (cost is linear in the
-edges); the module's memory as peak = a + b·E (memory_fit: b the bytes an edge), each round fitted
-apart; and where each ``sbm`` cell's time goes (profile_parts: the functions named in PARTS), beside
-the core cell of the same density. The JSON goes to OUT/sbm_scaling.json.
+Cells (--kinds), each in a fresh process as experiments.scaling's (training mode, non-causal):
+- ``full``, ``full-ref``: experiments.scaling's, full attention (fused SDPA; materialised scores);
+- ``core@d``: EdgeAttention on a uniform random CSR graph of density d, built in the timed region;
+- ``sbm@d``: the SBMAttention module (regulariser off) at expected density d, δ included;
+- ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d.
+Per n, the tables printed say where SBM meets full attention, its memory per edge, its time's parts.
 """
-import argparse
 import contextlib
 import json
 import statistics
@@ -37,6 +23,7 @@ from tabulate import tabulate
 from bench import cli, measure
 from bench.files import write_json
 from experiments import scaling
+from experiments.scaling import line_fit
 from bench.config import resolve_device
 
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
@@ -78,13 +65,10 @@ def labelled():
 
 
 def profile_parts(step, steps: int) -> dict:
-    """Milliseconds per call of `step` (one forward+backward of SBMAttention) spent in each part of the
-    module (PARTS), from torch.profiler: an op belongs to the innermost part label (`sbm: ...`) it runs
-    under; a backward op to the part whose forward op created its autograd node (the profiler's sequence
-    number). Ops under no label (projections, density, gradient accumulation) are "other". Profiling adds a
-    few µs per op, so the parts sum to a little more than the unprofiled step."""
+    """Milliseconds per call of `step` (SBMAttention's forward+backward) in each part (PARTS), by
+    torch.profiler: an op is the innermost part label's it runs under, a backward op that of the
+    forward op that made its autograd node; the rest is "other" (profiling adds µs an op)."""
     from torch.profiler import ProfilerActivity, profile
-
     with labelled(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
@@ -119,7 +103,6 @@ def profile_parts(step, steps: int) -> dict:
 def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one cell and measures it."""
     import sbm_transformer
-
     torch.manual_seed(0)
     device = torch.device(cell["device"])
     b, h, d, n = cell["batch"], cell["heads"], cell["head_dim"], cell["n"]
@@ -169,49 +152,31 @@ def run_cell(cell: dict, allocator: str, timeout: int) -> dict:
     return scaling.run_cell(cell, allocator, timeout, module="experiments.sbm_scaling")
 
 
-def line_fit(xs: list, ys: list) -> tuple:
-    """(intercept, slope) of the least-squares line through the points (xs, ys)."""
-    x, y = torch.tensor(xs, dtype=torch.float64), torch.tensor(ys, dtype=torch.float64)
-    slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
-    return float(y.mean()) - slope * float(x.mean()), slope
-
-
-def crossover(points: list, target: float):
-    """Density where the least-squares line through (density, value) points reaches `target`, or None."""
-    if len(points) < 2 or target is None:
-        return None
-    intercept, slope = line_fit([float(p[0]) for p in points], [float(p[1]) for p in points])
-    return (target - intercept) / slope if slope > 0 else None
-
-
-def shown_density(crossover_density) -> str:
-    """A crossover for the table: "none" where the fitted line stays above the reference at every density (it
-    meets it below 0), "> 100%" where it stays below up to full density, "–" where there is no fit."""
-    if crossover_density is None:
+def crossover(rows: list, key: str, reference) -> str:
+    """The density at which a least-squares line through the rows' (density, key) meets the
+    reference's: "none" if it only would below 0, "> 100%" above 1, "–" without a fit."""
+    if len(rows) < 2 or reference is None:
         return "–"
-    return "none" if crossover_density < 0 else "> 100%" if crossover_density > 1 else f"{crossover_density:.2%}"
+    intercept, slope = line_fit([r["density"] for r in rows], [float(r[key]) for r in rows])
+    if slope <= 0:
+        return "–"
+    density = (reference[key] - intercept) / slope
+    return "none" if density < 0 else "> 100%" if density > 1 else f"{density:.2%}"
 
 
 def summary(rows: list) -> list:
+    """Per n, core and module crossovers: time against fused SDPA's, memory the explicit path's."""
     out = []
     for n in sorted({r["n"] for r in rows}):
         cells = {r["method"]: r for r in rows if r["n"] == n and "error" not in r}
-        full, ref = cells.get("full"), cells.get("full-ref")
-        line = [n]
-        for kind in ("core", "sbm"):
-            pts = [(r["density"], r) for name, r in cells.items() if name.startswith(kind + "@")]
-            t = crossover([(dens, r["fwdbwd_ms"]) for dens, r in pts], full and full["fwdbwd_ms"])
-            m = crossover([(dens, r["peak_bytes"]) for dens, r in pts], ref and ref["peak_bytes"])
-            line += [shown_density(t), shown_density(m)]
-        out.append(line)
+        mine = {k: [r for m, r in cells.items() if m.startswith(k + "@")] for k in ("core", "sbm")}
+        out.append([n, *(crossover(mine[k], key, cells.get(ref)) for k in ("core", "sbm")
+                         for key, ref in (("fwdbwd_ms", "full"), ("peak_bytes", "full-ref")))])
     return out
 
 
 def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
-    """Per n, the module's (``sbm``) peak memory as a + b·E over its densities, E = density · batch · heads · n²
-    edges drawn, by least squares in each round apart: the medians of a (MiB) and b (bytes an edge) with their
-    range over rounds, of the peak (RSS on CPU) and of the tensors' peak; fused SDPA's and the explicit path's
-    peaks (MiB), and fused SDPA's tensors; and each density's peak (MiB) with its ratio to both."""
+    """Per n, the module's peak memory as a + b·E per round (median [range]) beside full's."""
     def spread(values, unit):
         return f"{statistics.median(values) / unit:.1f} [{min(values) / unit:.1f}, {max(values) / unit:.1f}]"
 
@@ -239,19 +204,17 @@ def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
 
 
 def median_row(runs: list) -> dict:
-    """One cell's measurements over rounds → the median of each time, memory and part figure, and the peak
-    memory of every round (peak_rounds, for memory_fit's spread)."""
+    """One cell's rounds → each figure's median, beside every round's peak memory (memory_fit's)."""
     done = [r for r in runs if "error" not in r]
     if not done:
         return runs[-1]
     row = dict(done[0], peak_rounds=[r["peak_bytes"] for r in done],
                tensor_peak_rounds=[r["tensor_peak_bytes"] for r in done])
-    for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes", "tensor_peak_bytes"):
-        row[key] = statistics.median(r[key] for r in done)
+    for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes", "tensor_peak_bytes", "pass_ms"):
+        if key in row:
+            row[key] = statistics.median(r[key] for r in done)
     if "parts_ms" in row:
         row["parts_ms"] = {part: statistics.median(r["parts_ms"][part] for r in done) for part in row["parts_ms"]}
-    if "pass_ms" in row:
-        row["pass_ms"] = statistics.median(r["pass_ms"] for r in done)
     return row
 
 
@@ -278,9 +241,7 @@ def parts_table(rows: list, profiled: list) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.sbm_scaling", allow_abbrev=False,
-                                description=__doc__.split(", beside")[0] + ".",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser("python -m experiments.sbm_scaling", __doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192",
                    help="comma-separated sequence lengths")
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
@@ -307,15 +268,12 @@ def main(argv=None) -> int:
     load, started = scaling.load_average(), time.time()
     base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
             "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
-    cells = []
-    for n in args.lengths:
-        named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
-        named += [(f"{kind}@{d:g}", kind, d)
-                  for kind in kinds if kind in ("core", "sbm") for d in densities]
-        if "sbm-dense" in kinds:
-            named.append((f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0]))
-        cells += [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
-                             "method": kind if d is None else None}) for name, kind, d in named]
+    named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
+    named += [(f"{k}@{d:g}", k, d) for k in kinds if k in ("core", "sbm") for d in densities]
+    named += [(f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0])] * ("sbm-dense" in kinds)
+    cells = [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
+                        "method": kind if d is None else None})
+             for n in args.lengths for name, kind, d in named]
     measured = [[] for _ in cells]
     for round_ in range(args.rounds):  # every round measures every cell once: load falls on all cells alike
         for (name, n, cell), runs in zip(cells, measured):

@@ -2,20 +2,11 @@
 
     python -m experiments.scaling --methods full,full-ref --lengths 1024,2048,4096     # into runs/scaling/
     python -m experiments.scaling --methods full,performer --attn performer.features=128 --lengths 1024,8192 --causal
-    python -m experiments.scaling --methods ... --out results/scaling                   # the published table
 
-A method is a registry name (bench/methods.py); ``--attn METHOD.KEY=VALUE`` (repeatable) sets a
-constructor option of one of them. ``full-ref`` is full attention on its reference path
-(materialised scores); ``sbm@D`` is SBM-Transformer at density D, as a trained model samples
-(sbm_transformer.at_density), where ``sbm`` is an untrained one at its initial ~25%; both on the
-fast path (the cost linear in edges the method claims) unless ``--attn sbm.path=reference``. Each
-(method, length) cell runs in a fresh process, so its peak memory is its own (measured as ``costs``
-says); ratios are to ``full`` without options. The table goes to OUT/scaling.json.
-
-The glibc allocator setting changes CPU timings 1.5-4× (large buffers page-faulted back on every
-op): by default every cell runs with MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736
-(``--allocator keep``), and the setting is printed with the table; ``--allocator default`` uses
-glibc's defaults. Never mix the two in a table.
+``full-ref`` is full attention's reference path (materialised scores); ``sbm@D`` SBM at density D as
+a trained model samples, ``sbm`` an untrained one at ~25%, both on the fast path unless ``--attn
+sbm.path=reference``. Each cell runs in its own process (its own peak memory), with the glibc
+allocator setting, which changes CPU timings 1.5-4×.
 """
 import argparse
 import inspect
@@ -23,10 +14,10 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
-from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from tabulate import tabulate
 
@@ -34,34 +25,29 @@ from bench import cli
 from bench.files import write_json
 
 ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}, "default": {}}
-ALIASES = {"full-ref": ("full", {"path": "reference"})}  # a method name of its own: a second setting of full
 
 
 def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path: str):
     """SBMAttention on `path` at expected density `density` on x (sbm_transformer.at_density)."""
     import sbm_transformer
-
     module = sbm_transformer.SBMAttention(dim, heads, head_dim, path=path).to(x.device).train()
     return sbm_transformer.at_density(module, x, density)
 
 
-def resolve_method(method: str, options: Dict[str, str]):
-    """A --methods name (an alias or sbm@D included) and its --attn texts → (registry name, {key: value text})."""
-    name, preset = ALIASES.get(method, (method.split("@")[0] if method.startswith("sbm@") else method, {}))
-    return name, {**preset, **options}
-
-
-def trained_density(method: str) -> Optional[float]:
-    """D of ``sbm@D`` (a density in (0, 1]), None for any other name; ValueError for a bad D."""
+def resolve_method(method: str, options: Dict[str, str]) -> tuple:
+    """A --methods name and its --attn texts → (registry name, {key: value text}, SBM's density):
+    ``full-ref``: full attention's reference path; ``sbm@D``: SBM at density D (else ValueError)."""
+    if method == "full-ref":  # a method name of its own: a second setting of full
+        return "full", {"path": "reference", **options}, None
     if not method.startswith("sbm@"):
-        return None
+        return method, options, None
     try:
         density = float(method[4:])
     except ValueError:
-        density = None
-    if density is None or not 0 < density <= 1:
+        density = 0.0
+    if not 0 < density <= 1:
         raise ValueError(f"{method}: sbm@D takes a density D in (0, 1], e.g. sbm@0.01")
-    return density
+    return "sbm", options, density
 
 
 def attn_options(items: List[str], methods: List[str]) -> Dict[str, Dict[str, str]]:
@@ -79,11 +65,10 @@ def attn_options(items: List[str], methods: List[str]) -> Dict[str, Dict[str, st
 def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one attention module and measures it."""
     import torch
-
     from bench.methods import attention_options, get
     torch.manual_seed(0)
     device = torch.device(cell["device"])
-    name, texts = resolve_method(cell["method"], cell.get("options", {}))
+    name, texts, density = resolve_method(cell["method"], cell.get("options", {}))
     cls = get(name).load()
     options = attention_options(name, texts)
     if name == "sbm":  # the method's claim is a cost linear in its edges: the fast path, unless --attn says
@@ -92,9 +77,8 @@ def measure_cell(cell: dict) -> dict:
         options.setdefault("max_len", cell["n"])
     dim = cell["heads"] * cell["head_dim"]
     x = torch.randn(cell["batch"], cell["n"], dim, device=device, requires_grad=True)
-    if trained_density(cell["method"]) is not None:
-        module = shifted_module(dim, cell["heads"], cell["head_dim"], x, trained_density(cell["method"]),
-                                options["path"])
+    if density is not None:
+        module = shifted_module(dim, cell["heads"], cell["head_dim"], x, density, options["path"])
     else:
         module = cls(dim, cell["heads"], cell["head_dim"], 0.0, **options).to(device)
     grad = torch.randn(cell["batch"], cell["n"], dim, device=device)
@@ -120,11 +104,8 @@ def measure_cell(cell: dict) -> dict:
 
 
 def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
-    """A cell's measurements, in this order: peak memory of one forward+backward above the baseline
-    (CPU: peak RSS; CUDA: max_memory_allocated), forward and forward+backward medians after warm-up
-    (ms), the tensors' own peak, forward FLOPs (bench.measure conventions)."""
+    """A cell's peak memory above baseline, forward and forward+backward ms, tensor peak, FLOPs."""
     import torch
-
     from bench import measure
     measure.synchronize(device)
     meter = measure.PeakRSS() if device.type == "cpu" else None
@@ -139,19 +120,15 @@ def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
 
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
-    """Measure one cell in a fresh process (`python -m MODULE --cell JSON`), so peak memory is its own and
-    no allocator state carries over; the row, or {"error": reason}. The cell dies with this process (on Linux
-    even by SIGKILL: experiments.grid.die_with_parent), so a killed table leaves no measurement running."""
-    from experiments.grid import die_with_parent
-    env = dict(os.environ, **ALLOCATORS[allocator], **({"OMP_NUM_THREADS": str(cell["threads"])}
-                                                       if cell.get("threads") else {}))
-    for key in ALLOCATORS["keep"]:
-        if allocator == "default":
-            env.pop(key, None)
+    """One cell measured in a process that dies with this one (its own peak memory): its row."""
+    from experiments.grid import ROOT, die_with_parent
+    env = {k: v for k, v in os.environ.items() if k not in ALLOCATORS["keep"]}  # the one asked for
+    threads = {"OMP_NUM_THREADS": str(cell["threads"])} if cell.get("threads") else {}
+    env.update(ALLOCATORS[allocator], **threads)
     try:
         proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env,
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=Path(__file__).resolve().parents[1], preexec_fn=die_with_parent)
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     if proc.returncode < 0:  # killed: by the kernel for memory, most often
@@ -162,27 +139,40 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiment
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
-                              out: str) -> None:
-    """The options every scaling benchmark shares (shapes, device, repetitions, allocator, output folder)."""
+def add_benchmark_arguments(p, warmup_iters: int, repeats: int, out: str) -> None:
+    """The options every attention benchmark shares: shapes, repetitions, threads, output folder."""
     p.add_argument("--batch-size", type=cli.bounded_int(1, cli.MAX_LENGTH, "a batch size"), default=1,
                    help="sequences per forward")
     p.add_argument("--heads", type=cli.layers, default=2, help="attention heads")
     p.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")
-    p.add_argument("--device", default="auto", type=cli.device_option,
-                   help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--warmup-iters", type=cli.non_negative_int, default=warmup_iters,
                    help="untimed iterations before the timed ones")
     p.add_argument("--repeats", type=cli.positive_int, default=repeats, help="timed iterations (the median is reported)")
+    p.add_argument("--threads", type=cli.threads, default=0,
+                   help="torch intra-op threads (0: torch's default, the machine's cores)")
+    p.add_argument("--out", metavar="DIR", default=out, help="folder for what the benchmark writes")
+
+
+def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
+                              out: str) -> None:
+    """add_benchmark_arguments', and the cells' own: device, allocator, time limit."""
+    add_benchmark_arguments(p, warmup_iters, repeats, out)
+    p.add_argument("--device", default="auto", type=cli.device_option,
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep",
                    help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
                         "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's")
-    p.add_argument("--threads", type=cli.threads, default=0,
-                   help="torch intra-op threads in every cell (0: torch's default, the machine's cores)")
     p.add_argument("--timeout", type=cli.positive_int, default=timeout, help="seconds per cell")
-    p.add_argument("--out", metavar="DIR", default=out, type=cli.out_folder,
-                   help="folder for the JSON of the measurements")
     p.add_argument("--cell", help=argparse.SUPPRESS)
+
+
+def device_or_exit(p: argparse.ArgumentParser, device: str) -> str:
+    """--device resolved (auto: CUDA when present), or the parser's exit if the machine lacks it."""
+    from bench.config import resolve_device
+    try:
+        return str(resolve_device(device))
+    except ValueError as exc:
+        p.error(str(exc))
 
 
 def describe(device: str, allocator: str) -> tuple:
@@ -208,13 +198,11 @@ def table(rows: list, reference: str) -> str:
             out.append([label(r), r["n"], said] + [""] * 8)
             continue
         ref = refs.get(r["n"])
-
-        def ratio(key):
-            return f"{r[key] / ref[key]:.2f}" if ref and ref[key] else "–"
-
-        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}", ratio("fwdbwd_ms"),
-                    f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio("peak_bytes"), f"{r['flops'] / 1e9:.3f}",
-                    ratio("flops"), f"{r['density']:.4f}"])
+        ratio = {k: f"{r[k] / ref[k]:.2f}" if ref and ref[k] else "–"
+                 for k in ("fwdbwd_ms", "peak_bytes", "flops")}
+        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}",
+                    ratio["fwdbwd_ms"], f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio["peak_bytes"],
+                    f"{r['flops'] / 1e9:.3f}", ratio["flops"], f"{r['density']:.4f}"])
     headers = ["method", "n", "fwd ms", "fwd+bwd ms", "× full", "peak MiB", "× full", "fwd GFLOP", "× full",
                "density"]
     return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)
@@ -243,21 +231,16 @@ def main(argv=None) -> int:
         options = attn_options(args.attn, methods)
         from bench.methods import attention_options, available
         for method in methods:
-            trained_density(method)
-            name, texts = resolve_method(method, options[method])
+            name, texts, _ = resolve_method(method, options[method])
             if name not in available():
                 raise ValueError(f"unknown method {method!r}; available: {sorted(available())}")
             attention_options(name, texts)  # an unknown key or a value of the wrong type fails here, not in a cell
     except (ValueError, ImportError) as exc:
         p.error(str(exc))
+    device = device_or_exit(p, args.device)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
-    from bench.config import resolve_device
-    try:
-        device = str(resolve_device(args.device))
-    except ValueError as exc:
-        p.error(str(exc))
     rows = []
     for n in args.lengths:
         for method in methods:
@@ -286,6 +269,12 @@ def exit_code(rows: list) -> int:
     if failed:
         print(f"error: {failed} of {len(rows)} cells failed (their rows say why)", file=sys.stderr, flush=True)
     return 1 if failed else 0
+
+
+def line_fit(xs: list, ys: list) -> tuple:
+    """(intercept, slope) of the least-squares line through the points (xs, ys)."""
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
 
 
 def load_average() -> float:

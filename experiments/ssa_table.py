@@ -3,26 +3,17 @@
     python -m experiments.ssa_table                                   # bytes (WikiText-2 text), length 1024
     python -m experiments.ssa_table --steps 600 --out runs/ssa_table  # other options go to every setting's run
 
-Settings (the SSA paper's names, §4 and Table 8; SSA on every layer, σ ramped 0.1 → 0.225 of the
-length):
+Settings (the paper's names, §4 and Table 8; SSA on every layer, σ ramped 0.1 → 0.225 × length):
     S0        dense attention                       ssa.py --ssa-layers 0
     S-L2      locally biased SSA, 2 windows         ssa.py --windows 2
     S-L4      locally biased SSA, 4 windows         ssa.py --windows 4 (+ the self-ensembling curve)
     S-L4+FT   S-L4, dense for the last 10 % (§3.4)  ssa.py --windows 4 --finetune-fraction 0.1
-    S-U75     unbiased SSA keeping 25 % of sources  ssa.py --unbiased 0.25 (the attention budget of L4;
-              the paper's Table 8 compares the two; U<x> names the percentage dropped)
-Every setting trains in its own process, one after another (step times on an otherwise idle
-machine), with the same model, data order and budget; a complete setting is skipped on a re-run.
-S-L4+FT is S-L4 until its dense tail (--finetune-fraction; every draw of step t is seeded by t), its
-peak memory the tail's. The ALiBi decoder of App. B.1 (no positional embeddings) at the CPU preset's
-width, with App. B.1's schedule: after warm-up the rate falls linearly to half its peak (1e-3 → 5e-4
-over 10k steps), so the +FT tail (§3.4: "the schedule simply continues") trains at half the peak
-rate. `--lr-decay cosine --lr-floor 0.1` restores the harness's default.
-
-Columns, normalised to S0 as in Table 1: bits per byte of the dense ("renormalised", §3.4)
-evaluation; forward FLOPs of a training step per example (+FT: the mean over its steps); peak
-training memory; median step time. The targets checked: S-L4 step ≤ 0.65 × S0's; S-L4+FT within 2 %
-of S0's bpb; S-L4 better than S-U75.
+    S-U75     unbiased SSA keeping 25 % of sources  ssa.py --unbiased 0.25 (L4's budget; Table 8)
+Each setting trains in its own process, one after another, on the same model, data and budget; a
+complete one is kept. S-L4+FT is S-L4 (every draw of step t is seeded by t) until its dense tail.
+App. B.1's ALiBi decoder at the CPU preset's width, with its schedule: after warm-up the rate falls
+linearly to half its peak, so the +FT tail (§3.4: "the schedule simply continues") trains at half of
+it. Columns ÷ S0's as in Table 1; bits per byte of the dense ("renormalised", §3.4) evaluation.
 """
 import contextlib
 import io
@@ -34,9 +25,9 @@ from tabulate import tabulate
 
 from bench import cli
 from bench.files import default_data_dir, read_json, write_atomic, write_json
-from experiments.grid import die_with_parent
+from experiments import scaling
+from experiments.grid import ROOT, die_with_parent
 
-ROOT = Path(__file__).resolve().parent.parent
 FT_FRACTION = 0.1  # §3.4: "the last 10% of the training epochs"
 SETTINGS = {
     "S0": ["--ssa-layers", "0"],
@@ -51,28 +42,25 @@ ENSEMBLED = "S-L4"
 
 def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
     """Runs one setting in its own process (or skips it if complete)."""
-    record_path = folder / "metrics.json"
-    done = read_json(record_path) or {}
+    done = read_json(folder / "metrics.json") or {}
     if done.get("status") == "complete":
         print(f"{name}: complete, skipped", flush=True)
         return done
     folder.mkdir(parents=True, exist_ok=True)
     extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
-    extra += ["--overwrite"]  # an unfinished setting starts again
-    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra, "--out", str(folder)]
+    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra,
+           "--out", str(folder), "--overwrite"]  # an unfinished setting starts again
     print(f"{name}: {' '.join(cmd[1:])}", flush=True)
     with open(folder / "train.log", "w") as log:
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)  # dies with us
     if code != 0:
         tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-3:]
         raise SystemExit(f"error: {name} failed (exit {code}): " + " | ".join(tail))
-    return read_json(record_path)
+    return read_json(folder / "metrics.json")
 
 
 def check_settings(p, names: list, common: list, out: Path):
-    """Every setting's command line parsed as ssa.py parses it, and the device looked for, before anything runs: a
-    bad option is refused in one line (exit 2) with this tool's usage, not after earlier settings have trained.
-    Returns S0's RunConfig."""
+    """S0's RunConfig: each setting's command line parsed as ssa.py does before any trains."""
     from ssa import SSAConfig
     configs = []
     for name in names:
@@ -83,11 +71,7 @@ def check_settings(p, names: list, common: list, out: Path):
                                          SSAConfig)[0])
         except SystemExit:
             p.error(said.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1])
-    from bench.config import resolve_device
-    try:  # a CUDA device this machine lacks: refused once, not by the first setting's run
-        resolve_device(configs[0].device)
-    except ValueError as exc:
-        p.error(str(exc))
+    scaling.device_or_exit(p, configs[0].device)  # refused once, not by the first setting's run
     return configs[0]
 
 
@@ -101,15 +85,12 @@ def training_flops(record: dict) -> dict:
 def render(records: dict) -> str:
     s0 = records["S0"]
     base_flops = training_flops(s0)
-    rows = []
-    for name, r in records.items():
-        flops = training_flops(r)
-        rows.append([name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}",
-                     f"{r['test'] / s0['test']:.3f}", f"{r['ssa']['sampled_density']:.3f}",
-                     f"{flops['attention'] / base_flops['attention']:.2f}",
-                     f"{flops['model'] / base_flops['model']:.2f}",
-                     f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}",
-                     f"{r['median_step_ms']:.0f}", f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"])
+    rows = [[name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}",
+             f"{r['test'] / s0['test']:.3f}", f"{r['ssa']['sampled_density']:.3f}",
+             *(f"{training_flops(r)[k] / base_flops[k]:.2f}" for k in ("attention", "model")),
+             f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}",
+             f"{r['median_step_ms']:.0f}", f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"]
+            for name, r in records.items()]
     headers = ["setting", "ssa.py name", "valid bpb", "test bpb", "test bpb × S0", "train density",
                "attn FLOPs × S0", "model FLOPs × S0", "peak mem × S0", "step ms", "step × S0"]
     c = s0["config"]
@@ -160,8 +141,6 @@ def main(argv=None) -> int:
     names = args.settings.split(",")
     if not set(names) <= set(SETTINGS) or "S0" not in names:
         p.error(f"--settings must include S0 and come from {list(SETTINGS)}, got {names}")
-    if args.ensemble_samples < 0 or (args.steps is not None and args.steps < 0):
-        p.error("--ensemble-samples and --steps must be >= 0")
     from bench.tasks import TASKS, get_task  # after parsing: --help imports nothing heavy
     if args.task not in TASKS or get_task(args.task).metric != "bpb":
         p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")

@@ -1,32 +1,19 @@
 """Training-step time of a table's methods side by side in one process, full attention timed as a user runs it.
 
-    python -m experiments.step_time --task listops --preset paper --batch-size 8                # SBM Table 3's ListOps 2K
-    python -m experiments.step_time --task image --preset paper --batch-size 8 --sbm-density 0.016,0.04
+    python -m experiments.step_time --task listops --preset paper --batch-size 8  # Table 3 at 2K
     python -m experiments.step_time --task listops --preset paper --batch-size 8 \
-        --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0   # a trained run's test density
-    python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'  # a claim's
+        --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0  # a run's density
+    python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'
 
-One model per variant on the task's preset (bench.model's backbone, as the claim's runs train it),
-the same batches for all, one training step (forward, loss, backward, AdamW) of each in turn, round
-after round; the median and [min-max] over --repeats rounds, and each variant's ratio to full
-attention:
-- `full (as run)`: the preset's recipe. With attention dropout > 0, CPU SDPA leaves its flash kernel
-  for its math path (`torch._fused_sdp_choice`, printed), and every batch is padded to the preset's
-  length.
-- `full (fair)`: the same without attention dropout, each batch trimmed to its longest sequence:
-  what a user would time. Dropout's own cost is the ratio of the two rows.
-- each other method of --methods, untrained (their costs do not depend on the weights), and SBM with
-  each layer's membership logits shifted so that its expected density is each of --sbm-density (a
-  number, or a run folder whose test density is taken), as sbm_transformer.at_density calibrates one
-  module.
-With --runs, the variants are the settings of those run folders (which must agree in task and
-model): each run's method, options and budget, SBM at its record's test density, full attention as
-run and fair. A benchmark, not a test: the figures depend on the machine; the ratios are what one
-process on it measured.
+One model per variant, the same batches, a training step of each in turn, round after round:
+- `full (as run)`: the preset's recipe (with attention dropout, CPU SDPA leaves its flash kernel for
+  its math path), every batch padded to the preset's length;
+- `full (fair)`: without attention dropout, each batch trimmed to its longest sequence;
+- each other method of --methods untrained (its cost does not depend on its weights), SBM at each
+  --sbm-density; or, with --runs, the settings of those run folders.
 """
 import dataclasses
 import inspect
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -38,6 +25,7 @@ from tabulate import tabulate
 from bench import cli
 from bench import methods as registry
 from bench.config import PRESET_FIELDS, RunConfig, SetupError, derive_seed
+from bench.files import read_json, write_json
 from bench.loop import model_inputs, task_loss
 from bench.measure import interleaved
 from bench.model import Model, ModelConfig
@@ -53,8 +41,7 @@ def trimmed(batch: dict) -> dict:
 
 
 def shift_sbm(model: Model, inputs: dict, density: float) -> None:
-    """Each SBM layer at expected density ``density`` (δ included) on the inputs that layer sees for
-    ``inputs`` (sbm_transformer.at_density)."""
+    """Each SBM layer at expected density ``density`` (δ included) on what it sees of ``inputs``."""
     from sbm_transformer import at_density
     seen = {}
     hooks = [block.attn.register_forward_pre_hook(lambda m, args, i=i: seen.setdefault(i, args[0].detach()))
@@ -69,7 +56,6 @@ def shift_sbm(model: Model, inputs: dict, density: float) -> None:
 
 def sbm_densities(text: str) -> dict:
     """--sbm-density: label → density, from numbers ("sbm@1.10%") or run folders (their test density, "sbm λ=W")."""
-    from bench.files import read_json
     densities = {}
     for item in filter(None, text.split(",")):
         if Path(item).is_dir():
@@ -88,38 +74,20 @@ def sbm_densities(text: str) -> dict:
     return densities
 
 
-def variants(cfg: RunConfig, task, names: list, sbm_density: dict, example: dict) -> dict:
-    """label → (model, whether its batches are trimmed), the models built on the same initialisation seed."""
-    model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                               max_len=cfg.seq_len)
-    built = {}
+def method_records(names: list, sbm_density: dict, cfg: RunConfig) -> dict:
+    """--methods as records of untrained runs of the preset, SBM once per --sbm-density."""
+    config = {"attn_dropout": cfg.attn_dropout, "pos_emb": cfg.pos_emb}
+    records = {}
     for name in names:
-        if name == "sbm":
-            from sbm_transformer import SBMConfig, make_attention_factory
-            for label, density in sbm_density.items():
-                torch.manual_seed(derive_seed(cfg.seed, "init"))
-                model = Model(model_cfg, make_attention_factory(SBMConfig(), cfg.dim, cfg.heads, cfg.head_dim,
-                                                                cfg.attn_dropout, cfg.depth))
-                shift_sbm(model, model_inputs(example, torch.device("cpu")), density)
-                built[label] = (model, False)
-            continue
-        torch.manual_seed(derive_seed(cfg.seed, "init"))
-        model = Model(model_cfg, registry.same_in_every_layer(registry.get(name).load(), model_cfg, {}))
-        built[f"{name} (as run)" if name == "full" else name] = (model, False)
-    if "full" in names:
-        fair = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                              max_len=cfg.seq_len)
-        fair.attn_dropout = 0.0
-        torch.manual_seed(derive_seed(cfg.seed, "init"))
-        built["full (fair)"] = (Model(fair, registry.same_in_every_layer(registry.get("full").load(), fair, {})), True)
-    return built
+        records.update({label: {"method": "sbm", "config": config, "density": density}
+                        for label, density in sbm_density.items()} if name == "sbm" else
+                       {name: {"method": name, "config": config}})
+    return records
 
 
 def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str]) -> tuple:
-    """--runs: (RunConfig of the records' task and model, {folder name: record}) for the complete runs in the
-    folders matching ``pattern``; they must share task and model."""
+    """--runs: (RunConfig, {folder: record}) of the complete runs matching ``pattern``."""
     import glob
-    from bench.files import read_json
     records = {Path(f).name: read_json(Path(f) / "metrics.json") for f in sorted(glob.glob(pattern))}
     records = {name: r for name, r in records.items() if r and r.get("status") == "complete"}
     if not records:
@@ -134,10 +102,8 @@ def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str])
                      out=out, data_dir=data_dir), records
 
 
-def run_variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
-    """label → (model, trimmed): one variant per run record, built as the run was (its method, its settings, its
-    --attn budget, its attention dropout and positional embeddings: SSA's LM runs carry ALiBi instead) on the
-    same initialisation seed; SBM at the record's test density."""
+def variants(cfg: RunConfig, task, records: dict, example: dict) -> dict:
+    """label → (model, trimmed): each record's run rebuilt from one seed; SBM at its density."""
     model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
                                max_len=cfg.seq_len)
     built, full_cfg = {}, model_cfg
@@ -196,12 +162,13 @@ def main(argv=None) -> int:
     with cli.one_line_errors():
         if args.runs:
             cfg, records = runs_config(args.runs, task, cfg.out, cfg.data_dir)  # the records' task and model
-        densities = sbm_densities(args.sbm_density) if "sbm" in names and not args.runs else {}
+        else:
+            densities = sbm_densities(args.sbm_density) if "sbm" in names else {}
+            records = method_records(names, densities, cfg)
         task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
         batches = [task.train_batch(cfg.batch_size, torch.Generator().manual_seed(derive_seed(cfg.seed, i, "data")))
                    for i in range(args.warmup_iters + args.repeats)]
-        built = run_variants(cfg, task, records, batches[0]) if args.runs else \
-            variants(cfg, task, names, densities, batches[0])
+        built = variants(cfg, task, records, batches[0])
     def training_step(model, trim: bool, optimizer):
         def step(round_: int) -> float:  # the density the step computed
             used = trimmed(batches[round_]) if trim else batches[round_]
@@ -217,7 +184,6 @@ def main(argv=None) -> int:
     timed = interleaved({label: training_step(model, trim, torch.optim.AdamW(model.parameters(), lr=cfg.lr))
                          for label, (model, trim) in built.items()}, torch.device("cpu"), args.repeats,
                         args.warmup_iters)
-    times, density = {label: t.ms for label, t in timed.items()}, {label: t.results for label, t in timed.items()}
     kernel = {}
     for label, (model, trim) in built.items():
         if label.startswith("full"):  # the SDPA kernel the last round's length takes
@@ -225,10 +191,10 @@ def main(argv=None) -> int:
             kernel[label] = {0: "math", 1: "flash"}.get(
                 int(torch._fused_sdp_choice(q, q, q, None, model.cfg.attn_dropout, False)), "other")
     as_run, fair = (timed[k].median if k in timed else None for k in ("full (as run)", "full (fair)"))
-    rows = [[label, f"{statistics.median(t):.0f} [{min(t):.0f}-{max(t):.0f}]",
-             *(f"{statistics.median(t) / ref:.3f}" if ref else "–" for ref in (fair, as_run)),
-             f"{statistics.mean(density[label]):.2%}", kernel.get(label, "–")]
-            for label, t in times.items()]
+    rows = [[label, f"{t.median:.0f} [{min(t.ms):.0f}-{max(t.ms):.0f}]",
+             *(f"{t.median / ref:.3f}" if ref else "–" for ref in (fair, as_run)),
+             f"{statistics.mean(t.results):.2%}", kernel.get(label, "–")]
+            for label, t in timed.items()]
     masks = [b["key_padding_mask"] for b in batches if b.get("key_padding_mask") is not None]
     valid = statistics.mean(float((~m).sum(1).float().mean()) for m in masks) if masks else cfg.seq_len
     print(f"{cfg.task} ({cfg.preset} preset): a training step of batch {cfg.batch_size} padded to {cfg.seq_len} "
@@ -237,8 +203,8 @@ def main(argv=None) -> int:
     print(tabulate(rows, headers=["variant", "step ms", "÷ full (fair)", "÷ full (as run)", "density computed",
                                   "CPU SDPA kernel"], tablefmt="github", disable_numparse=True))
     path = cli.out_file(cfg.out or "runs/step_time", "step_time.json")
-    path.write_text(json.dumps({"settings": vars(args), "step_ms": times, "sdpa_kernel": kernel,
-                                "mean_valid_length": valid}, indent=2, default=str))
+    write_json(path, {"settings": vars(args), "step_ms": {k: t.ms for k, t in timed.items()},
+                      "sdpa_kernel": kernel, "mean_valid_length": valid})
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
