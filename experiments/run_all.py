@@ -49,29 +49,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
-    """OUT/scaling.json of the grid's methods, kept if measured alike, else anew; its failures."""
+    """OUT/scaling.json of the grid's methods, row by row (a rerun keeps the rows measured alike); its failures."""
     from experiments import scaling
     path, chosen = out / "scaling.json", [m for m in methods if registry.get(m).scaling]
     # beside them full attention's explicit path, and SBM at a trained model's 1% density beside its
     # untrained ~25% (Table 2's densities at λ = 1e-2: 1-4%)
     wanted = ",".join(chosen + ["full-ref"] * ("full" in chosen) + ["sbm@0.01"] * ("sbm" in chosen))
-    settings = {"methods": wanted, "lengths": lengths, **SCALING_REPEATS[budget]}
-    previous = (read_json(path) or {}).get("args", {})
-    if all(previous.get(key) == value for key, value in settings.items()):
-        print(f"scaling: {path} was measured with these settings; kept", flush=True)
-    else:
-        print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
-        scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device,
-                      *grid.flags(SCALING_REPEATS[budget]), "--out", str(out)])
+    print(f"scaling: {wanted} at n = {lengths} (each cell its own process) ...", flush=True)
+    scaling.main(["--methods", wanted, "--lengths", lengths, "--device", device, "--resume",
+                  *grid.flags(SCALING_REPEATS[budget]), "--out", str(out)])
     return sum("error" in row for row in (read_json(path) or {}).get("rows", []))
 
 
 def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
-    """experiments.step_time over each task's cells of ``seed`` (smoke: one task); the failures."""
+    """experiments.step_time over each task's cells of ``seed`` (smoke: one task), kept where timed after
+    them; the failures."""
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]
     for task in timed[:1] if budget == "smoke" else timed:
+        done = out / f"step_time-{task}" / "step_time.json"
+        runs = (out / "runs").glob(f"*-{task}-{preset}-s{seed}/metrics.json")
+        if done.exists() and all(r.stat().st_mtime < done.stat().st_mtime for r in runs):
+            print(f"step times: {task}: measured after its runs finished; kept", flush=True)
+            continue
         print(f"step times: {task}: every method's training step side by side in one process ...", flush=True)
         result = subprocess.run([sys.executable, "-m", "experiments.step_time", "--task", task, "--runs",
                                  str(out / "runs" / f"*-{task}-{preset}-s{seed}"), "--repeats",

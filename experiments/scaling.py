@@ -22,7 +22,7 @@ from typing import Dict, List
 from tabulate import tabulate
 
 from bench import cli
-from bench.files import write_json
+from bench.files import read_json, write_json
 
 ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}, "default": {}}
 
@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", default="1024,2048,4096", type=cli.positive_ints,
                    help="comma-separated sequence lengths")
     p.add_argument("--causal", action="store_true", help="causal attention (default: non-causal)")
+    p.add_argument("--resume", action="store_true", help="keep --out's rows measured with these settings")
     add_measurement_arguments(p, warmup_iters=2, repeats=5, timeout=900, out="runs/scaling")
     return p
 
@@ -241,26 +242,29 @@ def main(argv=None) -> int:
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
-    rows = []
-    for n in args.lengths:
-        for method in methods:
-            cell = {"method": method, "options": options[method], "n": n, "batch": args.batch_size,
-                    "heads": args.heads, "head_dim": args.head_dim, "causal": args.causal, "device": device,
-                    "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
-            row = {"method": method, "n": n, **({"options": options[method]} if options[method] else {})}
-            rows.append({**row, **run_cell(cell, args.allocator, args.timeout)})
-            print(f"measured {method} n={n}", file=sys.stderr, flush=True)
     where, allocator = describe(device, args.allocator)
     memory = "CUDA max_memory_allocated" if device.startswith("cuda") else "CPU peak RSS"
-    settings = {**vars(args), "lengths": ",".join(map(str, args.lengths))}
-    result = {"device": where, "torch": torch.__version__, "allocator": allocator, "memory": memory,
-              "args": settings, "rows": rows}
-    print(render(result))
-    with cli.one_line_errors():
+    settings = {**vars(args), "lengths": ",".join(map(str, args.lengths)), "resume": False}
+    with cli.one_line_errors():  # a folder that cannot be written: one line
         path = cli.out_file(args.out, "scaling.json")
-        write_json(path, result)
+        earlier = (read_json(path) or {}) if args.resume else {}
+        kept = {(r["method"], r["n"]): r for r in earlier.get("rows", [])
+                if earlier.get("args") == settings and "error" not in r}
+        result = {"device": where, "torch": torch.__version__, "allocator": allocator, "memory": memory,
+                  "args": settings, "rows": []}
+        for n in args.lengths:
+            for method in methods:
+                cell = {"method": method, "options": options[method], "n": n, "batch": args.batch_size,
+                        "heads": args.heads, "head_dim": args.head_dim, "causal": args.causal, "device": device,
+                        "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
+                row = {"method": method, "n": n, **({"options": options[method]} if options[method] else {})}
+                measured = kept.get((method, n)) or run_cell(cell, args.allocator, args.timeout)
+                result["rows"].append({**row, **measured})
+                print(f"{'kept' if (method, n) in kept else 'measured'} {method} n={n}", file=sys.stderr)
+                write_json(path, result)  # row by row: a killed table resumes (--resume) where it stopped
+    print(render(result))
     print(f"wrote {path}", file=sys.stderr, flush=True)
-    return exit_code(rows)
+    return exit_code(result["rows"])
 
 
 def exit_code(rows: list) -> int:

@@ -94,17 +94,31 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypa
         assert "![" in report
     rerun = here("experiments.run_all", *argv)
     assert rerun.stdout.count("complete, kept") == 2
-    assert "scaling.json was measured with these settings; kept" in rerun.stdout
-    # A table an older version wrote (settings under other names, e.g. "batch", "warmup") is measured anew.
+    assert "step times: bytes: measured after its runs finished; kept" in rerun.stdout
+    assert rerun.stderr.count("kept ") == 5 and "measured " not in rerun.stderr  # every scaling row kept
+    # A table killed after its first rows keeps them; one an older version wrote (settings under other
+    # names, e.g. "batch", "warmup") is measured anew; a cell that failed is measured again.
     from experiments import run_all, scaling
-    old = json.loads((out / "scaling.json").read_text())
-    old["args"] = {("batch" if k == "batch_size" else "warmup" if k == "warmup_iters" else k): v
-                   for k, v in old["args"].items()}
-    (out / "scaling.json").write_text(json.dumps(old))
+    table = json.loads((out / "scaling.json").read_text())
     measured = []
-    monkeypatch.setattr(scaling, "main", lambda argv: measured.append(argv))
-    run_all.run_scaling(out, "smoke", ["full", "linformer", "sbm"], "32", "cpu")
-    assert measured and measured[0][:4] == ["--methods", "full,linformer,sbm,full-ref,sbm@0.01", "--lengths", "32"]
+    monkeypatch.setattr(scaling, "run_cell", lambda cell, *_: measured.append(cell["method"]) or table["rows"][0])
+    killed = {**table, "rows": table["rows"][:2] + [{**table["rows"][2], "error": "timed out"}]}
+    (out / "scaling.json").write_text(json.dumps(killed))
+    run_all.run_scaling(out, "smoke", ["full", "linformer", "sbm"], "32", "auto")
+    assert measured == ["sbm", "full-ref", "sbm@0.01"]
+    older = {**table, "args": {("batch" if k == "batch_size" else "warmup" if k == "warmup_iters" else k): v
+                               for k, v in table["args"].items()}}
+    (out / "scaling.json").write_text(json.dumps(older))
+    measured.clear()
+    run_all.run_scaling(out, "smoke", ["full", "linformer", "sbm"], "32", "auto")
+    assert measured == ["full", "linformer", "sbm", "full-ref", "sbm@0.01"]
+    # A task's step times are measured again once one of its runs is newer than them.
+    (out / "runs" / "full-bytes-cpu-s0" / "metrics.json").touch()
+    calls = []
+    monkeypatch.setattr(run_all.subprocess, "run", lambda command, **_: calls.append(command) or
+                        subprocess.CompletedProcess(command, 0, "", ""))
+    run_all.run_step_times(out, "smoke", ["bytes", "retrieval"], 0)
+    assert len(calls) == 1 and "step_time" in " ".join(calls[0])
 
 
 def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
