@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> int:
-    """OUT/scaling.json of the grid's methods, row by row (a rerun keeps the rows measured alike); its failures."""
+    """OUT/scaling.json of the grid's methods, row by row (a rerun keeps rows measured alike)."""
     from experiments import scaling
     path, chosen = out / "scaling.json", [m for m in methods if registry.get(m).scaling]
     # beside them full attention's explicit path, and SBM at a trained model's 1% density beside its
@@ -61,9 +61,8 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
     return sum("error" in row for row in (read_json(path) or {}).get("rows", []))
 
 
-def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
-    """experiments.step_time over each task's cells of ``seed`` (smoke: one task), kept where timed after
-    them; the failures."""
+def run_step_times(out: Path, budget: str, tasks, seed: int, data_dir=None) -> int:
+    """experiments.step_time over each task's ``seed`` cells (smoke: one), kept if newer."""
     failed, preset = 0, grid.BUDGETS[budget].preset
     timed = [t for t in tasks if (read_json(out / "runs" / f"full-{t}-{preset}-s{seed}" / "metrics.json") or {}).get(
         "status") == "complete"]
@@ -76,7 +75,8 @@ def run_step_times(out: Path, budget: str, tasks, seed: int) -> int:
         print(f"step times: {task}: every method's training step side by side in one process ...", flush=True)
         result = subprocess.run([sys.executable, "-m", "experiments.step_time", "--task", task, "--runs",
                                  str(out / "runs" / f"*-{task}-{preset}-s{seed}"), "--repeats",
-                                 str(STEP_TIME_REPEATS[budget]), "--out", str(out / f"step_time-{task}")],
+                                 str(STEP_TIME_REPEATS[budget]), "--out", str(out / f"step_time-{task}"),
+                                 *(["--data-dir", data_dir] if data_dir else [])],
                                 cwd=grid.ROOT, capture_output=True, text=True,
                                 preexec_fn=grid.die_with_parent)  # no timing outlives a killed ./run_all.sh
         if result.returncode != 0:
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
               f"report and plots; estimated total {cli.clock(estimate)}", flush=True)
         failures = grid.run_cells(out, plan["cells"], jobs)
         if not args.device.startswith("cuda"):  # experiments.step_time times CPU steps
-            failures += run_step_times(out, args.budget, tasks, seeds[0])
+            failures += run_step_times(out, args.budget, tasks, seeds[0], args.data_dir)
         if not args.no_scaling:
             failures += run_scaling(out, args.budget, methods, lengths, "cuda" if args.device.startswith("cuda")
                                     else args.device)
