@@ -113,6 +113,7 @@ def test_safe_archives_extract_inside_the_destination(tmp_path):
 
 
 def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(tmp_path, monkeypatch):
+    monkeypatch.delenv("SPARSE_ATTN_OFFLINE")  # the downloader itself, its network a stand-in
     monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(b"<html>moved</html>"))
     target = tmp_path / "imdb" / "aclImdb_v1.tar.gz"
     with pytest.raises(DataError, match=f"expected {lra.Text.SHA256}.*deleted"):
@@ -122,6 +123,8 @@ def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(tmp_path, mon
     monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: io.BytesIO(good))
     data.fetch("http://x", target, "t:", md5=hashlib.md5(good).hexdigest())
     assert target.read_bytes() == good
+    with pytest.raises(DataError, match=r"t: \(Downloads are off.\)"):  # a task's --no-download
+        data.fetch("http://x", tmp_path / "other", "t:", allowed=False)
 
 
 def test_a_refused_archive_leaves_no_extracted_members(tmp_path):

@@ -15,8 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bench.config import Preset
-from bench.tasks import data_files
-from bench.tasks.data_files import DataError
 
 IGNORE = -100
 
@@ -41,12 +39,6 @@ class Task:
 
     def eval_batches(self, split: str, batch_size: int, limit: Optional[int]) -> Iterator[Dict[str, Tensor]]:
         raise NotImplementedError
-
-    def fetch(self, url: str, path: Path, help_text: str, **checks) -> Path:
-        """``url`` downloaded to ``path`` and checked (data_files.fetch), unless they are off."""
-        if not self.download_allowed or data_files.offline():
-            raise DataError(help_text + " (Downloads are off.)")
-        return data_files.fetch(url, path, help_text, **checks)
 
 
 class ExampleSetTask(Task):

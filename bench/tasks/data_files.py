@@ -175,11 +175,13 @@ def offline() -> bool:
 
 
 def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md5: Optional[str] = None,
-          verify: Optional[Callable[[Path], Optional[str]]] = None) -> Path:
+          verify: Optional[Callable[[Path], Optional[str]]] = None, allowed: bool = True) -> Path:
     """Downloads ``url`` to ``path`` through ``path.partial``, renamed into place only when the bytes have the
     given checksum (sha256 or md5) and ``verify(partial)`` (a check of the content: what is wrong, or None)
     finds nothing wrong. On any failure the partial file and the folders made for it are deleted. The one
-    downloader of the harness."""
+    downloader of the harness; ``allowed=False`` (a task's --no-download) or SPARSE_ATTN_OFFLINE: none."""
+    if not allowed or offline():
+        raise DataError(help_text + " (Downloads are off.)")
     partial = path.with_name(path.name + ".partial")
     digest = hashlib.sha256() if sha256 else hashlib.md5()
     with created_folders(path.parent):

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from bench.config import Preset
 from bench.tasks.base import IGNORE, Task
-from bench.tasks.data_files import DataError, iter_archive
+from bench.tasks.data_files import DataError, fetch, iter_archive
 
 MASK_ID = 256  # the [MASK] symbol of the masked-LM task `wikitext2` (bytes are 0-255)
 
@@ -117,8 +117,8 @@ class Enwik8(ByteLM):
         help_text = (f"enwik8: not found (looked for {looked}). Download {self.URL} and pass it with --data-file "
                      f"(the zip or the unzipped file 'enwik8', sha256 {self.SHA256}), or put either there, or "
                      f"point --data-dir / SPARSE_ATTN_DATA at a folder holding enwik8/enwik8.")
-        return self.fetch(self.URL, data_dir / "enwik8" / "enwik8.zip", help_text,
-                          verify=self.check_download)
+        return fetch(self.URL, data_dir / "enwik8" / "enwik8.zip", help_text, verify=self.check_download,
+                     allowed=self.download_allowed)
 
     def check_download(self, path: Path) -> Optional[str]:
         """What is wrong with a downloaded archive, or None: it must hold one member 'enwik8' of ``SIZE`` bytes
@@ -205,8 +205,8 @@ class LocalBytes(ByteLM):
                      f"{self.WIKITEXT_URL} (md5 {self.WIKITEXT_MD5}) into {folder}, or pass --data-file with any text "
                      f"file, or set --data-dir / SPARSE_ATTN_DATA.")
         if archive is None:
-            archive = self.fetch(self.WIKITEXT_URL, folder / "wikitext-2-v1.zip", help_text,
-                                 md5=self.WIKITEXT_MD5)
+            archive = fetch(self.WIKITEXT_URL, folder / "wikitext-2-v1.zip", help_text, md5=self.WIKITEXT_MD5,
+                            allowed=self.download_allowed)
         members = {path.name: data for path, data in
                    iter_archive(archive, lambda p: p.name in {f"wiki.{s}.tokens" for s in self.SPLITS})}
         missing = [f"wiki.{s}.tokens" for s in self.SPLITS if f"wiki.{s}.tokens" not in members]

@@ -33,7 +33,7 @@ import torch
 
 from bench.config import Preset
 from bench.tasks.base import ExampleSetTask
-from bench.tasks.data_files import (DataError, array_problem, cached, iter_archive, ragged_problem,
+from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, ragged_problem,
                                     safe_extract, source_key)
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
@@ -86,7 +86,7 @@ class LRATask(ExampleSetTask):
         if self.data_file is not None and not Path(self.data_file).exists():
             raise DataError(f"{self.name}: nothing at {self.data_file} (given by --data-file)")
         path = Path(self.data_file) if self.data_file is not None else next(found, None)
-        return path if path is not None else self.fetch(url, target, help_text, **checksum)
+        return path if path is not None else fetch(url, target, help_text, allowed=self.download_allowed, **checksum)
 
 
 def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: int, eval_every: int,
