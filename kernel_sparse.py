@@ -11,15 +11,17 @@ Mellon University report (no arXiv id). Per layer and head, for query i of a len
 Kernel families: 17 standard sliding windows (§4.2.1), 6 handcrafted per head from the teacher's targets (§4.2.2),
 14 learned local kernels per layer (§4.2.3). §4.1 accumulates the teacher's attention maps over sequences and
 normalises them by sequence length and by distance from the diagonal (Fig. 1).
-`main` runs the paper's pipeline: (1) a dense masked-LM teacher; (2) §4.1's analysis; (3) the kernel families and a
-predictor per layer fitted with Eq. 1 (and a per-kernel loss, §6.2); (4) sparsified validation (§5.2; Tables 1 and
-3: perplexity, sparsity, attention FLOPs from the entries computed) against τ and K (Fig. 5) and depth (Fig. 6);
-(5) end-to-end fine-tuning with the predicted masks (§6.2) beside a dense control. metrics.json holds the final
-sparse model's numbers, the teacher's under kernel.teacher; kernel_report.md is generated from it.
+`main` runs the paper's pipeline: (1) a dense masked-LM teacher (ours: `--task bytes`, a causal one); (2) §4.1's
+analysis; (3) the kernel families and a predictor per layer fitted with Eq. 1 (and a per-kernel loss, §6.2); (4)
+sparsified validation (§5.2; Tables 1 and 3: perplexity, sparsity, attention FLOPs from the entries computed)
+against τ and K (Fig. 5) and depth (Fig. 6); (5) end-to-end fine-tuning with the predicted masks (§6.2) beside a
+dense control. metrics.json holds the final sparse model's numbers, the teacher's under kernel.teacher;
+kernel_report.md is generated from it.
 
     python kernel_sparse.py --task wikitext2                     # CPU preset, minutes on one core
     python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
     python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
+    python kernel_sparse.py --task bytes                         # a causal teacher (the frontier's positional task)
     python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
 
 One layer's inference time, sparse beside dense, at n = 256-4096: results/notes/kernel_time.md.
@@ -478,7 +480,8 @@ class KernelSparseAttention(nn.Module):
         come from `generator`. Returns (B, H, N, D) and the pairs computed (B, H), counted in O(B·N) so that
         bookkeeping adds no N × M work to the FLOP count."""
         # Ours: the paper sparsifies a pretrained RoBERTa; we download no model, so the teacher is this dense path in
-        # bench's backbone, trained as a byte-level masked LM (bench's `wikitext2`; perplexity per masked byte).
+        # bench's backbone, trained as a byte-level masked LM (bench's `wikitext2`; perplexity per masked byte) or,
+        # on `bytes`, a causal LM: the kernels are cut at the query (KernelBank.mask), so the pipeline is the same.
         keys = valid.cumsum(1) if causal else valid.sum(1, keepdim=True)  # (B, N|1) admissible keys per query
         counts = (keys * valid).sum(1, keepdim=True).expand(-1, self.heads)
         bias = self.bias(q.shape[2], q.dtype)  # (H, N, M) or None
@@ -1136,9 +1139,10 @@ def in_proportion(kernel: KernelConfig, steps: int, preset_steps: int, given) ->
 
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense
-    masked-LM teacher; (2) §4.1's analysis of its attention; (3) the kernel families and a predictor per layer
-    (Eq. 1); (4) sparsified inference (§5.2, Tables 1, 3) against τ, K, depth (Fig. 5-6); (5) fine-tuning with the
-    predicted masks (§6.2) beside a dense control. The record is the sparse model's; kernel.teacher the teacher's."""
+    teacher, masked-LM (causal on bytes); (2) §4.1's analysis of its attention; (3) the kernel families and a
+    predictor per layer (Eq. 1); (4) sparsified inference (§5.2, Tables 1, 3) against τ, K, depth (Fig. 5-6); (5)
+    fine-tuning with the predicted masks (§6.2) beside a dense control. The record is the sparse model's;
+    kernel.teacher the teacher's."""
     import importlib.util
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
         sys.exit(f"{prog}: training needs the repository's bench/ beside this file "
@@ -1147,7 +1151,7 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     from bench.tasks import get_task
     cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
                             "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig,
-                            tasks=("wikitext2",))  # the pipeline is a masked LM (§4): no form for other tasks
+                            tasks=("wikitext2", "bytes"))
     kernel = in_proportion(kernel, cfg.steps, get_task(cfg.task).presets[cfg.preset].steps, cfg.given)
     with cli.one_line_errors():
         run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda layer: KernelSparseAttention(

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -251,10 +252,8 @@ CLAIMS = [
           "100%, its density rising towards 1; nothing in the paper compares it with fixed patterns at the same "
           "cost. The field compares such methods by frontiers at matched budgets (accuracy or perplexity against "
           "density or FLOPs) and by synthetic recall (Zoology's MQAR).",
-          runs=tuple(Setting(m, task, options=o, tag=tag) for m, task, o, tag, seeds, *_ in frontier.settings()
-                     if len(seeds) > 1),
-          once=tuple(Setting(m, task, options=o, tag=tag) for m, task, o, tag, seeds, *_ in frontier.settings()
-                     if len(seeds) == 1),
+          runs=tuple(Setting(m, t, "cpu", o, tag) for m, t, o, tag, seeds, *_ in frontier.settings() if seeds[1:]),
+          once=tuple(Setting(m, t, "cpu", o, tag) for m, t, o, tag, seeds, *_ in frontier.settings() if not seeds[1:]),
           seeds=frontier.SEEDS, rule=frontier.rule, figure="no figure: a comparison the paper does not make",
           notes=["The verdict table: per task and family, the lowest median test density at which the family's "
                  "median test metric reaches full attention's (within one point; bytes: 0.05 bits per byte), and "
@@ -308,7 +307,6 @@ def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
 def run_output(claim: Claim, out: Path) -> int:
     """A claim's benchmarks one by one, each saved as OUT/<script>.md after its command and time."""
     import platform
-    import shlex
     import subprocess
     import time
     scripts = [re.match(r"python (?:-m experiments\.)?(\w+)", c).group(1) for c in claim.commands]
@@ -345,7 +343,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.verb == "list":
         for claim in CLAIMS:
-            commands = [" ".join(["python", *c["command"]]) for c in claim.cells()] + list(claim.commands)
+            commands = [shlex.join(["python", *c["command"]]) for c in claim.cells()] + list(claim.commands)
             print(f"{claim.name} ({claim.kind}): {claim.title}\n  " + "\n  ".join(commands))
         return 0
     claim = BY_NAME[args.claim]

@@ -146,7 +146,7 @@ def frontiers(records: List[dict], path: Path) -> str:
     groups = by_setting(records)
     variants = [v for v in VARIANTS if any(key[0] == v for key in groups)]
     fig, axes = figure(len(variants))
-    names = list(families(0))
+    names = list(families(0, "bytes"))  # every family, the kernel method's (bytes alone) last
     for ax, variant in zip(axes[0], variants):
         for family in names:
             points = sorted(((statistics.median(r["density"] for r in rs), statistics.median(r["test"] for r in rs), rs)

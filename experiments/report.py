@@ -8,6 +8,7 @@ in README.md, above the generated region, which this never rewrites.
 import math
 import os
 import re
+import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -27,10 +28,9 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 REFERENCE = "full"
 SMOKE_LINE = "Smoke run: these numbers test the plumbing and carry no information."
 PUBLISHED_SCALING = "scaling/scaling.json"  # under results/: the one scaling run the published tables quote
-COSTS = {  # what a training step costs, per record: the columns "× full" of the method and cost tables
+COSTS = {  # what a training step costs, per record: the columns "× full" of the method table and the quick plot
     "train density": lambda r: r["train_density"] if r.get("train_density") is not None else r["density"],
     "attention FLOPs": lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["attention"],
-    "model FLOPs": lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["model"],
     "peak memory": lambda r: r["peak_memory_bytes"], "step time": lambda r: r["median_step_ms"]}
 
 
@@ -210,7 +210,7 @@ def write_run_report(folder: Path) -> str:
 
 # ------------------------------------------------------------------------------------------------ claims
 def runs_table(recs: List[dict]) -> str:
-    groups = by([dict(r, setting=re.sub(r" --seed \S+", "", " ".join(["python", *r["cell"].get("command", [])])))
+    groups = by([dict(r, setting=re.sub(r" --seed \S+", "", shlex.join(["python", *r["cell"].get("command", [])])))
                  for r in recs], "setting")  # a command without its --seed S
     rows = [[f"`{command}`", ", ".join(str(r["seed"]) for r in rs), tests(rs), " / ".join(tests([r]) for r in rs),
              f"{100 * mean(rs, lambda r: r['density']):.2f}%",

@@ -879,11 +879,12 @@ def test_script_entry_point_exits_non_zero_with_a_message():
     assert result.returncode == 2 and "unrecognized arguments: --attn" in result.stderr
 
 
-def test_pipeline_end_to_end_smoke(tmp_path, capsys):
+@pytest.mark.parametrize("task", ["wikitext2", "bytes"])  # a masked-LM teacher, and a causal one
+def test_pipeline_end_to_end_smoke(task, tmp_path, capsys):
     if not ((DATA / "wikitext-2" / "valid.txt").is_file() and (DATA / "wikitext-2" / "test.txt").is_file()):
         pytest.skip(f"no WikiText-2 in {DATA} (set SPARSE_ATTN_DATA)")
     out = tmp_path / "run"
-    code = ks.main(["--task", "wikitext2", "--device", "cpu", "--data-dir", str(DATA), "--out", str(out),
+    code = ks.main(["--task", task, "--device", "cpu", "--data-dir", str(DATA), "--out", str(out),
                     "--seq-len", "32", "--dim", "16", "--depth", "2", "--heads", "2", "--head-dim", "8",
                     "--mlp-dim", "32", "--steps", "4", "--batch-size", "4", "--eval-every", "4", "--eval-batches",
                     "1", "--final-eval-batches", "1", "--analysis-sequences", "8", "--predictor-steps", "3",
@@ -897,7 +898,7 @@ def test_pipeline_end_to_end_smoke(tmp_path, capsys):
     assert len(kernel["analysis"]) == 2 and len(kernel["fig6"]) == 3 and len(kernel["fig5"]) == 2
     # consistency between independent evaluations of the same setting
     assert kernel["fig6"][0]["valid_ppl"] == pytest.approx(kernel["teacher"]["valid_ppl"], rel=1e-5)
-    assert kernel["fig6"][0]["density"] == pytest.approx(1.0)
+    assert kernel["fig6"][0]["density"] == pytest.approx(1.0 if task == "wikitext2" else 33 / 64)  # causal: (N+1)/2N
     assert kernel["fig6"][-1]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
     assert kernel["fig5"][0]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
     for v in [*kernel["variants"].values(), *kernel["fig5"], kernel["finetune"]]:

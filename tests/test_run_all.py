@@ -353,7 +353,10 @@ def test_frontier_cells_wait_for_their_family_s_learning_rate_and_then_take_the_
     claim, runs = claims.BY_NAME["frontier"], tmp_path / "runs"
     first = [c for c in claim.cells(runs) if "waiting" not in c]
     assert {c["settings"]["lr"] for c in first} == {"3e-4", "1e-3", "3e-3"}
-    assert all(c["seed"] == 0 for c in first) and len(first) == 3 * 6 * 4  # learning rates × families × tasks
+    # learning rates × families × tasks, and the kernel method on bytes alone
+    assert all(c["seed"] == 0 for c in first) and len(first) == 3 * 6 * 4 + 3
+    assert [c["name"] for c in first if c["method"] == "kernel"] == [
+        f"kernel-t0.1-lr{lr}-bytes-cpu-s0" for lr in ("3e-4", "1e-3", "3e-3")]
     valid = {"3e-4": 0.7, "1e-3": 0.9, "3e-3": 0.8}
 
     def run_cells(out, cells, jobs):  # the grid: stage-1 records whose validation metric depends on the rate
