@@ -24,7 +24,9 @@ from experiments.grid import load
 SEEDS = (0, 1, 2, 3, 4)
 LEARNING_RATES = ("3e-4", "1e-3", "3e-3")
 DENSITIES = (0.2, 0.05, 0.1, 0.4, 0.6)  # the first is each fixed family's learning-rate setting
-KERNEL_THRESHOLDS = (0.1, 0.5, 0.9)  # the kernel method's τ (§5.2): standard kernels, Eq. 1, fine-tuned at τ (§6.2)
+# the kernel method's τ (§5.2), the first its learning rate's: standard kernels, Eq. 1, fine-tuned at τ (§6.2), no
+# ALiBi (with it the dense teacher beats full attention, 2.42 against 3.23 bits per byte at 400 steps: not the masks)
+KERNEL_THRESHOLDS = (0.1, 0.01, 0.001)
 MARGIN = 0.01  # within one point of full attention's median accuracy counts as reaching it
 
 # task variant → (task, cell name suffix, options): one model and recipe per task
@@ -50,7 +52,8 @@ def families(steps: int, task: str = "duplicates") -> Dict[str, List[Tuple[str, 
         "sbm": [("sbm", "", {}), *(("sbm", f"-lambda{w}", {"density_weight": w, "density_from": steps // 2})
                                    for w in ("1e-3", "1e-2"))],
         **({"kernel": [("kernel", f"-t{t:g}", {"families": "standard", "losses": "max", "thresholds": f"{t:g}",
-                                               "top_ks": ""}) for t in KERNEL_THRESHOLDS]} if task == "bytes" else {}),
+                                               "top_ks": "", "no_alibi": True}) for t in KERNEL_THRESHOLDS]}
+           if task == "bytes" else {}),
     }
 
 
@@ -113,12 +116,8 @@ def verdict_rows(records: List[dict]) -> List[dict]:
         full = groups.get((variant, "dense", "full"), [])
         if not full:
             continue
-        lower = task == "bytes"
         target = statistics.median(r["test"] for r in full)
-
-        def reaches(value):
-            return value <= target + 0.05 if lower else value >= target - MARGIN
-
+        reaches = (lambda v: v <= target + 0.05) if task == "bytes" else (lambda v: v >= target - MARGIN)
         for family in families(VARIANTS[variant][2]["steps"], task):
             points = sorted((statistics.median(r["density"] for r in rs), label, rs)
                             for (v, f, label), rs in groups.items() if v == variant and f == family)
