@@ -149,8 +149,7 @@ def table(records: List[dict]) -> str:
         reached = ("not run yet" if not row["settings"] else "does not" if row["density"] is None
                    else f"{100 * row['density']:.1f}%")
         ratio = "–" if row["sparsest"] is None else f"{row['sparsest'][1]:.3f} ({100 * row['sparsest'][0]:.1f}%)"
-        # the side-by-side run python -m experiments.step_time --out FOLDER/step_time-VARIANT
-        # --runs 'FOLDER/runs/*-SUFFIX-TASK-cpu-s0'
+        # experiments.step_time of the runs FOLDER/runs/*SUFFIX-TASK-cpu-s0 (but 1-head, lr) in FOLDER/step_time-VARIANT
         timed = read_json(folder / f"step_time-{row['task']}" / "step_time.json") or {}
         times = fair_ratios(timed, VARIANTS[row["task"]][1])
         time = min((times[label] for label in row["reaching"] if label in times), default=None)

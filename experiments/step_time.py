@@ -3,7 +3,7 @@
     python -m experiments.step_time --task listops --preset paper --batch-size 8  # Table 3 at 2K
     python -m experiments.step_time --task listops --preset paper --batch-size 8 \
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0  # a run's density
-    python -m experiments.step_time --task duplicates --runs 'results/frontier/runs/*-n64-duplicates-cpu-s0'
+    python -m experiments.step_time --task recall --runs 'results/frontier/runs/*-n64-recall-cpu-s0' --exclude '*-1h*'
 
 One model per variant, the same batches, a training step of each in turn, round after round:
 - `full (as run)`: the preset's recipe (with attention dropout, CPU SDPA leaves its flash kernel for
@@ -85,10 +85,11 @@ def method_records(names: list, sbm_density: dict, cfg: RunConfig) -> dict:
     return records
 
 
-def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str]) -> tuple:
-    """--runs: (RunConfig, {folder: record}) of the complete runs matching ``pattern``."""
+def runs_config(pattern: str, task, out: Optional[str], data_dir: Optional[str], exclude: list) -> tuple:
+    """--runs: (RunConfig, {folder: record}) of the complete runs matching ``pattern`` and none of ``exclude``."""
     import glob
-    records = {Path(f).name: read_json(Path(f) / "metrics.json") for f in sorted(glob.glob(pattern))}
+    records = {Path(f).name: read_json(Path(f) / "metrics.json") for f in sorted(glob.glob(pattern))
+               if not any(Path(f).match(x) for x in exclude)}
     records = {name: r for name, r in records.items() if r and r.get("status") == "complete"}
     if not records:
         raise SetupError(f"--runs: no complete run matches {pattern!r}")
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", metavar="PATTERN", default=None,
                    help="time the settings of the run folders matching this pattern (quoted: the tool expands it) "
                         "instead of --methods: their task and model from the records, SBM at its test density")
+    p.add_argument("--exclude", metavar="PATTERN", action="append", default=[], help="leaves out --runs folders")
     p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed rounds (median)")
     p.add_argument("--warmup-iters", type=cli.positive_int, default=1, help="untimed rounds first")
     args = p.parse_args(argv)
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
     task = get_task(cfg.task)
     with cli.one_line_errors():
         if args.runs:
-            cfg, records = runs_config(args.runs, task, cfg.out, cfg.data_dir)  # the records' task and model
+            cfg, records = runs_config(args.runs, task, cfg.out, cfg.data_dir, args.exclude)  # their task and model
         else:
             densities = sbm_densities(args.sbm_density) if "sbm" in names else {}
             records = method_records(names, densities, cfg)

@@ -92,7 +92,7 @@ def test_step_time_times_full_as_run_and_fair_beside_sbm_at_each_density(tmp_pat
 def test_step_time_of_runs_times_each_run_s_own_setting(tmp_path, here):
     """--runs: one variant per complete run folder, named by its setting, built with the run's own budget (a
     window at the density it trained at) and positional choice, and SBM at its record's test density; runs of
-    another model refused."""
+    another model refused; --exclude leaves folders out."""
     from bench.config import RunConfig
     from bench.tasks import get_task
     from sbm_transformer import SBMConfig
@@ -121,6 +121,10 @@ def test_step_time_of_runs_times_each_run_s_own_setting(tmp_path, here):
     bad = here("experiments.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"),
                check=False)
     assert bad.returncode == 2 and "differ from the first run in task or model" in bad.stderr.strip().splitlines()[-1]
+    kept = here("experiments.step_time", "--task", "duplicates", "--runs", str(tmp_path / "runs" / "*-s0"),
+                "--exclude", "wider-*", "--exclude", "s*", "--repeats", "1", "--out", str(tmp_path / "out"))
+    assert [line.split("|")[1].strip() for line in kept.stdout.splitlines()
+            if line.startswith("| ") and "variant" not in line] == ["full (as run)", "window-at-x", "full (fair)"]
 
 
 def test_scaling_prints_one_table_with_ratios_to_full(tmp_path, here):
