@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", metavar="PATTERN", default=None,
                    help="time the settings of the run folders matching this pattern (quoted: the tool expands it) "
                         "instead of --methods: their task and model from the records, SBM at its test density")
-    p.add_argument("--exclude", metavar="PATTERN", action="append", default=[], help="leave out --runs folders (repeats)")
+    p.add_argument("--exclude", metavar="PATTERN", action="append", default=[], help="skip --runs folders (repeats)")
     p.add_argument("--repeats", type=cli.positive_int, default=7, help="timed rounds (median)")
     p.add_argument("--warmup-iters", type=cli.positive_int, default=1, help="untimed rounds first")
     args = p.parse_args(argv)
