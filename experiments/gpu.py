@@ -174,16 +174,14 @@ def markdown(record: dict) -> str:
              table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds", "date"])]
     stages = record["stages"]
     if stages.get("correctness", {}).get("rows"):
-        parts.append(table(stages["correctness"]["rows"], ["tests", "cases per variant", "code", "seconds",
-                                                           "summary"]))
+        parts.append(table(stages["correctness"]["rows"], ["tests", "cases per variant", "code", "seconds", "summary"]))
     if stages.get("entry", {}).get("rows"):
         rows = [{**r, "peak MiB": f"{r['peak_memory_bytes'] / 2 ** 20:.0f}" if r.get("peak_memory_bytes") else "",
                  "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
                  "density": f"{r['density']:.4f}" if r.get("density") is not None else ""}
                 for r in stages["entry"]["rows"]]
         parts.append("Each method's own entry point on ListOps (one short timing run each):\n\n" +
-                     table(rows, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds",
-                                  "status"]))
+                     table(rows, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds", "status"]))
     if stages.get("scaling", {}).get("rows"):
         rows = stages["scaling"]["rows"]
         parts.append("Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n" +
@@ -206,8 +204,7 @@ def stage_status(rows: list) -> str:
 
 
 def build_parser():
-    p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0],
-                   epilog=__doc__[__doc__.index("The stages"):])
+    p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0], epilog=__doc__[__doc__.index("The stages"):])
     p.add_argument("--device", default="cuda", type=cli.device_option, help="cuda, cuda:N, or cpu (with --tiny)")
     p.add_argument("--budget", type=cli.positive_int, default=420, help="seconds of compute for all stages")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")

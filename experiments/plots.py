@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench.files import kept_log, read_json
-from experiments.frontier import VARIANTS, by_setting, families
+from experiments.frontier import VARIANTS, by_setting, fair_ratios, families
 from experiments.grid import load
 
 
@@ -102,8 +102,7 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
     handles = {h.get_label(): h for ax in axes.flat for h in ax.collections}
     fig.legend([handles[m] for m in methods if m in handles], [m for m in methods if m in handles],
                loc="lower center", ncol=min(len(methods), 6), fontsize=8, frameon=False)
-    last_row = [f"× {reference} attention (log)"] * len(QUICK_COSTS)
-    xlabels = [None] * (axes.size - len(last_row)) + last_row
+    xlabels = [None] * (axes.size - len(QUICK_COSTS)) + [f"× {reference} attention (log)"] * len(QUICK_COSTS)
     save(fig, path, axes.flat, xlabels, ylabels, rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
     return (f"{budget.capitalize()} grid: test metric against a training step's attention FLOPs, time and peak "
             f"memory × {reference} attention (log), one row per task; dotted: the task's base rate.")
@@ -141,45 +140,49 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
 
 
 def frontiers(records: List[dict], path: Path) -> str:
-    """Test metric against measured test density, one panel per task variant: a point per seed, each family's
+    """Test metric against measured test density (top) and against training step time ÷ fair full attention
+    (bottom; experiments.step_time of the seed-0 runs), a column per task variant: a point per seed, each family's
     medians joined in order of density, full attention's median (dotted) and the base rate (dashed)."""
-    groups = by_setting(records)
-    variants = [v for v in VARIANTS if any(key[0] == v for key in groups)]
-    fig, axes = figure(len(variants))
+    groups, folder = by_setting(records), records[0]["folder"].parent.parent
+    variants = [v for v in VARIANTS if (v, "dense", "full") in groups]  # each read against full attention
+    fig, axes = figure(len(variants), 2)
     names = list(families(0, "bytes"))  # every family, the kernel method's (bytes alone) last
-    for ax, variant in zip(axes[0], variants):
-        for family in names:
-            points = sorted(((statistics.median(r["density"] for r in rs), statistics.median(r["test"] for r in rs), rs)
-                             for (v, f, _), rs in groups.items() if v == variant and f == family),
-                            key=lambda point: point[:2])  # two settings may tie: never compare their records
-            if not points:
-                continue
-            colour = f"C{names.index(family)}"
-            for _, _, rs in points:
-                ax.scatter([r["density"] for r in rs], [r["test"] for r in rs], s=8, color=colour, alpha=0.4)
-            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, label=family, ms=4)
-        full = groups.get((variant, "dense", "full"), [])
-        if full:
-            ax.axhline(statistics.median(r["test"] for r in full), color="k", ls=":", lw=1)
-            base = statistics.median(r["base_rate"] for r in full)
+    for column, variant in enumerate(variants):
+        times = fair_ratios(read_json(folder / f"step_time-{variant}" / "step_time.json") or {}, VARIANTS[variant][1])
+        full, base = (statistics.median(r[k] for r in groups[variant, "dense", "full"]) for k in ("test", "base_rate"))
+        for ax, x in zip(axes[:, column], (lambda r, label: r["density"], lambda r, label: times.get(label, math.nan))):
+            for family in names:
+                points = sorted(((statistics.median(r["density"] for r in rs), statistics.median(x(r, s) for r in rs),
+                                  statistics.median(r["test"] for r in rs), s, rs) for (v, f, s), rs in groups.items()
+                                 if v == variant and f == family and not math.isnan(x(rs[0], s))),
+                                key=lambda point: point[:3])  # two settings may tie: never compare their records
+                colour = f"C{names.index(family)}"
+                for *_, label, rs in points:
+                    ax.scatter([x(r, label) for r in rs], [r["test"] for r in rs], s=8, color=colour, alpha=0.4)
+                if points:
+                    ax.plot([p[1] for p in points], [p[2] for p in points], "o-", color=colour, label=family, ms=4)
+            ax.axhline(full, color="k", ls=":", lw=1)
             ax.axhline(base, color="grey", ls="--", lw=1)
-            if variant.startswith("duplicates"):  # a token with a duplicate is right only where its pattern finds one
-                d, heads = [10 ** (e / 40) for e in range(-120, 1)], VARIANTS[variant][2]["heads"]
-                for recall, family in ((lambda x: min(1, heads * x ** 0.5), "sbm"), (lambda x: x, "window")):
-                    ax.plot(d, [base + (1 - base) * recall(x) for x in d], "-.", lw=0.8,
-                            color=f"C{names.index(family)}")
-        ax.set_title(variant, fontsize=9)
-        log_x(ax)
-        ax.set_xlim(right=1.2)  # a density is at most 1
-    shown = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels())}
+            ax.set_title(variant + ("" if ax is axes[0, column] or times else ": not timed yet"), fontsize=9)
+            log_x(ax)
+        if variant.startswith("duplicates"):  # a token with a duplicate is right where it is found
+            d, heads = [10 ** (e / 40) for e in range(-120, 1)], VARIANTS[variant][2]["heads"]
+            for recall, family in ((lambda x: min(1, heads * x ** 0.5), "sbm"), (lambda x: x, "window")):
+                axes[0, column].plot(d, [base + (1 - base) * recall(x) for x in d], "-.", lw=0.8,
+                                     color=f"C{names.index(family)}")
+        axes[0, column].set_xlim(right=1.2)  # a density is at most 1
+    shown = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
     axes[0, -1].legend(shown.values(), shown.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    save(fig, path, axes[0], "attention density on the test split (log)",
-         ["test metric (accuracy; bytes: bits per byte)"] * len(variants))
-    return ("Frontiers: test metric against measured attention density, a point per seed, each family's medians "
-            "joined; dotted: full attention's median, dashed: the base rate; dash-dot (duplicates): "
-            "base + (1 − base) × recall, the most a pattern of density d reaches if it finds a token's duplicate "
-            "with probability recall = d (a window) or at most min(1, 2√d) (SBM with 2 heads: Eq. 5 makes each "
-            "head's density ≥ its recall²).")
+    save(fig, path, axes.flat, ["attention density on the test split (log)"] * len(variants)
+         + ["training step time ÷ fair full attention's (log)"] * len(variants),
+         ["test metric (accuracy; bytes: bits per byte)"] * 2 * len(variants))
+    return ("Frontiers: test metric against measured attention density (top) and against training step time ÷ fair "
+            "full attention's (bottom: one side-by-side run of each setting's seed-0 model; the kernel method's "
+            "pipeline has no one training step to time), a point per seed, each family's medians joined in order of "
+            "density; dotted: full attention's median, dashed: the base rate; dash-dot (duplicates): base + (1 − "
+            "base) × recall, the most a pattern of density d reaches if it finds a token's duplicate with probability "
+            "recall = d (a window) or at most min(1, 2√d) (SBM with 2 heads: Eq. 5 makes each head's density ≥ its "
+            "recall²).")
 
 
 SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows

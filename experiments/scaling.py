@@ -127,8 +127,7 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiment
     env.update(ALLOCATORS[allocator], **threads)
     try:
         proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env,
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              preexec_fn=die_with_parent)
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_parent)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     if proc.returncode < 0:  # killed: by the kernel for memory, most often

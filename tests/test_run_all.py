@@ -430,14 +430,28 @@ def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_
     assert ours.startswith("duplicates64: adaptive 30% (sbm), fixed 60% (window); duplicates128: adaptive –")
 
 
-def test_the_frontier_plot_takes_two_settings_that_tie(tmp_path):
-    """Two settings with the same median density and metric (recall's windows did) are drawn, not compared."""
+def test_the_frontier_plot_takes_two_settings_that_tie_and_draws_each_against_its_step_time(tmp_path, monkeypatch):
+    """Two settings with the same median density and metric (recall's windows did) are drawn, not compared; the
+    lower panel puts each at its step time ÷ fair full attention's, from the variant's step_time record."""
     pytest.importorskip("matplotlib")
     from experiments import plots
     tests = {"full-n64": 0.99, "window-d0.2-n64": 0.7, "window-d0.4-n64": 0.7}
     _, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": 0.3} for s in tests})
+    (folder / "step_time-duplicates64").mkdir()
+    write_json(folder / "step_time-duplicates64" / "step_time.json", {"step_ms": {
+        "full (fair)": [10.0], "full (as run)": [11.0], "window-d0.2-n64": [15.0], "window-d0.4-n64": [12.0]}})
+    drawn, save = [], plots.save
+
+    def keep(fig, path, axes, *more):
+        drawn.extend(axes)
+        save(fig, path, drawn, *more)
+    monkeypatch.setattr(plots, "save", keep)
     plots.frontiers(frontier_records(folder), tmp_path / "frontier.png")
     assert (tmp_path / "frontier.png").stat().st_size > 0
+    # the first column's panels: duplicates64 against density, then against step time (-n64 records serve recall too)
+    top, bottom = ({line.get_label(): line.get_data() for line in ax.get_lines()} for ax in drawn[::len(drawn) // 2])
+    assert list(top["window"][0]) == [0.3, 0.3] and list(bottom["window"][0]) == [1.2, 1.5]
+    assert list(bottom["dense"][0]) == [1.1] and list(bottom["window"][1]) == [0.7, 0.7]
 
 
 def frontier_records(folder):
