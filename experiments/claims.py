@@ -208,8 +208,7 @@ CLAIMS = [
           notes=["Seed 1 of the three the project ran: on seed 0 SBM stalls near 84% and on seed 2 full attention "
                  "stalls at 76% (results/notes/earlier_runs.md), the task's own bad basin at 1 layer × 1 head × 32 "
                  "dims.", "Wall times were taken on a shared 2-core machine with several jobs per core."]),
-    Claim("sbm-listops", "SBM-Transformer Tables 1-2: ListOps (CPU preset), 3 seeds, the density regulariser λ",
-          "runs",
+    Claim("sbm-listops", "SBM-Transformer Tables 1-2: ListOps (CPU preset), 3 seeds, the density regulariser λ", "runs",
           paper="Tables 1-2 at length 2K: full attention 37.22%; SBM 37.45% at 20.09% density (λ = 0) and "
                 "38.20% at 2.95% (λ = 1e-2). Ours: the CPU preset, lengths 50-200, 1500 steps.",
           runs=(Setting("full", "listops"), Setting("sbm", "listops"),

@@ -166,8 +166,7 @@ def main(argv=None) -> int:
               "one expected edge; fastRG/igraph: the ratio of the two times")
     print(tabulate(rows, headers=headers, tablefmt="github", colalign=("right",) * len(headers)))
     log_edges, *log_ms = zip(*fitted) if len(fitted) >= 2 else [None] * 4
-    slope, slope_above, slope_tables = (scaling.line_fit(log_edges, y)[1] if log_edges else None
-                                        for y in log_ms)
+    slope, slope_above, slope_tables = (scaling.line_fit(log_edges, y)[1] if log_edges else None for y in log_ms)
     if slope is not None:
         print(f"log-log slope of fastRG time vs edges over {len(fitted)} cells with E >= 1e5: {slope:.2f} "
               f"(target 0.8-1.2); of the time above the fixed cost: {slope_above:.2f}; above the tables: "

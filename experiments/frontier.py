@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from tabulate import tabulate
+
 from bench.files import read_json
 from experiments.grid import load
 
@@ -88,9 +90,8 @@ def settings():
 
 # ------------------------------------------------------------------------------------------------ the verdict
 def entropy_ratio(record: dict) -> Optional[float]:
-    """Test cross-entropy ÷ the base rate's entropy: 1 at the label marginal, 0 when solved, a
-    measure with power where accuracy sits at the base rate (duplicates: binary labels; recall: 16
-    values; bytes: None, bits per byte is one)."""
+    """Test cross-entropy ÷ the base rate's entropy: 1 at the label marginal, 0 when solved, a measure with power
+    where accuracy sits at the base rate (duplicates: binary labels; recall: 16 values; bytes: None, bpb is one)."""
     p, task, loss = record.get("base_rate"), record.get("config", {}).get("task"), record.get("test_loss")
     if loss is None or p is None or not 0 < p < 1 or task not in ("duplicates", "recall"):
         return None
@@ -156,7 +157,19 @@ def table(records: List[dict]) -> str:
         lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
                      f"{row['setting'] or '–'} | {row['seeds']} | {'–' if time is None else f'{time:.2f}'} | "
                      f"{ratio} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\nLearning rates (validation metric, test density):\n\n" + learning_rates(records)
+
+
+def learning_rates(records: List[dict]) -> str:
+    """Stage 1, seed 0: each family's first setting at every rate, validation metric (test density); in bold the
+    rate its stage-2 cells take (BestLearningRate: the best, the first of equals)."""
+    runs, rows = {r["folder"].name: r for r in records}, []
+    for rated, variant, family in dict.fromkeys((o["lr"], v, f) for _, _, o, _, s, v, f, _ in settings() if s == SEEDS):
+        kept, rs = rated.resolve(records[0]["folder"].parent), [runs.get(f"{name}-s0") for name in rated.cells]
+        rows.append([variant, family, rated.cells[0].split("-lr")[0], *(
+            "not run yet" if r is None else ("**{}**" if kept and float(kept) == float(lr) else "{}").format(
+                f"{r['valid']:.4f} ({100 * r['density']:.1f}%)") for r, lr in zip(rs, LEARNING_RATES))])
+    return tabulate(rows, ["task", "family", "setting", *(f"lr {lr}" for lr in LEARNING_RATES)], tablefmt="github")
 
 
 ADAPTIVE, FIXED = ("sbm", "reformer"), ("window", "bigbird", "head allocation")

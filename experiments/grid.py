@@ -141,10 +141,8 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
             left_out[task] = budget.left_out[task]
             continue
         instance = get_task(task)
-        refused = {m: registry.refusal(m, instance.head == "lm")
-                   for m in methods if registry.applicable(m, task)}
-        not_run += [{"method": m, "task": task, "status": "n/a", "reason": why}
-                    for m, why in refused.items() if why]
+        refused = {m: registry.refusal(m, instance.head == "lm") for m in methods if registry.applicable(m, task)}
+        not_run += [{"method": m, "task": task, "status": "n/a", "reason": why} for m, why in refused.items() if why]
         runnable = [m for m, why in refused.items() if not why]
         if not runnable:
             continue
@@ -185,8 +183,7 @@ def prepare_cell(folder: Path, cell: dict) -> str:
     stored = read_json(folder / "cell.json")
     if stored is not None and stored.get("command") != cell["command"]:
         shutil.rmtree(folder)
-        print(f"{cell['name']}: made with another command ({' '.join(stored.get('command', []))}); redone",
-              flush=True)
+        print(f"{cell['name']}: made with another command ({' '.join(stored.get('command', []))}); redone", flush=True)
     if (read_json(folder / "metrics.json") or {}).get("status") == "complete":
         return "complete"
     folder.mkdir(parents=True, exist_ok=True)
@@ -284,10 +281,8 @@ def describe(grid: dict, jobs: int) -> str:
              f"seed(s), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s) side by side; estimated "
              f"{cli.clock(total / jobs)} on a 2-core CPU"]
     lines += [f"  n/a: {n['method']} on {n['task']} ({n['reason']})" for n in grid["not_run"]]
-    lines += [f"  no data: {task}: {said.splitlines()[0]}"
-              for task, said in grid["missing_data"].items()]
-    lines += [f"  left out of the {grid['budget']} budget: {task}: {why}"
-              for task, why in grid["left_out"].items()]
+    lines += [f"  no data: {task}: {said.splitlines()[0]}" for task, said in grid["missing_data"].items()]
+    lines += [f"  left out of the {grid['budget']} budget: {task}: {why}" for task, why in grid["left_out"].items()]
     return "\n".join(lines)
 
 

@@ -87,8 +87,7 @@ def measure(n: int, args) -> List[list]:
                 for side, module, call in (("ours", ours, ours_call), ("peer", peer, peer_call))}
     total = args.warmup_iters + args.repeats
     timed = interleaved(variants, torch.device("cpu"), args.repeats, args.warmup_iters, alternate=True,
-                        after_round=lambda r: print(f"  n={n} repetition {r + 1}/{total}", file=sys.stderr,
-                                                    flush=True))
+                        after_round=lambda r: print(f"  n={n} repetition {r + 1}/{total}", file=sys.stderr, flush=True))
     rows = []
     for name in chosen:
         ours, peer = timed[f"{name} ours"], timed[f"{name} peer"]

@@ -1,5 +1,4 @@
-"""Plots of the report from its tables' records (matplotlib, optional): a PNG and its caption each.
-"""
+"""Plots of the report from its tables' records (matplotlib, optional): a PNG and its caption each."""
 import importlib.util
 import json
 import math

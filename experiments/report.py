@@ -82,8 +82,7 @@ def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = Non
     cells, logs = by(recs, "method", "task"), defaultdict(lambda: defaultdict(list))
     for (method, task), rs in cells.items():
         ref = cells.get((REFERENCE, task), [])
-        named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items()
-                 if mean(rs, get) and mean(ref, get)}
+        named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items() if mean(rs, get) and mean(ref, get)}
         fair = frontier.fair_ratios((step_times or {}).get(task) or {}).get(method, math.nan)
         named.update({} if math.isnan(fair) else {"step time": fair})  # NaN: not timed
         for name, value in named.items():

@@ -197,13 +197,11 @@ def table(rows: list, reference: str) -> str:
             out.append([label(r), r["n"], said] + [""] * 8)
             continue
         ref = refs.get(r["n"])
-        ratio = {k: f"{r[k] / ref[k]:.2f}" if ref and ref[k] else "–"
-                 for k in ("fwdbwd_ms", "peak_bytes", "flops")}
+        ratio = {k: f"{r[k] / ref[k]:.2f}" if ref and ref[k] else "–" for k in ("fwdbwd_ms", "peak_bytes", "flops")}
         out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}",
                     ratio["fwdbwd_ms"], f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio["peak_bytes"],
                     f"{r['flops'] / 1e9:.3f}", ratio["flops"], f"{r['density']:.4f}"])
-    headers = ["method", "n", "fwd ms", "fwd+bwd ms", "× full", "peak MiB", "× full", "fwd GFLOP", "× full",
-               "density"]
+    headers = ["method", "n", "fwd ms", "fwd+bwd ms", "× full", "peak MiB", "× full", "fwd GFLOP", "× full", "density"]
     return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)
 
 

@@ -430,6 +430,23 @@ def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_
     assert ours.startswith("duplicates64: adaptive 30% (sbm), fixed 60% (window); duplicates128: adaptive –")
 
 
+def test_the_frontier_learning_rates_show_each_rate_and_the_one_kept_in_bold(tmp_path):
+    """Stage 1 as a table: each family's first setting at every rate (validation metric, test density), in bold
+    the rate its stage-2 cells take (the first of equals); a rate not run yet says so."""
+    from experiments import frontier
+    tests = {"window-d0.2-n64-lr3e-4": 0.63, "window-d0.2-n64-lr1e-3": 0.65, "window-d0.2-n64-lr3e-3": 0.65,
+             "sbm-n64-lr3e-4": 0.6}
+    _, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": 0.2} for s in tests})
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:7]]
+            for line in frontier.learning_rates(frontier_records(folder)).splitlines()[2:]}
+    assert rows["duplicates64", "window", "window-d0.2-n64"] == ["0.6300 (20.0%)", "**0.6500 (20.0%)**",
+                                                                 "0.6500 (20.0%)"]
+    assert rows["recall64", "sbm", "sbm-n64"] == ["0.6000 (20.0%)", "not run yet", "not run yet"]
+    assert rows["bytes", "kernel", "kernel-t0.1"] == ["not run yet"] * 3
+    assert frontier.BestLearningRate(tuple(f"window-d0.2-n64-lr{lr}-duplicates-cpu" for lr in frontier.LEARNING_RATES),
+                                     True).resolve(folder / "runs") == "1e-3"  # the cells' own choice, bolded
+
+
 def test_the_frontier_plot_takes_two_settings_that_tie_and_draws_each_against_its_step_time(tmp_path, monkeypatch):
     """Two settings with the same median density and metric (recall's windows did) are drawn, not compared; the
     lower panel puts each at its step time ÷ fair full attention's, from the variant's step_time record."""
