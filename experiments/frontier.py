@@ -157,7 +157,7 @@ def table(records: List[dict]) -> str:
         lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
                      f"{row['setting'] or '–'} | {row['seeds']} | {'–' if time is None else f'{time:.2f}'} | "
                      f"{ratio} |")
-    return "\n".join(lines) + "\n\nLearning rates (validation metric, test density):\n\n" + learning_rates(records)
+    return "\n".join(lines) + "\n\nLearning rates (validation, test density; bold: kept):\n\n" + learning_rates(records)
 
 
 def learning_rates(records: List[dict]) -> str:
@@ -169,7 +169,7 @@ def learning_rates(records: List[dict]) -> str:
         rows.append([variant, family, rated.cells[0].split("-lr")[0], *(
             "not run yet" if r is None else ("**{}**" if kept and float(kept) == float(lr) else "{}").format(
                 f"{r['valid']:.4f} ({100 * r['density']:.1f}%)") for r, lr in zip(rs, LEARNING_RATES))])
-    return tabulate(rows, ["task", "family", "setting", *(f"lr {lr}" for lr in LEARNING_RATES)], tablefmt="github")
+    return tabulate(rows, ["task", "family", "setting (seed 0)", *(f"lr {lr}" for lr in LEARNING_RATES)], tablefmt="github")
 
 
 ADAPTIVE, FIXED = ("sbm", "reformer"), ("window", "bigbird", "head allocation")
