@@ -169,7 +169,7 @@ def learning_rates(records: List[dict]) -> str:
         rows.append([variant, family, rated.cells[0].split("-lr")[0], *(
             "not run yet" if r is None else ("**{}**" if kept and float(kept) == float(lr) else "{}").format(
                 f"{r['valid']:.4f} ({100 * r['density']:.1f}%)") for r, lr in zip(rs, LEARNING_RATES))])
-    return tabulate(rows, ["task", "family", "setting (seed 0)", *(f"lr {lr}" for lr in LEARNING_RATES)], tablefmt="github")
+    return tabulate(rows, ["task", "family", "setting, seed 0", *(f"lr {lr}" for lr in LEARNING_RATES)], "github")
 
 
 ADAPTIVE, FIXED = ("sbm", "reformer"), ("window", "bigbird", "head allocation")
