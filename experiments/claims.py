@@ -342,7 +342,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.verb == "list":
         for claim in CLAIMS:
-            commands = [shlex.join(["python", *c["command"]]) for c in claim.cells()] + list(claim.commands)
+            cells = claim.cells(RESULTS / claim.name / "runs")  # each learning rate resolved where its records are
+            commands = [shlex.join(["python", *c["command"]]) for c in cells] + list(claim.commands)
             print(f"{claim.name} ({claim.kind}): {claim.title}\n  " + "\n  ".join(commands))
         return 0
     claim = BY_NAME[args.claim]

@@ -119,8 +119,7 @@ def render(records: dict) -> str:
         lines += ["", f"Self-ensembling (Fig. 7 shape), S-L4, validation bits per byte: dense (renormalised) "
                       f"{l4['valid']:.4f}", "",
                   tabulate([[n, f"{v:.4f}", f"{v - l4['valid']:+.4f}"] for n, v in curve.items()],
-                           headers=["sub-models", "valid bpb", "− dense"], tablefmt="github",
-                           disable_numparse=True)]
+                           headers=["sub-models", "valid bpb", "− dense"], tablefmt="github", disable_numparse=True)]
     return "\n".join(lines) + "\n"
 
 
