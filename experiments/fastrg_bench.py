@@ -79,8 +79,7 @@ def densities(text: str) -> list:
 
 def main(argv=None) -> int:
     ap = cli.parser("python -m experiments.fastrg_bench",
-                    "fastRG sampling time vs edges, beside a naive dense Bernoulli draw.",
-                    allow_abbrev=False)
+                    "fastRG sampling time vs edges, beside a naive dense Bernoulli draw.", allow_abbrev=False)
     ap.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192,16384",
                     help="comma-separated n = m values")
     ap.add_argument("--densities", type=densities, default="0.001,0.01,0.1",

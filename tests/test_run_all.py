@@ -276,6 +276,10 @@ def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_wr
                   check=False)
     assert result.returncode == 2 and "no cell of sbm-table3 matches '*-s9'" in result.stderr
     assert "full-listops-paper-s0" in result.stderr and not (tmp_path / "claim").exists()
+    result = here("experiments.claims", "run", "frontier", "--cells", "nosuch*", "--out", str(tmp_path / "claim"),
+                  check=False)  # 590 cells: the message names the first and the last, not all of them
+    assert result.returncode == 2 and len(result.stderr.splitlines()[-1]) < 200, result.stderr
+    assert "full-n64-duplicates-cpu-s0 … " in result.stderr and not (tmp_path / "claim").exists()
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
