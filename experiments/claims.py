@@ -350,7 +350,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else RESULTS / args.claim
     cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], args.cells)]
     if claim.kind == "runs" and not cells:
-        names = [c["name"] for c in claim.cells()]  # not all of them: a frontier's 590 would be a 25,000-character line
+        names = [c["name"] for c in claim.cells()]  # not all of them: a frontier's 590 would be a 20,000-character line
         run.error(f"no cell of {claim.name} matches {args.cells!r}, a shell pattern over {names[0]} … {names[-1]}")
     out.mkdir(parents=True, exist_ok=True)
     with cli.one_line_errors(), grid.grid_lock(out):
