@@ -106,6 +106,15 @@ _GUIDE = 1 << 18  # CDF entries counted at a time in a full guide table: bounded
 _CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
 _FEW = 8  # draws a side up to which each drawn row is searched alone (_draw_few): the sampler 1.6× faster on a
 # near-empty graph (3 edges, n = 8192, K = 128; results/notes/fastrg_parts.md)
+GPU_CHUNKS = 64  # the bounded sizes above (and SBM-Transformer's) × this off the CPU, where each op is a kernel launch
+# and each size read a host sync: at the CPU's sizes, SBM at n = 2048 (4 heads, batch 4) makes 45,000 ops and 3,100
+# syncs a forward and backward, at 64× 1,800 and 100 (counted as tests/test_devices.py does), for temporaries of up
+# to 0.75 GiB (_EDGES)
+
+
+def chunk_size(size: int, device: torch.device) -> int:
+    """A bounded size (edges, draws or entries a chunk) on `device`: as set on the CPU, GPU_CHUNKS× elsewhere."""
+    return size if device.type == "cpu" else size * GPU_CHUNKS
 
 
 @contextlib.contextmanager
@@ -187,8 +196,9 @@ def sample_block_csr(X: Factor, S: torch.Tensor, Y: Factor, *,
         raise ValueError(f"R·m = {R * m} columns or {len(key)} edges do not fit int32 indices; split the batch")
     bn, bm = _bits(n), _bits(m)
     row_ptr = _row_ptr(key, R, n, bm)
-    for a in range(0, len(key), _EDGES):                             # in place, a chunk at a time: key → r·m + j
-        part = key[a:a + _EDGES]
+    step = chunk_size(_EDGES, key.device)
+    for a in range(0, len(key), step):                               # in place, a chunk at a time: key → r·m + j
+        part = key[a:a + step]
         part.copy_((part >> (bn + bm)).mul_(m).add_(part & ((1 << bm) - 1)))
     return row_ptr, key.int()
 
@@ -223,10 +233,10 @@ def _counts(X, S, Y, generator, key_needed: bool):
 def _chunks(per_graph: torch.Tensor):
     """Consecutive graph ranges [r0, r1) of about _EDGES edges (at least one graph each, none without edges),
     with their edge ranges [e0, e1) in graph order: yields (r0, r1, e0, e1)."""
-    ends = per_graph.cumsum(0)                                       # (R,)
+    ends, size = per_graph.cumsum(0), chunk_size(_EDGES, per_graph.device)  # (R,)
     R, r0, e0 = len(per_graph), 0, 0
     while r0 < R:
-        r1 = max(r0 + 1, int(torch.searchsorted(ends, e0 + _EDGES, right=True)))
+        r1 = max(r0 + 1, int(torch.searchsorted(ends, e0 + size, right=True)))
         e1 = int(ends[r1 - 1])
         if e1 > e0:
             yield r0, r1, e0, e1
@@ -285,8 +295,9 @@ def _draw_rows(W: "_Factor", o0: int, o1: int, per_row: torch.Tensor, uniforms, 
     guide = _guide_table(cdf, n, G)                                  # (rows·(G + 1),)
     start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
     row_ends = np.cumsum((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())
-    for a in range(0, E, _CHUNK):
-        z = min(a + _CHUNK, E)
+    step = chunk_size(_CHUNK, cdf.device)
+    for a in range(0, E, step):
+        z = min(a + step, E)
         U = uniforms(z - a)                                          # (chunk,)
         slot = (U * G).to(guide.dtype).add_(_spread(start, row_ends, a, z))  # bucket ⌊U·G⌋ (exact: G = 2^k)
         found = _search(cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L,
@@ -334,7 +345,7 @@ def _blocks(per_row: torch.Tensor, K: int, L: int):
     a block is cut to its runs of such rows, runs apart by fewer than _GAP entries of rows without draws kept
     together (a block costs about as much as building _GAP entries), so that a call with few edges builds few
     rows."""
-    size, total = max(_COPY_ROWS, _BLOCK // L), len(per_row)
+    size, total = max(_COPY_ROWS, chunk_size(_BLOCK, per_row.device) // L), len(per_row)
     step = size // K * K if size >= K else -(-K // -(-K // size))    # whole graphs, or K in near-equal parts
     used = np.flatnonzero((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())  # rows with draws
     if len(used) == total and size >= K:                             # every row: the blocks as they are
@@ -385,7 +396,7 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
         # has zero weight, and may start a long run of them). Beside torch.searchsorted of the L levels: the
         # sampler 1.6× faster at n = 4096, density 10%, 2.8× at n = 8192, 1% (results/notes/fastrg_parts.md).
         guide = torch.empty(rows, L + 1, dtype=dtype, device=cdf.device)
-        step = max(1, _GUIDE // L)
+        step = max(1, chunk_size(_GUIDE, cdf.device) // L)
         for a in range(0, rows, step):
             z = min(a + step, rows)
             bucket = _scaled_floor(table[a:z, :n], L)                # (rows, N) ⌊CDF·L⌋ ∈ [0, L]
@@ -488,7 +499,8 @@ def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
     bn = _bits(n)
     row_ptr = torch.full((R * n + 1,), len(key), dtype=torch.int32, device=key.device)
     if len(key) <= 32 * R * n:
-        rows, step = torch.zeros(R << bn, dtype=torch.int64, device=key.device), max(_EDGES, R << bn)
+        rows = torch.zeros(R << bn, dtype=torch.int64, device=key.device)
+        step = max(chunk_size(_EDGES, key.device), R << bn)
         for a in range(0, len(key), step):                           # a chunk of keys at a time: no (E,) temporary
             rows += torch.bincount(key[a:a + step] >> bm, minlength=R << bn)
         rows = rows.view(R, 1 << bn)[:, :n]                          # (R, n) edges a row
@@ -523,8 +535,9 @@ def sort_integers(key: torch.Tensor) -> torch.Tensor:
 
 def _uniforms(generator: torch.Generator | None, device: torch.device):
     """A function size → (size,) float64 uniforms in [0, 1) on the 2⁻⁵³ grid, one stream from `generator` (the
-    global one when None), the same however it is cut: on CPU numpy's PCG64 seeded by one draw of the generator
-    (1.9× torch.rand; the draws behind results/ were made with it), elsewhere torch.rand."""
+    global one when None): on CPU numpy's PCG64 seeded by one draw of the generator, the same however it is cut
+    (1.9× torch.rand; the draws behind results/ were made with it), elsewhere torch.rand, whose draws depend on the
+    cut (a graph there on chunk_size's sizes, its law not)."""
     if device.type == "cpu":
         stream = np.random.default_rng(int(torch.randint(0, 2**63 - 1, (), generator=generator)))
         return lambda size: torch.from_numpy(stream.random(size))

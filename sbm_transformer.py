@@ -264,6 +264,7 @@ class StraightThrough(torch.autograd.Function):
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
+# (both on the CPU; fastrg.GPU_CHUNKS× on a GPU, where an op costs a kernel launch and a size read a host sync)
 
 
 def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:
@@ -317,20 +318,21 @@ class Edges:
         (row_t written over), one allocation of 8 bytes an edge; the build adds 4 (queries in CSR order)."""
         if self._key_major is None:
             bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
-            for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, BLOCK):
+            chunk, block = fastrg.chunk_size(CHUNK, self.col.device), fastrg.chunk_size(BLOCK, self.col.device)
+            for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, block):
                 a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
                 key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
                 key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
-                for c in range(0, b - a, CHUNK):  # + CSR position, a chunk at a time (no E-sized arange)
-                    key[c:c + CHUNK] += torch.arange(a + c, min(a + c + CHUNK, b), device=key.device)
+                for c in range(0, b - a, chunk):  # + CSR position, a chunk at a time (no E-sized arange)
+                    key[c:c + chunk] += torch.arange(a + c, min(a + c + chunk, b), device=key.device)
                 key = fastrg.sort_integers(key)  # by (key, query)
                 perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
                 perm.bitwise_and_((1 << bits) - 1)
                 row = torch.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
                                                            device=key.device),
                                               self.row_len[g0 * self.N:g1 * self.N], output_size=b - a)  # CSR order
-                for c in range(0, b - a, CHUNK):
-                    row_t[c:c + CHUNK] = row.index_select(0, perm[c:c + CHUNK] - a)
+                for c in range(0, b - a, chunk):
+                    row_t[c:c + chunk] = row.index_select(0, perm[c:c + chunk] - a)
                 del key, row  # before the next block's
                 blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
             self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
@@ -364,8 +366,9 @@ class Edges:
         index), part the range as one graph over all R·M keys (R·N queries), whose csr() is those rows of csr()
         (of the transposed graph). Every query (key) is in one range; a product of a part gives its rows of the
         whole product, bit for bit."""
+        chunk = fastrg.chunk_size(CHUNK, self.col.device)
         if not key_major:
-            for start, end in _ranges(self.row_ptr, 0, self.R * self.N, CHUNK):
+            for start, end in _ranges(self.row_ptr, 0, self.R * self.N, chunk):
                 e0, e1 = int(self.row_ptr[start]), int(self.row_ptr[end])
                 offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op
                 yield start, slice(e0, e1), Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
@@ -374,7 +377,7 @@ class Edges:
         col_ptr, blocks = self.key_major()
         for k0, k1, row_t, perm in blocks:
             base = int(col_ptr[k0])
-            for start, end in _ranges(col_ptr, k0, k1, CHUNK):
+            for start, end in _ranges(col_ptr, k0, k1, chunk):
                 e0, e1 = int(col_ptr[start]) - base, int(col_ptr[end]) - base
                 offsets = col_ptr[start:end + 1] - (e0 + base)
                 yield start, perm[e0:e1], Edges(1, end - start, self.R * self.N, offsets, offsets.diff(),

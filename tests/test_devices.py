@@ -167,3 +167,41 @@ def test_the_recorder_sees_a_missing_device_and_a_host_sync():
     assert x.device == DEVICE
     assert list(record.factories.values()) == ["arange.default"]
     assert list(record.syncs.values()) == ["_local_scalar_dense.default"]
+
+
+class Counter(TorchDispatchMode):
+    """Ops (each a kernel launch on a GPU) and host syncs (.item() and the ops that size their output by the data)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        self.syncs += func.__name__.split(".")[0] in ("_local_scalar_dense", "nonzero", "unique_consecutive")
+        return func(*args, **(kwargs or {}))
+
+
+def test_sbm_at_the_gpus_chunk_sizes_makes_ops_and_syncs_independent_of_its_edges(monkeypatch):
+    """On a GPU every op is a launch: at the CPU's chunk sizes SBM's fast path makes ops and host syncs in
+    proportion to its edges, at fastrg.chunk_size's GPU sizes (simulated here on the CPU) a number independent of
+    them, with the same output and gradients, bit for bit."""
+    import fastrg
+    import sbm_transformer as sbm
+
+    def step(n: int):
+        torch.manual_seed(0)
+        attn, x = sbm.SBMAttention(64, 4, 16, path="fast"), torch.randn(2, n, 64, requires_grad=True)
+        with Counter() as counted:
+            y, stats = attn(x, generator=torch.Generator().manual_seed(1))
+            y.sum().backward()
+        return counted, y, x.grad, float(stats["density"].mean()) * 2 * 4 * n * n
+
+    cpu, y, grad, edges = step(1024)
+    monkeypatch.setattr(fastrg, "chunk_size", lambda size, device: size * fastrg.GPU_CHUNKS)
+    gpu, y_gpu, grad_gpu, _ = step(1024)
+    fewer, *_, fewer_edges = step(512)
+    assert edges > 2 * fastrg._EDGES and fewer_edges > 2 * sbm.CHUNK  # several chunks at the CPU's sizes
+    assert torch.equal(y, y_gpu) and torch.equal(grad, grad_gpu)
+    assert cpu.ops > 4 * gpu.ops and cpu.syncs > 4 * gpu.syncs  # 6,393 and 421 against 1,062 and 62
+    assert gpu.ops <= 1.2 * fewer.ops and gpu.syncs <= 1.2 * fewer.syncs  # 4× the edges, about the same count
