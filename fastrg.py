@@ -107,9 +107,9 @@ _CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~
 _FEW = 8  # draws a side up to which each drawn row is searched alone (_draw_few): the sampler 1.6× faster on a
 # near-empty graph (3 edges, n = 8192, K = 128; results/notes/fastrg_parts.md)
 GPU_CHUNKS = 64  # the bounded sizes above (and SBM-Transformer's) × this off the CPU, where each op is a kernel launch
-# and each size read a host sync: at the CPU's sizes, SBM at n = 2048 (4 heads, batch 4) makes 45,000 ops and 3,100
-# syncs a forward and backward, at 64× 1,800 and 100 (counted as tests/test_devices.py does), for temporaries of up
-# to 0.75 GiB (_EDGES)
+# and each size read a host sync. SBM (4 heads, batch 4), a forward and backward at 2,048 and 4,096 tokens: 45,000 and
+# 164,000 ops (3,100 and 11,000 syncs) at the CPU's sizes, 1,800 and 3,700 (100 and 230) at 64×, for 1.9× and 1.4×
+# the peak memory (counted as tests/test_devices.py does, and measured, on the CPU)
 
 
 def chunk_size(size: int, device: torch.device) -> int:
