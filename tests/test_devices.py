@@ -197,8 +197,10 @@ def test_sbm_at_the_gpus_chunk_sizes_makes_ops_and_syncs_independent_of_its_edge
             y.sum().backward()
         return counted, y, x.grad, float(stats["density"].mean()) * 2 * 4 * n * n
 
+    cuda, cpu_sizes = torch.device("cuda"), fastrg.chunk_size
+    assert cpu_sizes(8, torch.device("cpu")) == 8 and cpu_sizes(8, cuda) == 8 * fastrg.GPU_CHUNKS == 512
     cpu, y, grad, edges = step(1024)
-    monkeypatch.setattr(fastrg, "chunk_size", lambda size, device: size * fastrg.GPU_CHUNKS)
+    monkeypatch.setattr(fastrg, "chunk_size", lambda size, device: cpu_sizes(size, cuda))
     gpu, y_gpu, grad_gpu, _ = step(1024)
     fewer, *_, fewer_edges = step(512)
     assert edges > 2 * fastrg._EDGES and fewer_edges > 2 * sbm.CHUNK  # several chunks at the CPU's sizes
