@@ -29,8 +29,8 @@ from experiments import frontier, grid, scaling
 STAGES = ("correctness", "entry", "scaling", "frontier")
 SCALING_METHODS = ("full", "full-ref", "sbm", "sbm@0.01", "ssa", "kernel", "window", "bigbird", "reformer",
                    "performer", "linformer", "nystromformer", "linear")
-# method → its own training command; SBM last, on 10 steps (its sampler takes seconds a step at this size), on its
-# fast path (the one whose cost is linear in its edges) and its reference path
+# method → its own training command; SBM last, on 10 steps (chunked for a CPU, its sampler took seconds a step at this
+# size), on its fast path (the one whose cost is linear in its edges) and its reference path
 ENTRY = {**{m: ["-m", "bench.train", "--method", m] for m in ("full", "window", "bigbird", "reformer", "performer",
                                                               "linformer", "nystromformer", "linear")},
          "ssa": ["ssa.py"], "kernel": ["kernel_sparse.py"],
