@@ -195,15 +195,16 @@ def test_sbm_at_the_gpus_chunk_sizes_makes_ops_and_syncs_independent_of_its_edge
         with Counter() as counted:
             y, stats = attn(x, generator=torch.Generator().manual_seed(1))
             y.sum().backward()
-        return counted, y, x.grad, float(stats["density"].mean()) * 2 * 4 * n * n
+        grads = [x.grad] + [p.grad for p in attn.parameters()]
+        return counted, [y, *grads], float(stats["density"].mean()) * 2 * 4 * n * n
 
-    cuda, cpu_sizes = torch.device("cuda"), fastrg.chunk_size
-    assert cpu_sizes(8, torch.device("cpu")) == 8 and cpu_sizes(8, cuda) == 8 * fastrg.GPU_CHUNKS == 512
-    cpu, y, grad, edges = step(1024)
-    monkeypatch.setattr(fastrg, "chunk_size", lambda size, device: cpu_sizes(size, cuda))
-    gpu, y_gpu, grad_gpu, _ = step(1024)
-    fewer, *_, fewer_edges = step(512)
+    cuda, chunk_size = torch.device("cuda"), fastrg.chunk_size
+    assert chunk_size(8, torch.device("cpu")) == 8 and chunk_size(8, cuda) == 8 * fastrg.GPU_CHUNKS == 512
+    cpu, results, edges = step(1024)
+    monkeypatch.setattr(fastrg, "chunk_size", lambda size, device: chunk_size(size, cuda))
+    gpu, results_gpu, _ = step(1024)
+    fewer, _, fewer_edges = step(512)
     assert edges > 2 * fastrg._EDGES and fewer_edges > 2 * sbm.CHUNK  # several chunks at the CPU's sizes
-    assert torch.equal(y, y_gpu) and torch.equal(grad, grad_gpu)
+    assert all(torch.equal(a, b) for a, b in zip(results, results_gpu, strict=True))
     assert cpu.ops > 4 * gpu.ops and cpu.syncs > 4 * gpu.syncs  # 6,393 and 421 against 1,062 and 62
     assert gpu.ops <= 1.2 * fewer.ops and gpu.syncs <= 1.2 * fewer.syncs  # 4× the edges, about the same count
