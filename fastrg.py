@@ -106,10 +106,10 @@ _GUIDE = 1 << 18  # CDF entries counted at a time in a full guide table: bounded
 _CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
 _FEW = 8  # draws a side up to which each drawn row is searched alone (_draw_few): the sampler 1.6× faster on a
 # near-empty graph (3 edges, n = 8192, K = 128; results/notes/fastrg_parts.md)
-GPU_CHUNKS = 64  # the bounded sizes above (and SBM-Transformer's) × this off the CPU, where each op is a kernel launch
-# and each size read a host sync. SBM (4 heads, batch 4), a forward and backward at 2,048 and 4,096 tokens: 45,000 and
-# 164,000 ops (3,100 and 11,000 syncs) at the CPU's sizes, 1,800 and 3,700 (100 and 230) at 64×, for 1.9× and 1.4×
-# the peak memory (counted as tests/test_devices.py does, and measured, on the CPU)
+GPU_CHUNKS = 64  # the bounded sizes above (and SBM-Transformer's) × this off the CPU, where an op costs a kernel launch
+# and a size read a host sync. SBM (4 heads, batch 4), a forward and backward at 2,048 and 4,096 tokens: 45,000 and
+# 164,000 ops, views included (3,100 and 11,000 syncs) at the CPU's sizes, 1,800 and 3,700 (100 and 230) at 64×, for
+# 1.9× and 1.4× the peak memory (counted as tests/test_devices.py does, and measured, on the CPU)
 
 
 def chunk_size(size: int, device: torch.device) -> int:

@@ -170,7 +170,8 @@ def test_the_recorder_sees_a_missing_device_and_a_host_sync():
 
 
 class Counter(TorchDispatchMode):
-    """Ops (each a kernel launch on a GPU) and host syncs (.item() and the ops that size their output by the data)."""
+    """Dispatched ops (on a GPU a kernel launch each, views aside) and host syncs (.item() and the ops that size their
+    output by the data)."""
 
     def __init__(self):
         super().__init__()
