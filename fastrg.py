@@ -90,7 +90,8 @@ def expected_edges(X: Factor, S: torch.Tensor, Y: Factor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------- fast path
 # The same law for all R graphs at once, in time linear in the edges:
 #   1. the counts N[r, u, v] ~ Poisson(B̄[r, u, v]) of every graph and cluster pair, in one call (_counts);
-#   2. graphs a chunk at a time, about _EDGES edges a chunk (_chunks), so that per-edge buffers stay bounded;
+#   2. graphs a chunk at a time, about _EDGES edges a chunk (_chunks; all sizes: chunk_size), so that per-edge
+#      buffers stay bounded;
 #   3. in a chunk, sources by inverse-CDF sampling of column u of X[r], the edges in (r, u, v) order, a block of
 #      CDF rows at a time (_blocks: a graph's K columns, or a few small graphs; rows that no edge draws from are
 #      not built), so that no (R, K, N) table is formed; destinations likewise from column v of Y[r], drawn in
@@ -231,8 +232,8 @@ def _counts(X, S, Y, generator, key_needed: bool):
 
 
 def _chunks(per_graph: torch.Tensor):
-    """Consecutive graph ranges [r0, r1) of about _EDGES edges (at least one graph each, none without edges),
-    with their edge ranges [e0, e1) in graph order: yields (r0, r1, e0, e1)."""
+    """Consecutive graph ranges [r0, r1) of about chunk_size(_EDGES) edges (at least one graph each, none without
+    edges), with their edge ranges [e0, e1) in graph order: yields (r0, r1, e0, e1)."""
     ends, size = per_graph.cumsum(0), chunk_size(_EDGES, per_graph.device)  # (R,)
     R, r0, e0 = len(per_graph), 0, 0
     while r0 < R:
@@ -340,11 +341,11 @@ def _spread(values: torch.Tensor, ends: np.ndarray, a: int, z: int) -> torch.Ten
 
 
 def _blocks(per_row: torch.Tensor, K: int, L: int):
-    """Row ranges [o0, o1) of a CDF table with rows o = r·K + u of L entries, about _BLOCK entries each: whole
-    graphs when a graph's K rows fit, else a graph's columns in near-equal parts. Only rows with draws are built:
-    a block is cut to its runs of such rows, runs apart by fewer than _GAP entries of rows without draws kept
-    together (a block costs about as much as building _GAP entries), so that a call with few edges builds few
-    rows."""
+    """Row ranges [o0, o1) of a CDF table with rows o = r·K + u of L entries, about chunk_size(_BLOCK) entries each:
+    whole graphs when a graph's K rows fit, else a graph's columns in near-equal parts. Only rows with draws are
+    built: a block is cut to its runs of such rows, runs apart by fewer than _GAP entries of rows without draws
+    kept together (a block costs about as much as building _GAP entries), so that a call with few edges builds
+    few rows."""
     size, total = max(_COPY_ROWS, chunk_size(_BLOCK, per_row.device) // L), len(per_row)
     step = size // K * K if size >= K else -(-K // -(-K // size))    # whole graphs, or K in near-equal parts
     used = np.flatnonzero((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())  # rows with draws

@@ -311,7 +311,7 @@ class Edges:
         return cls.build(row, row // N * M + j, R, N, M)
 
     def key_major(self) -> tuple:
-        """(col_ptr (R·M + 1,), blocks), built a block of whole graphs (about BLOCK edges) at a time. Block
+        """(col_ptr (R·M + 1,), blocks), built a block of whole graphs (about BLOCK edges, chunk_size) at a time. Block
         (first key, end key, row_t, perm): row_t (E_b,) each edge's query in key-major order, perm (E_b,) its
         CSR position, int32, from one sort of the integers key·2^b + CSR position (b = bits of E): queries
         stay in order within a key. perm and row_t are the low and high halves of the sorted int64 keys
@@ -361,10 +361,10 @@ class Edges:
         return torch.repeat_interleave(per_row, self.row_len, output_size=self.E)
 
     def chunks(self, key_major: bool = False):
-        """Consecutive ranges of whole queries (of whole keys with key_major=True) holding about CHUNK edges:
-        yields (first query (key), at, part): `at` the CSR positions of its edges (a slice; in key-major order, an
-        index), part the range as one graph over all R·M keys (R·N queries), whose csr() is those rows of csr()
-        (of the transposed graph). Every query (key) is in one range; a product of a part gives its rows of the
+        """Consecutive ranges of whole queries (of whole keys with key_major=True) holding about CHUNK edges
+        (chunk_size): yields (first query (key), at, part): `at` the CSR positions of its edges (a slice; in key-major
+        order, an index), part the range as one graph over all R·M keys (R·N queries), whose csr() is those rows of
+        csr() (of the transposed graph). Every query (key) is in one range; a product of a part gives its rows of the
         whole product, bit for bit."""
         chunk = fastrg.chunk_size(CHUNK, self.col.device)
         if not key_major:
