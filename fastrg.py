@@ -107,10 +107,11 @@ _GUIDE = 1 << 18  # CDF entries counted at a time in a full guide table: bounded
 _CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~40 bytes a draw)
 _FEW = 8  # draws a side up to which each drawn row is searched alone (_draw_few): the sampler 1.6× faster on a
 # near-empty graph (3 edges, n = 8192, K = 128; results/notes/fastrg_parts.md)
-GPU_CHUNKS = 64  # the bounded sizes above (and SBM-Transformer's) × this off the CPU, where an op costs a kernel launch
-# and a size read a host sync. SBM (4 heads, batch 4), a forward and backward at 2,048 and 4,096 tokens: 45,000 and
-# 164,000 ops, views included (3,100 and 11,000 syncs) at the CPU's sizes, 1,800 and 3,700 (100 and 230) at 64×, for
-# 1.9× and 1.4× the peak memory (counted as tests/test_devices.py does, and measured, on the CPU)
+GPU_CHUNKS = 64  # _EDGES, _BLOCK, _GAP, _GUIDE, _CHUNK (and SBM-Transformer's CHUNK, BLOCK) × this off the CPU, where
+# an op costs a kernel launch and a size read a host sync. SBM (4 heads, batch 4), a forward and backward at 2,048 and
+# 4,096 tokens: 45,000 and 164,000 ops, views included (3,100 and 11,000 syncs) at the CPU's sizes, 1,800 and 3,700
+# (100 and 230) at 64×, for 1.9× and 1.4× the peak memory; at 1% density 4,000 and 8,600 ops (220 and 550 syncs)
+# against 1,200 (64), for 1.2× and 1.3× (counted as tests/test_devices.py does, and measured, on the CPU)
 
 
 def chunk_size(size: int, device: torch.device) -> int:
@@ -343,10 +344,11 @@ def _spread(values: torch.Tensor, ends: np.ndarray, a: int, z: int) -> torch.Ten
 def _blocks(per_row: torch.Tensor, K: int, L: int):
     """Row ranges [o0, o1) of a CDF table with rows o = r·K + u of L entries, about chunk_size(_BLOCK) entries each:
     whole graphs when a graph's K rows fit, else a graph's columns in near-equal parts. Only rows with draws are
-    built: a block is cut to its runs of such rows, runs apart by fewer than _GAP entries of rows without draws
-    kept together (a block costs about as much as building _GAP entries), so that a call with few edges builds
-    few rows."""
+    built: a block is cut to its runs of such rows, runs apart by fewer than chunk_size(_GAP) entries of rows
+    without draws kept together (a block costs about as much as building that many entries), so that a call with
+    few edges builds few rows."""
     size, total = max(_COPY_ROWS, chunk_size(_BLOCK, per_row.device) // L), len(per_row)
+    gap = max(1, chunk_size(_GAP, per_row.device) // L)              # chunk_size(_GAP) in rows
     step = size // K * K if size >= K else -(-K // -(-K // size))    # whole graphs, or K in near-equal parts
     used = np.flatnonzero((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())  # rows with draws
     if len(used) == total and size >= K:                             # every row: the blocks as they are
@@ -355,7 +357,7 @@ def _blocks(per_row: torch.Tensor, K: int, L: int):
         yield from ((r + u, r + min(u + step, K)) for r in range(0, total, K) for u in range(0, K, step))
     elif len(used):
         block = used // step if size >= K else used // K * K + used % K // step
-        cut = np.flatnonzero((used[1:] - used[:-1] > max(1, _GAP // L)) | (block[1:] != block[:-1])) + 1
+        cut = np.flatnonzero((used[1:] - used[:-1] > gap) | (block[1:] != block[:-1])) + 1
         yield from zip(used[np.r_[0, cut]].tolist(), (used[np.r_[cut, len(used)] - 1] + 1).tolist())
 
 
