@@ -90,8 +90,7 @@ def expected_edges(X: Factor, S: torch.Tensor, Y: Factor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------- fast path
 # The same law for all R graphs at once, in time linear in the edges:
 #   1. the counts N[r, u, v] ~ Poisson(B̄[r, u, v]) of every graph and cluster pair, in one call (_counts);
-#   2. graphs a chunk at a time, about _EDGES edges a chunk (_chunks; all sizes: chunk_size), so that per-edge
-#      buffers stay bounded;
+#   2. graphs a chunk at a time, about _EDGES edges a chunk (_chunks), so that per-edge buffers stay bounded;
 #   3. in a chunk, sources by inverse-CDF sampling of column u of X[r], the edges in (r, u, v) order, a block of
 #      CDF rows at a time (_blocks: a graph's K columns, or a few small graphs; rows that no edge draws from are
 #      not built), so that no (R, K, N) table is formed; destinations likewise from column v of Y[r], drawn in
@@ -108,10 +107,8 @@ _CHUNK = 1 << 16  # draws looked up at a time in a block: bounded temporaries (~
 _FEW = 8  # draws a side up to which each drawn row is searched alone (_draw_few): the sampler 1.6× faster on a
 # near-empty graph (3 edges, n = 8192, K = 128; results/notes/fastrg_parts.md)
 GPU_CHUNKS = 64  # _EDGES, _BLOCK, _GAP, _GUIDE, _CHUNK (and SBM-Transformer's CHUNK, BLOCK) × this off the CPU, where
-# an op costs a kernel launch and a size read a host sync. SBM (4 heads, batch 4), a forward and backward at 2,048 and
-# 4,096 tokens: 45,000 and 164,000 ops, views included (3,100 and 11,000 syncs) at the CPU's sizes, 1,800 and 3,700
-# (100 and 230) at 64×, for 1.9× and 1.4× the peak memory; at 1% density 4,000 and 8,600 ops (220 and 550 syncs)
-# against 1,200 (64), for 1.2× and 1.3× (counted as tests/test_devices.py does, and measured, on the CPU)
+# an op costs a kernel launch and a size read a host sync: SBM's step at 2,048 tokens makes 25× fewer ops (3× at 1%
+# density) for 1.2-1.9× the peak memory, the same bits (tests/test_devices.py; figures: results/gpu/README.md)
 
 
 def chunk_size(size: int, device: torch.device) -> int:
