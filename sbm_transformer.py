@@ -17,8 +17,8 @@ one key (a token and its duplicate) the density is at least recall² (tests: the
 Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
 (default) forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges
 with fastRG (fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor:
-for long sequences at low density on a CPU (on an H200, with chunks then sized for a CPU, it stayed 14-37× fused
-SDPA's time even at 1% density up to 8,192 tokens: results/gpu). Departures from the paper are named where they act.
+for long sequences at low density on a CPU (on an H200 it takes 15-19× fused SDPA's time at ~26% density, and passes
+it only at 1% density from 16,384 tokens: results/gpu). Departures from the paper are named where they act.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ

@@ -180,8 +180,8 @@ def markdown(record: dict) -> str:
                  "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
                  "density": f"{r['density']:.4f}" if r.get("density") is not None else ""}
                 for r in stages["entry"]["rows"]]
-        parts.append("Each method's own entry point on ListOps (one short timing run each):\n\n" +
-                     table(rows, ["method", "command", "step ms", "peak MiB", "density", "test", "seconds", "status"]))
+        parts.append("Each method's own entry point (one short timing run each):\n\n" + table(rows, [
+            "method", "command", "task", "step ms", "peak MiB", "density", "test", "metric", "seconds", "status"]))
     if stages.get("scaling", {}).get("rows"):
         rows = stages["scaling"]["rows"]
         parts.append("Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n" +
