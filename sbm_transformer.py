@@ -39,6 +39,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -319,8 +320,7 @@ class Edges:
         if self._key_major is None:
             bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
             chunk, block = fastrg.chunk_size(CHUNK, self.col.device), fastrg.chunk_size(BLOCK, self.col.device)
-            for g0, g1 in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, block):
-                a, b = int(self.row_ptr[g0 * self.N]), int(self.row_ptr[g1 * self.N])
+            for g0, g1, a, b in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, block):
                 key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
                 key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
                 for c in range(0, b - a, chunk):  # + CSR position, a chunk at a time (no E-sized arange)
@@ -368,30 +368,32 @@ class Edges:
         whole product, bit for bit."""
         chunk = fastrg.chunk_size(CHUNK, self.col.device)
         if not key_major:
-            for start, end in _ranges(self.row_ptr, 0, self.R * self.N, chunk):
-                e0, e1 = int(self.row_ptr[start]), int(self.row_ptr[end])
+            for start, end, e0, e1 in _ranges(self.row_ptr, 0, self.R * self.N, chunk):
                 offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op
                 yield start, slice(e0, e1), Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
                                                   self.col[e0:e1])
             return
         col_ptr, blocks = self.key_major()
         for k0, k1, row_t, perm in blocks:
-            base = int(col_ptr[k0])
-            for start, end in _ranges(col_ptr, k0, k1, chunk):
-                e0, e1 = int(col_ptr[start]) - base, int(col_ptr[end]) - base
-                offsets = col_ptr[start:end + 1] - (e0 + base)
-                yield start, perm[e0:e1], Edges(1, end - start, self.R * self.N, offsets, offsets.diff(),
-                                                row_t[e0:e1].contiguous())
+            ranges = _ranges(col_ptr, k0, k1, chunk)
+            base = ranges[0][2]  # the block's first edge
+            for start, end, c0, c1 in ranges:
+                offsets, at = col_ptr[start:end + 1] - c0, slice(c0 - base, c1 - base)
+                yield start, perm[at], Edges(1, end - start, self.R * self.N, offsets, offsets.diff(),
+                                             row_t[at].contiguous())
 
 
-def _ranges(ptr: Tensor, start: int, stop: int, size: int):
+def _ranges(ptr: Tensor, start: int, stop: int, size: int) -> list:
     """Consecutive ranges [a, b) covering start..stop − 1, each whole entries of the offsets `ptr` holding about
-    `size` items (at least one entry)."""
-    while start < stop:
-        target = min(int(ptr[start]) + size, int(ptr[stop]))
-        end = min(stop, max(start + 1, int(torch.searchsorted(ptr, target, right=True)) - 1))
-        yield start, end
-        start = end
+    `size` items (at least one entry), with their offsets: (a, b, ptr[a], ptr[b]). Cut on the host, from one copy
+    of ptr[start..stop] (off the CPU one sync for all ranges, not three a range)."""
+    host, ranges, a, last = ptr[start:stop + 1].cpu().numpy(), [], 0, stop - start
+    while a < last:
+        target = min(int(host[a]) + size, int(host[last]))
+        b = min(last, max(a + 1, int(np.searchsorted(host, target, side="right")) - 1))
+        ranges.append((start + a, start + b, int(host[a]), int(host[b])))
+        a = b
+    return ranges
 
 
 def _sddmm(edges: Edges, a: Tensor, b: Tensor, scale: float = 1.0) -> Tensor:
