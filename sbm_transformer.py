@@ -293,6 +293,7 @@ class Edges:
     row_len: Tensor  # (R·N,) int32 edges per query
     col: Tensor  # (E,) int32 global key r·M + j
     _key_major: Optional[tuple] = field(default=None, repr=False)
+    _query_chunks: Optional[list] = field(default=None, repr=False)  # _ranges of the queries, cut once a graph
 
     @classmethod
     def from_csr(cls, row_ptr: Tensor, col: Tensor, R: int, N: int, M: int) -> "Edges":
@@ -313,13 +314,14 @@ class Edges:
 
     def key_major(self) -> tuple:
         """(col_ptr (R·M + 1,), blocks), built a block of whole graphs (about BLOCK edges, chunk_size) at a time. Block
-        (first key, end key, row_t, perm): row_t (E_b,) each edge's query in key-major order, perm (E_b,) its
+        (row_t, perm, its keys' _ranges): row_t (E_b,) each edge's query in key-major order, perm (E_b,) its
         CSR position, int32, from one sort of the integers key·2^b + CSR position (b = bits of E): queries
         stay in order within a key. perm and row_t are the low and high halves of the sorted int64 keys
         (row_t written over), one allocation of 8 bytes an edge; the build adds 4 (queries in CSR order)."""
         if self._key_major is None:
             bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
             chunk, block = fastrg.chunk_size(CHUNK, self.col.device), fastrg.chunk_size(BLOCK, self.col.device)
+            col_ptr = _offsets(torch.bincount(self.col, minlength=self.R * self.M))
             for g0, g1, a, b in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, block):
                 key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
                 key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
@@ -334,8 +336,8 @@ class Edges:
                 for c in range(0, b - a, chunk):
                     row_t[c:c + chunk] = row.index_select(0, perm[c:c + chunk] - a)
                 del key, row  # before the next block's
-                blocks.append((g0 * self.M, g1 * self.M, row_t, perm))
-            self._key_major = (_offsets(torch.bincount(self.col, minlength=self.R * self.M)), blocks)
+                blocks.append((row_t, perm, _ranges(col_ptr, g0 * self.M, g1 * self.M, chunk)))
+            self._key_major = (col_ptr, blocks)
         return self._key_major
 
     def to_mask(self) -> Tensor:
@@ -368,14 +370,15 @@ class Edges:
         whole product, bit for bit."""
         chunk = fastrg.chunk_size(CHUNK, self.col.device)
         if not key_major:
-            for start, end, e0, e1 in _ranges(self.row_ptr, 0, self.R * self.N, chunk):
+            if self._query_chunks is None:
+                self._query_chunks = _ranges(self.row_ptr, 0, self.R * self.N, chunk)
+            for start, end, e0, e1 in self._query_chunks:
                 offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op
                 yield start, slice(e0, e1), Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
                                                   self.col[e0:e1])
             return
         col_ptr, blocks = self.key_major()
-        for k0, k1, row_t, perm in blocks:
-            ranges = _ranges(col_ptr, k0, k1, chunk)
+        for row_t, perm, ranges in blocks:
             base = ranges[0][2]  # the block's first edge
             for start, end, c0, c1 in ranges:
                 offsets, at = col_ptr[start:end + 1] - c0, slice(c0 - base, c1 - base)

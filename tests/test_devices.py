@@ -49,8 +49,8 @@ HOST_SYNCS = {
                  "fastrg.py:_check_values": "the sampler's argument checks: a clear error for NaN or out-of-range "
                                             "values rather than a wrong graph",
                  "fastrg.py:_uniforms": "the CPU branch only: the seed of numpy's stream",
-                 "sbm_transformer.py:_ranges": "a data-dependent size: the graph's offsets, copied to the host once a "
-                                               "chunked pass, cut its chunks",
+                 "sbm_transformer.py:_ranges": "a data-dependent size: the graph's offsets, copied to the host "
+                                               "once a graph (and a key-major block), cut its chunks",
                  "sbm_transformer.py:sample_edges": "a shortcut: without padding, no pass over the edge weights"},
 }
 FACTORY_NAMES = {"arange", "randperm", "rand", "randint", "randn", "empty", "zeros", "ones", "full", "scalar_tensor",
@@ -213,7 +213,7 @@ def test_sbm_at_the_gpus_chunk_sizes_makes_ops_and_syncs_independent_of_its_edge
     if density is None:
         assert edges > 2 * fastrg._EDGES and fewer_edges > 2 * sbm.CHUNK  # several chunks at the CPU's sizes
     assert all(torch.equal(a, b) for a, b in zip(results, results_gpu, strict=True))
-    # initial: 5,823 ops and 127 syncs against 1,002 and 25; 1%: 2,067 and 69 against 1,025 and 27 (and on a GPU one
-    # copy of offsets to the host a chunked pass, sbm_transformer._ranges, which the CPU does not show)
+    # initial: 5,815 ops and 127 syncs against 996 and 25; 1%: 2,061 and 69 against 1,019 and 27 (and on a GPU one
+    # copy of offsets to the host a cut into chunks, sbm_transformer._ranges, which the CPU does not show)
     assert cpu.ops > fewer * gpu.ops and cpu.syncs > fewer * gpu.syncs
     assert gpu.ops <= 1.2 * less.ops and gpu.syncs <= 1.2 * less.syncs  # 4× the edges, about the same count
