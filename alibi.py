@@ -11,6 +11,7 @@ leaves Press et al.'s decoder bias −m_h·(i − j).
 
 Shapes: H heads; query and key positions are integer tensors that broadcast to one shape S.
 """
+
 import torch
 from torch import Tensor
 

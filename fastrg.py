@@ -22,6 +22,7 @@ O(K² + E) memory beside one block of CDF rows (at most a graph's n × K), graph
 Shape legend: R graphs (flattened leading dims), N = n rows of X (queries), M = m rows of Y (keys), K clusters,
 E edges.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,31 +33,39 @@ import time
 import numpy as np
 import torch
 
-__all__ = ["sample_reference", "sample", "sample_block_csr", "expected_edges", "edge_probability", "one_thread",
-           "sort_integers"]
+__all__ = [
+    "sample_reference",
+    "sample",
+    "sample_block_csr",
+    "expected_edges",
+    "edge_probability",
+    "one_thread",
+    "sort_integers",
+]
 
 Factor = torch.Tensor | tuple[torch.Tensor, ...]  # X or Y: a tensor, or its parts along K (never concatenated)
 _WORK = torch.float64  # rates, CDFs: float32 running sums drift (n = 16384: 2% of an even entry's mass, +33% on a tail)
 
 
 # ------------------------------------------------------------------------------ reference: Algorithm 1
-def sample_reference(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None,
-                     dedup: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_reference(
+    X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None, dedup: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rohe et al.'s Algorithm 1 in plain torch (the SBM paper's (Y, B, Z) are X, S, Y here), for one graph or a
     batch: edges (r, i, j) from the law of `sample` (not the same draws), sorted by (r, i, j) when dedup=True.
     O(E·(n + m)) memory: for tests and small graphs."""
     lead, R, n, m, K = _validate(X, S, Y, key_needed=False)
-    X, S, Y = (_joined(t, lead).to(_WORK) for t in (X, S, Y))       # (R, N, K), (R, K, K), (R, M, K)
-    cx, cy = X.sum(1), Y.sum(1)                                      # (R, K) column sums 1ᵀX, 1ᵀY
+    X, S, Y = (_joined(t, lead).to(_WORK) for t in (X, S, Y))  # (R, N, K), (R, K, K), (R, M, K)
+    cx, cy = X.sum(1), Y.sum(1)  # (R, K) column sums 1ᵀX, 1ᵀY
     # Line 1 writes D_Y = diag(1ᵀY)⁻¹, a typo: with it lines 2-3 would neither normalise X nor rescale S.
-    X_bar = X / cx[:, None, :]                                       # (R, N, K) line 2: columns sum to 1
-    Y_bar = Y / cy[:, None, :]                                       # (R, M, K) (an empty column: NaN, never drawn)
-    B_bar = cx[:, :, None] * S * cy[:, None, :]                      # (R, K, K) line 3: B̄ = diag(1ᵀX) S diag(1ᵀY)
+    X_bar = X / cx[:, None, :]  # (R, N, K) line 2: columns sum to 1
+    Y_bar = Y / cy[:, None, :]  # (R, M, K) (an empty column: NaN, never drawn)
+    B_bar = cx[:, :, None] * S * cy[:, None, :]  # (R, K, K) line 3: B̄ = diag(1ᵀX) S diag(1ᵀY)
     # Lines 4 and 7 draw one Poisson(Σ B̄) total, then a pair (u, v) ∝ B̄_uv per edge: by Poisson splitting that is
     # the same law as one independent Poisson(B̄_uv) count per cluster pair, drawn here.
-    counts = torch.poisson(B_bar, generator=generator).long()        # (R, K, K) edges of each (r, u, v)
+    counts = torch.poisson(B_bar, generator=generator).long()  # (R, K, K) edges of each (r, u, v)
     groups = torch.arange(R * K * K, device=counts.device).repeat_interleave(counts.view(-1))  # (E,) flat (r, u, v)
-    r, u, v = torch.unravel_index(groups, (R, K, K))                 # (E,) each edge's graph and cluster pair
+    r, u, v = torch.unravel_index(groups, (R, K, K))  # (E,) each edge's graph and cluster pair
     # Lines 8-9: each edge draws its source from column u of X̄ and its destination from column v of Ȳ, with its
     # own (u, v). (The official code draws sources grouped by u and destinations grouped by v, then zips the two
     # lists position-wise: that breaks the (u, v) pairing.)
@@ -64,8 +73,8 @@ def sample_reference(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.
     if len(r):
         i = torch.multinomial(X_bar[r, :, u], 1, generator=generator).view(-1)  # (E, N) rows → (E,)
         j = torch.multinomial(Y_bar[r, :, v], 1, generator=generator).view(-1)  # (E, M) rows → (E,)
-    key = (r * n + i) * m + j                                        # (E,) edge (r, i, j) as one integer
-    if dedup:                                                        # line 10 sets M_IJ = 1: copies merged
+    key = (r * n + i) * m + j  # (E,) edge (r, i, j) as one integer
+    if dedup:  # line 10 sets M_IJ = 1: copies merged
         key = torch.unique(key)
     return key // (n * m), key // m % n, key % m
 
@@ -75,7 +84,7 @@ def edge_probability(X: Factor, S: torch.Tensor, Y: Factor, dedup: bool = True) 
     X S Yᵀ. O(R·n·m) memory: for tests and small cases."""
     lead, R, n, m, K = _validate(X, S, Y, key_needed=False)
     X, S, Y = (_joined(t, lead).to(_WORK) for t in (X, S, Y))
-    lam = X @ S @ Y.transpose(1, 2)                                  # (R, N, M)
+    lam = X @ S @ Y.transpose(1, 2)  # (R, N, M)
     return -torch.expm1(-lam) if dedup else lam
 
 
@@ -135,8 +144,15 @@ def one_thread():
 
 
 @one_thread()
-def sample(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None,
-           dedup: bool = True, csr: bool = False) -> tuple[torch.Tensor, ...]:
+def sample(
+    X: Factor,
+    S: torch.Tensor,
+    Y: Factor,
+    *,
+    generator: torch.Generator | None = None,
+    dedup: bool = True,
+    csr: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Draw one graph per (broadcast) leading index: edges (r, i, j), or (r, i, j, row_ptr) with csr=True.
 
     X (..., n, K), S (..., K, K), Y (..., m, K), all non-negative and finite; leading dims broadcast and are
@@ -152,7 +168,7 @@ def sample(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator 
     """
     if not (dedup or csr):
         R, n, m, X, Y, counts = _counts(X, S, Y, generator, key_needed=False)
-        device = S.device                                            # validated: X, S, Y on one device
+        device = S.device  # validated: X, S, Y on one device
         if counts is None:
             return _empty(R, n, device, csr)
         per_graph = counts.view(R, -1).sum(1)
@@ -177,8 +193,9 @@ def sample(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator 
 
 
 @one_thread()
-def sample_block_csr(X: Factor, S: torch.Tensor, Y: Factor, *,
-                     generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_block_csr(
+    X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The simple graphs of `sample(X, S, Y, dedup=True)` as one block-diagonal (R·n) × (R·m) matrix in CSR
     form: (row_ptr (R·n + 1,), col (E,)), both int32 (the index type of the sparse BLAS kernels). The edges of
     row q = r·n + i are col[row_ptr[q]:row_ptr[q + 1]], sorted, with col = r·m + j; P(edge) = 1 − exp(−λ).
@@ -189,15 +206,17 @@ def sample_block_csr(X: Factor, S: torch.Tensor, Y: Factor, *,
     """
     R, n, m, key = _sorted_key(X, S, Y, generator, dedup=True)
     if key is None:
-        return (torch.zeros(R * n + 1, dtype=torch.int32, device=S.device),
-                torch.zeros(0, dtype=torch.int32, device=S.device))
+        return (
+            torch.zeros(R * n + 1, dtype=torch.int32, device=S.device),
+            torch.zeros(0, dtype=torch.int32, device=S.device),
+        )
     if R * m > 2**31 or len(key) > 2**31:
         raise ValueError(f"R·m = {R * m} columns or {len(key)} edges do not fit int32 indices; split the batch")
     bn, bm = _bits(n), _bits(m)
     row_ptr = _row_ptr(key, R, n, bm)
     step = chunk_size(_EDGES, key.device)
-    for a in range(0, len(key), step):                               # in place, a chunk at a time: key → r·m + j
-        part = key[a:a + step]
+    for a in range(0, len(key), step):  # in place, a chunk at a time: key → r·m + j
+        part = key[a : a + step]
         part.copy_((part >> (bn + bm)).mul_(m).add_(part & ((1 << bm) - 1)))
     return row_ptr, key.int()
 
@@ -211,16 +230,17 @@ def _counts(X, S, Y, generator, key_needed: bool):
     if R * n * m * K == 0:
         return R, n, m, None, None, None
     X, Y = _Factor.flat(X, lead), _Factor.flat(Y, lead)
-    cx, cy = X.column_sums(), Y.column_sums()                        # (R, K) 1ᵀX, 1ᵀY
+    cx, cy = X.column_sums(), Y.column_sums()  # (R, K) 1ᵀX, 1ᵀY
     for name, t, sums in (("X", X, cx), ("Y", Y, cy)):
-        if not bool(torch.isfinite(sums).all()):                    # +inf (a NaN or −inf raised already)
+        if not bool(torch.isfinite(sums).all()):  # +inf (a NaN or −inf raised already)
             for part in t.parts:
                 _check_values(name, part)
     rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
     total = float(rates.sum())
     if not total < _MAX_EXPECTED_EDGES:
-        raise ValueError(f"expected number of edges {total:.3g} is not finite or too large (limit 2^53); "
-                         f"scale down X, S or Y")
+        raise ValueError(
+            f"expected number of edges {total:.3g} is not finite or too large (limit 2^53); scale down X, S or Y"
+        )
     # Algorithm 1's one Poisson total and a categorical (u, v) per edge (lines 4, 7), as one count per (u, v):
     # equal in law (Poisson splitting), and no loop or `torch.multinomial` category limit.
     counts = torch.poisson(rates, generator=generator).to(torch.int64)  # (R, K, K) N[r, u, v]
@@ -271,7 +291,7 @@ def _draw(W: "_Factor", per_row: torch.Tensor, uniforms, moves: tuple | None = N
     n, K = W.shape[1:]
     b = _bits(n)
     L = 1 << b
-    ends = per_row.cumsum(0)                                         # (R·K,) each row's last draw + 1
+    ends = per_row.cumsum(0)  # (R·K,) each row's last draw + 1
     drawn = torch.empty(int(ends[-1]), dtype=torch.int32, device=W.device)
     if len(drawn) <= _FEW:
         _draw_few(W, per_row, uniforms, drawn, moves)
@@ -281,8 +301,9 @@ def _draw(W: "_Factor", per_row: torch.Tensor, uniforms, moves: tuple | None = N
     return drawn
 
 
-def _draw_rows(W: "_Factor", o0: int, o1: int, per_row: torch.Tensor, uniforms, drawn: torch.Tensor, e0: int,
-               moves: tuple | None) -> None:
+def _draw_rows(
+    W: "_Factor", o0: int, o1: int, per_row: torch.Tensor, uniforms, drawn: torch.Tensor, e0: int, moves: tuple | None
+) -> None:
     """The draws of CDF rows o0..o1 − 1 of W's columns (_draw): per_row[o − o0] from row o, in order, into
     drawn[e0:], each moved as `moves` says when given."""
     n = W.shape[1]
@@ -290,23 +311,25 @@ def _draw_rows(W: "_Factor", o0: int, o1: int, per_row: torch.Tensor, uniforms, 
     L = 1 << b
     rows, E = o1 - o0, int(per_row.sum())
     G = L if 2 * E >= rows * L else max(1, min(L // 2, 1 << (max(E // (rows * (b + 1)), 1).bit_length() - 1)))
-    cdf = _cdf_block(W, o0, o1)                                      # (rows·L,)
-    guide = _guide_table(cdf, n, G)                                  # (rows·(G + 1),)
+    cdf = _cdf_block(W, o0, o1)  # (rows·L,)
+    guide = _guide_table(cdf, n, G)  # (rows·(G + 1),)
     start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
     row_ends = np.cumsum((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())
     step = chunk_size(_CHUNK, cdf.device)
     for a in range(0, E, step):
         z = min(a + step, E)
-        U = uniforms(z - a)                                          # (chunk,)
+        U = uniforms(z - a)  # (chunk,)
         slot = (U * G).to(guide.dtype).add_(_spread(start, row_ends, a, z))  # bucket ⌊U·G⌋ (exact: G = 2^k)
-        found = _search(cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L,
-                        steps=G == L).bitwise_and_(L - 1)            # (chunk,) entry i in its row
+        found = _search(
+            cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L, steps=G == L
+        ).bitwise_and_(L - 1)  # (chunk,) entry i in its row
         if moves is None:
-            drawn[e0 + a:e0 + z] = found
+            drawn[e0 + a : e0 + z] = found
         else:
             shift, group_ends = moves
-            at = _spread(shift, group_ends, e0 + a, e0 + z).add_(torch.arange(e0 + a, e0 + z, dtype=shift.dtype,
-                                                                              device=shift.device))
+            at = _spread(shift, group_ends, e0 + a, e0 + z).add_(
+                torch.arange(e0 + a, e0 + z, dtype=shift.dtype, device=shift.device)
+            )
             drawn[at] = found.to(torch.int32)
 
 
@@ -318,23 +341,24 @@ def _draw_few(W: "_Factor", per_row: torch.Tensor, uniforms, drawn: torch.Tensor
     counts = per_row.cpu().numpy()
     for o in np.flatnonzero(counts):
         count = int(counts[o])
-        found[at:at + count] = torch.searchsorted(_cdf_block(W, o, o + 1), U[at:at + count], right=True)
+        found[at : at + count] = torch.searchsorted(_cdf_block(W, o, o + 1), U[at : at + count], right=True)
         at += count
     if moves is None:
         drawn.copy_(found)
     else:
         shift, group_ends = moves
-        where = _spread(shift, group_ends, 0, len(drawn)).add_(torch.arange(len(drawn), dtype=shift.dtype,
-                                                                            device=shift.device))
+        where = _spread(shift, group_ends, 0, len(drawn)).add_(
+            torch.arange(len(drawn), dtype=shift.dtype, device=shift.device)
+        )
         drawn[where] = found.to(torch.int32)
 
 
 def _spread(values: torch.Tensor, ends: np.ndarray, a: int, z: int) -> torch.Tensor:
     """Positions a..z − 1 (a < z) of repeat_interleave(values, sizes), where `ends` (len(values),) are the running
     sums of the sizes: the slice without the whole, so that no per-draw table is formed."""
-    lo = int(np.searchsorted(ends, a, side="right"))                 # the group of position a
-    hi = int(np.searchsorted(ends, z - 1, side="right")) + 1         # one past the group of position z − 1
-    sizes = np.diff(ends[lo:hi].clip(max=z), prepend=a)              # (hi − lo,) each group's positions in a..z − 1
+    lo = int(np.searchsorted(ends, a, side="right"))  # the group of position a
+    hi = int(np.searchsorted(ends, z - 1, side="right")) + 1  # one past the group of position z − 1
+    sizes = np.diff(ends[lo:hi].clip(max=z), prepend=a)  # (hi − lo,) each group's positions in a..z − 1
     return torch.repeat_interleave(values[lo:hi], torch.from_numpy(sizes).to(values.device), output_size=z - a)
 
 
@@ -345,10 +369,10 @@ def _blocks(per_row: torch.Tensor, K: int, L: int):
     without draws kept together (a block costs about as much as building that many entries), so that a call with
     few edges builds few rows."""
     size, total = max(_COPY_ROWS, chunk_size(_BLOCK, per_row.device) // L), len(per_row)
-    gap = max(1, chunk_size(_GAP, per_row.device) // L)              # chunk_size(_GAP) in rows
-    step = size // K * K if size >= K else -(-K // -(-K // size))    # whole graphs, or K in near-equal parts
+    gap = max(1, chunk_size(_GAP, per_row.device) // L)  # chunk_size(_GAP) in rows
+    step = size // K * K if size >= K else -(-K // -(-K // size))  # whole graphs, or K in near-equal parts
     used = np.flatnonzero((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())  # rows with draws
-    if len(used) == total and size >= K:                             # every row: the blocks as they are
+    if len(used) == total and size >= K:  # every row: the blocks as they are
         yield from ((a, min(a + step, total)) for a in range(0, total, step))
     elif len(used) == total:
         yield from ((r + u, r + min(u + step, K)) for r in range(0, total, K) for u in range(0, K, step))
@@ -364,12 +388,12 @@ def _cdf_block(W: "_Factor", o0: int, o1: int) -> torch.Tensor:
     a shift and a mask; padded with 1 past n. An empty column reads 0 (it is never drawn from)."""
     R, n, K = W.shape
     L = 1 << _bits(n)
-    cdf = torch.empty(o1 - o0, L, dtype=_WORK, device=W.device)      # (rows, L)
-    for r in range(o0 // K, (o1 - 1) // K + 1):                      # the columns, graph by graph
+    cdf = torch.empty(o1 - o0, L, dtype=_WORK, device=W.device)  # (rows, L)
+    for r in range(o0 // K, (o1 - 1) // K + 1):  # the columns, graph by graph
         a, z = max(o0, r * K), min(o1, r * K + K)
-        W.columns(r, a - r * K, z - r * K, cdf[a - o0:z - o0, :n])
+        W.columns(r, a - r * K, z - r * K, cdf[a - o0 : z - o0, :n])
     C = cdf[:, :n]
-    C.cumsum_(1)                                                     # prefix sums, float64 (see _WORK)
+    C.cumsum_(1)  # prefix sums, float64 (see _WORK)
     totals = C[:, -1:].clone()
     # Round-off: from the first index where C reaches its total the entry is exactly 1 (C/C = 1), trailing zero
     # weights included, and dividing by one positive total keeps the row non-decreasing.
@@ -389,7 +413,7 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
     L = 1 << _bits(n)
     rows = len(cdf) // L
     table = cdf.view(rows, L)
-    dtype = _index_dtype(rows * L + 1)                               # an empty row's entries may point one past it
+    dtype = _index_dtype(rows * L + 1)  # an empty row's entries may point one past it
     if G == L:
         # Counting: the first entry at or above c/L (c ≥ 1) is the number of entries with ⌊CDF·L⌋ < c (exact: L a
         # power of two), one bincount for a range of rows; for c = 0 the first entry above 0 (a first entry at 0
@@ -399,17 +423,19 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
         step = max(1, chunk_size(_GUIDE, cdf.device) // L)
         for a in range(0, rows, step):
             z = min(a + step, rows)
-            bucket = _scaled_floor(table[a:z, :n], L)                # (rows, N) ⌊CDF·L⌋ ∈ [0, L]
+            bucket = _scaled_floor(table[a:z, :n], L)  # (rows, N) ⌊CDF·L⌋ ∈ [0, L]
             bucket += torch.arange(0, (z - a) * (L + 1), L + 1, device=cdf.device).view(z - a, 1)
             counts = torch.bincount(bucket.view(-1), minlength=(z - a) * (L + 1)).view(z - a, L + 1)
             torch.cumsum(counts[:, :L], 1, dtype=dtype, out=guide[a:z, 1:])
-        guide[:, :1] = torch.searchsorted(table, torch.zeros(rows, 1, dtype=_WORK, device=cdf.device), right=True,
-                                          out_int32=dtype == torch.int32)
+        guide[:, :1] = torch.searchsorted(
+            table, torch.zeros(rows, 1, dtype=_WORK, device=cdf.device), right=True, out_int32=dtype == torch.int32
+        )
     else:
         levels = torch.arange(G + 1, dtype=_WORK, device=cdf.device) / G  # c/G exact
-        levels[G] = 1 - 2.0**-53                                     # the last level: the first entry = 1
-        guide = torch.searchsorted(table, levels.expand(rows, G + 1).contiguous(), right=True,
-                                   out_int32=dtype == torch.int32)
+        levels[G] = 1 - 2.0**-53  # the last level: the first entry = 1
+        guide = torch.searchsorted(
+            table, levels.expand(rows, G + 1).contiguous(), right=True, out_int32=dtype == torch.int32
+        )
     guide += torch.arange(0, rows * L, L, dtype=dtype, device=cdf.device)[:, None]  # flat indices
     return guide.view(-1)
 
@@ -422,7 +448,7 @@ def _search(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tens
     if not steps:
         return _bisect(cdf, lo, hi, U, L)
     for _ in range(2):
-        lo += cdf.index_select(0, lo) <= U                           # step past an entry ≤ U
+        lo += cdf.index_select(0, lo) <= U  # step past an entry ≤ U
     rest = (cdf.index_select(0, lo) <= U).nonzero().squeeze(1)  # not settled: the answer is in [lo + 1, hi]
     lo[rest] = _bisect(cdf, lo.index_select(0, rest) + 1, hi.index_select(0, rest), U.index_select(0, rest), L)
     return lo
@@ -446,9 +472,9 @@ def _uv_shift(counts: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
     ends[g − 1]..ends[g] − 1 of the source order. counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at
     start_uv in the target order and at start_vu in the source order, so its edges move by start_uv − start_vu."""
     E = int(counts.sum())
-    start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)   # (R, K, K) [r, u, v]
-    counts_vu = counts.transpose(1, 2).contiguous()                                 # (R, K, K) [r, v, u]
-    ends_vu = counts_vu.view(-1).cumsum(0)                                          # (R·K·K,) [r, v, u]
+    start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)  # (R, K, K) [r, u, v]
+    counts_vu = counts.transpose(1, 2).contiguous()  # (R, K, K) [r, v, u]
+    ends_vu = counts_vu.view(-1).cumsum(0)  # (R·K·K,) [r, v, u]
     shift = start_uv.transpose(1, 2).reshape(-1).sub_(ends_vu).add_(counts_vu.view(-1))  # (R·K·K,) [r, v, u]
     return shift.to(_index_dtype(E)), ends_vu.cpu().numpy()
 
@@ -465,28 +491,28 @@ def _sorted_key(X, S, Y, generator, dedup: bool):
         return R, n, m, None
     bn, bm = _bits(n), _bits(m)
     dtype = _index_dtype(R << (bn + bm))
-    per_graph = counts.view(R, -1).sum(1)                            # (R,) edges of each graph
+    per_graph = counts.view(R, -1).sum(1)  # (R,) edges of each graph
     total, out, at = int(per_graph.sum()), None, 0
     streams = _uniforms(generator, X.device), _uniforms(generator, X.device)  # of sources, of destinations
     for r0, r1, e0, e1 in _chunks(per_graph):
         i, j = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
-        key = i.to(dtype).bitwise_left_shift_(bm)                    # (E,) in (r, u, v) order; in i's buffer if int32
+        key = i.to(dtype).bitwise_left_shift_(bm)  # (E,) in (r, u, v) order; in i's buffer if int32
         del i
         key |= j
         del j
         if r1 - r0 == 1:
             key |= r0 << (bn + bm)
-        else:                                                        # several graphs: at most about _EDGES edges
+        else:  # several graphs: at most about _EDGES edges
             graph = torch.arange(r0, r1, dtype=dtype, device=key.device) << (bn + bm)
             key |= torch.repeat_interleave(graph, per_graph[r0:r1], output_size=e1 - e0)
-        key = sort_integers(key)                                     # the one sort
+        key = sort_integers(key)  # the one sort
         if dedup:
             key = torch.unique_consecutive(key)
-        if e1 - e0 == total:                                         # one chunk: no copy
+        if e1 - e0 == total:  # one chunk: no copy
             return R, n, m, key
-        if out is None:                                              # room for every chunk's keys
+        if out is None:  # room for every chunk's keys
             out = torch.empty(total, dtype=dtype, device=key.device)
-        out[at:at + len(key)] = key
+        out[at : at + len(key)] = key
         at += len(key)
     return R, n, m, out[:at]
 
@@ -501,9 +527,9 @@ def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
     if len(key) <= 32 * R * n:
         rows = torch.zeros(R << bn, dtype=torch.int64, device=key.device)
         step = max(chunk_size(_EDGES, key.device), R << bn)
-        for a in range(0, len(key), step):                           # a chunk of keys at a time: no (E,) temporary
-            rows += torch.bincount(key[a:a + step] >> bm, minlength=R << bn)
-        rows = rows.view(R, 1 << bn)[:, :n]                          # (R, n) edges a row
+        for a in range(0, len(key), step):  # a chunk of keys at a time: no (E,) temporary
+            rows += torch.bincount(key[a : a + step] >> bm, minlength=R << bn)
+        rows = rows.view(R, 1 << bn)[:, :n]  # (R, n) edges a row
         row_ptr[0] = 0
         torch.cumsum(rows.reshape(-1), 0, out=row_ptr[1:])
         return row_ptr
@@ -549,7 +575,7 @@ def _scaled_floor(C: torch.Tensor, L: int) -> torch.Tensor:
     torch's product would enter SBM-Transformer's recorded FLOP counts)."""
     if C.device.type == "cpu":
         out = np.empty(C.shape, dtype=np.int64)
-        np.multiply(C.numpy(), L, out=out, casting="unsafe")         # a C cast truncates: ⌊·⌋ for C ≥ 0
+        np.multiply(C.numpy(), L, out=out, casting="unsafe")  # a C cast truncates: ⌊·⌋ for C ≥ 0
         return torch.from_numpy(out)
     return (C * L).long()
 
@@ -568,10 +594,10 @@ def _columns(W: torch.Tensor, u0: int, u1: int, out: torch.Tensor) -> None:
     copy. On CPU numpy's, a tile of rows at a time so that its source and destination stay in the L1 cache
     (beside torch's strided copy, K = 128: the sampler 1.15× faster at n = 4096, 1%, 1.13× at n = 8192, 1%)."""
     if W.device.type == "cpu" and W.dtype in (torch.float32, torch.float64):
-        n, tile = W.shape[0], max(64, 8192 // (u1 - u0))            # 64 rows of 128 columns: 32 KiB of float32
+        n, tile = W.shape[0], max(64, 8192 // (u1 - u0))  # 64 rows of 128 columns: 32 KiB of float32
         source, target = W.numpy(), out.numpy()
         for a in range(0, n, tile):
-            target[:, a:a + tile] = source[a:a + tile, u0:u1].T
+            target[:, a : a + tile] = source[a : a + tile, u0:u1].T
     else:
         out.copy_(W[:, u0:u1].t())
 
@@ -619,22 +645,27 @@ def _validate(X, S, Y, key_needed: bool, high: bool = True) -> tuple[tuple[int, 
     if S.shape[-2:] != (K, K):
         raise ValueError(f"S must have shape (..., K, K) with K = X.shape[-1] = {K}, got {tuple(S.shape)}")
     if sum(t.shape[-1] for t in factors["Y"]) != K:
-        raise ValueError(f"Y must have shape (..., m, K) with K = X.shape[-1] = {K}, got "
-                         f"{[tuple(t.shape) for t in factors['Y']]}")
+        raise ValueError(
+            f"Y must have shape (..., m, K) with K = X.shape[-1] = {K}, got {[tuple(t.shape) for t in factors['Y']]}"
+        )
     devices = {t.device for parts in factors.values() for t in parts}
     if len(devices) > 1:
         raise ValueError(f"X, S, Y must be on one device, got {sorted(map(str, devices))}")
     try:
         lead = tuple(torch.broadcast_shapes(*(t.shape[:-2] for parts in factors.values() for t in parts)))
     except RuntimeError:
-        raise ValueError(f"leading dims of X {tuple(X.shape[:-2])}, S {tuple(S.shape[:-2])} and "
-                         f"Y {tuple(Y.shape[:-2])} do not broadcast") from None
+        raise ValueError(
+            f"leading dims of X {tuple(X.shape[:-2])}, S {tuple(S.shape[:-2])} and "
+            f"Y {tuple(Y.shape[:-2])} do not broadcast"
+        ) from None
     R, n, m = math.prod(lead), X.shape[-2], Y.shape[-2]
     if key_needed:  # the sort key r·2^(bn+bm) + i·2^bm + j of dedup/csr must fit int64 (R·n·m ≥ 2⁶¹ may not)
         bits = max(R - 1, 0).bit_length() + _bits(n) + _bits(m)
         if bits > 63:
-            raise ValueError(f"R·n·m too large for the int64 sort key of dedup/csr (R={R}, n={n}, m={m} need "
-                             f"{bits} bits > 63); split the batch or use dedup=False, csr=False")
+            raise ValueError(
+                f"R·n·m too large for the int64 sort key of dedup/csr (R={R}, n={n}, m={m} need "
+                f"{bits} bits > 63); split the batch or use dedup=False, csr=False"
+            )
     for name, parts in factors.items():
         for t in parts:
             _check_values(name, t, high or name == "S")
@@ -690,7 +721,7 @@ class _Factor:
         for part in self.parts:
             a, z = max(u0, start), min(u1, start + part.shape[2])
             if a < z:
-                _columns(part[r], a - start, z - start, out[a - u0:z - u0])
+                _columns(part[r], a - start, z - start, out[a - u0 : z - u0])
             start += part.shape[2]
 
 
@@ -705,14 +736,17 @@ def main(argv=None) -> int:
     verified; the full statistical tests are tests/test_fastrg.py."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python fastrg.py", description="fastRG (Rohe et al. 2018): a short "
-                                     "self-check of the samplers' law and the speed; prints what it verified.")
+    parser = argparse.ArgumentParser(
+        prog="python fastrg.py",
+        description="fastRG (Rohe et al. 2018): a short "
+        "self-check of the samplers' law and the speed; prints what it verified.",
+    )
     parser.parse_args(argv)
     g = torch.Generator().manual_seed(0)
-    T, n, m, K = 4000, 5, 6, 3                                       # T independent graphs in one call
+    T, n, m, K = 4000, 5, 6, 3  # T independent graphs in one call
     X, Y = torch.rand(n, K, generator=g), torch.rand(m, K, generator=g)
     S = torch.rand(K, K, generator=g)
-    p = -torch.expm1(-edge_probability(X, S, Y, dedup=False)[0])     # P(edge (i, j)) = 1 − e^(−λ_ij)
+    p = -torch.expm1(-edge_probability(X, S, Y, dedup=False)[0])  # P(edge (i, j)) = 1 − e^(−λ_ij)
     for name, sampler in (("fast sampler", sample), ("reference sampler (Algorithm 1)", sample_reference)):
         _, i, j = sampler(X.expand(T, n, K), S, Y.expand(T, m, K), generator=g)
         c = torch.bincount(i * m + j, minlength=n * m).view(n, m).double()  # Binomial(T, p) per pair
@@ -725,8 +759,9 @@ def main(argv=None) -> int:
     S *= 0.01 * 4096 * 4096 / float(expected_edges(X, S, Y))
     t0 = time.perf_counter()
     r, _, _, _ = sample(X, S, Y, generator=g, csr=True)
-    print(f"n = m = 4096, K = 128, density 1%: {len(r)} edges (dedup, CSR) in "
-          f"{(time.perf_counter() - t0) * 1e3:.0f} ms")
+    print(
+        f"n = m = 4096, K = 128, density 1%: {len(r)} edges (dedup, CSR) in {(time.perf_counter() - t0) * 1e3:.0f} ms"
+    )
     print("fastrg self-check passed")
     return 0
 

@@ -31,6 +31,7 @@ Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, C model w
 that local kernels hold, Z candidate (query, key) pairs, E edges; global query and key indices are (b·H + h)·N + i
 and (b·H + h)·M + s.
 """
+
 import contextlib
 import itertools
 import math
@@ -77,15 +78,16 @@ def valid_pairs(valid: Tensor, causal: bool) -> Tensor:
 def hash32(x: Tensor) -> Tensor:
     """An integer hash of int64 values in [0, 2³²) to [0, 2³²) (Wellons' "lowbias32": xor-shifts and two odd
     multipliers). The products are taken 16 bits at a time so that no int64 product overflows."""
+
     def times(x: Tensor, c: int) -> Tensor:  # x·c mod 2³²
         return ((x & 0xFFFF) * c + ((((x >> 16) * c) & 0xFFFF) << 16)) & 0xFFFFFFFF
+
     x = times(x ^ (x >> 16), 0x7FEB352D)
     x = times(x ^ (x >> 15), 0x846CA68B)
     return x ^ (x >> 16)
 
 
-def pair_dropout(weights: Tensor, row: Tensor, col: Tensor, p: float,
-                 generator: Optional[torch.Generator]) -> Tensor:
+def pair_dropout(weights: Tensor, row: Tensor, col: Tensor, p: float, generator: Optional[torch.Generator]) -> Tensor:
     """Inverted dropout on the attention weights of the (query, key) pairs with global indices `row`, `col`
     (broadcastable to `weights`), one seed drawn from `generator` (INTERFACE.md)."""
     # Ours (the paper has no attention dropout): a pair is kept where hash(hash(row + hash(seed)) + col)/2³² ≥ p, a
@@ -94,9 +96,9 @@ def pair_dropout(weights: Tensor, row: Tensor, col: Tensor, p: float,
     if p == 0.0:
         return weights
     source = generator.device if generator is not None else weights.device
-    seed = torch.randint(2 ** 32, (), generator=generator, device=source).to(weights.device)
+    seed = torch.randint(2**32, (), generator=generator, device=source).to(weights.device)
     u = hash32((hash32((row + hash32(seed)) & 0xFFFFFFFF) + col) & 0xFFFFFFFF)  # (…) uniform on [0, 2³²)
-    return weights * (u >= p * 2 ** 32) / (1.0 - p)
+    return weights * (u >= p * 2**32) / (1.0 - p)
 
 
 # ---------------------------------------- reference path: kernels K_κ, predictor α(i), union mask, masked attention
@@ -106,10 +108,14 @@ class KernelBank(nn.Module):
 
     def __init__(self, local: Tensor, row: Tensor, col: Tensor, learned: bool = False):
         super().__init__()
-        if not (local.shape[:2] == row.shape[:2] == col.shape[:2] and local.shape[-1] == 2 * row.shape[-1] - 1
-                and row.shape == col.shape):
-            raise ValueError(f"kernel shapes disagree: local {tuple(local.shape)}, row {tuple(row.shape)}, "
-                             f"col {tuple(col.shape)}")
+        if not (
+            local.shape[:2] == row.shape[:2] == col.shape[:2]
+            and local.shape[-1] == 2 * row.shape[-1] - 1
+            and row.shape == col.shape
+        ):
+            raise ValueError(
+                f"kernel shapes disagree: local {tuple(local.shape)}, row {tuple(row.shape)}, col {tuple(col.shape)}"
+            )
         self.learned = learned
         if learned:
             self.logits = nn.Parameter(local.float())
@@ -167,8 +173,7 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def init_learned_kernels(max_len: int, count: int,
-                         generator: Optional[torch.Generator] = None) -> KernelBank:
+def init_learned_kernels(max_len: int, count: int, generator: Optional[torch.Generator] = None) -> KernelBank:
     """§4.2.3: `count` local kernels of length 2L−1 per layer (1023 at L = 512), logits N(0, 1), shared by heads."""
     logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
     empty = torch.zeros(1, count, max_len)
@@ -179,10 +184,19 @@ class KernelPredictor(nn.Module):
     """§4.2: α = σ(MLP(window of layer inputs, location embedding)), the inputs taken before the query projection,
     a 4-d learned location embedding, 2-3 hidden layers of 32 or 64 units with ReLU. The first layer on the
     concatenated window is a Conv1d over the sequence; the location enters through its own map into the same units."""
+
     # Ours: one predictor per layer with H·K outputs (a coefficient per head and kernel), not one model per head.
 
-    def __init__(self, dim: int, heads: int, bank: KernelBank, window: int = WINDOW,
-                 hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS, location_dim: int = 4):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        bank: KernelBank,
+        window: int = WINDOW,
+        hidden: int = HIDDEN,
+        hidden_layers: int = HIDDEN_LAYERS,
+        location_dim: int = 4,
+    ):
         super().__init__()
         if bank.row.shape[0] not in (1, heads):
             raise ValueError(f"kernel groups must be 1 or heads={heads}, got {bank.row.shape[0]}")
@@ -206,8 +220,15 @@ class KernelPredictor(nn.Module):
         return self.mlp(h).sigmoid().view(b, n, self.heads, -1)
 
 
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, p_drop: float = 0.0,
-                     generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
+def masked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor,
+    p_drop: float = 0.0,
+    generator: Optional[torch.Generator] = None,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
     """The reference path: softmax(QKᵀ/√D + bias) over each query's masked keys with the (B, H, N, M) scores
     materialised; a row without keys gives 0. q (B, H, N, D), k, v (B, H, M, D), mask (B|1, H|1, N, M),
     bias (H, N, M) or None."""
@@ -234,21 +255,24 @@ def union_edges(bank: KernelBank, sel: Tensor, valid: Tensor, causal: bool) -> T
     queries, device, padded = b * heads * n, sel.device, not bool(valid.all())
     chosen = (sel & valid[:, :, None, None] if padded else sel).transpose(1, 2)  # (B, H, N, K)
     chosen = chosen.reshape(queries, kernels)  # (B·H·N, K); padded queries select nothing
-    local = bank.local()[:, :, bank.max_len - n: bank.max_len - 1 + n] > 0.5  # (G, K, 2N−1): |s − i| < N
+    local = bank.local()[:, :, bank.max_len - n : bank.max_len - 1 + n] > 0.5  # (G, K, 2N−1): |s − i| < N
     slot = local.any(1).any(0).nonzero().squeeze(1)  # (P,) offsets some kernel holds, + N − 1, ascending
     d = slot - (n - 1)  # (P,) offsets s − i
     groups, head = bank.row.shape[0], torch.arange(queries, device=device) // n % heads  # (B·H·N,)
     # Each query's selection as a code, 31 kernels to a number (then its head, where heads have their own kernels),
     # renumbered 0 … U − 1: a sort of B·H·N codes, not of the E edges; selections repeat (top 3 of 17: ≤ 680 codes).
     bits = torch.arange(31, device=device)
-    numbers = [(chosen[:, first:first + 31].long() << bits[:kernels - first]).sum(1) for first in range(0, kernels, 31)]
+    numbers = [
+        (chosen[:, first : first + 31].long() << bits[: kernels - first]).sum(1) for first in range(0, kernels, 31)
+    ]
     code = numbers[0]
     for number in numbers[1:] + ([head] if groups > 1 else []):
-        code = torch.unique(code, return_inverse=True)[1] * 2 ** 31 + number  # < B·H·N·2³¹: no overflow
+        code = torch.unique(code, return_inverse=True)[1] * 2**31 + number  # < B·H·N·2³¹: no overflow
     code = torch.unique(code, return_inverse=True)[1]  # (B·H·N,)
     codes = int(code.max()) + 1 if queries else 0  # U
     first = torch.full((codes,), queries, device=device).scatter_reduce_(
-        0, code, torch.arange(queries, device=device), "amin")  # (U,) a query of each code
+        0, code, torch.arange(queries, device=device), "amin"
+    )  # (U,) a query of each code
     pick = torch.zeros(codes, groups, kernels, device=device)  # (U, G, K) the code's kernels, in its head's group
     pick[torch.arange(codes, device=device), head[first] % groups] = chosen[first].float()  # group: 0, or the head
     union = pick.flatten(1) @ local[:, :, slot].flatten(0, 1).float() > 0  # (U, P): offset p is in code u's union
@@ -322,8 +346,9 @@ class ListAttention(torch.autograd.Function):
         shape = (q.shape[0], k.shape[0])
         start = q.new_zeros(len(col)) if bias is None else bias.to(q.dtype, copy=True)  # SDDMM adds it: beta = 1
         scores = csr(crow, col, start, shape)  # written in place
-        s = torch.sparse.sampled_addmm(scores, q, k.t(), beta=float(bias is not None), alpha=q.shape[-1] ** -0.5,
-                                       out=scores).values()  # (E,) q_i·k_s/√D + bias_is
+        s = torch.sparse.sampled_addmm(
+            scores, q, k.t(), beta=float(bias is not None), alpha=q.shape[-1] ** -0.5, out=scores
+        ).values()  # (E,) q_i·k_s/√D + bias_is
         top = torch.segment_reduce(s, "max", offsets=offsets, unsafe=True)  # (Rq,) a shift the softmax ignores
         a = s.sub_(top.index_select(0, row)).exp_()  # (E,) unnormalised, in the scores' place
         total = torch.segment_reduce(a, "sum", offsets=offsets, unsafe=True)  # (Rq,) ≥ e⁰ = 1 where a row has edges
@@ -336,8 +361,10 @@ class ListAttention(torch.autograd.Function):
         # Grad mode is on here only under create_graph=True; once_differentiable's error node would hang off detached
         # copies, which torch.autograd.grad never reaches: a second derivative without this function's part.
         if torch.is_grad_enabled():
-            raise RuntimeError("ListAttention has no second derivative: a double backward (create_graph=True) is "
-                               "refused; the masked reference path (path='reference') has one")
+            raise RuntimeError(
+                "ListAttention has no second derivative: a double backward (create_graph=True) is "
+                "refused; the masked reference path (path='reference') has one"
+            )
         q, k, v, a, total, keep, offsets, crow, col, row = ctx.saved_tensors
         shape, scale, grad = (q.shape[0], k.shape[0]), q.shape[-1] ** -0.5, grad.contiguous()
         a = a / total.index_select(0, row)  # (E,) the softmax
@@ -356,13 +383,21 @@ class ListAttention(torch.autograd.Function):
         return dq, dk, dv, ds if ctx.needs_input_grad[3] else None, None, None, None, None, None
 
 
-def sparse_attention(q: Tensor, k: Tensor, v: Tensor, row: Tensor, col: Tensor, p_drop: float = 0.0,
-                     generator: Optional[torch.Generator] = None, bias: Optional[Tensor] = None) -> Tensor:
+def sparse_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    row: Tensor,
+    col: Tensor,
+    p_drop: float = 0.0,
+    generator: Optional[torch.Generator] = None,
+    bias: Optional[Tensor] = None,
+) -> Tensor:
     """masked_attention on the (query, key) list only (ListAttention), O(E·D) time and O(E) memory: q (Rq, D) all
     B·H·N queries, k, v (Rk, D), row, col (E,) global indices grouped by query in ascending order, bias (E,) or
     None; a query without edges gets 0."""
     offsets = F.pad(torch.bincount(row, minlength=q.shape[0]).cumsum(0), (1, 0))  # (Rq + 1,) CSR rows: row sorted
-    index = torch.int32 if len(col) < 2 ** 31 else torch.int64  # the sparse kernels' own: no copies inside them
+    index = torch.int32 if len(col) < 2**31 else torch.int64  # the sparse kernels' own: no copies inside them
     keep = pair_dropout(q.new_ones(len(col)), row, col, p_drop, generator) if p_drop > 0 else None  # (E,)
     return ListAttention.apply(q, k, v, bias, keep, offsets, offsets.to(index), col.to(index), row)
 
@@ -374,27 +409,43 @@ class KernelSparseAttention(nn.Module):
     softmax attention (the teacher); `sparse=True`: attention inside the predicted mask, on the edge list
     (`path="fast"`) or as a masked dense softmax (`path="reference"`)."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, max_len: int = 512,
-                 kernels: str = "standard", learned_kernels: int = LEARNED_KERNELS,
-                 window: int = WINDOW, hidden: int = HIDDEN, hidden_layers: int = HIDDEN_LAYERS,
-                 select: str = SELECT,
-                 threshold: float = THRESHOLD, top_k: int = TOP_K, sparse: bool = True,
-                 path: str = "fast", alibi: bool = False):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        *,
+        max_len: int = 512,
+        kernels: str = "standard",
+        learned_kernels: int = LEARNED_KERNELS,
+        window: int = WINDOW,
+        hidden: int = HIDDEN,
+        hidden_layers: int = HIDDEN_LAYERS,
+        select: str = SELECT,
+        threshold: float = THRESHOLD,
+        top_k: int = TOP_K,
+        sparse: bool = True,
+        path: str = "fast",
+        alibi: bool = False,
+    ):
         super().__init__()
         if min(dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k) < 1:
-            raise ValueError("dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k must be "
-                             "positive")
+            raise ValueError(
+                "dim, heads, head_dim, max_len, learned_kernels, hidden, hidden_layers, top_k must be positive"
+            )
         if kernels not in ("standard", "learned") or select not in SELECTS or path not in PATHS:
-            raise ValueError(f"kernels must be standard|learned, select one of {SELECTS}, path one of {PATHS}; got "
-                             f"{kernels!r}, {select!r}, {path!r}")
+            raise ValueError(
+                f"kernels must be standard|learned, select one of {SELECTS}, path one of {PATHS}; got "
+                f"{kernels!r}, {select!r}, {path!r}"
+            )
         if window % 2 == 0 or not 0.0 <= dropout < 1.0:
             raise ValueError(f"need an odd window and 0 <= dropout < 1, got {window}, {dropout}")
         self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
         self.select, self.threshold, self.top_k, self.sparse, self.path = select, threshold, top_k, sparse, path
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
-        bank = (standard_kernels(max_len) if kernels == "standard"
-                else init_learned_kernels(max_len, learned_kernels))
+        bank = standard_kernels(max_len) if kernels == "standard" else init_learned_kernels(max_len, learned_kernels)
         self.predictor = KernelPredictor(dim, heads, bank, window, hidden, hidden_layers)
         # Ours: the teacher's scores carry a symmetric ALiBi bias −m_h·|i − s| beside learned positions (without it our
         # byte-level teacher stayed at the no-context solution, 4.17 bits per masked byte after 1000 steps); every
@@ -403,8 +454,10 @@ class KernelSparseAttention(nn.Module):
 
     def extra_repr(self) -> str:
         rule = f"threshold={self.threshold}" if self.select == "threshold" else f"top_k={self.top_k}"
-        return (f"heads={self.heads}, head_dim={self.head_dim}, sparse={self.sparse}, path={self.path}, "
-                f"select={self.select}, {rule}, alibi={self.slopes is not None}")
+        return (
+            f"heads={self.heads}, head_dim={self.head_dim}, sparse={self.sparse}, path={self.path}, "
+            f"select={self.select}, {rule}, alibi={self.slopes is not None}"
+        )
 
     def bias(self, n: int, dtype: torch.dtype) -> Optional[Tensor]:
         """(H, N, N) the ALiBi bias −m_h·|i − s| in `dtype`, or None without ALiBi."""
@@ -440,12 +493,19 @@ class KernelSparseAttention(nn.Module):
         top = alpha.topk(min(self.top_k, alpha.shape[-1]), -1).indices
         return torch.zeros_like(alpha, dtype=torch.bool).scatter_(-1, top, True)
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
-            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
-                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
+                f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+            )
         if self.sparse and n > self.predictor.bank.max_len:
             raise ValueError(f"sequence length {n} exceeds the kernels' max_len {self.predictor.bank.max_len}")
         valid = torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
@@ -466,8 +526,16 @@ class KernelSparseAttention(nn.Module):
                     if self.slopes is not None:
                         slope = -self.slopes.to(q.dtype).repeat_interleave(n).repeat(b)  # (B·H·N,) per query
                         bias = slope.index_select(0, row).mul_((col - row).abs_())  # (E,)
-                    y = sparse_attention(q.reshape(-1, self.head_dim), k.reshape(-1, self.head_dim),
-                                         v.reshape(-1, self.head_dim), row, col, p_drop, generator, bias)
+                    y = sparse_attention(
+                        q.reshape(-1, self.head_dim),
+                        k.reshape(-1, self.head_dim),
+                        v.reshape(-1, self.head_dim),
+                        row,
+                        col,
+                        p_drop,
+                        generator,
+                        bias,
+                    )
                     y = y.view(b, self.heads, n, self.head_dim)
                     blocks = torch.arange(b * self.heads + 1, device=row.device) * n  # first query of each block
                     counts = torch.searchsorted(row, blocks).diff().view(b, self.heads)  # edges grouped by query
@@ -518,45 +586,64 @@ def _names(text: str) -> Tuple[str, ...]:
 @dataclass
 class KernelConfig:
     """The pipeline's settings (the paper's values where it gives them), each also an option of this file's CLI."""
-    families: Tuple[str, ...] = field(default=FAMILIES, metadata={
-        "type": _names, "help": "kernel families to fit, comma-separated"})
-    losses: Tuple[str, ...] = field(default=LOSSES, metadata={
-        "type": _names, "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)"})
-    target: str = field(default="threshold", metadata={
-        "choices": ("threshold", "topk"), "help": "binary targets: the threshold (§4.2) or the top-k of each row"})
+
+    families: Tuple[str, ...] = field(
+        default=FAMILIES, metadata={"type": _names, "help": "kernel families to fit, comma-separated"}
+    )
+    losses: Tuple[str, ...] = field(
+        default=LOSSES,
+        metadata={
+            "type": _names,
+            "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)",
+        },
+    )
+    target: str = field(
+        default="threshold",
+        metadata={
+            "choices": ("threshold", "topk"),
+            "help": "binary targets: the threshold (§4.2) or the top-k of each row",
+        },
+    )
     target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
     target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
     handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
-    learned_kernels: int = field(default=LEARNED_KERNELS, metadata={
-        "help": "learned kernels per layer (§4.2.3)"})
-    window: int = field(default=WINDOW, metadata={
-        "help": "tokens in the predictor's window, odd (§6.1)"})
-    hidden: int = field(default=HIDDEN, metadata={
-        "help": "predictor hidden width (§4.2: 32 or 64)"})
-    hidden_layers: int = field(default=HIDDEN_LAYERS, metadata={
-        "help": "predictor hidden layers (§4.2: 2 or 3)"})
-    select: str = field(default=SELECT, metadata={
-        "choices": SELECTS, "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)"})
+    learned_kernels: int = field(default=LEARNED_KERNELS, metadata={"help": "learned kernels per layer (§4.2.3)"})
+    window: int = field(default=WINDOW, metadata={"help": "tokens in the predictor's window, odd (§6.1)"})
+    hidden: int = field(default=HIDDEN, metadata={"help": "predictor hidden width (§4.2: 32 or 64)"})
+    hidden_layers: int = field(default=HIDDEN_LAYERS, metadata={"help": "predictor hidden layers (§4.2: 2 or 3)"})
+    select: str = field(
+        default=SELECT,
+        metadata={
+            "choices": SELECTS,
+            "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)",
+        },
+    )
     threshold: float = field(default=THRESHOLD, metadata={"help": "τ: take kernels with α > τ"})
     top_k: int = field(default=TOP_K, metadata={"help": "K: take the K largest α"})
-    analysis_sequences: int = field(default=128, metadata={
-        "help": "training sequences shown to the analysis and the predictors"})
+    analysis_sequences: int = field(
+        default=128, metadata={"help": "training sequences shown to the analysis and the predictors"}
+    )
     predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
     predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
     predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
-    predictor_rows: int = field(default=32, metadata={
-        "help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"})
-    thresholds: Tuple[float, ...] = field(default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={
-        "type": _floats, "help": "Fig. 5 thresholds, comma-separated"})
-    top_ks: Tuple[int, ...] = field(default=(1, 2, 3, 5, 8), metadata={
-        "type": _ints, "help": "Fig. 5 top-K values, comma-separated"})
+    predictor_rows: int = field(
+        default=32, metadata={"help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"}
+    )
+    thresholds: Tuple[float, ...] = field(
+        default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={"type": _floats, "help": "Fig. 5 thresholds, comma-separated"}
+    )
+    top_ks: Tuple[int, ...] = field(
+        default=(1, 2, 3, 5, 8), metadata={"type": _ints, "help": "Fig. 5 top-K values, comma-separated"}
+    )
     sweep: str = field(default="standard/max", metadata={"help": "FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning"})
-    flops_budget: float = field(default=0.6, metadata={
-        "help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"})
+    flops_budget: float = field(
+        default=0.6, metadata={"help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"}
+    )
     finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    alibi: bool = field(default=True, metadata={
-        "help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"})
+    alibi: bool = field(
+        default=True, metadata={"help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"}
+    )
 
     def __post_init__(self):
         unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
@@ -569,15 +656,31 @@ class KernelConfig:
             raise ValueError(f"target and select must be 'threshold' or 'topk', got {self.target}, {self.select}")
         if self.window < 1 or self.window % 2 == 0:
             raise ValueError(f"the predictor window must be an odd number of tokens, got {self.window}")
-        for name in ("target_topk", "handcrafted_k", "learned_kernels", "hidden", "hidden_layers", "top_k",
-                     "analysis_sequences", "predictor_batch", "predictor_rows"):
+        for name in (
+            "target_topk",
+            "handcrafted_k",
+            "learned_kernels",
+            "hidden",
+            "hidden_layers",
+            "top_k",
+            "analysis_sequences",
+            "predictor_batch",
+            "predictor_rows",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        floats = (self.threshold, self.target_threshold, self.predictor_lr, self.finetune_lr, self.flops_budget,
-                  *self.thresholds)
+        floats = (
+            self.threshold,
+            self.target_threshold,
+            self.predictor_lr,
+            self.finetune_lr,
+            self.flops_budget,
+            *self.thresholds,
+        )
         if not all(math.isfinite(v) for v in floats):
-            raise ValueError("threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget "
-                             "must be finite")
+            raise ValueError(
+                "threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget must be finite"
+            )
         if min(self.predictor_steps, self.finetune_steps) < 0 or min(self.top_ks, default=1) < 1:
             raise ValueError("steps must be >= 0 and top-K values >= 1")
 
@@ -590,6 +693,7 @@ class KernelConfig:
 @dataclass
 class LayerData:
     """What the teacher shows one layer's predictor (§4.2): attention inputs and binary targets."""
+
     x: Tensor  # (S, N, C) the attention's input (after the block's LayerNorm)
     valid: Tensor  # (S, N) bool
     target: Tensor  # (S, H, N, M) bool
@@ -606,6 +710,7 @@ def layer_inputs(model: nn.Module, inputs: List[dict]) -> List[List[tuple]]:
             x, padding = args[0], kwargs.get("key_padding_mask")
             valid = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if padding is None else ~padding
             seen[index].append((x.detach().float(), valid, kwargs.get("causal", False)))
+
         return record
 
     handles = [block.attn.register_forward_pre_hook(hook(i), with_kwargs=True) for i, block in enumerate(model.blocks)]
@@ -667,9 +772,12 @@ def layer_summary(data: LayerData, maps: dict) -> dict:
     n = data.target.shape[-1]
     rows = data.valid.sum().clamp_min(1)
     diagonal = maps["targets_diagonal_raw"]  # (H, 2N−1) expected target ones per offset
-    near = diagonal[:, n - 1 - 8: n + 8].sum(1) / diagonal.sum(1).clamp_min(1e-9)
-    return {"target_ones_per_row": (data.target.sum((0, 2, 3)) / rows).tolist(), "share_within_8": near.tolist(),
-            "top_offsets": (maps["targets_diagonal"].topk(5, -1).indices - (n - 1)).tolist()}
+    near = diagonal[:, n - 1 - 8 : n + 8].sum(1) / diagonal.sum(1).clamp_min(1e-9)
+    return {
+        "target_ones_per_row": (data.target.sum((0, 2, 3)) / rows).tolist(),
+        "share_within_8": near.tolist(),
+        "top_offsets": (maps["targets_diagonal"].topk(5, -1).indices - (n - 1)).tolist(),
+    }
 
 
 def analysis(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Tuple[List[LayerData], list, list]:
@@ -687,11 +795,11 @@ def most_correlated(samples: Tensor, defined: Tensor, k: int) -> Tensor:
     w = defined.float()
     mean = (samples * w).sum(0) / w.sum(0).clamp_min(1)
     ref = int(mean.argmax())
-    w = w * w[:, ref:ref + 1]  # (S, F) samples where the feature and the reference both exist
+    w = w * w[:, ref : ref + 1]  # (S, F) samples where the feature and the reference both exist
     count = w.sum(0).clamp_min(1)
     dx = samples - (samples * w).sum(0) / count
-    dy = samples[:, ref:ref + 1] - (samples[:, ref:ref + 1] * w).sum(0) / count
-    corr = (w * dx * dy).sum(0) / ((w * dx ** 2).sum(0) * (w * dy ** 2).sum(0)).sqrt()
+    dy = samples[:, ref : ref + 1] - (samples[:, ref : ref + 1] * w).sum(0) / count
+    corr = (w * dx * dy).sum(0) / ((w * dx**2).sum(0) * (w * dy**2).sum(0)).sqrt()
     corr = corr.nan_to_num(-2.0)  # a constant feature correlates with nothing
     corr[ref] = 2.0  # the reference is always in (the paper: its correlation with itself is one)
     top = corr.topk(min(k, len(corr)))
@@ -705,8 +813,14 @@ def top_positive(scores: Tensor, k: int) -> Tensor:
 
 
 @torch.no_grad()
-def handcrafted_kernels(data: LayerData, causal: bool, max_len: int, k: int = 20, samples: int = 4096,
-                        generator: Optional[torch.Generator] = None) -> KernelBank:
+def handcrafted_kernels(
+    data: LayerData,
+    causal: bool,
+    max_len: int,
+    k: int = 20,
+    samples: int = 4096,
+    generator: Optional[torch.Generator] = None,
+) -> KernelBank:
     """Per head (G = H) six kernels: local offsets by top-k and by correlation (of the distance-normalised diagonal
     frequency), global columns (keys) and global rows (queries) by top-k and by correlation. Correlations use
     `samples` random query rows (or key columns)."""
@@ -766,8 +880,15 @@ def per_kernel_loss(alpha: Tensor, patterns: Tensor, target: Tensor, weight: Ten
     return per[used].sum() / used.sum().clamp_min(1)
 
 
-def kernel_loss(predictor: KernelPredictor, x: Tensor, valid: Tensor, target: Tensor, causal: bool, loss: str,
-                rows: Optional[Tensor] = None) -> Tensor:
+def kernel_loss(
+    predictor: KernelPredictor,
+    x: Tensor,
+    valid: Tensor,
+    target: Tensor,
+    causal: bool,
+    loss: str,
+    rows: Optional[Tensor] = None,
+) -> Tensor:
     """The chosen loss of `predictor` on sequences (x (B, N, C), valid, target (B, H, N, M)), on rows `rows`."""
     n = x.shape[1]
     rows = torch.arange(n, device=x.device) if rows is None else rows
@@ -777,8 +898,9 @@ def kernel_loss(predictor: KernelPredictor, x: Tensor, valid: Tensor, target: Te
     return loss_function(alpha, predictor.bank.patterns(n, rows), target[:, :, rows], weight)
 
 
-def fit_predictor(predictor: KernelPredictor, data: LayerData, causal: bool, loss: str, cfg: KernelConfig,
-                  generator: torch.Generator) -> float:
+def fit_predictor(
+    predictor: KernelPredictor, data: LayerData, causal: bool, loss: str, cfg: KernelConfig, generator: torch.Generator
+) -> float:
     """Adam on the loss over random sequences and query rows (a stochastic estimate of the sum over rows);
     returns the loss on all the training rows at the end."""
     if loss == "per-kernel" and predictor.bank.learned:
@@ -787,19 +909,22 @@ def fit_predictor(predictor: KernelPredictor, data: LayerData, causal: bool, los
     count, n = data.x.shape[0], data.x.shape[1]
     for _ in range(cfg.predictor_steps):
         seq = torch.randint(count, (min(cfg.predictor_batch, count),), generator=generator).to(data.x.device)
-        rows = torch.randperm(n, generator=generator)[:cfg.predictor_rows].to(data.x.device)
+        rows = torch.randperm(n, generator=generator)[: cfg.predictor_rows].to(data.x.device)
         value = kernel_loss(predictor, data.x[seq], data.valid[seq], data.target[seq], causal, loss, rows)
         optimizer.zero_grad(set_to_none=True)
         value.backward()
         optimizer.step()
     with torch.no_grad():  # equal-sized chunks: the mean of chunk means is the mean over all rows
-        chunks = [kernel_loss(predictor, data.x[s:s + 4], data.valid[s:s + 4], data.target[s:s + 4], causal, loss)
-                  for s in range(0, count, 4)]
+        chunks = [
+            kernel_loss(predictor, data.x[s : s + 4], data.valid[s : s + 4], data.target[s : s + 4], causal, loss)
+            for s in range(0, count, 4)
+        ]
     return float(torch.stack(chunks).mean())
 
 
-def fit_predictors(model: nn.Module, data: List[LayerData], variant: str, cfg: KernelConfig,
-                   generator: torch.Generator) -> Tuple[List[KernelPredictor], dict]:
+def fit_predictors(
+    model: nn.Module, data: List[LayerData], variant: str, cfg: KernelConfig, generator: torch.Generator
+) -> Tuple[List[KernelPredictor], dict]:
     """§4.2-§4.3.1 for one FAMILY/LOSS variant: a kernel bank per layer (standard, learned, or handcrafted from
     the layer's targets), a predictor per layer fitted to them; returns the predictors and the fit's record."""
     family, loss = variant.split("/")
@@ -813,19 +938,30 @@ def fit_predictors(model: nn.Module, data: List[LayerData], variant: str, cfg: K
             bank = init_learned_kernels(max_len, cfg.learned_kernels, generator)
         else:
             bank = handcrafted_kernels(d, causal, max_len, cfg.handcrafted_k, generator=generator)
-        torch.manual_seed(int(torch.randint(2 ** 31, (1,), generator=generator)))
-        layers.append(KernelPredictor(model.cfg.dim, model.cfg.heads, bank, cfg.window, cfg.hidden,
-                                      cfg.hidden_layers).to(device))
+        torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
+        layers.append(
+            KernelPredictor(model.cfg.dim, model.cfg.heads, bank, cfg.window, cfg.hidden, cfg.hidden_layers).to(device)
+        )
     fitted = time.time()
     losses = [fit_predictor(p, d, causal, loss, cfg, generator) for p, d in zip(layers, data)]
-    return layers, {"train_loss": sum(losses) / len(losses), "train_loss_per_layer": losses,
-                    "kernels_per_layer": layers[0].bank.num_kernels, "fit_seconds": time.time() - fitted}
+    return layers, {
+        "train_loss": sum(losses) / len(losses),
+        "train_loss_per_layer": losses,
+        "kernels_per_layer": layers[0].bank.num_kernels,
+        "fit_seconds": time.time() - fitted,
+    }
 
 
 # ------------------------------------------------------------------------------------- §5 sparsified inference
-def install(model: nn.Module, predictors: Optional[List[KernelPredictor]] = None, sparse: bool = True,
-            layers: Optional[int] = None, select: Optional[str] = None, threshold: Optional[float] = None,
-            top_k: Optional[int] = None) -> None:
+def install(
+    model: nn.Module,
+    predictors: Optional[List[KernelPredictor]] = None,
+    sparse: bool = True,
+    layers: Optional[int] = None,
+    select: Optional[str] = None,
+    threshold: Optional[float] = None,
+    top_k: Optional[int] = None,
+) -> None:
     """Puts `predictors` (one per layer) into the model's attentions, makes the last `layers` layers sparse or
     dense (all by default; the layers before them run dense: Fig. 6) and sets the selection rule."""
     depth = len(model.blocks)
@@ -844,8 +980,14 @@ def attention_parts(model: nn.Module) -> dict:
     """label → module of each layer's attention and its parts, for a FLOP count by part (Table 3)."""
     parts = {}
     for index, block in enumerate(model.blocks):
-        parts.update({f"attn{index}": block.attn, f"qkv{index}": block.attn.qkv, f"out{index}": block.attn.out,
-                      f"predictor{index}": block.attn.predictor})
+        parts.update(
+            {
+                f"attn{index}": block.attn,
+                f"qkv{index}": block.attn.qkv,
+                f"out{index}": block.attn.out,
+                f"predictor{index}": block.attn.predictor,
+            }
+        )
     return parts
 
 
@@ -854,20 +996,28 @@ def attention_flops(counts: dict, examples: int) -> dict:
     labels of `attention_parts` (plus "total"): the projections, the predictor and the core (scores, softmax and
     weighted sum on the entries computed, and building the (query, key) list). Core × dense is the ratio that
     sparsity can change, the products Table 3 counts; the whole module's and model's ratios are reported beside."""
+
     def total(prefix):
         return sum(value for label, value in counts.items() if label.startswith(prefix)) / examples
 
     projections = total("qkv") + total("out")
-    return {"model": counts["total"] / examples, "attention": total("attn"), "projections": projections,
-            "predictor": total("predictor"), "core": total("attn") - projections - total("predictor")}
+    return {
+        "model": counts["total"] / examples,
+        "attention": total("attn"),
+        "projections": projections,
+        "predictor": total("predictor"),
+        "core": total("attn") - projections - total("predictor"),
+    }
 
 
 @torch.no_grad()
-def time_x_dense(model: nn.Module, forward: Callable[[], object], repeats: int = 5,
-                 synchronize: Callable[[], None] = lambda: None) -> float:
+def time_x_dense(
+    model: nn.Module, forward: Callable[[], object], repeats: int = 5, synchronize: Callable[[], None] = lambda: None
+) -> float:
     """Wall-clock of an inference `forward()` with the model as installed ÷ with every layer dense (the teacher's
     SDPA): medians of `repeats` after a warm-up, the two alternating so that a shared machine's load falls on both."""
     import statistics
+
     installed, seconds = [block.attn.sparse for block in model.blocks], ([], [])  # as installed, dense
     try:
         for repeat, dense in itertools.product(range(repeats + 1), (0, 1)):
@@ -888,10 +1038,15 @@ def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int, seconds_
     """A validation result of the model as installed: perplexity (per scored token), density, keys per query,
     FLOPs relative to the dense teacher's and inference wall-clock relative to the same model run dense
     (`time_x_dense`). Sparsity (§4.3.2) is reported as keys per query (density × N) and as INTERFACE.md's density."""
-    return {"valid_ppl": math.exp(result["loss"]), "density": result["density"], "keys_per_query": result["density"] * n,
-            "density_per_layer": result["density_per_layer"],
-            **{f"{part}_flops_x_dense": flops[part] / dense_flops[part] for part in ("core", "attention", "model")},
-            "time_x_dense": seconds_x_dense, "flops": flops}
+    return {
+        "valid_ppl": math.exp(result["loss"]),
+        "density": result["density"],
+        "keys_per_query": result["density"] * n,
+        "density_per_layer": result["density_per_layer"],
+        **{f"{part}_flops_x_dense": flops[part] / dense_flops[part] for part in ("core", "attention", "model")},
+        "time_x_dense": seconds_x_dense,
+        "flops": flops,
+    }
 
 
 @torch.no_grad()
@@ -910,12 +1065,21 @@ def mask_quality(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Dic
             mask = block.attn.predictor.bank.mask(block.attn.selected(x, valid, causal), valid, causal)
             hit, ones, chosen = hit + (mask & target).sum(), ones + target.sum(), chosen + mask.sum()
             mass, rows = mass + (probs * mask).sum(), rows + valid.sum() * probs.shape[1]
-    return {"target_recall": float(hit / max(ones, 1)), "target_precision": float(hit / max(chosen, 1)),
-            "mass_recall": float(mass / max(rows, 1))}
+    return {
+        "target_recall": float(hit / max(ones, 1)),
+        "target_precision": float(hit / max(chosen, 1)),
+        "mass_recall": float(mass / max(rows, 1)),
+    }
 
 
-def fit_variants(model: nn.Module, data: List[LayerData], cfg: KernelConfig, generator: torch.Generator,
-                 measured: Callable[[], dict], quality: List[dict]) -> Tuple[dict, dict]:
+def fit_variants(
+    model: nn.Module,
+    data: List[LayerData],
+    cfg: KernelConfig,
+    generator: torch.Generator,
+    measured: Callable[[], dict],
+    quality: List[dict],
+) -> Tuple[dict, dict]:
     """§4.2-§5.2 for every FAMILY/LOSS variant: fit its predictors, install them with the selection rule and
     validate (``measured()``: the harness's validation result and FLOPs of the model as installed), beside the
     masks' recall of the teacher's targets on the batches ``quality``. Returns predictors and records."""
@@ -924,20 +1088,33 @@ def fit_variants(model: nn.Module, data: List[LayerData], cfg: KernelConfig, gen
         predictors[variant], fit = fit_predictors(model, data, variant, cfg, generator)
         install(model, predictors[variant], select=cfg.select, threshold=cfg.threshold, top_k=cfg.top_k)
         records[variant] = result = {**fit, **measured(), **mask_quality(model, quality, cfg)}
-        print(f"{variant}: predictor loss {result['train_loss']:.4f} | valid ppl {result['valid_ppl']:.3f} | "
-              f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f} | time x dense "
-              f"{result['time_x_dense']:.2f}", flush=True)
+        print(
+            f"{variant}: predictor loss {result['train_loss']:.4f} | valid ppl {result['valid_ppl']:.3f} | "
+            f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f} | time x dense "
+            f"{result['time_x_dense']:.2f}",
+            flush=True,
+        )
     return predictors, records
 
 
-def sweeps(model: nn.Module, predictors: List[KernelPredictor], cfg: KernelConfig, measured: Callable[[], dict],
-           evaluate: Callable[[], dict]) -> Tuple[List[dict], List[dict]]:
+def sweeps(
+    model: nn.Module,
+    predictors: List[KernelPredictor],
+    cfg: KernelConfig,
+    measured: Callable[[], dict],
+    evaluate: Callable[[], dict],
+) -> Tuple[List[dict], List[dict]]:
     """Fig. 5: the sweep variant against the threshold τ and the top-K; Fig. 6: its last ℓ layers sparse, the
     others dense, ℓ = 0 (the teacher) … depth (error propagation, §5.3)."""
     fig5, fig6 = [], []
     for rule, value in [("threshold", t) for t in cfg.thresholds] + [("topk", k) for k in cfg.top_ks]:
-        install(model, predictors, select=rule, threshold=value if rule == "threshold" else None,
-                top_k=value if rule == "topk" else None)
+        install(
+            model,
+            predictors,
+            select=rule,
+            threshold=value if rule == "threshold" else None,
+            top_k=value if rule == "topk" else None,
+        )
         fig5.append({"select": rule, "value": value, **measured()})
     for layers in range(len(model.blocks) + 1):
         install(model, predictors, layers=layers, select=cfg.select, threshold=cfg.threshold, top_k=cfg.top_k)
@@ -968,17 +1145,27 @@ def backbone_parameters(model: nn.Module) -> List[nn.Parameter]:
     return [p for name, p in model.named_parameters() if ".predictor." not in name]
 
 
-def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: List[dict], teacher: dict,
-                   cfg: KernelConfig, fine_tune: Callable[[], List[float]], measured: Callable[[], dict],
-                   test_ppl: Callable[[], float]) -> dict:
+def fine_tune_best(
+    model: nn.Module,
+    predictors: List[KernelPredictor],
+    fig5: List[dict],
+    teacher: dict,
+    cfg: KernelConfig,
+    fine_tune: Callable[[], List[float]],
+    measured: Callable[[], dict],
+    test_ppl: Callable[[], float],
+) -> dict:
     """§6.2: fine-tune the backbone end to end (``fine_tune()``: the harness's steps) at the Fig. 5 point of best
     perplexity within the FLOP budget (else the cheapest), beside a dense control (the teacher fine-tuned alike, so
     that more training is not credited to the masks); the record says whether core FLOPs ≤ budget × dense and test
     perplexity ≤ 1.2 × the teacher's."""
     within = [p for p in fig5 if p["core_flops_x_dense"] <= cfg.flops_budget]
     point = min(within, key=lambda p: p["valid_ppl"]) if within else min(fig5, key=lambda p: p["core_flops_x_dense"])
-    rule = {"select": point["select"], "threshold": point["value"] if point["select"] == "threshold" else None,
-            "top_k": point["value"] if point["select"] == "topk" else None}
+    rule = {
+        "select": point["select"],
+        "threshold": point["value"] if point["select"] == "threshold" else None,
+        "top_k": point["value"] if point["select"] == "topk" else None,
+    }
     control = None
     if cfg.finetune_steps > 0:
         before = {name: t.detach().clone() for name, t in model.state_dict().items() if ".predictor." not in name}
@@ -986,13 +1173,21 @@ def fine_tune_best(model: nn.Module, predictors: List[KernelPredictor], fig5: Li
         fine_tune()
         control = {"valid_ppl": measured()["valid_ppl"], "test_ppl": test_ppl()}
         model.load_state_dict(before, strict=False)
-        print(f"dense control fine-tuned {cfg.finetune_steps} steps: valid ppl {control['valid_ppl']:.3f} | "
-              f"test ppl {control['test_ppl']:.3f}", flush=True)
+        print(
+            f"dense control fine-tuned {cfg.finetune_steps} steps: valid ppl {control['valid_ppl']:.3f} | "
+            f"test ppl {control['test_ppl']:.3f}",
+            flush=True,
+        )
     install(model, predictors, **rule)
     losses = fine_tune() if cfg.finetune_steps > 0 else []
-    final = {**measured(), "test_ppl": test_ppl(), "setting": {"variant": cfg.sweep, **rule},
-             "before_valid_ppl": point["valid_ppl"], "steps": cfg.finetune_steps,
-             "train_loss_last": sum(losses[-50:]) / max(1, len(losses[-50:]))}
+    final = {
+        **measured(),
+        "test_ppl": test_ppl(),
+        "setting": {"variant": cfg.sweep, **rule},
+        "before_valid_ppl": point["valid_ppl"],
+        "steps": cfg.finetune_steps,
+        "train_loss_last": sum(losses[-50:]) / max(1, len(losses[-50:])),
+    }
     final["ppl_x_teacher"] = final["test_ppl"] / teacher["test_ppl"]
     final["valid_ppl_x_teacher"] = final["valid_ppl"] / teacher["valid_ppl"]
     final["target_met"] = final["core_flops_x_dense"] <= cfg.flops_budget and final["ppl_x_teacher"] <= 1.2
@@ -1025,8 +1220,7 @@ class Pipeline:
     def flops(self) -> dict:
         """attention_flops of the model as installed, on the fixed batch."""
         model = self.model
-        counts = self.measure.count_flops(lambda: model(**self.inputs), attention_parts(model),
-                                          root=model)
+        counts = self.measure.count_flops(lambda: model(**self.inputs), attention_parts(model), root=model)
         return attention_flops(counts, len(self.inputs["tokens"]))
 
     def evaluate(self, split: str = "valid", limit: Optional[int] = None) -> dict:
@@ -1039,8 +1233,9 @@ class Pipeline:
         """sparse_result of the model as installed: `limit` validation batches (default
         --eval-batches), inference time × dense on the fixed batch."""
         result = self.evaluate("valid", limit)
-        timed = time_x_dense(self.model, lambda: self.model(**self.inputs), 5,
-                             lambda: self.measure.synchronize(self.run.device))
+        timed = time_x_dense(
+            self.model, lambda: self.model(**self.inputs), 5, lambda: self.measure.synchronize(self.run.device)
+        )
         n = self.inputs["tokens"].shape[1]
         return sparse_result(result, self.flops(), self.dense, n, timed)
 
@@ -1049,16 +1244,23 @@ class Pipeline:
         cfg, kernel, model = self.cfg, self.kernel, self.model
         with reference_path(model):
             return self.fine_tune.fine_tune(
-                model, self.run.task, backbone_parameters(model), kernel.finetune_steps,
-                kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
+                model,
+                self.run.task,
+                backbone_parameters(model),
+                kernel.finetune_steps,
+                kernel.finetune_lr,
+                cfg.weight_decay,
+                cfg.batch_size,
+                cfg.grad_clip,
+                cfg.seed,
+            )
 
 
 def teacher_numbers(pipeline: Pipeline) -> dict:
     """(1) The dense teacher's validation and test perplexity (--final-eval-batches) and FLOPs."""
     final = pipeline.cfg.final_eval_batches
     teacher = {f"{split}_ppl": pipeline.ppl(split, final) for split in ("valid", "test")}
-    print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}",
-          flush=True)
+    print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
     return {**teacher, "flops": pipeline.dense}
 
 
@@ -1071,41 +1273,65 @@ def analyse_teacher(pipeline: Pipeline) -> Tuple[List[LayerData], list]:
     batches = [run.task.train_batch(cfg.batch_size, generator) for generator in generators]
     inputs = [pipeline.loop.model_inputs(batch, run.device) for batch in batches]
     data, maps, summary = analysis(pipeline.model, inputs, pipeline.kernel)
-    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps],
-               cfg.folder / "analysis.pt")
+    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
     return data, summary
 
 
 def render(record: dict) -> str:
     """kernel_report.md: the Tables 1-3 shape, Fig. 5, Fig. 6 and the fine-tuning, generated from the record."""
     teacher = record["teacher"]
-    lines = [f"Dense teacher: valid ppl {teacher['valid_ppl']:.3f}, test ppl {teacher['test_ppl']:.3f}.", "",
-             "| kernels / loss | predictor train loss (Eq. 1 mean) | valid ppl | keys per query | density | "
-             "core FLOPs × dense | attention FLOPs × dense | model FLOPs × dense | model time × dense | "
-             "target recall | mass recall |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Dense teacher: valid ppl {teacher['valid_ppl']:.3f}, test ppl {teacher['test_ppl']:.3f}.",
+        "",
+        "| kernels / loss | predictor train loss (Eq. 1 mean) | valid ppl | keys per query | density | "
+        "core FLOPs × dense | attention FLOPs × dense | model FLOPs × dense | model time × dense | "
+        "target recall | mass recall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, v in record["variants"].items():
-        lines.append(f"| {name} | {v['train_loss']:.4f} | {v['valid_ppl']:.3f} | {v['keys_per_query']:.1f} | "
-                     f"{v['density']:.3f} | {v['core_flops_x_dense']:.3f} | {v['attention_flops_x_dense']:.3f} | "
-                     f"{v['model_flops_x_dense']:.3f} | {v['time_x_dense']:.2f} | {v['target_recall']:.3f} | "
-                     f"{v['mass_recall']:.3f} |")
-    lines += ["", f"Fig. 5 ({record['config']['sweep']}):", "", "| select | value | valid ppl | keys per query | "
-              "density | core FLOPs × dense | model time × dense |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {p['select']} | {p['value']} | {p['valid_ppl']:.3f} | {p['keys_per_query']:.1f} | {p['density']:.3f} | "
-              f"{p['core_flops_x_dense']:.3f} | {p['time_x_dense']:.2f} |" for p in record["fig5"]]
-    lines += ["", "Fig. 6 (sparsified from the last layer backwards):", "", "| layers sparsified | valid ppl | density |",
-              "|---|---|---|"]
+        lines.append(
+            f"| {name} | {v['train_loss']:.4f} | {v['valid_ppl']:.3f} | {v['keys_per_query']:.1f} | "
+            f"{v['density']:.3f} | {v['core_flops_x_dense']:.3f} | {v['attention_flops_x_dense']:.3f} | "
+            f"{v['model_flops_x_dense']:.3f} | {v['time_x_dense']:.2f} | {v['target_recall']:.3f} | "
+            f"{v['mass_recall']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Fig. 5 ({record['config']['sweep']}):",
+        "",
+        "| select | value | valid ppl | keys per query | density | core FLOPs × dense | model time × dense |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {p['select']} | {p['value']} | {p['valid_ppl']:.3f} | {p['keys_per_query']:.1f} | {p['density']:.3f} | "
+        f"{p['core_flops_x_dense']:.3f} | {p['time_x_dense']:.2f} |"
+        for p in record["fig5"]
+    ]
+    lines += [
+        "",
+        "Fig. 6 (sparsified from the last layer backwards):",
+        "",
+        "| layers sparsified | valid ppl | density |",
+        "|---|---|---|",
+    ]
     lines += [f"| {p['layers']} | {p['valid_ppl']:.3f} | {p['density']:.3f} |" for p in record["fig6"]]
     f = record["finetune"]
-    lines += ["", f"Fine-tuned end to end ({f['steps']} steps) at {f['setting']}: valid ppl {f['before_valid_ppl']:.3f} "
-              f"→ {f['valid_ppl']:.3f}; test ppl {f['test_ppl']:.3f} = {f['ppl_x_teacher']:.3f} × teacher; core "
-              f"FLOPs {f['core_flops_x_dense']:.3f} × dense (attention {f['attention_flops_x_dense']:.3f}, model "
-              f"{f['model_flops_x_dense']:.3f}); model inference time {f['time_x_dense']:.2f} × dense (measured on one "
-              f"validation batch); target (core ≤ {record['config']['flops_budget']} × dense, ppl ≤ 1.2 × teacher) "
-              f"{'met' if f['target_met'] else 'not met'}."]
+    lines += [
+        "",
+        f"Fine-tuned end to end ({f['steps']} steps) at {f['setting']}: valid ppl {f['before_valid_ppl']:.3f} "
+        f"→ {f['valid_ppl']:.3f}; test ppl {f['test_ppl']:.3f} = {f['ppl_x_teacher']:.3f} × teacher; core "
+        f"FLOPs {f['core_flops_x_dense']:.3f} × dense (attention {f['attention_flops_x_dense']:.3f}, model "
+        f"{f['model_flops_x_dense']:.3f}); model inference time {f['time_x_dense']:.2f} × dense (measured on one "
+        f"validation batch); target (core ≤ {record['config']['flops_budget']} × dense, ppl ≤ 1.2 × teacher) "
+        f"{'met' if f['target_met'] else 'not met'}.",
+    ]
     if "dense_control" in f:
-        lines += ["", f"Dense control (the teacher fine-tuned the same {f['steps']} steps with dense attention): test "
-                      f"ppl {f['dense_control']['test_ppl']:.3f}; the sparse model's is {f['ppl_x_dense_control']:.3f} × "
-                      f"the control's."]
+        lines += [
+            "",
+            f"Dense control (the teacher fine-tuned the same {f['steps']} steps with dense attention): test "
+            f"ppl {f['dense_control']['test_ppl']:.3f}; the sparse model's is {f['ppl_x_dense_control']:.3f} × "
+            f"the control's.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -1114,17 +1340,21 @@ def publish(pipeline: Pipeline, report: dict, record: dict, start: float) -> Non
     tables, time beside FLOPs) and the record: the fine-tuned sparse model's numbers, the pipeline's
     report under `kernel`."""
     folder, f = pipeline.cfg.folder, report["finetune"]
-    torch.save({"model": pipeline.model.state_dict(), "setting": f["setting"]},
-               folder / "finetuned.pt")
+    torch.save({"model": pipeline.model.state_dict(), "setting": f["setting"]}, folder / "finetuned.pt")
     report["seconds"] = time.time() - start
     text = render(report)
     (folder / "kernel_report.md").write_text(text)
     print(text, flush=True)
-    record.update(kernel=report, valid=math.log2(f["valid_ppl"]), test=math.log2(f["test_ppl"]),
-                  valid_loss=math.log(f["valid_ppl"]), test_loss=math.log(f["test_ppl"]),
-                  density=f["density"], density_per_layer=f["density_per_layer"],
-                  flops_per_example={"model": f["flops"]["model"],
-                                     "attention": f["flops"]["attention"]})
+    record.update(
+        kernel=report,
+        valid=math.log2(f["valid_ppl"]),
+        test=math.log2(f["test_ppl"]),
+        valid_loss=math.log(f["valid_ppl"]),
+        test_loss=math.log(f["test_ppl"]),
+        density=f["density"],
+        density_per_layer=f["density_per_layer"],
+        flops_per_example={"model": f["flops"]["model"], "attention": f["flops"]["attention"]},
+    )
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -1144,19 +1374,44 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     fine-tuning with the predicted masks (§6.2) beside a dense control. The record is the sparse model's;
     kernel.teacher the teacher's."""
     import importlib.util
+
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file "
-                 "(KernelSparseAttention needs only torch and alibi.py)")
+        sys.exit(
+            f"{prog}: training needs the repository's bench/ beside this file "
+            "(KernelSparseAttention needs only torch and alibi.py)"
+        )
     from bench import cli, fine_tune, loop, measure
     from bench.tasks import get_task
-    cfg, kernel = cli.parse(argv, "kernel", prog, "Kernel-based learned sparse attention (Karkhanis et al.): dense "
-                            "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.", KernelConfig,
-                            tasks=("wikitext2", "bytes"))
+
+    cfg, kernel = cli.parse(
+        argv,
+        "kernel",
+        prog,
+        "Kernel-based learned sparse attention (Karkhanis et al.): dense "
+        "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.",
+        KernelConfig,
+        tasks=("wikitext2", "bytes"),
+    )
     kernel = in_proportion(kernel, cfg.steps, get_task(cfg.task).presets[cfg.preset].steps, cfg.given)
     with cli.one_line_errors():
-        run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda layer: KernelSparseAttention(
-            m.dim, m.heads, m.head_dim, m.attn_dropout, max_len=m.max_len, window=kernel.window, hidden=kernel.hidden,
-            hidden_layers=kernel.hidden_layers, sparse=False, alibi=kernel.alibi))
+        run = loop.setup(
+            cfg,
+            get_task(cfg.task),
+            lambda m: (
+                lambda layer: KernelSparseAttention(
+                    m.dim,
+                    m.heads,
+                    m.head_dim,
+                    m.attn_dropout,
+                    max_len=m.max_len,
+                    window=kernel.window,
+                    hidden=kernel.hidden,
+                    hidden_layers=kernel.hidden_layers,
+                    sparse=False,
+                    alibi=kernel.alibi,
+                )
+            ),
+        )
         loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
         record = loop.final_record(run)
         if record is not None:
@@ -1166,16 +1421,24 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
             data, report["analysis"] = analyse_teacher(pipeline)  # (2)
             model, seeded = pipeline.model, torch.Generator().manual_seed(cfg.seed)
             predictors, report["variants"] = fit_variants(  # (3) kernels, predictors; (4) inference
-                model, data, kernel, seeded, pipeline.measured, pipeline.batches("valid", 2))
+                model, data, kernel, seeded, pipeline.measured, pipeline.batches("valid", 2)
+            )
             chosen = predictors[kernel.sweep]
-            report["fig5"], report["fig6"] = sweeps(model, chosen, kernel, pipeline.measured,
-                                                    pipeline.evaluate)  # (4)
+            report["fig5"], report["fig6"] = sweeps(model, chosen, kernel, pipeline.measured, pipeline.evaluate)  # (4)
             report["finetune"] = fine_tune_best(  # (5)
-                model, chosen, report["fig5"], report["teacher"], kernel, pipeline.tune_backbone,
-                lambda: pipeline.measured(final), lambda: pipeline.ppl("test", final))
+                model,
+                chosen,
+                report["fig5"],
+                report["teacher"],
+                kernel,
+                pipeline.tune_backbone,
+                lambda: pipeline.measured(final),
+                lambda: pipeline.ppl("test", final),
+            )
             publish(pipeline, report, record, start)
         loop.finish(run, record)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

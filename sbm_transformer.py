@@ -33,6 +33,7 @@ it only at 1% density from 16,384 tokens: results/gpu). Departures from the pape
 Shape legend: B batch, H heads, N queries, M keys (M = N here), D = d head dim, K = k clusters, E edges,
 R = B·H graphs (graph r = b·H + h); "global" query / key indices are r·N + i / r·M + j.
 """
+
 import contextlib
 import sys
 import warnings
@@ -54,21 +55,37 @@ STE_FORMS = ("paper", "official")
 class SBMConfig:
     """SBM settings of a model (§4, Table 7); everything else is the task's preset. Each field is also an option
     of `python sbm_transformer.py` (its metadata: the help)."""
+
     clusters: int = field(default=128, metadata={"help": "k, clusters per head (Table 7)"})
     delta: float = field(default=0.01, metadata={"help": "δ, random edge exploration (§4.2)"})
-    density_weight: float = field(default=0.0, metadata={
-        "metavar": "LAMBDA", "help": "λ of the density regulariser (§5.2; Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1; "
-                                     "Table 1 is λ = 0)"})
-    density_from: int = field(default=0, metadata={
-        "metavar": "STEP", "help": "the training step from which λ acts (0: the paper's, from the first step; "
-                                   "later: once the task has shaped the graph)"})
+    density_weight: float = field(
+        default=0.0,
+        metadata={
+            "metavar": "LAMBDA",
+            "help": "λ of the density regulariser (§5.2; Table 2: 0, 1e-4, 1e-3, 1e-2, 1e-1; Table 1 is λ = 0)",
+        },
+    )
+    density_from: int = field(
+        default=0,
+        metadata={
+            "metavar": "STEP",
+            "help": "the training step from which λ acts (0: the paper's, from the first step; "
+            "later: once the task has shaped the graph)",
+        },
+    )
     self_loops: bool = field(default=False, metadata={"help": "the (+I) variant: M_ii = 1 (Table 8)"})
-    path: str = field(default="reference", metadata={
-        "choices": PATHS, "help": "reference (dense masks, O(N²k); faster at the CPU presets' lengths) "
-                                  "or fast (fastRG, O(E); long sequences at low density): one law"})
-    ste: str = field(default="paper", metadata={"choices": STE_FORMS,
-                                                "help": "the straight-through estimator: paper (Eq. 9) or official "
-                                                        "(hardtanh)"})
+    path: str = field(
+        default="reference",
+        metadata={
+            "choices": PATHS,
+            "help": "reference (dense masks, O(N²k); faster at the CPU presets' lengths) "
+            "or fast (fastRG, O(E); long sequences at low density): one law",
+        },
+    )
+    ste: str = field(
+        default="paper",
+        metadata={"choices": STE_FORMS, "help": "the straight-through estimator: paper (Eq. 9) or official (hardtanh)"},
+    )
     explore_in_eval: bool = field(default=False, metadata={"help": "add δ in evaluation too (official)"})
     shared_mlp: bool = field(default=False, metadata={"help": "one node MLP for all heads (official)"})
 
@@ -76,8 +93,7 @@ class SBMConfig:
     def official(cls, **overrides) -> "SBMConfig":
         """The official code's behaviour: dense Bernoulli path, hardtanh STE, δ also at evaluation, one MLP for all
         heads."""
-        return cls(**{"path": "reference", "ste": "official", "explore_in_eval": True, "shared_mlp": True,
-                      **overrides})
+        return cls(**{"path": "reference", "ste": "official", "explore_in_eval": True, "shared_mlp": True, **overrides})
 
 
 # ---- reference path: Eq. 5-9 as dense code, O(N²k) ------------------------------------------------------------
@@ -86,17 +102,29 @@ class SBMAttention(nn.Module):
     self_loops; options: path, ste, explore_in_eval, shared_mlp (SBMConfig). The methods below are the reference
     path; `path="fast"` replaces the mask by a graph of edges (sample_edges, attend_edges)."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
-                 clusters: int = SBMConfig.clusters, delta: float = SBMConfig.delta,
-                 density_weight: float = SBMConfig.density_weight, self_loops: bool = SBMConfig.self_loops,
-                 path: str = SBMConfig.path, ste: str = SBMConfig.ste,
-                 explore_in_eval: bool = SBMConfig.explore_in_eval, shared_mlp: bool = SBMConfig.shared_mlp):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        *,
+        clusters: int = SBMConfig.clusters,
+        delta: float = SBMConfig.delta,
+        density_weight: float = SBMConfig.density_weight,
+        self_loops: bool = SBMConfig.self_loops,
+        path: str = SBMConfig.path,
+        ste: str = SBMConfig.ste,
+        explore_in_eval: bool = SBMConfig.explore_in_eval,
+        shared_mlp: bool = SBMConfig.shared_mlp,
+    ):
         super().__init__()
         if min(dim, heads, head_dim, clusters) < 1:
             raise ValueError(f"dim, heads, head_dim, clusters must be positive, got {dim, heads, head_dim, clusters}")
         if not 0.0 <= delta < 1.0 or density_weight < 0 or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"need 0 <= delta < 1, density_weight >= 0, 0 <= dropout < 1; got {delta}, "
-                             f"{density_weight}, {dropout}")
+            raise ValueError(
+                f"need 0 <= delta < 1, density_weight >= 0, 0 <= dropout < 1; got {delta}, {density_weight}, {dropout}"
+            )
         if path not in PATHS or ste not in STE_FORMS:
             raise ValueError(f"path must be one of {PATHS} and ste one of {STE_FORMS}, got {path!r}, {ste!r}")
         self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
@@ -107,7 +135,7 @@ class SBMAttention(nn.Module):
         self.out = nn.Linear(heads * head_dim, dim)
         # The node MLP d → d → d of Eq. 6-7, for queries and keys alike: one per head, as §4.1 says ("each attention
         # head a 2-layer MLP"); Fig. 2 and the official code share one across heads (shared_mlp=True). U(±1/√d) init.
-        mlp_heads, bound = (1 if shared_mlp else heads), head_dim ** -0.5
+        mlp_heads, bound = (1 if shared_mlp else heads), head_dim**-0.5
         self.mlp_w = nn.Parameter(torch.empty(2, mlp_heads, head_dim, head_dim).uniform_(-bound, bound))
         self.mlp_b = nn.Parameter(torch.empty(2, mlp_heads, 1, head_dim).uniform_(-bound, bound))
         # Cluster embeddings C (H, K, D), Kaiming normal with the fan-in of the whole tensor, std √(2/(K·D)), as the
@@ -125,19 +153,29 @@ class SBMAttention(nn.Module):
         logits = node @ self.centers.transpose(1, 2)  # (B, H, N, K)
         return torch.sigmoid(logits + self.shift if self.shift else logits)
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
-            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
-                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
-        valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
-                 else ~key_padding_mask)  # (B, N)
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
+                f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+            )
+        valid = (
+            torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
+        )  # (B, N)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
         # scores, softmax and sampling in float32 (≥); the fast path's many mid-sized ops on one thread (fastrg.py's
         # one_thread: on a shared CPU a second thread's barrier waits cost more than it gives)
-        with torch.autocast(x.device.type, enabled=False), \
-                (fastrg.one_thread() if self.path == "fast" else contextlib.nullcontext()):
+        with (
+            torch.autocast(x.device.type, enabled=False),
+            fastrg.one_thread() if self.path == "fast" else contextlib.nullcontext(),
+        ):
             dtype = torch.promote_types(q.dtype, torch.float32)
             q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
             # M is sampled in evaluation too, as in the official code and Table 1's test-time densities
@@ -163,8 +201,7 @@ class SBMAttention(nn.Module):
             with torch.no_grad():
                 return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
         with torch.no_grad():
-            edges = sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops,
-                                 generator)
+            edges = sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops, generator)
         return {"edges": edges, "x": x, "w": w}
 
     def factors(self, q: Tensor, k: Tensor) -> tuple:
@@ -176,12 +213,14 @@ class SBMAttention(nn.Module):
         """One Bernoulli(min(1, P + δ)) per pair (Eq. 8), as the official code draws M; then
         padding, causality and forced self-loops: a (B, H, N, M) mask."""
         # u < min(1, π) ⟺ u < π for u ∈ [0, 1): no clamp needed
-        mask = torch.rand(prob.shape, generator=generator, device=prob.device, dtype=prob.dtype) < \
-            prob + self.exploration()
+        mask = (
+            torch.rand(prob.shape, generator=generator, device=prob.device, dtype=prob.dtype)
+            < prob + self.exploration()
+        )
         n = mask.shape[-1]
         # No edge from or to padding (the official code samples padded keys, at weight 0, and lets padded queries
         # attend): padded tokens' memberships never meet the loss.
-        mask &= (valid[:, None, :, None] & valid[:, None, None, :])
+        mask &= valid[:, None, :, None] & valid[:, None, None, :]
         if causal:
             mask &= torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
         if self.self_loops:  # (+I): M_ii = 1 for valid tokens (§4.3 footnote 1, Table 8); off in the paper's runs
@@ -214,9 +253,11 @@ class SBMAttention(nn.Module):
         return y, density, per_example
 
     def extra_repr(self) -> str:
-        return (f"heads={self.heads}, head_dim={self.head_dim}, clusters={self.clusters}, delta={self.delta}, "
-                f"density_weight={self.density_weight:g}, self_loops={self.self_loops}, path={self.path}, "
-                f"ste={self.ste}, explore_in_eval={self.explore_in_eval}, shared_mlp={self.shared_mlp}")
+        return (
+            f"heads={self.heads}, head_dim={self.head_dim}, clusters={self.clusters}, delta={self.delta}, "
+            f"density_weight={self.density_weight:g}, self_loops={self.self_loops}, path={self.path}, "
+            f"ste={self.ste}, explore_in_eval={self.explore_in_eval}, shared_mlp={self.shared_mlp}"
+        )
 
 
 def dense_attention(q, k, v, prob, mask, row_edges, p_drop: float, ste: str, generator=None) -> Tensor:
@@ -247,7 +288,7 @@ class StraightThrough(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        scores, = ctx.saved_tensors
+        (scores,) = ctx.saved_tensors
         # The official clip acts on the regulariser's share of the gradient too; here it clips only the attention's.
         return grad, (grad * scores if ctx.ste == "paper" else grad.clamp(-1.0, 1.0)), None
 
@@ -286,6 +327,7 @@ class Edges:
     """The edges of R query→key graphs grouped by query (CSR: row_ptr, col; int32, the sparse BLAS
     kernels' type; keys sorted within each row), and a key-major copy (CSC) for the backward's transposed
     products, built on first use (inference never sorts)."""
+
     R: int
     N: int
     M: int
@@ -326,15 +368,17 @@ class Edges:
                 key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
                 key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
                 for c in range(0, b - a, chunk):  # + CSR position, a chunk at a time (no E-sized arange)
-                    key[c:c + chunk] += torch.arange(a + c, min(a + c + chunk, b), device=key.device)
+                    key[c : c + chunk] += torch.arange(a + c, min(a + c + chunk, b), device=key.device)
                 key = fastrg.sort_integers(key)  # by (key, query)
                 perm, row_t = key.view(torch.int32).view(-1, 2).unbind(1)
                 perm.bitwise_and_((1 << bits) - 1)
-                row = torch.repeat_interleave(torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32,
-                                                           device=key.device),
-                                              self.row_len[g0 * self.N:g1 * self.N], output_size=b - a)  # CSR order
+                row = torch.repeat_interleave(
+                    torch.arange(g0 * self.N, g1 * self.N, dtype=torch.int32, device=key.device),
+                    self.row_len[g0 * self.N : g1 * self.N],
+                    output_size=b - a,
+                )  # CSR order
                 for c in range(0, b - a, chunk):
-                    row_t[c:c + chunk] = row.index_select(0, perm[c:c + chunk] - a)
+                    row_t[c : c + chunk] = row.index_select(0, perm[c : c + chunk] - a)
                 del key, row  # before the next block's
                 blocks.append((row_t, perm, _ranges(col_ptr, g0 * self.M, g1 * self.M, chunk)))
             self._key_major = (col_ptr, blocks)
@@ -353,7 +397,7 @@ class Edges:
 
     def per_graph(self) -> Tensor:
         """(R,) edges per graph."""
-        return self.row_ptr[self.N::self.N] - self.row_ptr[:-1:self.N]
+        return self.row_ptr[self.N :: self.N] - self.row_ptr[: -1 : self.N]
 
     def csr(self, values: Tensor) -> Tensor:
         return _csr(self.row_ptr, self.col, values, (self.R * self.N, self.R * self.M))
@@ -373,24 +417,30 @@ class Edges:
             if self._query_chunks is None:
                 self._query_chunks = _ranges(self.row_ptr, 0, self.R * self.N, chunk)
             for start, end, e0, e1 in self._query_chunks:
-                offsets = self.row_ptr[start:end + 1] - e0 if e0 else self.row_ptr[start:end + 1]  # first: no op
-                yield start, slice(e0, e1), Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end],
-                                                  self.col[e0:e1])
+                offsets = self.row_ptr[start : end + 1] - e0 if e0 else self.row_ptr[start : end + 1]  # first: no op
+                yield (
+                    start,
+                    slice(e0, e1),
+                    Edges(1, end - start, self.R * self.M, offsets, self.row_len[start:end], self.col[e0:e1]),
+                )
             return
         col_ptr, blocks = self.key_major()
         for row_t, perm, ranges in blocks:
             base = ranges[0][2]  # the block's first edge
             for start, end, c0, c1 in ranges:
-                offsets, at = col_ptr[start:end + 1] - c0, slice(c0 - base, c1 - base)
-                yield start, perm[at], Edges(1, end - start, self.R * self.N, offsets, offsets.diff(),
-                                             row_t[at].contiguous())
+                offsets, at = col_ptr[start : end + 1] - c0, slice(c0 - base, c1 - base)
+                yield (
+                    start,
+                    perm[at],
+                    Edges(1, end - start, self.R * self.N, offsets, offsets.diff(), row_t[at].contiguous()),
+                )
 
 
 def _ranges(ptr: Tensor, start: int, stop: int, size: int) -> list:
     """Consecutive ranges [a, b) covering start..stop − 1, each whole entries of the offsets `ptr` holding about
     `size` items (at least one entry), with their offsets: (a, b, ptr[a], ptr[b]). Cut on the host, from one copy
     of ptr[start..stop] (off the CPU one sync for all ranges, not three a range)."""
-    host, ranges, a, last = ptr[start:stop + 1].cpu().numpy(), [], 0, stop - start
+    host, ranges, a, last = ptr[start : stop + 1].cpu().numpy(), [], 0, stop - start
     while a < last:
         target = min(int(host[a]) + size, int(host[last]))
         b = min(last, max(a + 1, int(np.searchsorted(host, target, side="right")) - 1))
@@ -473,7 +523,7 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
     fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product. A chunk of queries at a time, their
     U drawn in turn (the stream of one draw of E')."""
     R, N, M, K = proposed.R, proposed.N, proposed.M, x.shape[-1]
-    sure = (bound / -torch.log1p(-bound) * (1 - 2 ** -20)).reshape(R * N)  # 1/c_i, rounded down
+    sure = (bound / -torch.log1p(-bound) * (1 - 2**-20)).reshape(R * N)  # 1/c_i, rounded down
     x, w, rate = x.reshape(R * N, K), w.reshape(-1, K), scale.reshape(R * N).neg()
     if causal:  # key index j ≤ query index i, both as r·M + ·
         diagonal = (torch.arange(R, device=x.device)[:, None] * M + torch.arange(N, device=x.device)).view(-1).int()
@@ -489,8 +539,9 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
             unsure &= allowed
             ok &= allowed
         index = unsure.nonzero().squeeze(1)
-        checked = Edges.from_csr(_kept_offsets(unsure, part.row_ptr), part.col.index_select(0, index), 1, part.N,
-                                 part.M)
+        checked = Edges.from_csr(
+            _kept_offsets(unsure, part.row_ptr), part.col.index_select(0, index), 1, part.N, part.M
+        )
         pi = _sddmm(checked, x[q0:q1], w) + delta
         U = U.index_select(0, index).mul_(checked.to_rows(rate[q0:q1]).mul_(pi).expm1_().neg_())
         ok.index_put_((index,), U < pi.clamp_(max=1.0))  # U·(1 − e^{−c_i π}) < min(1, π)
@@ -537,8 +588,10 @@ class EdgeAttention(torch.autograd.Function):
         # off detached copies, so torch.autograd.grad never reaches it and returns the second derivative without
         # this function's part (gradgradcheck: a mismatch, not an error).
         if torch.is_grad_enabled():
-            raise RuntimeError("EdgeAttention has no second derivative: a double backward (create_graph=True) is "
-                               "refused; SBMAttention's reference path (path='reference') has one")
+            raise RuntimeError(
+                "EdgeAttention has no second derivative: a double backward (create_graph=True) is "
+                "refused; SBMAttention's reference path (path='reference') has one"
+            )
         q, k, v, top, total, keep = ctx.saved_tensors
         edges, scale = ctx.edges, q.shape[-1] ** -0.5
         grad_out = grad_out.contiguous()
@@ -617,9 +670,9 @@ class StraightThroughEdges(torch.autograd.Function):
 
         dx, dw = torch.empty_like(x), torch.empty_like(w)
         for q0, at, part in edges.chunks():
-            dx[q0:q0 + part.N] = part.csr(edge_grad(q0, at, part, False)) @ w
+            dx[q0 : q0 + part.N] = part.csr(edge_grad(q0, at, part, False)) @ w
         for j0, at, part in edges.chunks(key_major=True):
-            dw[j0:j0 + part.N] = part.csr(edge_grad(j0, at, part, True)) @ x
+            dw[j0 : j0 + part.N] = part.csr(edge_grad(j0, at, part, True)) @ x
         edges._key_major = None  # the last use of the key-major copy (8 bytes an edge): freed before the rest of
         return dx, dw, None, None  # the backward; a second backward (retain_graph) builds it again
 
@@ -630,14 +683,14 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
     with the STE's gradient path (StraightThroughEdges), as the reference path computes them on a mask."""
     B, H, N, D = q.shape
     x, w, edges = graph["x"], graph["w"], graph["edges"]
-    mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges,
-                                              self_loops)
+    mask, counts = StraightThroughEdges.apply(x.reshape(-1, x.shape[-1]), w.reshape(-1, w.shape[-1]), edges, self_loops)
     keep = None
     if p_drop > 0:  # on the normalised weights, as on the reference path
         source = generator.device if generator is not None else q.device
         keep = torch.rand(edges.E, generator=generator, device=source).to(q.device) >= p_drop
-    y = EdgeAttention.apply(q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D),
-                            mask, edges, keep, p_drop, ste).view(B, H, N, D)
+    y = EdgeAttention.apply(
+        q.reshape(B * H * N, D), k.reshape(B * H * N, D), v.reshape(B * H * N, D), mask, edges, keep, p_drop, ste
+    ).view(B, H, N, D)
     return y, counts.view(B, H)
 
 
@@ -645,10 +698,23 @@ def attend_edges(q, k, v, graph: dict, p_drop: float, ste: str, self_loops: bool
 def make_attention_factory(cfg: SBMConfig, dim: int, heads: int, head_dim: int, dropout: float, depth: int):
     """The backbone's make_attention(layer_index): the same SBM attention in every layer; the regulariser
     λ·(mean density over layers and heads) is split as λ/L per layer (§5.2)."""
+
     def make_attention(layer_index: int) -> SBMAttention:
-        return SBMAttention(dim, heads, head_dim, dropout, clusters=cfg.clusters, delta=cfg.delta,
-                            density_weight=cfg.density_weight / depth, self_loops=cfg.self_loops, path=cfg.path,
-                            ste=cfg.ste, explore_in_eval=cfg.explore_in_eval, shared_mlp=cfg.shared_mlp)
+        return SBMAttention(
+            dim,
+            heads,
+            head_dim,
+            dropout,
+            clusters=cfg.clusters,
+            delta=cfg.delta,
+            density_weight=cfg.density_weight / depth,
+            self_loops=cfg.self_loops,
+            path=cfg.path,
+            ste=cfg.ste,
+            explore_in_eval=cfg.explore_in_eval,
+            shared_mlp=cfg.shared_mlp,
+        )
+
     return make_attention
 
 
@@ -673,6 +739,7 @@ def at_density(module: SBMAttention, x: Tensor, density: float) -> SBMAttention:
 def density_profile(model: nn.Module, evaluate, split: str, limit: Optional[int]) -> dict:
     """Mean and standard deviation over examples of each layer's and head's density (App. C, Fig. 5)."""
     seen = {i: [] for i in range(len(model.blocks))}
+
     def record(i):
         return lambda module, args, out: seen[i].append(out[1]["density_per_example"])
 
@@ -683,8 +750,11 @@ def density_profile(model: nn.Module, evaluate, split: str, limit: Optional[int]
         for hook in hooks:
             hook.remove()
     per_layer = [torch.cat(seen[i]).float() for i in range(len(seen))]  # (examples, H) per layer
-    return {"split": split, "mean": [d.mean(0).tolist() for d in per_layer],
-            "std": [d.std(0).tolist() if len(d) > 1 else [0.0] * d.shape[1] for d in per_layer]}
+    return {
+        "split": split,
+        "mean": [d.mean(0).tolist() for d in per_layer],
+        "std": [d.std(0).tolist() if len(d) > 1 else [0.0] * d.shape[1] for d in per_layer],
+    }
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -694,19 +764,34 @@ def main(argv=None, prog: str = "python sbm_transformer.py") -> int:
     C, Fig. 5) and, where δ is dropped in evaluation, the test metric with δ's random edges kept. It needs the
     repository's bench/; SBMAttention above does not."""
     import importlib.util
+
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SBMAttention needs only torch and fastrg.py)")
+        sys.exit(
+            f"{prog}: training needs the repository's bench/ beside this file (SBMAttention needs only torch and fastrg.py)"
+        )
     from bench import cli, loop
     from bench.tasks import get_task
-    cfg, sbm = cli.parse(argv, "sbm", prog, "Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one "
-                         "task.", SBMConfig, flags={"official": "the official code's choices where no other is "
-                         "given: the reference path, hardtanh STE, δ in evaluation, one MLP for all heads"})
+
+    cfg, sbm = cli.parse(
+        argv,
+        "sbm",
+        prog,
+        "Train and evaluate SBM-Transformer (Cho et al., NeurIPS 2022) on one task.",
+        SBMConfig,
+        flags={
+            "official": "the official code's choices where no other is "
+            "given: the reference path, hardtanh STE, δ in evaluation, one MLP for all heads"
+        },
+    )
     if cfg.flags["official"]:
         cfg = cfg.with_settings(**vars(SBMConfig.official()))
         sbm = cfg.settings
     with cli.one_line_errors():
-        run = loop.setup(cfg, get_task(cfg.task), lambda m: make_attention_factory(sbm, m.dim, m.heads, m.head_dim,
-                                                                                   m.attn_dropout, m.depth))
+        run = loop.setup(
+            cfg,
+            get_task(cfg.task),
+            lambda m: make_attention_factory(sbm, m.dim, m.heads, m.head_dim, m.attn_dropout, m.depth),
+        )
         # Departure from §5.2, where λ acts from the first step: with density_from > 0 it waits. From step 0, any
         # λ ≥ 1e-3 thins the graph to δ's floor within ~200 steps, before a task's signal (duplicates) appears.
         layers = [m for m in run.model.modules() if isinstance(m, SBMAttention)]

@@ -28,6 +28,7 @@ needs far keys learns nothing with it (a copy task stayed at chance, unbiased=0.
 Shape legend: B batch, H heads, N queries, M keys, D head dim, W windows, K sources per window,
 Nw = N/W queries per window, R×C grid rows × columns.
 """
+
 import argparse
 import contextlib
 import math
@@ -56,28 +57,66 @@ def _grid(text: str) -> Tuple[int, int]:
 class SSAConfig:
     """The SSA settings of a model (App. B): which layers sample, how, and the training procedures. Each field is
     also an option of `python ssa.py` (its metadata: the flag where it differs from the name, and the help)."""
-    layers: Optional[int] = field(default=None, metadata={
-        "flag": "--ssa-layers", "metavar": "L", "help": "ℓ: SSA on the last ℓ layers (S<ℓ>), dense below (default: "
-                                                        "all layers)"})
+
+    layers: Optional[int] = field(
+        default=None,
+        metadata={
+            "flag": "--ssa-layers",
+            "metavar": "L",
+            "help": "ℓ: SSA on the last ℓ layers (S<ℓ>), dense below (default: all layers)",
+        },
+    )
     windows: int = field(default=4, metadata={"help": "w: windows of locally biased SSA (L<w>); 1 = dense-equivalent"})
-    sigma: Tuple[float, float] = field(default=(0.1, 0.225), metadata={
-        "type": float, "nargs": "+", "metavar": "S",
-        "help": "σ / length (grid: / each side) in the first and last sampled layer (enwik8); one value: both"})
-    unbiased: Optional[float] = field(default=None, metadata={
-        "metavar": "P", "help": "unbiased SSA keeping a fraction P of the sources (the paper's U<100(1-P)>), "
-                                "replacing the local bias"})
-    grid: Optional[Tuple[int, int]] = field(default=None, metadata={
-        "type": _grid, "metavar": "RxC",
-        "help": "2-D variant: tokens form an R×C grid row by row; windows are bands of rows"})
-    alibi: bool = field(default=True, metadata={
-        "help": "the ALiBi bias (without it only masks are re-indexed); with ALiBi a language model has no "
-                "positional embeddings unless --pos-emb true (App. B.1)"})
-    path: str = field(default="fast", metadata={
-        "choices": PATHS, "help": "the attention core: fast (SDPA) or reference (materialised scores; same results)"})
-    finetune_fraction: float = field(default=0.0, metadata={
-        "metavar": "F", "help": "+FT: dense attention for the last fraction F of the steps (paper: 0.1)"})
-    ensemble_samples: int = field(default=0, metadata={
-        "metavar": "K", "help": "also report self-ensembled valid/test metrics with K sub-models (paper: 50)"})
+    sigma: Tuple[float, float] = field(
+        default=(0.1, 0.225),
+        metadata={
+            "type": float,
+            "nargs": "+",
+            "metavar": "S",
+            "help": "σ / length (grid: / each side) in the first and last sampled layer (enwik8); one value: both",
+        },
+    )
+    unbiased: Optional[float] = field(
+        default=None,
+        metadata={
+            "metavar": "P",
+            "help": "unbiased SSA keeping a fraction P of the sources (the paper's U<100(1-P)>), "
+            "replacing the local bias",
+        },
+    )
+    grid: Optional[Tuple[int, int]] = field(
+        default=None,
+        metadata={
+            "type": _grid,
+            "metavar": "RxC",
+            "help": "2-D variant: tokens form an R×C grid row by row; windows are bands of rows",
+        },
+    )
+    alibi: bool = field(
+        default=True,
+        metadata={
+            "help": "the ALiBi bias (without it only masks are re-indexed); with ALiBi a language model has no "
+            "positional embeddings unless --pos-emb true (App. B.1)"
+        },
+    )
+    path: str = field(
+        default="fast",
+        metadata={
+            "choices": PATHS,
+            "help": "the attention core: fast (SDPA) or reference (materialised scores; same results)",
+        },
+    )
+    finetune_fraction: float = field(
+        default=0.0,
+        metadata={"metavar": "F", "help": "+FT: dense attention for the last fraction F of the steps (paper: 0.1)"},
+    )
+    ensemble_samples: int = field(
+        default=0,
+        metadata={
+            "metavar": "K",
+            "help": "also report self-ensembled valid/test metrics with K sub-models (paper: 50)",
+        },
+    )
 
     def __post_init__(self):
         if len(self.sigma) not in (1, 2):
@@ -119,8 +158,17 @@ def _randn(shape, generator: Optional[torch.Generator], device) -> Tensor:
 
 # ------------------------------------------------- reference path: the sources of each window (Alg. 1, Alg. 2, Eq. 3)
 
-def window_sources(rows: int, cols: int, windows: int, sigma_rows: float, sigma_cols: float, causal: bool,
-                   generator: Optional[torch.Generator] = None, device=None) -> Tensor:
+
+def window_sources(
+    rows: int,
+    cols: int,
+    windows: int,
+    sigma_rows: float,
+    sigma_cols: float,
+    causal: bool,
+    generator: Optional[torch.Generator] = None,
+    device=None,
+) -> Tensor:
     """(W, K) original positions of each target window's sources, K = R·C/W: the paper's
     localrandperm(N, w, σ) (Alg. 2 line 1, Eq. 3) cut into its w slots, for an R×C grid flattened row by
     row whose windows are bands of R/W rows (1-D: R = N, C = 1).
@@ -161,6 +209,7 @@ def unbiased_sources(n: int, keep: float, generator: Optional[torch.Generator] =
 
 # ---------------------------------------------------------------------- the attention on the drawn windows (Alg. 2)
 
+
 class SSAttention(nn.Module):
     """Multi-head attention with SSA (INTERFACE.md). Budget: `windows` (w), `sigma` (σ / length),
     `unbiased` (keep fraction p, replaces local bias: the form for a model of your own, see the module docstring),
@@ -170,10 +219,21 @@ class SSAttention(nn.Module):
     layers outside the last ℓ); "always" = SSA in eval too (§3.5). `sampled_layer` records whether the
     layer was built to sample; self_ensemble() samples those layers only."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *,
-                 windows: int = SSAConfig.windows, sigma: float = 0.1, unbiased: Optional[float] = None,
-                 grid: Optional[Tuple[int, int]] = None, alibi: bool = SSAConfig.alibi, path: str = SSAConfig.path,
-                 sampling: str = "training"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        *,
+        windows: int = SSAConfig.windows,
+        sigma: float = 0.1,
+        unbiased: Optional[float] = None,
+        grid: Optional[Tuple[int, int]] = None,
+        alibi: bool = SSAConfig.alibi,
+        path: str = SSAConfig.path,
+        sampling: str = "training",
+    ):
         super().__init__()
         if min(dim, heads, head_dim, windows) < 1:
             raise ValueError(f"dim, heads, head_dim, windows must be positive, got {dim, heads, head_dim, windows}")
@@ -192,8 +252,11 @@ class SSAttention(nn.Module):
         self.register_buffer("slopes", alibi_slopes(heads), persistent=False)
 
     def extra_repr(self) -> str:
-        scheme = f"unbiased={self.unbiased}" if self.unbiased is not None else f"windows={self.windows}, " \
-                 f"sigma={self.sigma:.4g}, grid={self.grid}"
+        scheme = (
+            f"unbiased={self.unbiased}"
+            if self.unbiased is not None
+            else f"windows={self.windows}, sigma={self.sigma:.4g}, grid={self.grid}"
+        )
         return f"heads={self.heads}, head_dim={self.head_dim}, {scheme}, alibi={self.alibi}, path={self.path}, sampling={self.sampling}"
 
     def subsampling(self) -> bool:
@@ -213,8 +276,7 @@ class SSAttention(nn.Module):
             raise ValueError(f"causal unbiased SSA runs 1/p windows; p={self.unbiased} is not 1/integer")
         return windows
 
-    def draw_sources(self, n: int, causal: bool, generator: Optional[torch.Generator] = None,
-                     device=None) -> Tensor:
+    def draw_sources(self, n: int, causal: bool, generator: Optional[torch.Generator] = None, device=None) -> Tensor:
         """(W, K) original positions of each window's sources for a length-N input (N divisible by W)."""
         if self.unbiased is not None and not causal:
             return unbiased_sources(n, self.unbiased, generator, device)
@@ -232,17 +294,25 @@ class SSAttention(nn.Module):
         # paper learned a 2-D relative bias for images (App. B.2); encoders keep learned positions (left from right).
         return alibi_bias(self.slopes, query_pos[:, :, None], source_pos[:, None, :])
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
-            raise ValueError(f"key_padding_mask must be a bool tensor of shape {(b, n)}, True at padding; got "
-                             f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor of shape {(b, n)}, True at padding; got "
+                f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+            )
         sample = self.subsampling()
         windows = self.num_windows(causal) if sample else 1
         padded = -(-n // windows) * windows  # ours: N pads to a multiple of W; the pad is key padding
-        valid = torch.ones(1, n, dtype=torch.bool, device=x.device) if key_padding_mask is None \
-            else ~key_padding_mask  # (B|1, N)
+        valid = (
+            torch.ones(1, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
+        )  # (B|1, N)
         if padded != n:
             x = F.pad(x, (0, 0, 0, padded - n))
             valid = F.pad(valid, (0, padded - n), value=False)
@@ -292,8 +362,15 @@ class SSAttention(nn.Module):
         return (pairs / total.clamp_min(1)).to(torch.float32)
 
     @staticmethod
-    def reference_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
-                       p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
+    def reference_core(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Optional[Tensor],
+        bias: Optional[Tensor],
+        p_drop: float,
+        generator: Optional[torch.Generator],
+    ) -> Tensor:
         """The reference core: softmax(Q_w K_wᵀ/√D + B̃_w) V_w (Alg. 2 line 12) with the (B, H, W, Nw, K) scores
         materialised, softmax in float32 (autocast off: it would run the score product, and so the softmax, in its
         lower precision); the dropout mask comes from `generator`."""
@@ -322,12 +399,14 @@ class SSAttention(nn.Module):
             mask = allowed[:, None] if mask is None else mask.masked_fill(~allowed[:, None], -math.inf)
         if mask is not None:
             mask = mask.expand(-1, h, -1, -1, -1).reshape(mask.shape[0], h * w, nw, -1)  # (B|1, H·W, Nw, K)
-        y = F.scaled_dot_product_attention(q.reshape(b, h * w, nw, d), k.reshape(b, h * w, -1, d),
-                                           v.reshape(b, h * w, -1, d), attn_mask=mask)  # (B, H·W, Nw, D)
+        y = F.scaled_dot_product_attention(
+            q.reshape(b, h * w, nw, d), k.reshape(b, h * w, -1, d), v.reshape(b, h * w, -1, d), attn_mask=mask
+        )  # (B, H·W, Nw, D)
         return y.view(b, h, w, nw, d)
 
 
 # ------------------------------------------------------------------------------------------- model pieces
+
 
 def layer_sigma(cfg: SSAConfig, layer_index: int, num_layers: int) -> float:
     """σ / length of a layer: linear from cfg.sigma[0] at the first sampled layer to cfg.sigma[1] at the
@@ -339,8 +418,9 @@ def layer_sigma(cfg: SSAConfig, layer_index: int, num_layers: int) -> float:
     return cfg.sigma[0] + (cfg.sigma[1] - cfg.sigma[0]) * min(max(t, 0.0), 1.0)
 
 
-def make_attention_factory(cfg: SSAConfig, dim: int, heads: int, head_dim: int, dropout: float,
-                           num_layers: int) -> Callable[[int], SSAttention]:
+def make_attention_factory(
+    cfg: SSAConfig, dim: int, heads: int, head_dim: int, dropout: float, num_layers: int
+) -> Callable[[int], SSAttention]:
     """The backbone's `make_attention(layer_index)`: SSA on the last ℓ layers (S<ℓ>), the same module in
     "never" sampling below them, so S0 is the dense model with the same bias."""
     layers = cfg.sampled_layers(num_layers)
@@ -348,10 +428,20 @@ def make_attention_factory(cfg: SSAConfig, dim: int, heads: int, head_dim: int, 
     def make_attention(layer_index: int) -> SSAttention:
         assert 0 <= layer_index < num_layers, f"layer {layer_index} outside 0..{num_layers - 1}"
         sampled = layer_index >= num_layers - layers
-        return SSAttention(dim, heads, head_dim, dropout, windows=cfg.windows,
-                            sigma=layer_sigma(cfg, layer_index, num_layers), unbiased=cfg.unbiased,
-                            grid=cfg.grid, alibi=cfg.alibi, path=cfg.path,
-                            sampling="training" if sampled else "never")
+        return SSAttention(
+            dim,
+            heads,
+            head_dim,
+            dropout,
+            windows=cfg.windows,
+            sigma=layer_sigma(cfg, layer_index, num_layers),
+            unbiased=cfg.unbiased,
+            grid=cfg.grid,
+            alibi=cfg.alibi,
+            path=cfg.path,
+            sampling="training" if sampled else "never",
+        )
+
     return make_attention
 
 
@@ -360,6 +450,7 @@ def ssa_modules(model: nn.Module):
 
 
 # -------------------------------------------------------------------------------------- method procedures
+
 
 def fine_tune_start(total_steps: int, fraction: float) -> int:
     """The first step (0-based) of the +FT dense tail: the last round(fraction·total_steps) steps."""
@@ -385,8 +476,7 @@ def sampling_in_eval(model: nn.Module):
         model.train(was_training)
 
 
-def ensemble_forward(model: nn.Module, inputs: dict, n_samples: int = 50,
-                     generator: Optional[torch.Generator] = None):
+def ensemble_forward(model: nn.Module, inputs: dict, n_samples: int = 50, generator: Optional[torch.Generator] = None):
     """§3.5: (log of the mean predicted probabilities of `n_samples` SSA sub-models, stats with the density
     averaged over them), sub-models drawn as sampling_in_eval does. `model(**inputs, generator=...)`
     returns (logits, stats); the result has the logits' shape."""
@@ -404,11 +494,16 @@ def ensemble_forward(model: nn.Module, inputs: dict, n_samples: int = 50,
 
 def ensemble_sizes(n_samples: int) -> List[int]:
     """The ensemble sizes of a Fig. 7 curve up to n_samples: 1, 2, 4, ... and n_samples itself."""
-    return sorted({2 ** i for i in range(n_samples.bit_length()) if 2 ** i < n_samples} | {n_samples})
+    return sorted({2**i for i in range(n_samples.bit_length()) if 2**i < n_samples} | {n_samples})
 
 
-def self_ensemble(model: nn.Module, tokens: Tensor, key_padding_mask: Optional[Tensor] = None,
-                  n_samples: int = 50, generator: Optional[torch.Generator] = None) -> Tensor:
+def self_ensemble(
+    model: nn.Module,
+    tokens: Tensor,
+    key_padding_mask: Optional[Tensor] = None,
+    n_samples: int = 50,
+    generator: Optional[torch.Generator] = None,
+) -> Tensor:
     """Log of the mean probabilities of `n_samples` SSA sub-models for `model(tokens, key_padding_mask,
     generator)` (§3.5); see ensemble_forward."""
     inputs = {"tokens": tokens, "key_padding_mask": key_padding_mask}
@@ -421,19 +516,23 @@ def main(argv=None, prog: str = "python ssa.py") -> int:
     attention for the last fraction of the steps (+FT, §3.4), then dense (§3.4) and self-ensembled (§3.5)
     evaluation. It needs the repository's bench/; SSAttention above does not."""
     import importlib.util
+
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
-        sys.exit(f"{prog}: training needs the repository's bench/ beside this file (SSAttention needs only torch and alibi.py)")
+        sys.exit(
+            f"{prog}: training needs the repository's bench/ beside this file (SSAttention needs only torch and alibi.py)"
+        )
     from bench import cli, loop, measure
     from bench.tasks import get_task
-    cfg, ssa = cli.parse(argv, "ssa", prog, "Train and evaluate SSA (Hussain et al., KDD 2023) on one task.",
-                         SSAConfig)
+
+    cfg, ssa = cli.parse(argv, "ssa", prog, "Train and evaluate SSA (Hussain et al., KDD 2023) on one task.", SSAConfig)
     with cli.one_line_errors():
         task = get_task(cfg.task)
         if ssa.alibi and task.head == "lm":  # App. B.1: the ALiBi decoder has no positional embeddings
             cfg = cfg.with_defaults(pos_emb=False)
         tail = fine_tune_start(cfg.steps, ssa.finetune_fraction)
-        run = loop.setup(cfg, task, lambda m: make_attention_factory(ssa, m.dim, m.heads, m.head_dim, m.attn_dropout,
-                                                                    m.depth))
+        run = loop.setup(
+            cfg, task, lambda m: make_attention_factory(ssa, m.dim, m.heads, m.head_dim, m.attn_dropout, m.depth)
+        )
         loop.train(run, until=tail)  # each step trains one sampled sub-model
         if tail < cfg.steps:  # +FT: the last steps train the dense model
             for module in ssa_modules(run.model):
@@ -449,20 +548,34 @@ def main(argv=None, prog: str = "python ssa.py") -> int:
                     return measure.counted_forward(model, inputs, flops)
 
             result = run.evaluate("valid", 1, forward=sampled)
-            record["ssa"] = {"setting": ssa.name(depth) + ("+FT" if ssa.finetune_fraction > 0 else ""),
-                             "finetune_fraction": ssa.finetune_fraction,
-                             "sigma_per_layer": [layer_sigma(ssa, i, depth) if i >= first else None
-                                                 for i in range(depth)],
-                             "sampled_flops_per_example": flops, "sampled_density": result["density"]}
+            record["ssa"] = {
+                "setting": ssa.name(depth) + ("+FT" if ssa.finetune_fraction > 0 else ""),
+                "finetune_fraction": ssa.finetune_fraction,
+                "sigma_per_layer": [layer_sigma(ssa, i, depth) if i >= first else None for i in range(depth)],
+                "sampled_flops_per_example": flops,
+                "sampled_density": result["density"],
+            }
             if ssa.ensemble_samples:  # §3.5, Fig. 7: the metric against the number of sub-models averaged
+
                 def ensemble(n):
-                    return run.evaluate("valid", cfg.final_eval_batches,
-                                        forward=lambda model, inputs: ensemble_forward(model, inputs, n))["metric"]
+                    return run.evaluate(
+                        "valid",
+                        cfg.final_eval_batches,
+                        forward=lambda model, inputs: ensemble_forward(model, inputs, n),
+                    )["metric"]
+
                 curve = {n: ensemble(n) for n in ensemble_sizes(ssa.ensemble_samples)}
-                test = run.evaluate("test", cfg.final_eval_batches,
-                                    forward=lambda model, inputs: ensemble_forward(model, inputs, ssa.ensemble_samples))
-                record["ssa"].update(ensemble_curve=curve, ensemble_valid=curve[ssa.ensemble_samples],
-                                     ensemble_test=test["metric"], ensemble_samples=ssa.ensemble_samples)
+                test = run.evaluate(
+                    "test",
+                    cfg.final_eval_batches,
+                    forward=lambda model, inputs: ensemble_forward(model, inputs, ssa.ensemble_samples),
+                )
+                record["ssa"].update(
+                    ensemble_curve=curve,
+                    ensemble_valid=curve[ssa.ensemble_samples],
+                    ensemble_test=test["metric"],
+                    ensemble_samples=ssa.ensemble_samples,
+                )
         loop.finish(run, record)
     return 0
 

@@ -34,6 +34,7 @@ Density (INTERFACE.md): the distinct admissible pairs of A / (valid queries × v
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, P query blocks, K key-block slots, b block.
 """
+
 from functools import lru_cache
 from typing import Optional, Tuple
 
@@ -71,8 +72,9 @@ def admissible_counts(pattern: Tensor, valid: Tensor, block: int, causal: bool) 
 
 
 @lru_cache(maxsize=256)
-def bigbird_density(n: int, block: int, window_blocks: int, global_blocks: int, random_blocks: int,
-                    causal: bool) -> float:
+def bigbird_density(
+    n: int, block: int, window_blocks: int, global_blocks: int, random_blocks: int, causal: bool
+) -> float:
     """Expected density at length n without padding, over the random draw: a candidate block is picked with
     probability min(r, c_p)/c_p (c_p candidates in row p), so the expectation is exact."""
     nb = -(-n // block)
@@ -82,19 +84,22 @@ def bigbird_density(n: int, block: int, window_blocks: int, global_blocks: int, 
     pick = (per_row.clamp_max(random_blocks) / per_row.clamp_min(1)) * candidates  # (nb, nb)
     valid = torch.arange(nb * block) < n  # (nb·b,)
     counts = admissible_counts((fixed + pick)[None], valid[None], block, causal)  # (1, 1, nb·b)
-    return float((counts * valid).sum()) / n ** 2
+    return float((counts * valid).sum()) / n**2
 
 
 @lru_cache(maxsize=256)
-def bigbird_budget(n: int, density: float, block: int, window_blocks: int, global_blocks: int,
-                   causal: bool) -> Tuple[int, int, int]:
+def bigbird_budget(
+    n: int, density: float, block: int, window_blocks: int, global_blocks: int, causal: bool
+) -> Tuple[int, int, int]:
     """(block, window_blocks, random_blocks) for a target density at length n: the largest block ≤ block whose
     global blocks and diagonal are not denser than the target (else single tokens; the blocks' sizes are an
     efficiency choice of the paper, the pattern is the method), the widest window ≤ window_blocks not denser than
     the target without random blocks (else no window), then the r nearest the target."""
     block = next((b for b in range(block, 0, -1) if bigbird_density(n, b, 0, global_blocks, 0, causal) <= density), 1)
-    w = next((w for w in range(window_blocks, -1, -1)
-              if bigbird_density(n, block, w, global_blocks, 0, causal) <= density), 0)
+    w = next(
+        (w for w in range(window_blocks, -1, -1) if bigbird_density(n, block, w, global_blocks, 0, causal) <= density),
+        0,
+    )
     lo, hi = 0, -(-n // block)
     while lo < hi:  # smallest r reaching the target (density grows with r)
         mid = (lo + hi) // 2
@@ -108,15 +113,28 @@ class BigBirdAttention(nn.Module):
     ``global_blocks``, ``random_blocks`` (default 3) or ``density`` (a target: block, window and r chosen per
     length; then ``random_blocks`` stays None). ``path``: "reference" or "fast"."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, block: int = 64,
-                 window_blocks: int = 1, global_blocks: int = 2, random_blocks: Optional[int] = None,
-                 density: Optional[float] = None, path: str = "fast"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        *,
+        block: int = 64,
+        window_blocks: int = 1,
+        global_blocks: int = 2,
+        random_blocks: Optional[int] = None,
+        density: Optional[float] = None,
+        path: str = "fast",
+    ):
         super().__init__()
         check_core_arguments(dim, heads, head_dim, dropout)
         if block < 1 or min(window_blocks, global_blocks, 0 if random_blocks is None else random_blocks) < 0:
-            raise ValueError(f"block must be >= 1 and window_blocks, global_blocks, random_blocks >= 0, got "
-                             f"block={block}, window_blocks={window_blocks}, global_blocks={global_blocks}, "
-                             f"random_blocks={random_blocks}")
+            raise ValueError(
+                f"block must be >= 1 and window_blocks, global_blocks, random_blocks >= 0, got "
+                f"block={block}, window_blocks={window_blocks}, global_blocks={global_blocks}, "
+                f"random_blocks={random_blocks}"
+            )
         if random_blocks is not None and density is not None:
             raise ValueError(f"give random_blocks or density, not both (got {random_blocks}, {density})")
         check_pattern_options(density, path)
@@ -128,9 +146,11 @@ class BigBirdAttention(nn.Module):
         self.out = nn.Linear(heads * head_dim, dim)
 
     def extra_repr(self) -> str:
-        return (f"heads={self.heads}, head_dim={self.head_dim}, block={self.block}, "
-                f"window_blocks={self.window_blocks}, global_blocks={self.global_blocks}, "
-                f"random_blocks={self.random_blocks}, density={self.density}, path={self.path}")
+        return (
+            f"heads={self.heads}, head_dim={self.head_dim}, block={self.block}, "
+            f"window_blocks={self.window_blocks}, global_blocks={self.global_blocks}, "
+            f"random_blocks={self.random_blocks}, density={self.density}, path={self.path}"
+        )
 
     def draw_pattern(self, n: int, causal: bool, generator: Optional[torch.Generator], device) -> Tuple[Tensor, int]:
         """(A: (H, nb, nb) bool, the block b). R_p: the r smallest of uniforms over p's candidates (a uniform draw
@@ -149,8 +169,13 @@ class BigBirdAttention(nn.Module):
             pattern = pattern | torch.zeros_like(pattern).scatter(-1, index, value < 2.0)
         return pattern, blk
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
@@ -168,8 +193,18 @@ class BigBirdAttention(nn.Module):
         total = (valid.sum(1).to(torch.float64) ** 2).sum().clamp_min(1)
         return self.out(y), {"density": (pairs / total).to(torch.float32)}
 
-    def reference_core(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, pattern: Tensor, blk: int,
-                       causal: bool, p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
+    def reference_core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        valid: Tensor,
+        pattern: Tensor,
+        blk: int,
+        causal: bool,
+        p_drop: float,
+        generator: Optional[torch.Generator],
+    ) -> Tensor:
         """A expanded to tokens, a dense (B, H, N, M) mask: A[p(i), p(j)], j valid, causal j ≤ i."""
         n = q.shape[-2]
         allowed = pattern.repeat_interleave(blk, 1).repeat_interleave(blk, 2)[:, :n, :n]  # (H, N, M)
@@ -179,8 +214,18 @@ class BigBirdAttention(nn.Module):
         return masked_attention(q, k, v, allowed, p_drop, generator)
 
     # --- fast path: block gathers -----------------------------------------------------------------------------
-    def fast_core(self, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, pattern: Tensor, blk: int, causal: bool,
-                  p_drop: float, generator: Optional[torch.Generator]) -> Tensor:
+    def fast_core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        valid: Tensor,
+        pattern: Tensor,
+        blk: int,
+        causal: bool,
+        p_drop: float,
+        generator: Optional[torch.Generator],
+    ) -> Tensor:
         """Global query blocks (p < g: A's full rows) attend every key; each other query block gathers the K key
         blocks of its row of A (K: the most any row holds; a shorter row's spare slots are masked), so each
         distinct pair is scored once and the work is O(N·K·b·D) instead of O(N·M·D)."""
@@ -193,8 +238,8 @@ class BigBirdAttention(nn.Module):
             allowed = valid[:, None, None, :]  # (B, 1, 1, M)
             if causal:
                 pos = torch.arange(nb * blk, device=q.device)
-                allowed = allowed & (pos[None, :] <= pos[:g * blk, None])  # (B, 1, g·b, M)
-            outputs.append(masked_attention(q[:, :, :g * blk], k, v, allowed, p_drop, generator))  # (B, H, g·b, D)
+                allowed = allowed & (pos[None, :] <= pos[: g * blk, None])  # (B, 1, g·b, M)
+            outputs.append(masked_attention(q[:, :, : g * blk], k, v, allowed, p_drop, generator))  # (B, H, g·b, D)
         if nb > g:
             p = torch.arange(g, nb, device=q.device)  # (P,) the other query blocks
             others = pattern[:, g:].clone()  # (H, P, nb)
@@ -204,14 +249,15 @@ class BigBirdAttention(nn.Module):
             present = F.pad(present.bool(), (1, 0), value=True)  # (H, P, K): a shorter row's spare slots False
             kk = slots.shape[-1]
             rows = (torch.arange(h, device=q.device)[:, None, None] * nb + slots).flatten()  # (H·P·K,) in H·nb
-            k_g, v_g = (t.reshape(bsz, h * nb, blk * d).index_select(1, rows).view(bsz, h, nb - g, kk * blk, d)
-                        for t in (k, v))  # (B, H, P, K·b, D)
+            k_g, v_g = (
+                t.reshape(bsz, h * nb, blk * d).index_select(1, rows).view(bsz, h, nb - g, kk * blk, d) for t in (k, v)
+            )  # (B, H, P, K·b, D)
             key_valid = valid.view(bsz, nb, blk)[:, slots] & present[None, ..., None]  # (B, H, P, K, b)
             allowed = key_valid.flatten(3, 4)[:, :, :, None, :]  # (B, H, P, 1, K·b)
             if causal:  # slot 0 (the block itself) takes the triangle j ≤ i; a causal row's other blocks are earlier
                 own = torch.ones(blk, kk * blk, dtype=torch.bool, device=q.device)
                 own[:, :blk] = own[:, :blk].tril()
                 allowed = allowed & own  # (B, H, P, b, K·b)
-            q_b = q[:, :, g * blk:].view(bsz, h, nb - g, blk, d)  # (B, H, P, b, D)
+            q_b = q[:, :, g * blk :].view(bsz, h, nb - g, blk, d)  # (B, H, P, b, D)
             outputs.append(masked_attention(q_b, k_g, v_g, allowed, p_drop, generator).flatten(2, 3))  # (B,H,P·b,D)
         return torch.cat(outputs, 2)[:, :, :n]  # (B, H, N, D)

@@ -1,5 +1,6 @@
 """Helpers shared by the baselines: key-padding-mask validation, the density statistic of INTERFACE.md,
 generator-driven dropout, and the masked softmax attention of the fixed-sparse patterns (window, BigBird)."""
+
 import math
 from typing import Optional
 
@@ -29,16 +30,20 @@ def check_padding_mask(key_padding_mask: Optional[Tensor], batch: int, n: int) -
     mask, a wrong shape) is a ValueError naming what was expected, not an error from deep inside the core.
     The method files, which are leaves, carry the same two-line check."""
     if key_padding_mask is not None and (key_padding_mask.dtype != torch.bool or key_padding_mask.shape != (batch, n)):
-        raise ValueError(f"key_padding_mask must be a bool tensor of shape {(batch, n)}, True at padding; got "
-                         f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}")
+        raise ValueError(
+            f"key_padding_mask must be a bool tensor of shape {(batch, n)}, True at padding; got "
+            f"{key_padding_mask.dtype} {tuple(key_padding_mask.shape)}"
+        )
 
 
-def attention_density(key_padding_mask: Optional[Tensor], causal: bool, batch: int, n: int, heads: int,
-                      device) -> Tensor:
+def attention_density(
+    key_padding_mask: Optional[Tensor], causal: bool, batch: int, n: int, heads: int, device
+) -> Tensor:
     """(H,) admissible pairs / (valid queries × valid keys), summed over the batch; O(B·N) work. Every
     admissible pair for full attention; for implicit methods, the pairs that influence the output."""
-    valid = (torch.ones(batch, n, device=device, dtype=torch.bool) if key_padding_mask is None
-             else ~key_padding_mask).to(torch.float64)  # (B, N)
+    valid = (
+        torch.ones(batch, n, device=device, dtype=torch.bool) if key_padding_mask is None else ~key_padding_mask
+    ).to(torch.float64)  # (B, N)
     all_pairs = (valid.sum(1) ** 2).sum()
     # causal: valid query i sees the valid keys j <= i, i.e. a prefix count.
     pairs = (valid * valid.cumsum(1)).sum() if causal else all_pairs
@@ -57,8 +62,9 @@ def generator_dropout(x: Tensor, p: float, generator: Optional[torch.Generator])
     return x * keep / (1.0 - p)
 
 
-def masked_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, p_drop: float,
-                     generator: Optional[torch.Generator]) -> Tensor:
+def masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, p_drop: float, generator: Optional[torch.Generator]
+) -> Tensor:
     """softmax over the allowed keys of q·kᵀ/√D, times v, in float32 at least (autocast off). q (..., N, D), k and
     v (..., M, D), allowed broadcastable to (..., N, M). A row with no allowed key comes out finite (the softmax
     of finfo.min's is uniform); the caller zeroes it, which zeroes its gradient too."""

@@ -31,6 +31,7 @@ density is 1 without a causal mask and about (N+1)/(2N) with one.
 
 Shape legend: B batch, H heads, N queries, M keys (M = N: self-attention), D head dim.
 """
+
 import math
 from typing import Optional
 
@@ -62,8 +63,9 @@ class FullAttention(nn.Module):
     ("reference"); ``alibi`` adds ALiBi biases.
     """
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, path: str = "fast",
-                 alibi: bool = False):
+    def __init__(
+        self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, path: str = "fast", alibi: bool = False
+    ):
         super().__init__()
         if min(dim, heads, head_dim) < 1:
             raise ValueError(f"dim, heads and head_dim must be positive, got {dim}, {heads}, {head_dim}")
@@ -84,8 +86,13 @@ class FullAttention(nn.Module):
         pos = torch.arange(n, device=device)
         return alibi_bias(self.slopes.to(device), pos[:, None], pos[None, :])[None]
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
@@ -111,8 +118,15 @@ class FullAttention(nn.Module):
         return self.out(y), {"density": attention_density(key_padding_mask, causal, b, n, self.heads, x.device)}
 
     @staticmethod
-    def reference_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
-                       p_drop: float, generator: Optional[torch.Generator] = None) -> Tensor:
+    def reference_core(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Optional[Tensor],
+        bias: Optional[Tensor],
+        p_drop: float,
+        generator: Optional[torch.Generator] = None,
+    ) -> Tensor:
         """softmax(QKᵀ/√D + bias, masked) V with the scores materialised, softmax in float32 (autocast off:
         it would run the score product, and so the softmax, in its lower precision)."""
         compute = torch.promote_types(q.dtype, torch.float32)  # float32 at least, float64 kept for gradcheck
@@ -127,8 +141,15 @@ class FullAttention(nn.Module):
         return probs.to(v.dtype) @ v  # (B, H, N, D)
 
     @staticmethod
-    def fast_core(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], bias: Optional[Tensor],
-                   p_drop: float, is_causal: bool) -> Tensor:
+    def fast_core(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Optional[Tensor],
+        bias: Optional[Tensor],
+        p_drop: float,
+        is_causal: bool,
+    ) -> Tensor:
         """The same computation through SDPA, the boolean mask given as an additive one: −inf on the inadmissible
         pairs, not finfo.min, since a float16 score can exceed finfo(float16).min's 65504 in size and would let a
         masked key through; every row keeps an admissible (or dummy) key, so none is all −inf. Additive even without
@@ -138,5 +159,6 @@ class FullAttention(nn.Module):
         mask = None if bias is None else bias.to(q.dtype)
         if allowed is not None:
             mask = (torch.zeros(allowed.shape, dtype=q.dtype, device=q.device) if mask is None else mask).masked_fill(
-                ~allowed, -math.inf)
+                ~allowed, -math.inf
+            )
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=is_causal)

@@ -35,6 +35,7 @@ under autocast.
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, K features (K = D here),
 T chunks, C chunk length.
 """
+
 from typing import Optional
 
 import torch
@@ -42,8 +43,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from baselines.common import attention_density, check_padding_mask, generator_dropout
-
-
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -77,8 +76,9 @@ class LinearAttention(nn.Module):
     def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, chunk: int = 64):
         super().__init__()
         if min(dim, heads, head_dim, chunk) < 1:
-            raise ValueError(f"dim, heads, head_dim and chunk must be positive, got {dim}, {heads}, {head_dim}, "
-                             f"{chunk}")
+            raise ValueError(
+                f"dim, heads, head_dim and chunk must be positive, got {dim}, {heads}, {head_dim}, {chunk}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.heads, self.head_dim, self.dropout, self.chunk = heads, head_dim, dropout, chunk
@@ -88,8 +88,9 @@ class LinearAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"heads={self.heads}, head_dim={self.head_dim}, features={self.head_dim} (elu+1), chunk={self.chunk}"
 
-    def core(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
-             causal: bool = False) -> Tensor:
+    def core(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False
+    ) -> Tensor:
         """Eq. 4 (or Eq. 10-12 when causal) on per-head (B, H, N, D) tensors; returns (B, H, N, D)."""
         compute = torch.promote_types(q.dtype, torch.float32)  # float32 at least, float64 kept for tests
         with torch.autocast(q.device.type, enabled=False):
@@ -105,8 +106,13 @@ class LinearAttention(nn.Module):
             # Features are > 0 (barring underflow), so den = 0 means no admissible key: output 0, not 0/0.
             return num / torch.where(den > 0, den, 1.0).unsqueeze(-1)
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)

@@ -37,6 +37,7 @@ autocast.
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, K projection rank (k).
 """
+
 import math
 from typing import Optional
 
@@ -46,18 +47,19 @@ from torch import Tensor, nn
 from baselines.common import attention_density, check_padding_mask, generator_dropout
 
 
-
-
 class LinformerAttention(nn.Module):
     """Multi-head Linformer attention (INTERFACE.md). Budget: ``rank`` (k projected keys/values) and
     ``max_len`` (columns of E, F; the longest accepted input)."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, rank: int = 256,
-                 max_len: int = 1024):
+    def __init__(
+        self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, rank: int = 256, max_len: int = 1024
+    ):
         super().__init__()
         if min(dim, heads, head_dim, rank, max_len) < 1:
-            raise ValueError(f"dim, heads, head_dim, rank and max_len must be positive, got {dim}, {heads}, "
-                             f"{head_dim}, {rank}, {max_len}")
+            raise ValueError(
+                f"dim, heads, head_dim, rank and max_len must be positive, got {dim}, {heads}, "
+                f"{head_dim}, {rank}, {max_len}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.heads, self.head_dim, self.dropout, self.rank, self.max_len = heads, head_dim, dropout, rank, max_len
@@ -71,14 +73,26 @@ class LinformerAttention(nn.Module):
 
     def check(self, n: int, causal: bool) -> None:
         if causal:
-            raise ValueError("LinformerAttention cannot be causal: each projected key/value mixes all positions, "
-                             "future ones included (Wang et al. 2020 treat bidirectional attention only)")
+            raise ValueError(
+                "LinformerAttention cannot be causal: each projected key/value mixes all positions, "
+                "future ones included (Wang et al. 2020 treat bidirectional attention only)"
+            )
         if n > self.max_len:
-            raise ValueError(f"sequence length {n} exceeds max_len={self.max_len}: E and F have no columns for "
-                             f"positions beyond it; build the module with max_len >= {n}")
+            raise ValueError(
+                f"sequence length {n} exceeds max_len={self.max_len}: E and F have no columns for "
+                f"positions beyond it; build the module with max_len >= {n}"
+            )
 
-    def core(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
-             causal: bool = False, p_drop: float = 0.0, generator: Optional[torch.Generator] = None) -> Tensor:
+    def core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        p_drop: float = 0.0,
+        generator: Optional[torch.Generator] = None,
+    ) -> Tensor:
         """Eq. 7 on per-head (B, H, N, D) tensors; returns (B, H, N, D)."""
         n = k.shape[-2]
         self.check(n, causal)
@@ -94,8 +108,13 @@ class LinformerAttention(nn.Module):
             probs = generator_dropout(scores.softmax(-1), p_drop, generator)  # (B, H, N, K)
             return probs @ v_proj  # (B, H, N, D)
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         self.check(n, causal)
         check_padding_mask(key_padding_mask, b, n)

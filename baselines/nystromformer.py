@@ -40,6 +40,7 @@ Deviations and choices the paper leaves open (the equation numbers above follow 
 Shape legend: B batch, H heads, N queries (= M keys, self-attention; N' after padding to a multiple of K),
 D head dim, K landmarks, C segment length (N'/K).
 """
+
 import math
 from typing import Optional
 
@@ -73,7 +74,6 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     return z
 
 
-
 class NystromAttention(nn.Module):
     """Nyström-approximated multi-head softmax attention (INTERFACE.md).
 
@@ -81,12 +81,22 @@ class NystromAttention(nn.Module):
     depthwise-conv skip on V (odd, 0 = off; official code: 33).
     """
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, landmarks: int = 64,
-                 pinv_iterations: int = 6, conv_kernel: int = 0):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        *,
+        landmarks: int = 64,
+        pinv_iterations: int = 6,
+        conv_kernel: int = 0,
+    ):
         super().__init__()
         if min(dim, heads, head_dim, landmarks) < 1:
-            raise ValueError(f"dim, heads, head_dim and landmarks must be positive, got "
-                             f"{dim}, {heads}, {head_dim}, {landmarks}")
+            raise ValueError(
+                f"dim, heads, head_dim and landmarks must be positive, got {dim}, {heads}, {head_dim}, {landmarks}"
+            )
         if pinv_iterations < 0:
             raise ValueError(f"pinv_iterations must be >= 0, got {pinv_iterations}")
         if conv_kernel < 0 or (conv_kernel > 0 and conv_kernel % 2 == 0):
@@ -96,22 +106,35 @@ class NystromAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)
         # One (conv_kernel × 1) filter per head, sliding along the sequence and shared over D (official code).
-        self.conv = (nn.Conv2d(heads, heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=heads,
-                               bias=False) if conv_kernel else None)
+        self.conv = (
+            nn.Conv2d(heads, heads, (conv_kernel, 1), padding=(conv_kernel // 2, 0), groups=heads, bias=False)
+            if conv_kernel
+            else None
+        )
 
     def extra_repr(self) -> str:
-        return (f"heads={self.heads}, head_dim={self.head_dim}, landmarks={self.landmarks}, "
-                f"pinv_iterations={self.pinv_iterations}, conv_kernel={self.conv_kernel}")
+        return (
+            f"heads={self.heads}, head_dim={self.head_dim}, landmarks={self.landmarks}, "
+            f"pinv_iterations={self.pinv_iterations}, conv_kernel={self.conv_kernel}"
+        )
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         if causal:
-            raise ValueError("NystromAttention has no causal form: each landmark averages a whole segment, "
-                             "future tokens included, so causal=True cannot be honoured")
+            raise ValueError(
+                "NystromAttention has no causal form: each landmark averages a whole segment, "
+                "future tokens included, so causal=True cannot be honoured"
+            )
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
-        valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
-                 else ~key_padding_mask)  # (B, N)
+        valid = (
+            torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
+        )  # (B, N)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
         # Softmax, pseudo-inverse and products in float32 at least (float64 kept), even under autocast.
         with torch.autocast(device_type=x.device.type, enabled=False):

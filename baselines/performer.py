@@ -61,6 +61,7 @@ autocast.
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, K random features (m),
 T chunks, C chunk length.
 """
+
 import math
 from typing import Optional
 
@@ -71,10 +72,7 @@ from torch import Tensor, nn
 from baselines.common import attention_density, check_padding_mask, generator_dropout
 
 
-
-
-def orthogonal_gaussian_features(m: int, d: int, generator: Optional[torch.Generator] = None,
-                                 device=None) -> Tensor:
+def orthogonal_gaussian_features(m: int, d: int, generator: Optional[torch.Generator] = None, device=None) -> Tensor:
     """(K, D) float32 ω: ⌈m/d⌉ Haar-orthogonal blocks, rows rescaled by chi(d) norms (§2.4)."""
     device = generator.device if generator is not None else device
     gaussian = torch.randn(math.ceil(m / d), d, d, generator=generator, device=device)  # (⌈K/D⌉, D, D)
@@ -126,12 +124,23 @@ class PerformerAttention(nn.Module):
     ``redraw_interval`` sets how often training redraws them; ``chunk`` is the causal scan's chunk length
     (memory/speed only)."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, features: int = 256,
-                 redraw_interval: int = 1, chunk: int = 64):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        *,
+        features: int = 256,
+        redraw_interval: int = 1,
+        chunk: int = 64,
+    ):
         super().__init__()
         if min(dim, heads, head_dim, features, chunk) < 1:
-            raise ValueError(f"dim, heads, head_dim, features and chunk must be positive, got {dim}, {heads}, "
-                             f"{head_dim}, {features}, {chunk}")
+            raise ValueError(
+                f"dim, heads, head_dim, features and chunk must be positive, got {dim}, {heads}, "
+                f"{head_dim}, {features}, {chunk}"
+            )
         if redraw_interval < 0:
             raise ValueError(f"redraw_interval must be >= 0 (0: never redraw), got {redraw_interval}")
         if not 0.0 <= dropout < 1.0:
@@ -145,8 +154,10 @@ class PerformerAttention(nn.Module):
         self.register_buffer("training_forwards", torch.zeros((), dtype=torch.long))
 
     def extra_repr(self) -> str:
-        return (f"heads={self.heads}, head_dim={self.head_dim}, features={self.features}, "
-                f"redraw_interval={self.redraw_interval}, chunk={self.chunk}")
+        return (
+            f"heads={self.heads}, head_dim={self.head_dim}, features={self.features}, "
+            f"redraw_interval={self.redraw_interval}, chunk={self.chunk}"
+        )
 
     @torch.no_grad()
     def redraw_features(self, generator: Optional[torch.Generator] = None) -> None:
@@ -155,8 +166,9 @@ class PerformerAttention(nn.Module):
         omega = orthogonal_gaussian_features(self.features, self.head_dim, generator, self.omega.device)
         self.omega = omega.to(self.omega.device, self.omega.dtype)
 
-    def core(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
-             causal: bool = False) -> Tensor:
+    def core(
+        self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False
+    ) -> Tensor:
         """FAVOR+ with the current ω on per-head (B, H, N, D) tensors; returns (B, H, N, D)."""
         compute = torch.promote_types(q.dtype, torch.float32)  # float32 at least, float64 kept for tests
         with torch.autocast(q.device.type, enabled=False):
@@ -188,8 +200,13 @@ class PerformerAttention(nn.Module):
                 den = (phi_q @ phi_k.sum(-2).unsqueeze(-1)).squeeze(-1)  # (B, H, N)
             return num / torch.where(den > 0, den, 1.0).unsqueeze(-1)  # den = 0: no admissible key → 0
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
         if self.training and self.redraw_interval > 0:

@@ -62,6 +62,7 @@ Shape legend: B batch, H heads, N queries (= M keys; N' after padding to a multi
 R hash rounds, C chunk length (bucket_size), U chunks per round (N'/C), W keys per query window (2C chunked;
 min(2C, N) causal).
 """
+
 import math
 from typing import Optional
 
@@ -70,7 +71,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from baselines.common import check_padding_mask, generator_dropout
-
 
 
 def gather_slots(t: Tensor, index: Tensor) -> Tensor:
@@ -84,8 +84,9 @@ def with_previous_chunk(t: Tensor) -> Tensor:
     return torch.cat([t, t.roll(1, dims=3)], dim=4)
 
 
-def lsh_buckets(k: Tensor, valid: Tensor, n_rounds: int, n_buckets: int,
-                generator: Optional[torch.Generator]) -> Tensor:
+def lsh_buckets(
+    k: Tensor, valid: Tensor, n_rounds: int, n_buckets: int, generator: Optional[torch.Generator]
+) -> Tensor:
     """Angular LSH h(x) = argmax([xR; −xR]), one random R per sample, head and round: k (B, H, N, D), valid
     (B, N) → buckets (B, H, R, N). Padding gets bucket n_buckets (after every real one) whatever its content.
     n_buckets = 1 (causal, N ≤ C) hashes nothing and draws nothing."""
@@ -124,8 +125,7 @@ def softmax_with_lse(scores: Tensor):
     return SoftmaxWithLSE.apply(scores)
 
 
-def first_occurrences(seen: Optional[Tensor], this_round: int, u: int, c: int,
-                      admissible: Optional[Tensor]):
+def first_occurrences(seen: Optional[Tensor], this_round: int, u: int, c: int, admissible: Optional[Tensor]):
     """Pairs of one round of the chunked path that no earlier round scored, per (B, H): seen (B, H, U, C, W)
     marks those an earlier round did (None in round 0); admissible (same shape) restricts the count (None: all
     pairs are). With one chunk (U = 1) a round's window holds the chunk twice and every round scores every
@@ -143,7 +143,7 @@ def first_occurrences(seen: Optional[Tensor], this_round: int, u: int, c: int,
 def density_of(distinct: Tensor, valid: Tensor) -> Tensor:
     """Distinct admissible pairs (B, H) → density (H,): summed over the batch, over valid queries × valid keys."""
     tokens = valid.sum(1).double()  # (B,)
-    return (distinct.double().sum(0) / (tokens ** 2).sum().clamp_min(1)).float()
+    return (distinct.double().sum(0) / (tokens**2).sum().clamp_min(1)).float()
 
 
 class ReformerAttention(nn.Module):
@@ -153,12 +153,15 @@ class ReformerAttention(nn.Module):
     Projections: ``qk`` (shared query/key) and ``v``, as the paper's shared-QK Transformer.
     """
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, n_hashes: int = 4,
-                 bucket_size: int = 64):
+    def __init__(
+        self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, n_hashes: int = 4, bucket_size: int = 64
+    ):
         super().__init__()
         if min(dim, heads, head_dim, n_hashes, bucket_size) < 1:
-            raise ValueError(f"dim, heads, head_dim, n_hashes and bucket_size must be positive, got "
-                             f"{dim}, {heads}, {head_dim}, {n_hashes}, {bucket_size}")
+            raise ValueError(
+                f"dim, heads, head_dim, n_hashes and bucket_size must be positive, got "
+                f"{dim}, {heads}, {head_dim}, {n_hashes}, {bucket_size}"
+            )
         self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
         self.n_hashes, self.bucket_size = n_hashes, bucket_size
         self.qk = nn.Linear(dim, heads * head_dim)
@@ -166,15 +169,20 @@ class ReformerAttention(nn.Module):
         self.out = nn.Linear(heads * head_dim, dim)
 
     def extra_repr(self) -> str:
-        return (f"heads={self.heads}, head_dim={self.head_dim}, n_hashes={self.n_hashes}, "
-                f"bucket_size={self.bucket_size}")
+        return f"heads={self.heads}, head_dim={self.head_dim}, n_hashes={self.n_hashes}, bucket_size={self.bucket_size}"
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
-        valid = (torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None
-                 else ~key_padding_mask)  # (B, N)
+        valid = (
+            torch.ones(b, n, dtype=torch.bool, device=x.device) if key_padding_mask is None else ~key_padding_mask
+        )  # (B, N)
         q = self.qk(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, N, D)
         v = self.v(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)  # (B, H, N, D)
         # Hashing, scores and softmax in float32 at least (float64 kept), even under autocast.
@@ -259,7 +267,7 @@ class ReformerAttention(nn.Module):
             self_masked = has_other.gather(3, perm).view(b, h, r, u, c)  # (B, H, R, U, C)
         else:
             self_masked = torch.ones(b, h, r, u, c, dtype=torch.bool, device=q.device)
-        for offset in ((0, c) if u == 1 else (0,)):
+        for offset in (0, c) if u == 1 else (0,):
             bias.diagonal(offset, dim1=-2, dim2=-1).masked_fill_(self_masked, fill)
 
         scores = torch.baddbmm(bias.view(-1, c, 2 * c), sq.reshape(-1, c, d), wk.reshape(-1, 2 * c, d).transpose(1, 2))
@@ -356,8 +364,9 @@ class ReformerAttention(nn.Module):
         probs = (scores - lse[..., None]).exp().masked_fill(~allowed, 0.0)
         if self.training and self.dropout > 0:
             # Drawn per (round, query position, window j), then carried to the sorted slots.
-            keep = generator_dropout(torch.ones(b, h, r, n, w, dtype=probs.dtype, device=probs.device),
-                                     self.dropout, generator)
+            keep = generator_dropout(
+                torch.ones(b, h, r, n, w, dtype=probs.dtype, device=probs.device), self.dropout, generator
+            )
             probs = probs * gather_slots(keep, perm)
         # Back to the blocked layout (column a + 1 + j; the row's other W columns read a zero) for P·V.
         key = torch.arange(2 * w, device=q.device) - a[:, None] - 1  # (W, 2W): window j of column, row a

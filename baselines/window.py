@@ -31,6 +31,7 @@ baselines/bigbird.py, has global tokens); dropout acts on the attention weights,
 
 Shape legend: B batch, H heads, N queries, M keys (M = N), D head dim, T chunks, C chunk length, S keys per chunk.
 """
+
 from typing import Optional
 
 import torch
@@ -48,7 +49,7 @@ def window_density(n: int, window: int, causal: bool) -> float:
     """Exact density of the window pattern at length n without padding: pairs / n²."""
     w = min(window, n - 1)
     pairs = n * (w + 1) - w * (w + 1) // 2 if causal else n * (2 * w + 1) - w * (w + 1)  # edge triangles cut
-    return pairs / n ** 2
+    return pairs / n**2
 
 
 def window_for_density(n: int, density: float, causal: bool) -> int:
@@ -75,8 +76,18 @@ class WindowAttention(nn.Module):
     ``density`` (a target, w chosen per length; then ``window`` stays None), and ``full_heads``, the heads that
     attend to every key instead (default 0). ``path``: "reference" or "fast"."""
 
-    def __init__(self, dim: int, heads: int, head_dim: int, dropout: float = 0.0, *, window: Optional[int] = None,
-                 density: Optional[float] = None, full_heads: int = 0, path: str = "fast"):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        head_dim: int,
+        dropout: float = 0.0,
+        *,
+        window: Optional[int] = None,
+        density: Optional[float] = None,
+        full_heads: int = 0,
+        path: str = "fast",
+    ):
         super().__init__()
         check_core_arguments(dim, heads, head_dim, dropout)
         if window is not None and density is not None:
@@ -93,8 +104,10 @@ class WindowAttention(nn.Module):
         self.out = nn.Linear(heads * head_dim, dim)
 
     def extra_repr(self) -> str:
-        return (f"heads={self.heads}, head_dim={self.head_dim}, window={self.window}, density={self.density}, "
-                f"full_heads={self.full_heads}, path={self.path}")
+        return (
+            f"heads={self.heads}, head_dim={self.head_dim}, window={self.window}, density={self.density}, "
+            f"full_heads={self.full_heads}, path={self.path}"
+        )
 
     def half_width(self, n: int, causal: bool) -> int:
         """w for length n: the fixed window, or the one nearest the target density; at most n − 1 (the same
@@ -102,8 +115,13 @@ class WindowAttention(nn.Module):
         w = self.window if self.density is None else window_for_density(n, self.density, causal)
         return min(w, max(n - 1, 0))
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None, causal: bool = False,
-                generator: Optional[torch.Generator] = None):
+    def forward(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        causal: bool = False,
+        generator: Optional[torch.Generator] = None,
+    ):
         b, n, _ = x.shape
         check_padding_mask(key_padding_mask, b, n)
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)  # 3×(B, H, N, D)
@@ -113,8 +131,10 @@ class WindowAttention(nn.Module):
         total = (valid.sum(1).to(torch.float64) ** 2).sum().clamp_min(1)  # Σ_b (valid count)²
         ys, densities = [], []
         # the full heads are a window of half-width N − 1, which holds every key (causal: every earlier key)
-        for group, w in ((slice(0, self.full_heads), max(n - 1, 0)),
-                         (slice(self.full_heads, self.heads), self.half_width(n, causal))):
+        for group, w in (
+            (slice(0, self.full_heads), max(n - 1, 0)),
+            (slice(self.full_heads, self.heads), self.half_width(n, causal)),
+        ):
             heads = group.stop - group.start
             if heads == 0:
                 continue
@@ -127,8 +147,16 @@ class WindowAttention(nn.Module):
         return self.out(y), {"density": torch.cat(densities)}
 
     @staticmethod
-    def reference_core(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, w: int, causal: bool, p_drop: float,
-                       generator: Optional[torch.Generator]) -> Tensor:
+    def reference_core(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        valid: Tensor,
+        w: int,
+        causal: bool,
+        p_drop: float,
+        generator: Optional[torch.Generator],
+    ) -> Tensor:
         """The band as a dense (B, 1, N, M) mask: |i − j| ≤ w (causal: 0 ≤ i − j ≤ w), valid keys only."""
         i = torch.arange(q.shape[-2], device=q.device)
         offset = i[:, None] - i[None, :]  # (N, M): i − j
@@ -138,8 +166,16 @@ class WindowAttention(nn.Module):
 
     # --- fast path: the band by chunks ------------------------------------------------------------------------
     @staticmethod
-    def fast_core(q: Tensor, k: Tensor, v: Tensor, valid: Tensor, w: int, causal: bool, p_drop: float,
-                  generator: Optional[torch.Generator]) -> Tensor:
+    def fast_core(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        valid: Tensor,
+        w: int,
+        causal: bool,
+        p_drop: float,
+        generator: Optional[torch.Generator],
+    ) -> Tensor:
         """Queries s..s+C−1 of a chunk score keys s−w..s+C−1+w (causal: s−w..s+C−1), a span of S keys; a query
         at chunk offset a and key slot c are i = s + a, j = s − w + c, so i − j = w + a − c and the band is
         0 ≤ c − a ≤ 2w (causal: w). Keys outside 0..N−1 are zero padding, masked as invalid."""

@@ -6,6 +6,7 @@ One name means one thing everywhere: --seq-len / --lengths, --batch-size, --head
 timing iterations), --repeats, --threads, --device, --attn, --path, --alibi / --no-alibi, --out DIR (always a
 folder), --data-dir. Bad input is refused while the options parse, before anything is made.
 """
+
 import argparse
 import contextlib
 import dataclasses
@@ -24,8 +25,14 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default
-        if ("(default" in text or not action.option_strings or default is None or default is False
-                or default == [] or default is argparse.SUPPRESS):
+        if (
+            "(default" in text
+            or not action.option_strings
+            or default is None
+            or default is False
+            or default == []
+            or default is argparse.SUPPRESS
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -51,6 +58,7 @@ def parser(prog: str, description: str, **kwargs) -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------------ option types
 def checked_number(cast, accept, requirement: str):
     """An argparse type: ``cast(text)``, finite and accepted by ``accept``, else 'must be REQUIREMENT'."""
+
     def parse_number(text: str):
         try:
             value = cast(text)
@@ -59,13 +67,14 @@ def checked_number(cast, accept, requirement: str):
         if value is None or not math.isfinite(value) or not accept(value):
             raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
         return value
+
     return parse_number
 
 
-MAX_COUNT = 10 ** 9  # steps, batches, repetitions: more is never meant, and C++ sizes overflow far above it
-MAX_LENGTH = 2 ** 20  # a sequence length (--seq-len, --lengths): 1M tokens
-MAX_WIDTH = 2 ** 16  # a model width, MLP width or head dimension
-MAX_LAYERS = 2 ** 10  # layers or heads
+MAX_COUNT = 10**9  # steps, batches, repetitions: more is never meant, and C++ sizes overflow far above it
+MAX_LENGTH = 2**20  # a sequence length (--seq-len, --lengths): 1M tokens
+MAX_WIDTH = 2**16  # a model width, MLP width or head dimension
+MAX_LAYERS = 2**10  # layers or heads
 
 
 def bounded_int(low: int, high: int, what: str):
@@ -79,7 +88,7 @@ length = bounded_int(1, MAX_LENGTH, "a length")
 width = bounded_int(1, MAX_WIDTH, "a size")
 layers = bounded_int(1, MAX_LAYERS, "a count")
 any_int = bounded_int(-MAX_COUNT, MAX_COUNT, "an integer")  # a method's integer setting: its own check follows
-seed = bounded_int(0, 2 ** 32 - 1, "a seed")  # what torch.manual_seed and numpy's generators take
+seed = bounded_int(0, 2**32 - 1, "a seed")  # what torch.manual_seed and numpy's generators take
 threads = bounded_int(0, MAX_LAYERS, "a thread count (0: torch's default)")
 non_negative_float = checked_number(float, lambda v: v >= 0, "a non-negative number")
 # AdamW's first step is 10× the learning rate (bias correction 1 - 0.9): above 1e37 it overflows a float32
@@ -123,6 +132,7 @@ def positive_ints(text: str) -> List[int]:
 def out_folder(text: str) -> str:
     """``--out DIR``: a folder that exists or can be made, and written (bench.files.folder_problem)."""
     from bench.files import folder_problem
+
     problem = folder_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(f"{text!r} {problem}" if text else problem)
@@ -152,10 +162,23 @@ def clock(seconds: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ training runs
-PRESET_TABLES = (("model", ("seq_len", "dim", "depth", "heads", "head_dim", "mlp_dim", "dropout", "attn_dropout",
-                            "pos_emb")),
-                 ("training", ("steps", "batch_size", "lr", "weight_decay", "warmup", "eval_every", "eval_batches",
-                               "final_eval_batches", "eval_context")))
+PRESET_TABLES = (
+    ("model", ("seq_len", "dim", "depth", "heads", "head_dim", "mlp_dim", "dropout", "attn_dropout", "pos_emb")),
+    (
+        "training",
+        (
+            "steps",
+            "batch_size",
+            "lr",
+            "weight_decay",
+            "warmup",
+            "eval_every",
+            "eval_batches",
+            "final_eval_batches",
+            "eval_context",
+        ),
+    ),
+)
 
 
 def shown(value, joiner: str = ",") -> str:
@@ -168,34 +191,46 @@ def shown(value, joiner: str = ",") -> str:
 def preset_tables(tasks: Optional[Tuple[str, ...]] = None) -> str:
     """The presets of ``tasks``, by default every task's (the --help epilog: it imports each task's module)."""
     from bench.tasks import TASKS, get_task
-    presets = [(name, preset, values) for name in sorted(tasks or TASKS)
-               for preset, values in get_task(name).presets.items()]
+
+    presets = [
+        (name, preset, values) for name in sorted(tasks or TASKS) for preset, values in get_task(name).presets.items()
+    ]
     text = []
     for title, names in PRESET_TABLES:
         header = ["task", "preset", *(n.replace("_", "-") for n in names)]
         rows = [[task, preset, *(shown(getattr(values, n)) for n in names)] for task, preset, values in presets]
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        lines = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-                 for row in [header, *rows]]
-        text.append(f"{title} presets (what each override, --{names[0].replace('_', '-')} ..., is when not given):\n"
-                    + "\n".join("  " + line.rstrip() for line in lines))
+        lines = [
+            "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+            for row in [header, *rows]
+        ]
+        text.append(
+            f"{title} presets (what each override, --{names[0].replace('_', '-')} ..., is when not given):\n"
+            + "\n".join("  " + line.rstrip() for line in lines)
+        )
     return "\n\n".join(text)
 
 
 def task_parser(prog: str, description: str, out_help: str) -> argparse.ArgumentParser:
     """The options of a tool that builds a task's model: task, preset, seed, device, folders, the overrides."""
     from bench.tasks import TASKS
+
     p = parser(prog, description, epilog=preset_tables, allow_abbrev=False)
     p.add_argument("--task", required=True, choices=sorted(TASKS), help="task to train on")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="task preset: sizes and recipe")
     p.add_argument("--seed", type=seed, default=0, help="random seed")
     p.add_argument("--device", default="auto", type=device_option, help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--out", default=None, metavar="DIR", help=out_help)
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
-    p.add_argument("--data-file", default=None, metavar="PATH",
-                   help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or the unzipped file; text/image: an "
-                        "archive or folder; retrieval: the folder of LRA's AAN TSV files (default: the task's own)")
+    p.add_argument(
+        "--data-dir", default=None, metavar="DIR", help="data folder (default: $SPARSE_ATTN_DATA, else ./data)"
+    )
+    p.add_argument(
+        "--data-file",
+        default=None,
+        metavar="PATH",
+        help="bytes: any text file (split 90/5/5); enwik8: enwik8.zip or the unzipped file; text/image: an "
+        "archive or folder; retrieval: the folder of LRA's AAN TSV files (default: the task's own)",
+    )
     p.add_argument("--no-download", action="store_true", help="never download; fail with instructions instead")
     group = p.add_argument_group("preset overrides (default: the task preset's value, in the tables below)")
     group.add_argument("--seq-len", type=length, help="sequence length")
@@ -215,35 +250,61 @@ def task_parser(prog: str, description: str, out_help: str) -> argparse.Argument
     group.add_argument("--eval-every", type=positive_int, help="steps between evaluations and checkpoints")
     group.add_argument("--eval-batches", type=positive_int, help="batches per periodic evaluation")
     group.add_argument("--final-eval-batches", type=positive_int, help="batches per final evaluation")
-    group.add_argument("--eval-context", type=bounded_int(0, MAX_LENGTH - 1, "a length"),
-                       help="LM: context bytes between eval windows")
+    group.add_argument(
+        "--eval-context", type=bounded_int(0, MAX_LENGTH - 1, "a length"), help="LM: context bytes between eval windows"
+    )
     return p
 
 
 def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The options of every training entry point: task_parser's, and the run's own (resume, schedule, logging)."""
     from bench.config import LR_DECAYS, RunConfig  # its defaults are the options'
+
     p = task_parser(prog, description, "the run's folder (default: runs/METHOD-TASK-PRESET-sSEED)")
     again = p.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="continue the run in --out from its checkpoint (trained with the same settings)")
-    again.add_argument("--overwrite", action="store_true",
-                       help="replace the run already in --out (without it, a folder holding a run is refused)")
-    p.add_argument("--init-from", metavar="CHECKPOINT",
-                   help="start from the model weights of CHECKPOINT (a snapshot, or a finished run's "
-                        "OUT/checkpoint.pt), with this run's own settings, optimizer and schedule")
-    p.add_argument("--grad-clip", type=non_negative_float, default=RunConfig.grad_clip,
-                   help="gradient-norm clipping (0 = off)")
-    p.add_argument("--lr-decay", choices=LR_DECAYS, default=RunConfig.lr_decay,
-                   help="shape of the decay after warm-up, from the peak to the floor at the last step")
-    p.add_argument("--lr-floor", type=unit_fraction, default=RunConfig.lr_floor, metavar="FRACTION",
-                   help="learning rate at the last step, as a fraction of the peak")
-    p.add_argument("--log-every", type=positive_int, default=RunConfig.log_every,
-                   help="steps between progress lines")
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint (trained with the same settings)",
+    )
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (without it, a folder holding a run is refused)",
+    )
+    p.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start from the model weights of CHECKPOINT (a snapshot, or a finished run's "
+        "OUT/checkpoint.pt), with this run's own settings, optimizer and schedule",
+    )
+    p.add_argument(
+        "--grad-clip", type=non_negative_float, default=RunConfig.grad_clip, help="gradient-norm clipping (0 = off)"
+    )
+    p.add_argument(
+        "--lr-decay",
+        choices=LR_DECAYS,
+        default=RunConfig.lr_decay,
+        help="shape of the decay after warm-up, from the peak to the floor at the last step",
+    )
+    p.add_argument(
+        "--lr-floor",
+        type=unit_fraction,
+        default=RunConfig.lr_floor,
+        metavar="FRACTION",
+        help="learning rate at the last step, as a fraction of the peak",
+    )
+    p.add_argument("--log-every", type=positive_int, default=RunConfig.log_every, help="steps between progress lines")
     p.add_argument("--no-amp", action="store_true", help="disable bf16 autocast on CUDA")
-    p.add_argument("--snapshot-at", type=positive_int, action="append", default=[], metavar="STEP",
-                   help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from whose weights "
-                        "another run may start (--init-from; repeatable)")
+    p.add_argument(
+        "--snapshot-at",
+        type=positive_int,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="also keep the checkpoint after STEP steps as OUT/checkpoint-STEP.pt, from whose weights "
+        "another run may start (--init-from; repeatable)",
+    )
     return p
 
 
@@ -253,16 +314,40 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
     import torch
     from bench.config import PRESET_FIELDS, RunConfig, SetupError
     from bench.tasks import get_task
+
     overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
-    options = ("seed", "device", "out", "resume", "overwrite", "init_from", "data_dir", "data_file", "no_download",
-               "grad_clip", "lr_decay", "lr_floor", "log_every", "no_amp")
-    cfg = RunConfig.of(get_task(args.task).presets[args.preset], overrides, method=method, task=args.task,
-                       preset=args.preset, snapshot_at=tuple(args.snapshot_at), attn=attn or {},
-                       settings=settings, **{name: getattr(args, name) for name in options})
+    options = (
+        "seed",
+        "device",
+        "out",
+        "resume",
+        "overwrite",
+        "init_from",
+        "data_dir",
+        "data_file",
+        "no_download",
+        "grad_clip",
+        "lr_decay",
+        "lr_floor",
+        "log_every",
+        "no_amp",
+    )
+    cfg = RunConfig.of(
+        get_task(args.task).presets[args.preset],
+        overrides,
+        method=method,
+        task=args.task,
+        preset=args.preset,
+        snapshot_at=tuple(args.snapshot_at),
+        attn=attn or {},
+        settings=settings,
+        **{name: getattr(args, name) for name in options},
+    )
     if "OMP_NUM_THREADS" not in os.environ:  # a thread per 2^20 values of a batch's activations, at most one per core:
         # a small model's ops are too short to share out, and on busy cores the extra threads wait for each other
         torch.set_num_threads(max(1, min(torch.get_num_threads(), cfg.batch_size * cfg.seq_len * cfg.dim >> 20)))
     from bench.files import folder_problem
+
     problem = folder_problem(cfg.folder)
     problem = f"--out {cfg.folder}: {problem}" if problem else memory_problem(cfg)
     if problem:
@@ -274,6 +359,7 @@ def available_memory(device: str) -> Tuple[int, str]:
     """(bytes, where) a run on ``device`` may use: the GPU's, else MemAvailable, else the machine's RAM."""
     import torch
     from bench.measure import proc_kib
+
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         try:
             index = torch.device(device).index if device.startswith("cuda") else None
@@ -299,18 +385,27 @@ def activation_bytes(cfg) -> int:
 def memory_problem(cfg) -> Optional[str]:
     """Why a run's sizes cannot fit in the memory it would run in (``activation_bytes``), or None."""
     need = activation_bytes(cfg)
-    if need < 2 ** 30:  # a GiB: every machine this runs on has that; nothing to look up
+    if need < 2**30:  # a GiB: every machine this runs on has that; nothing to look up
         return None
     have, where = available_memory(cfg.device)
     if need <= have:
         return None
-    return (f"--batch-size {cfg.batch_size} × --seq-len {cfg.seq_len} (depth {cfg.depth}, width {cfg.dim}) needs at "
-            f"least {need / 2 ** 30:,.1f} GiB for the activations alone, more than the "
-            f"{have / 2 ** 30:,.1f} GiB {where}; lower --batch-size or --seq-len")
+    return (
+        f"--batch-size {cfg.batch_size} × --seq-len {cfg.seq_len} (depth {cfg.depth}, width {cfg.dim}) needs at "
+        f"least {need / 2**30:,.1f} GiB for the activations alone, more than the "
+        f"{have / 2**30:,.1f} GiB {where}; lower --batch-size or --seq-len"
+    )
 
 
-def parse(argv: Optional[List[str]], method: str, prog: str, description: str, settings: type,
-          flags: Optional[Dict[str, str]] = None, tasks: Optional[Tuple[str, ...]] = None):
+def parse(
+    argv: Optional[List[str]],
+    method: str,
+    prog: str,
+    description: str,
+    settings: type,
+    flags: Optional[Dict[str, str]] = None,
+    tasks: Optional[Tuple[str, ...]] = None,
+):
     """A method file's command line → (RunConfig, the method's settings). ``flags``: the method's own switches
     (name → help, e.g. SBM's --official), each a plain flag whose value, in ``cfg.flags``, the method's main
     applies; ``cfg.given`` names the settings given on the command line. ``tasks``: the only tasks the method
@@ -324,12 +419,14 @@ def parse(argv: Optional[List[str]], method: str, prog: str, description: str, s
         group.add_argument(f"--{name}", action="store_true", help=help_text)
     args = p.parse_args(argv)
     from bench.config import SetupError
+
     try:
         chosen = settings_of(args, settings)
         cfg = run_config(args, method, chosen)
         given = {f.name for f, _, dest, _ in settings_flags(settings) if getattr(args, dest) is not None}
-        return dataclasses.replace(cfg, flags={name: getattr(args, name) for name in flags or {}},
-                                   given=cfg.given | given), chosen
+        return dataclasses.replace(
+            cfg, flags={name: getattr(args, name) for name in flags or {}}, given=cfg.given | given
+        ), chosen
     except (ValueError, SetupError) as exc:
         p.error(str(exc))
 
@@ -351,8 +448,10 @@ def settings_flags(settings: type):
             kwargs.update(action=action, help=meta.get("help", "") + default_text)
         else:
             kind = meta.get("type", plain_type(hints[f.name]))
-            kwargs.update(type={float: finite_float, int: any_int}.get(kind, kind),
-                          help=meta.get("help", "") + ("" if default is None else default_text))
+            kwargs.update(
+                type={float: finite_float, int: any_int}.get(kind, kind),
+                help=meta.get("help", "") + ("" if default is None else default_text),
+            )
             kwargs.update({k: meta[k] for k in ("metavar", "nargs", "choices") if k in meta})
         yield f, flag, dest, kwargs
 
@@ -366,8 +465,9 @@ def add_settings(p: argparse.ArgumentParser, settings: type, title: str):
 
 def settings_of(args: argparse.Namespace, settings: type):
     """The settings from parsed arguments, a field not given at its default (the dataclass's ValueError)."""
-    return settings(**{f.name: getattr(args, dest) for f, _, dest, _ in settings_flags(settings)
-                       if getattr(args, dest) is not None})
+    return settings(
+        **{f.name: getattr(args, dest) for f, _, dest, _ in settings_flags(settings) if getattr(args, dest) is not None}
+    )
 
 
 def plain_type(declared):
@@ -382,6 +482,7 @@ def one_line_errors():
     error while writing (a disk full, a folder gone read-only) 1, Ctrl-C 130, each as one line on stderr."""
     from bench.config import Diverged, SetupError
     from bench.files import DataError, os_error_line
+
     try:
         yield
     except (DataError, SetupError, Diverged) as exc:

@@ -1,6 +1,7 @@
 """A run's configuration as data (``RunConfig``: a task's ``Preset`` with the command line's overrides and the
 run's options), and the rules that read it: the learning-rate schedule, the seeds of every draw, the device.
 """
+
 import dataclasses
 import hashlib
 import json
@@ -15,6 +16,7 @@ from bench.model import Backbone
 
 LR_DECAYS = ("cosine", "linear")
 
+
 class SetupError(RuntimeError):
     """A setting that cannot work (bad shapes, unknown option, a checkpoint of other settings): one line, exit 2."""
 
@@ -26,6 +28,7 @@ class Diverged(RuntimeError):
 @dataclass(kw_only=True)
 class Preset(Backbone):
     """Model (bench.model.Backbone's fields) and training recipe of a task at one scale (bench/tasks/)."""
+
     seq_len: int
     steps: int = 1000
     batch_size: int = 32
@@ -44,6 +47,7 @@ PRESET_FIELDS = tuple(f.name for f in dataclasses.fields(Preset))
 @dataclass(kw_only=True)
 class RunConfig(Preset):
     """One run: its preset's values as changed by the command line, and the run's own options."""
+
     method: str
     task: str
     preset: str = "cpu"
@@ -100,8 +104,7 @@ class RunConfig(Preset):
 
     def as_record(self) -> dict:
         """The flat dict that checkpoints and metrics.json store (a JSON round trip: tuples are lists)."""
-        own = [f.name for f in dataclasses.fields(self)
-               if f.name not in (*PRESET_FIELDS, "settings", "flags", "given")]
+        own = [f.name for f in dataclasses.fields(self) if f.name not in (*PRESET_FIELDS, "settings", "flags", "given")]
         values = {name: getattr(self, name) for name in [*own, *PRESET_FIELDS]}
         if self.settings is not None:
             values.update(dataclasses.asdict(self.settings))

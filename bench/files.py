@@ -10,6 +10,7 @@ the data live. The standard library only at the top (torch where a checkpoint is
 - A run that should differ from a checkpoint's (a fine-tuning, other settings from a step on) is not a
   ``--resume`` but a fresh one with ``--init-from CHECKPOINT``: its weights with the run's own settings.
 """
+
 import errno
 import fcntl
 import hashlib
@@ -24,8 +25,18 @@ from typing import BinaryIO, Callable, List, Optional
 # What --resume lets differ from the checkpoint's settings: where the run lives and what it reports (the device
 # string: its type and the bf16 autocast are compared instead, as they change the numbers; eval_every:
 # evaluations draw from their own seeds)
-OBSERVING = ("out", "resume", "overwrite", "log_every", "snapshot_at", "eval_every", "final_eval_batches",
-             "data_dir", "no_download", "device")
+OBSERVING = (
+    "out",
+    "resume",
+    "overwrite",
+    "log_every",
+    "snapshot_at",
+    "eval_every",
+    "final_eval_batches",
+    "data_dir",
+    "no_download",
+    "device",
+)
 
 
 class DataError(RuntimeError):
@@ -67,7 +78,7 @@ def folder_problem(path) -> Optional[str]:
     except OSError as exc:  # a component too long for the file system, a loop of links
         return f"cannot be used: {exc.strerror}"
     if not existing.is_dir():
-        return ("is a file, not a folder" if existing == path else f"cannot be made: {existing} is a file")
+        return "is a file, not a folder" if existing == path else f"cannot be made: {existing} is a file"
     try:
         name_limit = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -149,11 +160,13 @@ class FolderLock:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             from bench.config import SetupError
+
             self.file.seek(0)
             holder = self.file.read().strip() or "unknown"
             self.file.close()
-            raise SetupError(f"another {self.what} is running in {self.path.parent} (pid {holder}); wait for it or "
-                             f"stop it first") from None
+            raise SetupError(
+                f"another {self.what} is running in {self.path.parent} (pid {holder}); wait for it or stop it first"
+            ) from None
         self.file.seek(0)
         self.file.truncate()
         self.file.write(str(os.getpid()))
@@ -170,6 +183,7 @@ class FolderLock:
 @dataclass
 class Progress:
     """What a run has done, kept in its checkpoints: a resumed run ends with an uninterrupted one's record."""
+
     step: int = 0
     elapsed: float = 0.0  # seconds of training steps
     wall_time_s: float = 0.0  # seconds of the whole run: set-up, evaluations, every process
@@ -179,25 +193,44 @@ class Progress:
 
     def state(self) -> dict:
         import torch
+
         return {**asdict(self), "train_density": torch.stack(self.train_density) if self.train_density else None}
 
     @classmethod
     def of(cls, state: dict) -> "Progress":
         density = state["train_density"]
-        return cls(**{**state, "step_times": list(state["step_times"]),
-                      "train_density": list(density) if density is not None else []})
+        return cls(
+            **{
+                **state,
+                "step_times": list(state["step_times"]),
+                "train_density": list(density) if density is not None else [],
+            }
+        )
 
 
 def record_divergence(cfg, step: int, lr: float, done: Progress) -> None:
     """metrics.json of a run stopped at a non-finite loss: status "diverged", the step and its learning rate."""
-    write_json(cfg.folder / "metrics.json", {
-        "status": "diverged", "method": cfg.method, "task": cfg.task, "preset": cfg.preset, "seed": cfg.seed,
-        "diverged_at_step": step, "lr": lr, "steps": cfg.steps, "train_time_s": done.elapsed,
-        "wall_time_s": done.wall_time_s, "config": cfg.as_record()})
+    write_json(
+        cfg.folder / "metrics.json",
+        {
+            "status": "diverged",
+            "method": cfg.method,
+            "task": cfg.task,
+            "preset": cfg.preset,
+            "seed": cfg.seed,
+            "diverged_at_step": step,
+            "lr": lr,
+            "steps": cfg.steps,
+            "train_time_s": done.elapsed,
+            "wall_time_s": done.wall_time_s,
+            "config": cfg.as_record(),
+        },
+    )
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
     import torch
+
     write_atomic_with(path, lambda f: torch.save(state, f))
 
 
@@ -208,8 +241,10 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     from bench.config import SetupError
 
     def refuse(reason: str):
-        return SetupError(f"the checkpoint {path} {reason}; it cannot be used: start afresh with --overwrite "
-                          f"(or resume from a good copy)")
+        return SetupError(
+            f"the checkpoint {path} {reason}; it cannot be used: start afresh with --overwrite "
+            f"(or resume from a good copy)"
+        )
 
     try:
         if not Path(path).is_file():  # a device or a link to one would be read without bound
@@ -249,27 +284,36 @@ def open_folder(cfg, context: dict, device) -> Optional[dict]:
     --overwrite; with --resume the checkpoint, trained with this run's settings but for those that only observe
     (``OBSERVING``) and in the same ``context`` (processes, device type, autocast), is returned, else None."""
     from bench.config import SetupError
+
     out = cfg.folder
     if not cfg.resume:
         existing = run_files(out)
         if existing not in ([], [out / "log.jsonl"]) and not cfg.overwrite:  # a log alone: nothing saved to lose
             go_on = "continue it with --resume, or " if (out / "checkpoint.pt").exists() else "it has no checkpoint: "
-            raise SetupError(f"{out} already holds a run ({', '.join(f.name for f in existing)}): {go_on}replace "
-                             f"it with --overwrite")
+            raise SetupError(
+                f"{out} already holds a run ({', '.join(f.name for f in existing)}): {go_on}replace it with --overwrite"
+            )
         return None
     if not (out / "checkpoint.pt").exists():
         raise DataError(f"--resume: no checkpoint at {out / 'checkpoint.pt'}")
     saved = load_checkpoint(out / "checkpoint.pt", map_location=device)
     record, trained = cfg.as_record(), saved["config"]  # a setting a checkpoint predates counts as null
-    conflicts = [f"--{name.replace('_', '-')} {json.dumps(trained.get(name))} → {json.dumps(record.get(name))}"
-                 for name in dict.fromkeys([*record, *trained])
-                 if name not in OBSERVING and trained.get(name) != record.get(name)]
-    conflicts += [f"{key.replace('_', ' ')} {json.dumps(saved.get(key))} → {json.dumps(value)}"
-                  for key, value in context.items() if saved.get(key) != value]
+    conflicts = [
+        f"--{name.replace('_', '-')} {json.dumps(trained.get(name))} → {json.dumps(record.get(name))}"
+        for name in dict.fromkeys([*record, *trained])
+        if name not in OBSERVING and trained.get(name) != record.get(name)
+    ]
+    conflicts += [
+        f"{key.replace('_', ' ')} {json.dumps(saved.get(key))} → {json.dumps(value)}"
+        for key, value in context.items()
+        if saved.get(key) != value
+    ]
     if conflicts:
-        raise SetupError(f"--resume: {out / 'checkpoint.pt'} (step {saved['progress']['step']}) was trained with "
-                         f"other settings: {', '.join(conflicts)}; a resumed run changes only what observes (start "
-                         f"afresh with --overwrite, or from its weights with --init-from)")
+        raise SetupError(
+            f"--resume: {out / 'checkpoint.pt'} (step {saved['progress']['step']}) was trained with "
+            f"other settings: {', '.join(conflicts)}; a resumed run changes only what observes (start "
+            f"afresh with --overwrite, or from its weights with --init-from)"
+        )
     return saved
 
 
@@ -277,14 +321,17 @@ def full_attention_beside(cfg) -> str:
     """What full attention reached with cfg's task and preset values, from its record in its default folder, or
     the command that runs it: the figure a method's final line is read against."""
     from bench.config import PRESET_FIELDS
+
     full = replace(cfg, method="full", out=None)
     record = read_json(full.folder / "metrics.json") or {}
     same = ("seed", *PRESET_FIELDS)
     if record.get("status") == "complete" and all(record["config"].get(n) == getattr(cfg, n) for n in same):
         return f"full attention {record['test']:.4f} ({full.folder})"
     given = "".join(f" --{name.replace('_', '-')} {getattr(cfg, name)}" for name in PRESET_FIELDS if name in cfg.given)
-    return (f"full attention: python -m bench.train --method full --task {cfg.task} --preset {cfg.preset} "
-            f"--seed {cfg.seed}{given}")
+    return (
+        f"full attention: python -m bench.train --method full --task {cfg.task} --preset {cfg.preset} "
+        f"--seed {cfg.seed}{given}"
+    )
 
 
 def parameter_fingerprint(model) -> str:

@@ -1,5 +1,6 @@
 """A trained model's chosen parameters trained further on its task: the kernel method's end-to-end fine-tuning
 (Karkhanis et al. §6.2), with a schedule and seeds of its own, apart from the one training loop (bench.loop)."""
+
 from typing import List
 
 import torch
@@ -9,8 +10,18 @@ from bench.config import derive_seed, lr_at
 from bench.tasks import Task, model_inputs, task_loss
 
 
-def fine_tune(model: nn.Module, task: Task, parameters: List[nn.Parameter], steps: int, lr: float,
-              weight_decay: float, batch_size: int, grad_clip: float, seed: int, log_every: int = 50) -> List[float]:
+def fine_tune(
+    model: nn.Module,
+    task: Task,
+    parameters: List[nn.Parameter],
+    steps: int,
+    lr: float,
+    weight_decay: float,
+    batch_size: int,
+    grad_clip: float,
+    seed: int,
+    log_every: int = 50,
+) -> List[float]:
     """``parameters`` of a trained model trained ``steps`` more (the kernel method's §6.2): AdamW, a tenth of the
     steps' warm-up then cosine to 10%, batches and dropout from their own seeds. Returns the training losses."""
     device = next(model.parameters()).device

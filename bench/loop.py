@@ -9,6 +9,7 @@ A method's own procedure goes around these calls in its file's ``main()``. AdamW
 only), warm-up then cosine or linear decay (config.lr_at), gradient clipping, bf16 autocast on CUDA. Step t
 draws from seeds of (seed, rank, t), an evaluation from (seed, split): a resumed run ends as an uninterrupted one.
 """
+
 import dataclasses
 import datetime
 import json
@@ -36,6 +37,7 @@ from bench.tasks import IGNORE, DataError, Task, base_rate, default_data_dir, mo
 @dataclass
 class Run:
     """One process's share of a run: what setup made, and what the run has done (``done``, checkpointed)."""
+
     cfg: RunConfig
     task: Task
     model: nn.Module
@@ -60,8 +62,9 @@ class Run:
         return self.done.step
 
     def evaluate(self, split: str, limit: Optional[int], forward: Optional[Callable] = None) -> dict:
-        return evaluate(self.model, self.task, split, limit, self.cfg.batch_size, self.device, self.cfg.seed,
-                        self.amp, forward)
+        return evaluate(
+            self.model, self.task, split, limit, self.cfg.batch_size, self.device, self.cfg.seed, self.amp, forward
+        )
 
     def say(self, text: str, log: Optional[dict] = None) -> None:
         """A progress line, and its record in log.jsonl (stamped with the time, ISO 8601 UTC)."""
@@ -75,13 +78,21 @@ class Run:
     def progress(self) -> files.Progress:
         """What the run has done, up to now: wall time and peak memory include this process's."""
         peak = max(self.done.peak_memory_bytes, measure.peak_memory_bytes(self.device, self.memory))
-        return dataclasses.replace(self.done, wall_time_s=self.done.wall_time_s + time.time() - self.started,
-                                   peak_memory_bytes=peak)
+        return dataclasses.replace(
+            self.done, wall_time_s=self.done.wall_time_s + time.time() - self.started, peak_memory_bytes=peak
+        )
 
     def save(self, name: str) -> None:
-        files.save_checkpoint(self.cfg.folder / name, {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "progress": self.progress().state(), "config": self.cfg.as_record(), **self.context})
+        files.save_checkpoint(
+            self.cfg.folder / name,
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "progress": self.progress().state(),
+                "config": self.cfg.as_record(),
+                **self.context,
+            },
+        )
 
 
 # ------------------------------------------------------------------------------------------------ setup
@@ -101,10 +112,16 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
         model = build_model(cfg, task, device, make_attention)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    optimizer = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.ndim >= 2],
-                                    "weight_decay": cfg.weight_decay},  # weight decay on matrices only
-                                   {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}],
-                                  lr=cfg.lr)
+    optimizer = torch.optim.AdamW(
+        [
+            {
+                "params": [p for p in model.parameters() if p.ndim >= 2],
+                "weight_decay": cfg.weight_decay,
+            },  # weight decay on matrices only
+            {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+    )
     run = Run(cfg, task, model, optimizer, device, amp, world, rank, context)
     start = saved or (files.load_checkpoint(Path(cfg.init_from), device) if cfg.init_from else None)
     try:
@@ -115,8 +132,10 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
             run.done = files.Progress.of(saved["progress"])
     except (RuntimeError, KeyError, ValueError) as exc:
         where = out / "checkpoint.pt" if saved is not None else cfg.init_from
-        raise SetupError(f"{'--resume' if saved is not None else '--init-from'}: {where} does not fit this model: "
-                         f"{str(exc).splitlines()[0]}") from None
+        raise SetupError(
+            f"{'--resume' if saved is not None else '--init-from'}: {where} does not fit this model: "
+            f"{str(exc).splitlines()[0]}"
+        ) from None
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -129,14 +148,24 @@ def setup(cfg: RunConfig, task: Task, make_attention: Callable[[ModelConfig], Ca
         files.begin(out, cfg.resume, run.step)
     run.memory = measure.PeakRSS() if device.type == "cpu" else None
     measure.reset_peak_memory(device)
-    warm_only = (f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} steps, so the learning "
-                 f"rate stays below its peak") if cfg.warmup >= cfg.steps > 0 else ""
-    run.say(f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
-            f"{cfg.batch_size}{f' in each of {world} processes' if world > 1 else ''} at length {cfg.seq_len}, "
-            f"{sum(p.numel() for p in model.parameters()):,} parameters, "
-            f"{measure.device_name(device)}" + (f", resumed at step {run.step}" if run.step else "")
-            + (f", from the weights of {cfg.init_from}" if cfg.init_from and not run.step else "")
-            + f"; run folder {out}" + warm_only)
+    warm_only = (
+        (
+            f"; note: its {cfg.warmup} warm-up steps are not fewer than its {cfg.steps} steps, so the learning "
+            f"rate stays below its peak"
+        )
+        if cfg.warmup >= cfg.steps > 0
+        else ""
+    )
+    run.say(
+        f"{cfg.method} on {task.name} ({cfg.preset} preset, seed {cfg.seed}): {cfg.steps} steps of batch "
+        f"{cfg.batch_size}{f' in each of {world} processes' if world > 1 else ''} at length {cfg.seq_len}, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"{measure.device_name(device)}"
+        + (f", resumed at step {run.step}" if run.step else "")
+        + (f", from the weights of {cfg.init_from}" if cfg.init_from and not run.step else "")
+        + f"; run folder {out}"
+        + warm_only
+    )
     return run
 
 
@@ -144,17 +173,20 @@ def build_model(cfg: RunConfig, task: Task, device: torch.device, make_attention
     """The task's data and the model, initialised from the seed. First, every layer's attention runs once on zeros
     of the task's length (the random state restored), so that a setting it refuses is refused before any data."""
     task.data_file, task.download_allowed = cfg.data_file, not cfg.no_download
-    model_cfg = ModelConfig.of(cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head,
-                               max_len=cfg.seq_len)
+    model_cfg = ModelConfig.of(
+        cfg, vocab_size=task.vocab_size, num_classes=task.num_classes, head=task.head, max_len=cfg.seq_len
+    )
     factory = make_attention(model_cfg)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
             for layer in range(model_cfg.depth):
-                factory(layer).to(device).train()(torch.zeros(1, cfg.seq_len, cfg.dim, device=device),
-                                                  causal=task.head == "lm")
+                factory(layer).to(device).train()(
+                    torch.zeros(1, cfg.seq_len, cfg.dim, device=device), causal=task.head == "lm"
+                )
     except (ValueError, RuntimeError) as exc:  # RuntimeError: a size the constructor cannot allocate
-        raise ValueError(f"{cfg.method} cannot run task {cfg.task} with these settings: "
-                         f"{str(exc).splitlines()[0]}") from None
+        raise ValueError(
+            f"{cfg.method} cannot run task {cfg.task} with these settings: {str(exc).splitlines()[0]}"
+        ) from None
     task.setup(cfg.seq_len, cfg.seed, Path(cfg.data_dir) if cfg.data_dir else default_data_dir(), cfg.eval_context)
     # the data set the vocabulary (duplicates: seq_len + 1); the attention depends on none of these fields
     model_cfg = dataclasses.replace(model_cfg, vocab_size=task.vocab_size, num_classes=task.num_classes)
@@ -169,8 +201,11 @@ def train(run: Run, until: Optional[int] = None) -> None:
     try:
         take_steps(run, until)
     except KeyboardInterrupt:
-        go_on = "continue with --resume" if (run.cfg.folder / "checkpoint.pt").exists() else \
-            "nothing saved yet; rerun to start again"
+        go_on = (
+            "continue with --resume"
+            if (run.cfg.folder / "checkpoint.pt").exists()
+            else "nothing saved yet; rerun to start again"
+        )
         raise KeyboardInterrupt(f"interrupted at step {run.step}; {go_on}") from None
 
 
@@ -185,8 +220,9 @@ def take_steps(run: Run, until: Optional[int]) -> None:
         for group in run.optimizer.param_groups:
             group["lr"] = lr_at(run.step, vars(cfg))
         torch.manual_seed(derive_seed(cfg.seed, run.rank, run.step))
-        batch = task.train_batch(cfg.batch_size,
-                                 torch.Generator().manual_seed(derive_seed(cfg.seed, run.rank, run.step, "data")))
+        batch = task.train_batch(
+            cfg.batch_size, torch.Generator().manual_seed(derive_seed(cfg.seed, run.rank, run.step, "data"))
+        )
         measure.synchronize(device)
         start = time.perf_counter()
         inputs, targets = model_inputs(batch, device), batch["targets"].to(device)
@@ -210,9 +246,15 @@ def take_steps(run: Run, until: Optional[int]) -> None:
         done.step += 1
         with torch.no_grad():
             scored = targets != IGNORE
-            window.append((loss.item(), loss.item() / math.log(2) if task.metric == "bpb" else
-                           (logits.argmax(-1)[scored] == targets[scored]).float().mean().item(),
-                           stats["density"].mean().item()))
+            window.append(
+                (
+                    loss.item(),
+                    loss.item() / math.log(2)
+                    if task.metric == "bpb"
+                    else (logits.argmax(-1)[scored] == targets[scored]).float().mean().item(),
+                    stats["density"].mean().item(),
+                )
+            )
             done.train_density.append(stats["density"].float().mean(-1).cpu())
         if run.is_main and (run.step % cfg.log_every == 0 or run.step == cfg.steps):
             report_progress(run, *map(np.mean, zip(*window)))
@@ -222,9 +264,11 @@ def take_steps(run: Run, until: Optional[int]) -> None:
                 begun = time.time()
                 result = run.evaluate("valid", cfg.eval_batches)
                 run.eval_seconds = time.time() - begun
-                run.say(f"eval step {run.step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
-                        f"density {result['density']:.3f}",
-                        {"step": run.step, "split": "valid", "lr": lr_at(run.step - 1, vars(cfg)), **result})
+                run.say(
+                    f"eval step {run.step}: valid {task.metric} {result['metric']:.4f} loss {result['loss']:.4f} "
+                    f"density {result['density']:.3f}",
+                    {"step": run.step, "split": "valid", "lr": lr_at(run.step - 1, vars(cfg)), **result},
+                )
                 run.save("checkpoint.pt")
             if run.world > 1:
                 dist.barrier()
@@ -243,27 +287,49 @@ def stop_if_diverged(run: Run, finite: torch.Tensor, what: str, step: int) -> No
     lr = lr_at(step - 1, vars(run.cfg))
     if run.is_main:
         files.record_divergence(run.cfg, step, lr, run.progress())
-    raise Diverged(f"the run diverged: {what} is not finite (learning rate {lr:g}); "
-                   f"recorded in {run.cfg.folder / 'metrics.json'}")
+    raise Diverged(
+        f"the run diverged: {what} is not finite (learning rate {lr:g}); recorded in {run.cfg.folder / 'metrics.json'}"
+    )
 
 
 def report_progress(run: Run, loss: float, metric: float, density: float) -> None:
     """The progress line and its log record (the means since the last); the ETA counts the evaluations left."""
     cfg, done = run.cfg, run.done
-    median_ms = statistics.median(done.step_times[-cfg.log_every:])
-    evaluations = cfg.steps // cfg.eval_every - done.step // cfg.eval_every + 2 * cfg.final_eval_batches / cfg.eval_batches
-    eta = datetime.timedelta(seconds=round(median_ms * (cfg.steps - done.step) / 1e3 + (run.eval_seconds or 0) * evaluations))
+    median_ms = statistics.median(done.step_times[-cfg.log_every :])
+    evaluations = (
+        cfg.steps // cfg.eval_every - done.step // cfg.eval_every + 2 * cfg.final_eval_batches / cfg.eval_batches
+    )
+    eta = datetime.timedelta(
+        seconds=round(median_ms * (cfg.steps - done.step) / 1e3 + (run.eval_seconds or 0) * evaluations)
+    )
     lr = lr_at(done.step - 1, vars(cfg))
-    run.say(f"step {done.step}/{cfg.steps} | loss {loss:.4f} | {'bpb' if run.task.metric == 'bpb' else 'acc'} "
-            f"{metric:.4f} | density {density:.3f} | lr {lr:.2e} | {median_ms:.1f} ms/step | ETA {eta}",
-            {"step": done.step, "split": "train", "loss": float(loss), "metric": float(metric),
-             "density": float(density), "lr": lr})
+    run.say(
+        f"step {done.step}/{cfg.steps} | loss {loss:.4f} | {'bpb' if run.task.metric == 'bpb' else 'acc'} "
+        f"{metric:.4f} | density {density:.3f} | lr {lr:.2e} | {median_ms:.1f} ms/step | ETA {eta}",
+        {
+            "step": done.step,
+            "split": "train",
+            "loss": float(loss),
+            "metric": float(metric),
+            "density": float(density),
+            "lr": lr,
+        },
+    )
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
-def evaluate(model: nn.Module, task: Task, split: str, limit: Optional[int], batch_size: int, device: torch.device,
-             seed: int, amp: bool, forward: Optional[Callable] = None) -> dict:
+def evaluate(
+    model: nn.Module,
+    task: Task,
+    split: str,
+    limit: Optional[int],
+    batch_size: int,
+    device: torch.device,
+    seed: int,
+    amp: bool,
+    forward: Optional[Callable] = None,
+) -> dict:
     """The task metric on a split (accuracy, or bits per byte), the mean loss and the density per layer and head.
     ``forward(model, inputs) -> (logits, stats)`` replaces the model's own (SSA's self-ensembles)."""
     was_training = model.training
@@ -288,9 +354,14 @@ def evaluate(model: nn.Module, task: Task, split: str, limit: Optional[int], bat
     loss = nll / count
     density = torch.stack(densities).mean(0)  # (L, H)
     metric = loss / math.log(2) if task.metric == "bpb" else correct / count
-    return {"metric": metric, "loss": loss, "density": density.mean().item(),
-            "density_per_layer": density.mean(1).tolist(), "scored": count,
-            "base_rate": base_rate(target_counts, task.metric)}
+    return {
+        "metric": metric,
+        "loss": loss,
+        "density": density.mean().item(),
+        "density_per_layer": density.mean(1).tolist(),
+        "scored": count,
+        "base_rate": base_rate(target_counts, task.metric),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ the record
@@ -312,22 +383,37 @@ def final_record(run: Run) -> Optional[dict]:
     flops, inference_memory = measure.model_costs(model, inputs, device, cfg.seed)
     trained = torch.stack(done.train_density) if done.train_density else None  # (steps, L)
     return {
-        "status": "complete", "method": cfg.method, "task": cfg.task, "preset": cfg.preset, "seed": cfg.seed,
-        "device": measure.device_name(device), "world_size": run.world,
-        "metric": task.metric, "valid": valid["metric"], "test": test["metric"], "valid_loss": valid["loss"],
-        "test_loss": test["loss"], "scored": {"valid": valid["scored"], "test": test["scored"]},
-        "base_rate": test["base_rate"], "density": test["density"], "density_per_layer": test["density_per_layer"],
+        "status": "complete",
+        "method": cfg.method,
+        "task": cfg.task,
+        "preset": cfg.preset,
+        "seed": cfg.seed,
+        "device": measure.device_name(device),
+        "world_size": run.world,
+        "metric": task.metric,
+        "valid": valid["metric"],
+        "test": test["metric"],
+        "valid_loss": valid["loss"],
+        "test_loss": test["loss"],
+        "scored": {"valid": valid["scored"], "test": test["scored"]},
+        "base_rate": test["base_rate"],
+        "density": test["density"],
+        "density_per_layer": test["density_per_layer"],
         "train_density": trained.mean().item() if trained is not None else None,
         "train_density_per_layer": trained.mean(0).tolist() if trained is not None else None,
         "params": sum(p.numel() for p in model.parameters()),
-        "flops_per_example": flops["eval"], "train_flops_per_example": flops["train"],
+        "flops_per_example": flops["eval"],
+        "train_flops_per_example": flops["train"],
         "flops_convention": "forward; 1 multiply-add = 2 FLOPs; bench/measure.py",
         "peak_memory_bytes": done.peak_memory_bytes if cfg.steps > 0 else None,
         "inference_memory_per_example_bytes": inference_memory // len(inputs["tokens"]),
-        "peak_memory_kind": "CPU peak RSS above the pre-training baseline" if device.type == "cpu" else
-                            "cuda max_memory_allocated",
+        "peak_memory_kind": "CPU peak RSS above the pre-training baseline"
+        if device.type == "cpu"
+        else "cuda max_memory_allocated",
         "median_step_ms": statistics.median(done.step_times[5:] or done.step_times) if done.step_times else None,
-        "steps": cfg.steps, "train_time_s": done.elapsed, "wall_time_s": None,  # finish() sets the whole run's
+        "steps": cfg.steps,
+        "train_time_s": done.elapsed,
+        "wall_time_s": None,  # finish() sets the whole run's
         "param_fingerprints": fingerprints,
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
         "allocator": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ},
@@ -343,11 +429,14 @@ def finish(run: Run, record: Optional[dict]) -> None:
     if run.is_main:
         record["wall_time_s"] = run.progress().wall_time_s
         files.write_json(run.cfg.folder / "metrics.json", record)
-        print(f"final: valid {run.task.metric} {record['valid']:.4f} | test {run.task.metric} {record['test']:.4f} | "
-              f"density {record['density']:.3f} | {record['train_time_s']:.1f} s training, "
-              f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}\ncompare: base rate "
-              f"{record['base_rate']:.4f} (a model blind to its input)"
-              + ("" if run.cfg.method == "full" else "; " + files.full_attention_beside(run.cfg)), flush=True)
+        print(
+            f"final: valid {run.task.metric} {record['valid']:.4f} | test {run.task.metric} {record['test']:.4f} | "
+            f"density {record['density']:.3f} | {record['train_time_s']:.1f} s training, "
+            f"{record['wall_time_s']:.1f} s in all | record {run.cfg.folder / 'metrics.json'}\ncompare: base rate "
+            f"{record['base_rate']:.4f} (a model blind to its input)"
+            + ("" if run.cfg.method == "full" else "; " + files.full_attention_beside(run.cfg)),
+            flush=True,
+        )
         run.lock.__exit__()  # a finished folder keeps no lock file
     if run.world > 1:
         dist.barrier()

@@ -22,6 +22,7 @@ taken just before the measured work (``PeakRSS``; the scaling benchmarks run eac
 Time: warm-up, then the median of repeated calls, CUDA synchronised around each (``time_fn``); variants side
 by side with their calls interleaved (``interleaved``).
 """
+
 import contextlib
 import ctypes
 import ctypes.util
@@ -40,12 +41,51 @@ aten = torch.ops.aten
 
 SOFTMAX_FLOPS_PER_ELEMENT = 4
 SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT = 3
-ELEMENTWISE_OPS = ["add", "sub", "mul", "div", "neg", "exp", "log", "sqrt", "rsqrt", "pow", "sigmoid", "tanh",
-                   "gelu", "relu", "elu", "erf", "reciprocal", "maximum", "minimum", "clamp", "clamp_min",
-                   "addcmul", "addcdiv", "lerp", "abs", "silu", "gelu_backward", "sigmoid_backward",
-                   "tanh_backward", "threshold_backward", "elu_backward"]
-REDUCTION_OPS = ["sum", "mean", "amax", "amin", "logsumexp", "prod", "cumsum", "norm", "linalg_vector_norm",
-                 "segment_reduce"]
+ELEMENTWISE_OPS = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "neg",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "pow",
+    "sigmoid",
+    "tanh",
+    "gelu",
+    "relu",
+    "elu",
+    "erf",
+    "reciprocal",
+    "maximum",
+    "minimum",
+    "clamp",
+    "clamp_min",
+    "addcmul",
+    "addcdiv",
+    "lerp",
+    "abs",
+    "silu",
+    "gelu_backward",
+    "sigmoid_backward",
+    "tanh_backward",
+    "threshold_backward",
+    "elu_backward",
+]
+REDUCTION_OPS = [
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "logsumexp",
+    "prod",
+    "cumsum",
+    "norm",
+    "linalg_vector_norm",
+    "segment_reduce",
+]
 SCATTER_OPS = ["scatter_add", "index_add", "scatter_reduce", "index_reduce"]
 
 
@@ -62,11 +102,13 @@ def _numel(x) -> int:
 _elementwise = _raw(lambda *args, out_val=None, **kwargs: _numel(out_val))
 _reduction = _raw(lambda *args, out_val=None, **kwargs: _numel(args[0]))
 # scatter_add(self, dim, index, src) / index_add(self, dim, index, source): one add per source element
-_scatter = _raw(lambda *args, out_val=None, **kwargs:
-                _numel(args[3]) if len(args) > 3 else _numel(kwargs.get("src", kwargs.get("source"))))
+_scatter = _raw(
+    lambda *args, out_val=None, **kwargs: (
+        _numel(args[3]) if len(args) > 3 else _numel(kwargs.get("src", kwargs.get("source")))
+    )
+)
 _softmax = _raw(lambda *args, out_val=None, **kwargs: SOFTMAX_FLOPS_PER_ELEMENT * _numel(out_val))
-_softmax_backward = _raw(lambda *args, out_val=None, **kwargs:
-                         SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val))
+_softmax_backward = _raw(lambda *args, out_val=None, **kwargs: SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT * _numel(out_val))
 
 
 @_raw
@@ -108,15 +150,21 @@ EXTRA_FORMULAS.update({op: _elementwise for op in _packets(ELEMENTWISE_OPS)})
 EXTRA_FORMULAS.update({op: _reduction for op in _packets(REDUCTION_OPS)})
 EXTRA_FORMULAS.update({op: _scatter for op in _packets(SCATTER_OPS)})
 EXTRA_FORMULAS.update({aten.mm: _mm, aten.addmm: _addmm, aten.sparse_sampled_addmm: _sampled_addmm})
-EXTRA_FORMULAS.update({aten._softmax: _softmax, aten._log_softmax: _softmax,
-                       aten._softmax_backward_data: _softmax_backward,
-                       aten._log_softmax_backward_data: _softmax_backward,
-                       aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
-                       aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward})
+EXTRA_FORMULAS.update(
+    {
+        aten._softmax: _softmax,
+        aten._log_softmax: _softmax,
+        aten._softmax_backward_data: _softmax_backward,
+        aten._log_softmax_backward_data: _softmax_backward,
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward,
+    }
+)
 
 
-def count_flops(fn: Callable[[], object], modules: Optional[Dict[str, nn.Module]] = None,
-                root: Optional[nn.Module] = None) -> Dict[str, int]:
+def count_flops(
+    fn: Callable[[], object], modules: Optional[Dict[str, nn.Module]] = None, root: Optional[nn.Module] = None
+) -> Dict[str, int]:
     """Runs fn() once under the counter. Returns {"total": FLOPs} plus, for each submodule of
     ``root`` given in ``modules`` (a {label: module} dict), the FLOPs spent inside it."""
     # this file's extra formulas; a depth deep enough for nested attention modules
@@ -145,6 +193,7 @@ def model_costs(model: nn.Module, inputs: dict, device: torch.device, seed: int)
     Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks), evaluation
     FLOPs those of inference, where a method may differ (SSA evaluates dense); random draws from the seed."""
     from bench.config import derive_seed
+
     flops = {}
     for mode, training in (("train", True), ("eval", False)):
         model.train(training)
@@ -159,8 +208,9 @@ def model_costs(model: nn.Module, inputs: dict, device: torch.device, seed: int)
 def counted_forward(model: nn.Module, inputs: dict, flops: dict):
     """``model(**inputs)``, its FLOPs per example (model_flops_per_example) written into ``flops``."""
     out = {}
-    flops.update(model_flops_per_example(model, lambda: out.setdefault("result", model(**inputs)),
-                                         len(inputs["tokens"])))
+    flops.update(
+        model_flops_per_example(model, lambda: out.setdefault("result", model(**inputs)), len(inputs["tokens"]))
+    )
     return out["result"]
 
 
@@ -195,8 +245,11 @@ class PeakRSS:
         self.baseline = (proc_kib("/proc/self/status", "VmRSS") or 0) * 1024  # the resident set now (0 off Linux)
 
     def peak_above_baseline(self) -> int:
-        peak_kib = (proc_kib("/proc/self/status", "VmHWM") if self.resettable
-                    else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        peak_kib = (
+            proc_kib("/proc/self/status", "VmHWM")
+            if self.resettable
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        )
         return max(0, peak_kib * 1024 - self.baseline)
 
 
@@ -242,8 +295,9 @@ def tensor_peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
         fn()
     held = peak = 0
-    for event in sorted((e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
-                        key=lambda e: e.start_ns()):  # one event per allocation (+bytes) and per free (−bytes)
+    for event in sorted(
+        (e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    ):  # one event per allocation (+bytes) and per free (−bytes)
         held += event.nbytes()
         peak = max(peak, held)
     return peak
@@ -265,6 +319,7 @@ def synchronize(device: torch.device) -> None:
 @dataclass
 class Timed:
     """One variant's times (ms) over the timed rounds and what each of its calls returned."""
+
     ms: List[float]
     results: list
 
@@ -273,9 +328,14 @@ class Timed:
         return statistics.median(self.ms)
 
 
-def interleaved(variants: Dict[str, Callable[[int], object]], device: torch.device, repeats: int,
-                warmup: int = 1, alternate: bool = False,
-                after_round: Optional[Callable[[int], None]] = None) -> Dict[str, Timed]:
+def interleaved(
+    variants: Dict[str, Callable[[int], object]],
+    device: torch.device,
+    repeats: int,
+    warmup: int = 1,
+    alternate: bool = False,
+    after_round: Optional[Callable[[int], None]] = None,
+) -> Dict[str, Timed]:
     """Each variant timed side by side: ``warmup`` untimed rounds, then ``repeats`` timed ones, each round calling
     every variant once with the round's index (``alternate``: in reverse order every other round), so that load
     on a shared machine falls on all alike; CUDA synchronised around each call. Returns each
@@ -283,7 +343,7 @@ def interleaved(variants: Dict[str, Callable[[int], object]], device: torch.devi
     timed = {name: Timed([], []) for name in variants}
     names = list(variants)
     for round_ in range(warmup + repeats):
-        for name in (names[::-1] if alternate and round_ % 2 else names):
+        for name in names[::-1] if alternate and round_ % 2 else names:
             synchronize(device)
             start = time.perf_counter()
             result = variants[name](round_)

@@ -2,6 +2,7 @@
 reads it, so adding a method is its file plus one entry here. Standard library only at the top: the grid's
 ``--help`` imports it.
 """
+
 import importlib
 import importlib.util
 import inspect
@@ -57,12 +58,21 @@ REGISTRY = [
     Method("reformer", "baselines.reformer:ReformerAttention", cost=6.5),
     # the fixed-sparse patterns at a quarter of the pairs (Longformer's 512 of 4096 keys): a pattern, not full attention
     Method("window", "baselines.window:WindowAttention", cost=1.2, grid_budget={"density": 0.25}),
-    Method("bigbird", "baselines.bigbird:BigBirdAttention", cost=1.2,
-           grid_budget={"density": 0.25, "block": 8, "global_blocks": 1}),
+    Method(
+        "bigbird",
+        "baselines.bigbird:BigBirdAttention",
+        cost=1.2,
+        grid_budget={"density": 0.25, "block": 8, "global_blocks": 1},
+    ),
     Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", cost=3.0),
     Method("ssa", "ssa:SSAttention", script="ssa.py"),
-    Method("kernel", "kernel_sparse:KernelSparseAttention", script="kernel_sparse.py",
-           tasks=frozenset({"wikitext2"}), scaling=False),
+    Method(
+        "kernel",
+        "kernel_sparse:KernelSparseAttention",
+        script="kernel_sparse.py",
+        tasks=frozenset({"wikitext2"}),
+        scaling=False,
+    ),
 ]
 METHODS: Dict[str, Method] = {m.name: m for m in REGISTRY}
 
@@ -96,10 +106,14 @@ def refusal(method: str, causal_task: bool) -> Optional[str]:
 def same_in_every_layer(attention: type, model_cfg, options: dict) -> Callable:
     """layer_index -> ``attention`` built from the interface's arguments and ``options`` (its budget), the same
     in every layer; the model's ``max_len`` is added where the constructor takes one."""
-    extra = ({"max_len": model_cfg.max_len}
-             if "max_len" in inspect.signature(attention).parameters and "max_len" not in options else {})
-    return lambda layer: attention(model_cfg.dim, model_cfg.heads, model_cfg.head_dim, model_cfg.attn_dropout,
-                                   **options, **extra)
+    extra = (
+        {"max_len": model_cfg.max_len}
+        if "max_len" in inspect.signature(attention).parameters and "max_len" not in options
+        else {}
+    )
+    return lambda layer: attention(
+        model_cfg.dim, model_cfg.heads, model_cfg.head_dim, model_cfg.attn_dropout, **options, **extra
+    )
 
 
 def option_names(method: str) -> List[str]:

@@ -11,6 +11,7 @@ differ per layer; ``stats["aux_loss"]`` sums the layers' auxiliary losses (a met
 
 Shape legend: B batch, N tokens, C model width, L layers, H heads, V vocabulary / classes.
 """
+
 from dataclasses import dataclass, fields
 from typing import Callable, Optional
 
@@ -24,6 +25,7 @@ HEADS = ("cls", "token", "lm", "pair")
 class Backbone:
     """The backbone's sizes: written once here; a task's preset (bench/tasks/) sets them beside its
     training recipe, and ModelConfig adds what the task decides."""
+
     dim: int = 64
     depth: int = 2
     heads: int = 2
@@ -65,10 +67,12 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.dim, cfg.mlp_dim), nn.GELU(), nn.Linear(cfg.mlp_dim, cfg.dim))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, key_padding_mask: Optional[Tensor], causal: bool,
-                generator: Optional[torch.Generator]):
-        attended, stats = self.attn(self.norm1(x), key_padding_mask=key_padding_mask, causal=causal,
-                                    generator=generator)
+    def forward(
+        self, x: Tensor, key_padding_mask: Optional[Tensor], causal: bool, generator: Optional[torch.Generator]
+    ):
+        attended, stats = self.attn(
+            self.norm1(x), key_padding_mask=key_padding_mask, causal=causal, generator=generator
+        )
         x = x + self.drop(attended)
         return x + self.drop(self.mlp(self.norm2(x))), stats
 
@@ -94,8 +98,9 @@ class Model(nn.Module):
             self.classifier = nn.Linear(cfg.dim, cfg.num_classes)
         else:
             pooled_dim = 4 * cfg.dim if cfg.head == "pair" else cfg.dim
-            self.classifier = nn.Sequential(nn.Linear(pooled_dim, cfg.dim), nn.GELU(),
-                                            nn.Linear(cfg.dim, cfg.num_classes))
+            self.classifier = nn.Sequential(
+                nn.Linear(pooled_dim, cfg.dim), nn.GELU(), nn.Linear(cfg.dim, cfg.num_classes)
+            )
 
     def encode(self, tokens: Tensor, key_padding_mask: Optional[Tensor], generator: Optional[torch.Generator]):
         """(B, N) tokens → (B, N, C) final hidden states, per-layer density (L, H), summed aux loss."""
@@ -122,9 +127,14 @@ class Model(nn.Module):
         valid = (~key_padding_mask).unsqueeze(-1).to(h.dtype)  # (B, N, 1)
         return (h * valid).sum(1) / valid.sum(1).clamp_min(1.0)
 
-    def forward(self, tokens: Tensor, key_padding_mask: Optional[Tensor] = None,
-                generator: Optional[torch.Generator] = None, tokens2: Optional[Tensor] = None,
-                key_padding_mask2: Optional[Tensor] = None):
+    def forward(
+        self,
+        tokens: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        generator: Optional[torch.Generator] = None,
+        tokens2: Optional[Tensor] = None,
+        key_padding_mask2: Optional[Tensor] = None,
+    ):
         """tokens (B, N) long; key_padding_mask (B, N) bool, True at padding. For the ``pair`` head, the
         second sequence comes as tokens2 / key_padding_mask2. Returns logits — (B, N, V) for ``lm`` and
         ``token``, (B, V) otherwise — and stats."""

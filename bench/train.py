@@ -9,6 +9,7 @@ budget given as ``--attn key=value``. A method with a file of its own (SBM, SSA,
 to that file's ``main()``, which holds the method's procedure: ``python -m bench.train --method ssa`` and
 ``python ssa.py`` run the same code. Bad input is one line: exit 2 for settings, 1 for data.
 """
+
 import argparse
 import sys
 from typing import List, Optional, Tuple
@@ -35,15 +36,32 @@ def method_asked(argv: List[str]) -> Tuple[str, List[str]]:
 def build_parser(prog: str = "python -m bench.train") -> argparse.ArgumentParser:
     p = cli.run_parser(prog, "Train and evaluate one method on one task.")
     names = list(registry.available())
-    p.add_argument("--method", default="full", choices=names, metavar="NAME",
-                   help=f"attention method: {', '.join(names)} (a method with a file of its own runs its main())")
-    p.add_argument("--attn", action="append", type=parse_attn_option, default=[], metavar="KEY=VALUE",
-                   help="a baseline's budget option, passed to its constructor (repeatable; each baseline's KEYs "
-                        "are listed below)")
-    p.epilog = lambda: ("--attn KEYs of each baseline (sbm, ssa and kernel take their own options instead):\n"
-                        + "\n".join(f"  {name}: {', '.join(registry.option_names(name))}"
-                                    for name, method in registry.available().items() if not method.script)
-                        + "\n\n" + cli.preset_tables())
+    p.add_argument(
+        "--method",
+        default="full",
+        choices=names,
+        metavar="NAME",
+        help=f"attention method: {', '.join(names)} (a method with a file of its own runs its main())",
+    )
+    p.add_argument(
+        "--attn",
+        action="append",
+        type=parse_attn_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a baseline's budget option, passed to its constructor (repeatable; each baseline's KEYs "
+        "are listed below)",
+    )
+    p.epilog = lambda: (
+        "--attn KEYs of each baseline (sbm, ssa and kernel take their own options instead):\n"
+        + "\n".join(
+            f"  {name}: {', '.join(registry.option_names(name))}"
+            for name, method in registry.available().items()
+            if not method.script
+        )
+        + "\n\n"
+        + cli.preset_tables()
+    )
     return p
 
 
@@ -59,14 +77,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bench import loop
         from bench.config import SetupError
         from bench.tasks import get_task
+
         try:
             attn = registry.attention_options(args.method, dict(args.attn))
         except ValueError as exc:
             raise SetupError(str(exc)) from None
         cfg = cli.run_config(args, args.method, attn=attn)
         attention = registry.get(args.method).load()
-        run = loop.setup(cfg, get_task(cfg.task),
-                         lambda model_cfg: registry.same_in_every_layer(attention, model_cfg, cfg.attn))
+        run = loop.setup(
+            cfg, get_task(cfg.task), lambda model_cfg: registry.same_in_every_layer(attention, model_cfg, cfg.attn)
+        )
         loop.train(run)
         loop.finish(run, loop.final_record(run))
     return 0

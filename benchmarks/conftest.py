@@ -10,6 +10,7 @@ still executes. ``--bench-threads`` sets torch's intra-op threads (default 1: st
 thread count, torch version and glibc allocator settings are stored with each saved run (machine_info), since
 timings are only comparable under the same ones.
 """
+
 import os
 
 import pytest
@@ -20,8 +21,11 @@ ALLOCATOR_KEYS = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")
 
 def pytest_addoption(parser):
     group = parser.getgroup("sparse-attention benchmarks")
-    group.addoption("--bench-small", action="store_true",
-                    help="tiny sizes (n = 128): a quick check that every benchmark runs, not a measurement")
+    group.addoption(
+        "--bench-small",
+        action="store_true",
+        help="tiny sizes (n = 128): a quick check that every benchmark runs, not a measurement",
+    )
     group.addoption("--bench-threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
 
 
@@ -50,7 +54,6 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 @pytest.fixture
 def small(request) -> bool:
     return request.config.getoption("--bench-small")
-
 
 
 @pytest.fixture

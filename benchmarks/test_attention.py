@@ -1,5 +1,6 @@
 """Forward+backward of every registered attention (bench.methods.available), each with its default
 budget, in training mode, non-causal, batch 1, 2 heads, head dim 32: experiments.scaling's cell, one group per n."""
+
 import inspect
 
 import pytest

@@ -1,6 +1,7 @@
 """fastrg.sample at fixed expected densities (experiments.fastrg_bench's setting): n = m, K = 128 clusters,
 memberships uniform(0, 1), S scaled so that Σλ / n² = d; the simple graph grouped by query (dedup, csr), the
 form a sparse attention consumes."""
+
 import pytest
 import torch
 

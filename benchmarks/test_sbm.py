@@ -3,6 +3,7 @@
 call: the key-major copy in the backward) and the whole SBMAttention module with its membership logits shifted so
 that the expected density is d. The core's saved run also records what its forward keeps for the backward, in
 bytes an edge (the graph alone: 4)."""
+
 import pytest
 import torch
 
@@ -29,11 +30,14 @@ def test_sbm_core_fwd_bwd(benchmark, n, density):
     benchmark.group = f"SBM core fwd+bwd, n={n}"
     benchmark(forward_backward)
     benchmark.extra_info["density"] = len(col) / (HEADS * n * n)
-    y = sbm_transformer.EdgeAttention.apply(q, k, v, p, sbm_transformer.Edges.from_csr(row_ptr, col, HEADS, n, n),
-                                            None, 0.0, "paper")
+    y = sbm_transformer.EdgeAttention.apply(
+        q, k, v, p, sbm_transformer.Edges.from_csr(row_ptr, col, HEADS, n, n), None, 0.0, "paper"
+    )
     per_edge = [t for t in y.grad_fn.saved_tensors if t is not None and t.shape == (len(col),)]
-    benchmark.extra_info["saved_bytes_per_edge"] = (col.element_size() +  # the graph, and E-sized saved values
-                                                    sum(t.element_size() for t in per_edge))
+    benchmark.extra_info["saved_bytes_per_edge"] = (
+        col.element_size()  # the graph, and E-sized saved values
+        + sum(t.element_size() for t in per_edge)
+    )
 
 
 @pytest.mark.parametrize("density", DENSITIES, ids=[f"d{d:g}" for d in DENSITIES])

@@ -12,6 +12,7 @@ alone, the kernel method at three thresholds τ (its kernels are offsets from th
 to its other occurrence). Not SSA: it evaluates densely. A family's learning rate is the best of three (seed 0, its
 first setting), as in Zoology (Arora et al. 2023, arXiv 2312.04927).
 """
+
 import math
 import statistics
 from dataclasses import dataclass
@@ -32,8 +33,17 @@ KERNEL_THRESHOLDS = (0.1, 0.01, 0.001)
 MARGIN = 0.01  # within one point of full attention's median accuracy counts as reaching it
 
 # task variant → (task, cell name suffix, options): one model and recipe per task
-DUPLICATES = dict(dim=64, heads=2, head_dim=32, mlp_dim=64, batch_size=64, warmup=100, eval_every=200,
-                  eval_batches=2, final_eval_batches=8)
+DUPLICATES = dict(
+    dim=64,
+    heads=2,
+    head_dim=32,
+    mlp_dim=64,
+    batch_size=64,
+    warmup=100,
+    eval_every=200,
+    eval_batches=2,
+    final_eval_batches=8,
+)
 VARIANTS = {
     "duplicates64": ("duplicates", "-n64", dict(DUPLICATES, seq_len=64, steps=800)),
     "duplicates128": ("duplicates", "-n128", dict(DUPLICATES, seq_len=128, steps=1200)),
@@ -46,22 +56,49 @@ def families(steps: int, task: str = "duplicates") -> Dict[str, List[Tuple[str, 
     """family → its settings [(method, tag, options)], the first the one its learning rate is chosen on."""
     return {
         "dense": [("full", "", {}), ("full", "-1head", {"heads": 1, "head_dim": 64})],
-        **{family: [(method, f"{prefix}-d{d:g}", {"attn": [*extra, f"density={d:g}"]}) for d in DENSITIES]
-           for family, method, prefix, extra in (("window", "window", "", []), ("bigbird", "bigbird", "", []),
-                                                 ("head allocation", "window", "-fullhead", ["full_heads=1"]))},
-        "reformer": [("reformer", f"-h{h}-b{b}", {"attn": [f"n_hashes={h}", f"bucket_size={b}"]})
-                     for h, b in ((2, 8), (1, 4), (1, 8), (4, 8), (2, 16))],
-        "sbm": [("sbm", "", {}), *(("sbm", f"-lambda{w}", {"density_weight": w, "density_from": steps // 2})
-                                   for w in ("1e-3", "1e-2"))],
-        **({"kernel": [("kernel", f"-t{t:g}", {"families": "standard", "losses": "max", "thresholds": f"{t:g}",
-                                               "top_ks": "", "no_alibi": True}) for t in KERNEL_THRESHOLDS]}
-           if task == "bytes" else {}),
+        **{
+            family: [(method, f"{prefix}-d{d:g}", {"attn": [*extra, f"density={d:g}"]}) for d in DENSITIES]
+            for family, method, prefix, extra in (
+                ("window", "window", "", []),
+                ("bigbird", "bigbird", "", []),
+                ("head allocation", "window", "-fullhead", ["full_heads=1"]),
+            )
+        },
+        "reformer": [
+            ("reformer", f"-h{h}-b{b}", {"attn": [f"n_hashes={h}", f"bucket_size={b}"]})
+            for h, b in ((2, 8), (1, 4), (1, 8), (4, 8), (2, 16))
+        ],
+        "sbm": [
+            ("sbm", "", {}),
+            *(("sbm", f"-lambda{w}", {"density_weight": w, "density_from": steps // 2}) for w in ("1e-3", "1e-2")),
+        ],
+        **(
+            {
+                "kernel": [
+                    (
+                        "kernel",
+                        f"-t{t:g}",
+                        {
+                            "families": "standard",
+                            "losses": "max",
+                            "thresholds": f"{t:g}",
+                            "top_ks": "",
+                            "no_alibi": True,
+                        },
+                    )
+                    for t in KERNEL_THRESHOLDS
+                ]
+            }
+            if task == "bytes"
+            else {}
+        ),
     }
 
 
 @dataclass(frozen=True)
 class BestLearningRate:
     """A stage-2 cell's ``lr``: its family's rate ``cells``' best by validation, once all are in."""
+
     cells: Tuple[str, ...]
     higher_is_better: bool
 
@@ -81,10 +118,32 @@ def settings():
         for family, members in families(options["steps"], task).items():
             method, tag, extra = members[0]
             rated = tuple(f"{method}{tag}{suffix}-lr{lr}-{task}-cpu" for lr in LEARNING_RATES)
-            groups += [(method, task, {**options, **extra, "lr": lr}, f"{tag}{suffix}-lr{lr}", (0,), variant,
-                        family, "lr " + lr) for lr in LEARNING_RATES]
-            groups += [(m, task, {**options, **o, "lr": BestLearningRate(rated, higher)}, f"{t}{suffix}", SEEDS,
-                        variant, family, f"{m}{t}") for m, t, o in members]
+            groups += [
+                (
+                    method,
+                    task,
+                    {**options, **extra, "lr": lr},
+                    f"{tag}{suffix}-lr{lr}",
+                    (0,),
+                    variant,
+                    family,
+                    "lr " + lr,
+                )
+                for lr in LEARNING_RATES
+            ]
+            groups += [
+                (
+                    m,
+                    task,
+                    {**options, **o, "lr": BestLearningRate(rated, higher)},
+                    f"{t}{suffix}",
+                    SEEDS,
+                    variant,
+                    family,
+                    f"{m}{t}",
+                )
+                for m, t, o in members
+            ]
     return groups
 
 
@@ -100,8 +159,11 @@ def entropy_ratio(record: dict) -> Optional[float]:
 
 def by_setting(records: List[dict]) -> Dict[Tuple[str, str, str], List[dict]]:
     """(variant, family, label) → the setting's complete stage-2 records, by the cell names settings() makes."""
-    names = {f"{m}{tag}-{task}-cpu": (variant, family, label)
-             for m, task, _, tag, seeds, variant, family, label in settings() if seeds == SEEDS}
+    names = {
+        f"{m}{tag}-{task}-cpu": (variant, family, label)
+        for m, task, _, tag, seeds, variant, family, label in settings()
+        if seeds == SEEDS
+    }
     groups = {}
     for r in records:
         key = names.get(r["folder"].name.rsplit("-s", 1)[0])
@@ -120,15 +182,27 @@ def verdict_rows(records: List[dict]) -> List[dict]:
         target = statistics.median(r["test"] for r in full)
         reaches = (lambda v: v <= target + 0.05) if task == "bytes" else (lambda v: v >= target - MARGIN)
         for family in families(VARIANTS[variant][2]["steps"], task):
-            points = sorted((statistics.median(r["density"] for r in rs), label, rs)
-                            for (v, f, label), rs in groups.items() if v == variant and f == family)
+            points = sorted(
+                (statistics.median(r["density"] for r in rs), label, rs)
+                for (v, f, label), rs in groups.items()
+                if v == variant and f == family
+            )
             found = [(d, label, rs) for d, label, rs in points if reaches(statistics.median(r["test"] for r in rs))]
             d, label, rs = found[0] if found else (None, None, [])
             sparsest = points[0] if points and all(entropy_ratio(r) is not None for r in points[0][2]) else None
-            rows.append({"task": variant, "family": family, "full": target, "settings": len(points),
-                         "density": d, "setting": label, "reaching": [f[1] for f in found], "sparsest": sparsest and (
-                             sparsest[0], statistics.median(entropy_ratio(r) for r in sparsest[2])),
-                         "seeds": f"{sum(reaches(r['test']) for r in rs)}/{len(rs)}" if rs else "–"})
+            rows.append(
+                {
+                    "task": variant,
+                    "family": family,
+                    "full": target,
+                    "settings": len(points),
+                    "density": d,
+                    "setting": label,
+                    "reaching": [f[1] for f in found],
+                    "sparsest": sparsest and (sparsest[0], statistics.median(entropy_ratio(r) for r in sparsest[2])),
+                    "seeds": f"{sum(reaches(r['test']) for r in rs)}/{len(rs)}" if rs else "–",
+                }
+            )
     return rows
 
 
@@ -136,27 +210,38 @@ def fair_ratios(timed: dict, suffix: str = "") -> Dict[str, float]:
     """experiments.step_time's JSON: each setting's median step ÷ fair full attention's (NaN without
     one), by its label less " (as run)" and a claim's cell-name ``suffix``."""
     fair = statistics.median(timed.get("step_ms", {}).get("full (fair)") or [math.nan])
-    return {name.replace(" (as run)", "").removesuffix(suffix): statistics.median(ms) / fair
-            for name, ms in timed.get("step_ms", {}).items()}
+    return {
+        name.replace(" (as run)", "").removesuffix(suffix): statistics.median(ms) / fair
+        for name, ms in timed.get("step_ms", {}).items()
+    }
 
 
 def table(records: List[dict]) -> str:
-    lines = ["| task | family | full attention (median) | settings run | lowest density reaching it | setting | "
-             "seeds that reach it | lowest step time ÷ fair full reaching it | CE ÷ base entropy at its sparsest "
-             "setting |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| task | family | full attention (median) | settings run | lowest density reaching it | setting | "
+        "seeds that reach it | lowest step time ÷ fair full reaching it | CE ÷ base entropy at its sparsest "
+        "setting |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     folder = records[0]["folder"].parent.parent if records else Path(".")
     for row in verdict_rows(records):
-        reached = ("not run yet" if not row["settings"] else "does not" if row["density"] is None
-                   else f"{100 * row['density']:.1f}%")
+        reached = (
+            "not run yet"
+            if not row["settings"]
+            else "does not"
+            if row["density"] is None
+            else f"{100 * row['density']:.1f}%"
+        )
         ratio = "–" if row["sparsest"] is None else f"{row['sparsest'][1]:.3f} ({100 * row['sparsest'][0]:.1f}%)"
         # experiments.step_time of the runs FOLDER/runs/*SUFFIX-TASK-cpu-s0 (but 1-head, lr) in FOLDER/step_time-VARIANT
         timed = read_json(folder / f"step_time-{row['task']}" / "step_time.json") or {}
         times = fair_ratios(timed, VARIANTS[row["task"]][1])
         time = min((times[label] for label in row["reaching"] if label in times), default=None)
-        lines.append(f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
-                     f"{row['setting'] or '–'} | {row['seeds']} | {'–' if time is None else f'{time:.2f}'} | "
-                     f"{ratio} |")
+        lines.append(
+            f"| {row['task']} | {row['family']} | {row['full']:.4f} | {row['settings']} | {reached} | "
+            f"{row['setting'] or '–'} | {row['seeds']} | {'–' if time is None else f'{time:.2f}'} | "
+            f"{ratio} |"
+        )
     return "\n".join(lines) + "\n\nLearning rates (validation, test density; bold: kept):\n\n" + learning_rates(records)
 
 
@@ -166,9 +251,21 @@ def learning_rates(records: List[dict]) -> str:
     runs, rows = {r["folder"].name: r for r in records}, []
     for rated, variant, family in dict.fromkeys((o["lr"], v, f) for _, _, o, _, s, v, f, _ in settings() if s == SEEDS):
         kept, rs = rated.resolve(records[0]["folder"].parent), [runs.get(f"{name}-s0") for name in rated.cells]
-        rows.append([variant, family, rated.cells[0].split("-lr")[0], *(
-            "not run yet" if r is None else ("**{}**" if kept and float(kept) == float(lr) else "{}").format(
-                f"{r['valid']:.4f} ({100 * r['density']:.1f}%)") for r, lr in zip(rs, LEARNING_RATES))])
+        rows.append(
+            [
+                variant,
+                family,
+                rated.cells[0].split("-lr")[0],
+                *(
+                    "not run yet"
+                    if r is None
+                    else ("**{}**" if kept and float(kept) == float(lr) else "{}").format(
+                        f"{r['valid']:.4f} ({100 * r['density']:.1f}%)"
+                    )
+                    for r, lr in zip(rs, LEARNING_RATES)
+                ),
+            ]
+        )
     return tabulate(rows, ["task", "family", "setting, seed 0", *(f"lr {lr}" for lr in LEARNING_RATES)], "github")
 
 
@@ -181,11 +278,21 @@ def rule(folder: Path) -> Tuple[str, str]:
     against the fixed families' lowest: adaptivity pays where it needs at most 1/PAYS of that."""
     rows, said, pays = verdict_rows(load(folder)[0]), [], []
     for variant in ("duplicates64", "duplicates128", "recall64"):
-        lowest = {kind: min([(r["density"], r["family"]) for r in rows if r["task"] == variant
-                             and r["family"] in families_of and r["density"] is not None], default=None)
-                  for kind, families_of in (("adaptive", ADAPTIVE), ("fixed", FIXED))}
-        said.append(f"{variant}: " + ", ".join(f"{kind} {'–' if v is None else f'{100 * v[0]:.0f}% ({v[1]})'}"
-                                               for kind, v in lowest.items()))
+        lowest = {
+            kind: min(
+                [
+                    (r["density"], r["family"])
+                    for r in rows
+                    if r["task"] == variant and r["family"] in families_of and r["density"] is not None
+                ],
+                default=None,
+            )
+            for kind, families_of in (("adaptive", ADAPTIVE), ("fixed", FIXED))
+        }
+        said.append(
+            f"{variant}: "
+            + ", ".join(f"{kind} {'–' if v is None else f'{100 * v[0]:.0f}% ({v[1]})'}" for kind, v in lowest.items())
+        )
         if lowest["adaptive"] and (not lowest["fixed"] or PAYS * lowest["adaptive"][0] <= lowest["fixed"][0]):
             pays.append(variant)
     return "; ".join(said), f"adaptivity pays on {', '.join(pays)}" if pays else "adaptivity does not pay"

@@ -14,6 +14,7 @@ The stages, in order; each starts while budget remains, and stops at its next ru
 Records: OUT/gpu.json, OUT/README.md, OUT/correctness.log, a folder per device (a table never mixes
 devices); a job of some --stages keeps the others' records of its device.
 """
+
 import os
 import re
 import subprocess
@@ -27,18 +28,53 @@ from bench.files import default_data_dir, read_json, write_json
 from experiments import frontier, grid, scaling
 
 STAGES = ("correctness", "entry", "scaling", "frontier")
-SCALING_METHODS = ("full", "full-ref", "sbm", "sbm@0.01", "ssa", "kernel", "window", "bigbird", "reformer",
-                   "performer", "linformer", "nystromformer", "linear")
+SCALING_METHODS = (
+    "full",
+    "full-ref",
+    "sbm",
+    "sbm@0.01",
+    "ssa",
+    "kernel",
+    "window",
+    "bigbird",
+    "reformer",
+    "performer",
+    "linformer",
+    "nystromformer",
+    "linear",
+)
 # method → its own training command; SBM first, a stage cut short losing the last, on 10 steps (0.2-0.4 s a step at
 # this size on an H200, 10-20× full attention's), on its fast path (linear in its edges) and its reference path
-ENTRY = {"sbm": ["sbm_transformer.py", "--path", "fast"], "sbm (reference path)": ["sbm_transformer.py"],
-         **{m: ["-m", "bench.train", "--method", m] for m in ("full", "window", "bigbird", "reformer", "performer",
-                                                              "linformer", "nystromformer", "linear")},
-         "ssa": ["ssa.py"], "kernel": ["kernel_sparse.py"]}
+ENTRY = {
+    "sbm": ["sbm_transformer.py", "--path", "fast"],
+    "sbm (reference path)": ["sbm_transformer.py"],
+    **{
+        m: ["-m", "bench.train", "--method", m]
+        for m in ("full", "window", "bigbird", "reformer", "performer", "linformer", "nystromformer", "linear")
+    },
+    "ssa": ["ssa.py"],
+    "kernel": ["kernel_sparse.py"],
+}
 FEW_STEPS = {name: ["--steps", "10", "--eval-every", "10"] for name in ("sbm", "sbm (reference path)")}
-RUN = {"full": ["--steps", "100", "--eval-every", "100", "--eval-batches", "2", "--final-eval-batches", "2"],
-       "tiny": ["--seq-len", "32", "--steps", "2", "--eval-every", "2", "--batch-size", "4", "--eval-batches", "1",
-                "--final-eval-batches", "1", "--warmup", "1"]}  # an entry point's run options, per --tiny or not
+RUN = {
+    "full": ["--steps", "100", "--eval-every", "100", "--eval-batches", "2", "--final-eval-batches", "2"],
+    "tiny": [
+        "--seq-len",
+        "32",
+        "--steps",
+        "2",
+        "--eval-every",
+        "2",
+        "--batch-size",
+        "4",
+        "--eval-batches",
+        "1",
+        "--final-eval-batches",
+        "1",
+        "--warmup",
+        "1",
+    ],
+}  # an entry point's run options, per --tiny or not
 TASK = {"full": ["--task", "listops", "--preset", "paper"], "tiny": ["--task", "duplicates"]}
 KERNEL_TASK = ["--task", "wikitext2", "--analysis-sequences", "8", "--predictor-steps", "20", "--finetune-steps", "10"]
 SCALING_LENGTHS = {"full": (1024, 2048, 4096, 8192, 16384), "tiny": (64,)}
@@ -58,8 +94,14 @@ def run(argv, deadline: float, env=None, cap: float = 600) -> dict:
     """``python ARGV`` stopped at ``deadline`` (or after `cap` s): exit code, seconds and output."""
     start = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, *argv], cwd=grid.ROOT, capture_output=True, text=True, env=env,
-                              timeout=max(1.0, min(cap, left(deadline))))
+        proc = subprocess.run(
+            [sys.executable, *argv],
+            cwd=grid.ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=max(1.0, min(cap, left(deadline))),
+        )
         code, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout or ""  # str in text mode, but bytes on some Pythons
@@ -74,18 +116,32 @@ def correctness(device: str, size: str, deadline: float, out: Path) -> list:
     env = dict(os.environ, SPARSE_ATTN_TEST_DEVICE=device, SPARSE_ATTN_FUZZ_CASES=cases)
     result = run(["-m", "pytest", "-q", "-p", "no:randomly", *selection], deadline, env)
     (out / "correctness.log").write_text(result["output"])
-    summary = next((line for line in reversed(result["output"].splitlines()) if re.search(r"passed|failed|error",
-                                                                                          line)), "no summary")
-    return [{"tests": "pytest -m on_device", "cases per variant": cases, "code": result["code"],
-             "seconds": result["seconds"], "summary": summary.strip("= ")}]
+    summary = next(
+        (line for line in reversed(result["output"].splitlines()) if re.search(r"passed|failed|error", line)),
+        "no summary",
+    )
+    return [
+        {
+            "tests": "pytest -m on_device",
+            "cases per variant": cases,
+            "code": result["code"],
+            "seconds": result["seconds"],
+            "summary": summary.strip("= "),
+        }
+    ]
 
 
 def entry_points(device: str, size: str, deadline: float, scratch: Path) -> list:
     rows = []
     for name, command in ENTRY.items():
         if left(deadline) < 10 or (name == "kernel" and not (default_data_dir() / "wikitext-2").is_dir()):
-            rows.append({"method": name, "status": "not run: " + ("budget spent" if left(deadline) < 10 else
-                                                                  f"no WikiText-2 in {default_data_dir()}")})
+            rows.append(
+                {
+                    "method": name,
+                    "status": "not run: "
+                    + ("budget spent" if left(deadline) < 10 else f"no WikiText-2 in {default_data_dir()}"),
+                }
+            )
             continue
         folder = scratch / re.sub(r"\W+", "-", name)
         task = KERNEL_TASK if name == "kernel" else TASK[size]
@@ -93,11 +149,29 @@ def entry_points(device: str, size: str, deadline: float, scratch: Path) -> list
         argv = [*command, *task, *RUN[size], *steps, "--device", device]
         result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=150)
         record = read_json(folder / "metrics.json") or {}
-        row = {"method": name, "command": " ".join(["python", *command]), "argv": " ".join(["python", *argv]),
-               "code": result["code"], "seconds": result["seconds"]}
+        row = {
+            "method": name,
+            "command": " ".join(["python", *command]),
+            "argv": " ".join(["python", *argv]),
+            "code": result["code"],
+            "seconds": result["seconds"],
+        }
         if record.get("status") == "complete":
-            row.update({key: record.get(key) for key in ("task", "steps", "median_step_ms", "peak_memory_bytes",
-                                                          "density", "test", "metric", "device")})
+            row.update(
+                {
+                    key: record.get(key)
+                    for key in (
+                        "task",
+                        "steps",
+                        "median_step_ms",
+                        "peak_memory_bytes",
+                        "density",
+                        "test",
+                        "metric",
+                        "device",
+                    )
+                }
+            )
             row["config"] = {k: record["config"].get(k) for k in ("seq_len", "batch_size", "dim", "depth", "heads")}
         else:
             said = (result["output"].strip().splitlines() or ["no output"])[-1][:300]
@@ -108,6 +182,7 @@ def entry_points(device: str, size: str, deadline: float, scratch: Path) -> list
 
 def scaling_rows(device: str, size: str, deadline: float) -> list:
     import torch
+
     rows, stopped = [], {}
     for n in SCALING_LENGTHS[size]:
         for method in SCALING_METHODS:
@@ -115,8 +190,18 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
             if method in stopped or left(deadline) < 5:
                 rows.append({**row, "error": stopped.get(method, "not run: budget spent")})
                 continue
-            cell = {"method": method, "options": {}, "n": n, "batch": 4, "heads": 4, "head_dim": 64,
-                    "causal": False, "device": device, "warmup": 3, "repeats": 10}
+            cell = {
+                "method": method,
+                "options": {},
+                "n": n,
+                "batch": 4,
+                "heads": 4,
+                "head_dim": 64,
+                "causal": False,
+                "device": device,
+                "warmup": 3,
+                "repeats": 10,
+            }
             start = time.monotonic()
             try:
                 row.update(scaling.measure_cell(cell))
@@ -137,8 +222,11 @@ def crossovers(rows: list) -> list:
     full = {r["n"]: r["fwdbwd_ms"] for r in rows if r["method"] == "full" and "error" not in r}
     result = []
     for method in SCALING_METHODS[1:]:
-        faster = [(r["n"], r["fwdbwd_ms"] < full[r["n"]]) for r in rows
-                  if r["method"] == method and "error" not in r and r["n"] in full]
+        faster = [
+            (r["n"], r["fwdbwd_ms"] < full[r["n"]])
+            for r in rows
+            if r["method"] == method and "error" not in r and r["n"] in full
+        ]
         first = next((n for i, (n, _) in enumerate(faster) if all(f for _, f in faster[i:])), None)
         result.append({"method": method, "faster than full from": first, "lengths measured": len(faster)})
     return result
@@ -152,13 +240,29 @@ def frontier_rows(device: str, size: str, deadline: float, scratch: Path) -> lis
             for method, tag, extra in members[:1] if size == "tiny" else members:
                 if left(deadline) < 20:
                     return rows
-                argv = ["-m", "bench.train", "--method", method, "--task", "duplicates",
-                        "--device", device, *grid.flags({**recipe, **extra})]
+                argv = [
+                    "-m",
+                    "bench.train",
+                    "--method",
+                    method,
+                    "--task",
+                    "duplicates",
+                    "--device",
+                    device,
+                    *grid.flags({**recipe, **extra}),
+                ]
                 folder = scratch / f"{method}{tag}-n{n}"
                 result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=120)
                 record = read_json(folder / "metrics.json") or {}
-                rows.append({"n": n, "family": family, "setting": f"{method}{tag}", "code": result["code"],
-                             **{k: record.get(k) for k in ("test", "density", "median_step_ms")}})
+                rows.append(
+                    {
+                        "n": n,
+                        "family": family,
+                        "setting": f"{method}{tag}",
+                        "code": result["code"],
+                        **{k: record.get(k) for k in ("test", "density", "median_step_ms")},
+                    }
+                )
     return rows
 
 
@@ -169,42 +273,61 @@ def markdown(record: dict) -> str:
     def table(rows, columns):
         return tabulate([[r.get(c, "") for c in columns] for r in rows], headers=columns, tablefmt="github")
 
-    parts = [f"# The GPU job on {record['device']}\n", f"torch {record['torch']}, Python {record['python']}, "
-             f"budget {record['budget_s']} s, size {record['size']}; `{record['command']}`\n",
-             table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds", "date"])]
+    parts = [
+        f"# The GPU job on {record['device']}\n",
+        f"torch {record['torch']}, Python {record['python']}, "
+        f"budget {record['budget_s']} s, size {record['size']}; `{record['command']}`\n",
+        table([{"stage": k, **v} for k, v in record["stages"].items()], ["stage", "status", "seconds", "date"]),
+    ]
     stages = record["stages"]
     if stages.get("correctness", {}).get("rows"):
         parts.append(table(stages["correctness"]["rows"], ["tests", "cases per variant", "code", "seconds", "summary"]))
     if stages.get("entry", {}).get("rows"):
-        rows = [{**r, "peak MiB": f"{r['peak_memory_bytes'] / 2 ** 20:.0f}" if r.get("peak_memory_bytes") else "",
-                 "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
-                 "density": f"{r['density']:.4f}" if r.get("density") is not None else ""}
-                for r in stages["entry"]["rows"]]
-        parts.append("Each method's own entry point (one short timing run each):\n\n" + table(rows, [
-            "method", "command", "task", "step ms", "peak MiB", "density", "test", "metric", "seconds", "status"]))
+        rows = [
+            {
+                **r,
+                "peak MiB": f"{r['peak_memory_bytes'] / 2**20:.0f}" if r.get("peak_memory_bytes") else "",
+                "step ms": f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") else "",
+                "density": f"{r['density']:.4f}" if r.get("density") is not None else "",
+            }
+            for r in stages["entry"]["rows"]
+        ]
+        parts.append(
+            "Each method's own entry point (one short timing run each):\n\n"
+            + table(
+                rows,
+                ["method", "command", "task", "step ms", "peak MiB", "density", "test", "metric", "seconds", "status"],
+            )
+        )
     if stages.get("scaling", {}).get("rows"):
         rows = stages["scaling"]["rows"]
-        parts.append("Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n" +
-                     scaling.table(rows, "full"))
+        parts.append(
+            "Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n"
+            + scaling.table(rows, "full")
+        )
         parts.append(table(crossovers(rows), ["method", "faster than full from", "lengths measured"]))
     if stages.get("frontier", {}).get("rows"):
-        parts.append(table(stages["frontier"]["rows"], ["n", "family", "setting", "test", "density",
-                                                        "median_step_ms", "code"]))
+        parts.append(
+            table(stages["frontier"]["rows"], ["n", "family", "setting", "test", "density", "median_step_ms", "code"])
+        )
     return "\n\n".join(parts) + "\n"
 
 
 def stage_status(rows: list) -> str:
-    """"ok", or how many of the stage's rows failed and how many the budget left out."""
+    """ "ok", or how many of the stage's rows failed and how many the budget left out."""
     skipped = sum("not run" in str(r.get("status", r.get("error", ""))) for r in rows)
-    failed = sum(r.get("code", 0) not in (0, None) or str(r.get("status", "")).startswith("failed")
-                 or (r.get("error") is not None and not r["error"].startswith(("out of memory", "not run")))
-                 for r in rows)
+    failed = sum(
+        r.get("code", 0) not in (0, None)
+        or str(r.get("status", "")).startswith("failed")
+        or (r.get("error") is not None and not r["error"].startswith(("out of memory", "not run")))
+        for r in rows
+    )
     said = [f"{failed} of {len(rows)} failed"] * bool(failed) + [f"{skipped} not run"] * bool(skipped)
     return "; ".join(said) or "ok"
 
 
 def build_parser():
-    p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0], epilog=__doc__[__doc__.index("The stages"):])
+    p = cli.parser("python -m experiments.gpu", __doc__.splitlines()[0], epilog=__doc__[__doc__.index("The stages") :])
     p.add_argument("--device", default="cuda", type=cli.device_option, help="cuda, cuda:N, or cpu (with --tiny)")
     p.add_argument("--budget", type=cli.positive_int, default=420, help="seconds of compute for all stages")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
@@ -226,6 +349,7 @@ def main(argv=None) -> int:
         p.error(f"--stages takes a comma-separated list of {', '.join(STAGES)}, got {args.stages!r}")
     device = scaling.device_or_exit(p, args.device)
     import torch
+
     if device == "cpu" and not args.tiny:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
     size = "tiny" if args.tiny else "full"
@@ -234,10 +358,15 @@ def main(argv=None) -> int:
     out = Path(args.out or grid.ROOT / "results" / "gpu" / slug)
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    record = {"device": name, "torch": torch.__version__, "python": sys.version.split()[0],
-              "budget_s": args.budget, "size": size,
-              "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "stages": {}}
+    record = {
+        "device": name,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "budget_s": args.budget,
+        "size": size,
+        "command": "python -m experiments.gpu " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "stages": {},
+    }
     earlier = read_json(out / "gpu.json") or {}
     if earlier.get("device") == record["device"] and earlier.get("size") == size:  # stages not run now are kept
         record["stages"] = {k: v for k, v in earlier["stages"].items() if k not in stages and "rows" in v}
@@ -251,13 +380,19 @@ def main(argv=None) -> int:
             start = time.monotonic()  # the stage's deadline: its share, or the job's if sooner
             share = deadline if last else min(deadline, start + SHARE[stage] / parts * args.budget)
             print(f"stage {stage} ({left(deadline):.0f} s of budget left)", flush=True)
-            rows = {"correctness": lambda: correctness(device, size, share, out),
-                    "entry": lambda: entry_points(device, size, share, Path(scratch)),
-                    "scaling": lambda: scaling_rows(device, size, share),
-                    "frontier": lambda: frontier_rows(device, size, share, Path(scratch))}[stage]()
-            record["stages"][stage] = {"status": stage_status(rows), "torch": torch.__version__,
-                                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                       "seconds": round(time.monotonic() - start, 1), "rows": rows}
+            rows = {
+                "correctness": lambda: correctness(device, size, share, out),
+                "entry": lambda: entry_points(device, size, share, Path(scratch)),
+                "scaling": lambda: scaling_rows(device, size, share),
+                "frontier": lambda: frontier_rows(device, size, share, Path(scratch)),
+            }[stage]()
+            record["stages"][stage] = {
+                "status": stage_status(rows),
+                "torch": torch.__version__,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "seconds": round(time.monotonic() - start, 1),
+                "rows": rows,
+            }
             write_json(out / "gpu.json", record)  # after each stage: a job stopped later keeps what it measured
     (out / "README.md").write_text(markdown(record))
     print(markdown(record))

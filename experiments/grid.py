@@ -9,6 +9,7 @@ CPU cores); ``smoke``, a few steps at tiny shapes; ``full``, the paper presets. 
 backbone and recipe. A rerun keeps complete cells of the planned command, resumes checkpoints,
 redoes cells of other budgets. Stopping the grid (even by SIGKILL, on Linux) stops its cells.
 """
+
 import argparse
 import ctypes
 import os
@@ -28,7 +29,9 @@ from bench.files import DataError, FolderLock, default_data_dir, folder_problem,
 ROOT = Path(__file__).resolve().parent.parent
 GRID_TASKS = ["duplicates", "listops", "bytes", "text", "image", "pathfinder", "retrieval", "wikitext2"]
 EVAL = dict(eval_batches=2, final_eval_batches=8)
-KERNEL_QUICK = dict(analysis_sequences=32, predictor_steps=60, finetune_steps=60, thresholds="0.3,0.5,0.7", top_ks="1,3,5")
+KERNEL_QUICK = dict(
+    analysis_sequences=32, predictor_steps=60, finetune_steps=60, thresholds="0.3,0.5,0.7", top_ks="1,3,5"
+)
 # Per task: overrides of the CPU preset, and the CPU seconds of full attention's cell (process start and data
 # included; one measured run on a 2-core machine) from which the grid estimates its time.
 QUICK: Dict[str, tuple] = {
@@ -42,8 +45,20 @@ QUICK: Dict[str, tuple] = {
     "bytes": (dict(steps=100, eval_every=50, **EVAL), 19),
     # LRA Image at 8x8 (4x4 blocks averaged), no dropout: full attention reaches 24% (chance 10%) in 250 steps of
     # batch 128 at lr 3e-3, 27% in 300-500; 600 steps of batch 64 at lr 2e-3 stay at 22%.
-    "image": (dict(seq_len=64, steps=250, batch_size=128, lr="3e-3", dropout=0, warmup=50, eval_every=125,
-                   eval_batches=2, final_eval_batches=16), 20),
+    "image": (
+        dict(
+            seq_len=64,
+            steps=250,
+            batch_size=128,
+            lr="3e-3",
+            dropout=0,
+            warmup=50,
+            eval_every=125,
+            eval_batches=2,
+            final_eval_batches=16,
+        ),
+        20,
+    ),
     # The kernel pipeline: a 200-step teacher (test ppl 7.0), its predictors, 60 steps of sparse fine-tuning (6.6,
     # 1.01× the dense control's).
     "wikitext2": (dict(steps=200, eval_every=100, **EVAL, **KERNEL_QUICK), 170),
@@ -61,18 +76,48 @@ QUICK_TARGETS = {
 # Tasks that full attention does not learn within the quick budget: never shown at their base rate.
 QUICK_LEFT_OUT = {
     "text": "full attention reaches 52% on byte-level IMDB at 256 bytes in 600 steps and 58% in 1500 (11 minutes "
-            "of one core for one method), short of 60%; measured by the paper preset (`./run_all.sh --full`, a GPU job)",
+    "of one core for one method), short of 60%; measured by the paper preset (`./run_all.sh --full`, a GPU job)",
     "pathfinder": "full attention stays at 51% on 16x16 images after 600 steps; measured by the paper preset "
-                  "(`./run_all.sh --full`, a GPU job)",
+    "(`./run_all.sh --full`, a GPU job)",
     "retrieval": "LRA's AAN files are user-supplied, so no quick budget was calibrated on them; measured by the "
-                 "paper preset (`./run_all.sh --full`)"}
+    "paper preset (`./run_all.sh --full`)",
+}
 # ListOps draws its 24,000 trees at setup: at 100 tokens that is fastest (shorter lengths reject more trees).
-SMOKE_SHAPES = {"duplicates": 16, "listops": 100, "bytes": 32, "text": 32, "image": 16, "pathfinder": 256,
-                "retrieval": 32, "wikitext2": 32}
-SMOKE = dict(steps=2, batch_size=2, eval_every=2, eval_batches=1, final_eval_batches=1, warmup=1, dim=16, heads=2,
-             head_dim=8, mlp_dim=16, depth=1)
-KERNEL_SMOKE = dict(analysis_sequences=2, predictor_steps=1, predictor_batch=2, predictor_rows=2, finetune_steps=1,
-                    thresholds="0.5", top_ks="1", handcrafted_k=2, learned_kernels=2, hidden=4)
+SMOKE_SHAPES = {
+    "duplicates": 16,
+    "listops": 100,
+    "bytes": 32,
+    "text": 32,
+    "image": 16,
+    "pathfinder": 256,
+    "retrieval": 32,
+    "wikitext2": 32,
+}
+SMOKE = dict(
+    steps=2,
+    batch_size=2,
+    eval_every=2,
+    eval_batches=1,
+    final_eval_batches=1,
+    warmup=1,
+    dim=16,
+    heads=2,
+    head_dim=8,
+    mlp_dim=16,
+    depth=1,
+)
+KERNEL_SMOKE = dict(
+    analysis_sequences=2,
+    predictor_steps=1,
+    predictor_batch=2,
+    predictor_rows=2,
+    finetune_steps=1,
+    thresholds="0.5",
+    top_ks="1",
+    handcrafted_k=2,
+    learned_kernels=2,
+    hidden=4,
+)
 PROCESS_SECONDS = 6  # starting python, importing torch and setting up a task, per cell
 
 
@@ -86,11 +131,19 @@ class Budget:
 
 
 BUDGETS = {
-    "quick": Budget("cpu", (0,), lambda task, _: dict(QUICK[task][0]),
-                    lambda task, m: QUICK[task][1] * registry.get(m).cost, QUICK_LEFT_OUT),
-    "smoke": Budget("cpu", (0,), lambda task, method: dict(
-        seq_len=SMOKE_SHAPES[task], **SMOKE, **(KERNEL_SMOKE if method == "kernel" else {})),
-        lambda _, method: PROCESS_SECONDS + (6 if method == "kernel" else 2)),
+    "quick": Budget(
+        "cpu",
+        (0,),
+        lambda task, _: dict(QUICK[task][0]),
+        lambda task, m: QUICK[task][1] * registry.get(m).cost,
+        QUICK_LEFT_OUT,
+    ),
+    "smoke": Budget(
+        "cpu",
+        (0,),
+        lambda task, method: dict(seq_len=SMOKE_SHAPES[task], **SMOKE, **(KERNEL_SMOKE if method == "kernel" else {})),
+        lambda _, method: PROCESS_SECONDS + (6 if method == "kernel" else 2),
+    ),
     "full": Budget("paper", (0, 1, 2), lambda *_: {}, lambda *_: 3600.0),  # unknown: a nominal hour
 }
 
@@ -101,20 +154,34 @@ def flags(settings: Dict[str, object]) -> List[str]:
     words = []
     for key, value in settings.items():
         flag = "--" + key.replace("_", "-")
-        for item in (value if isinstance(value, (list, tuple)) else [value]):
+        for item in value if isinstance(value, (list, tuple)) else [value]:
             words += [flag] if item is True else [flag, str(item)]
     return words
 
 
-def make_cell(method: str, task: str, seed: int, preset: str = "cpu", settings: Optional[dict] = None,
-              tag: str = "", estimate_s: float = 3600.0) -> dict:
+def make_cell(
+    method: str,
+    task: str,
+    seed: int,
+    preset: str = "cpu",
+    settings: Optional[dict] = None,
+    tag: str = "",
+    estimate_s: float = 3600.0,
+) -> dict:
     """A grid's or claim's run as data: options, folder name (``tag``: of one method's), command."""
     settings = dict(settings or {})
     spec = registry.get(method)
     entry = [spec.script] if spec.script else ["-m", "bench.train", "--method", method]
-    return {"name": f"{method}{tag}-{task}-{preset}-s{seed}", "method": method, "task": task, "seed": seed,
-            "preset": preset, "settings": settings, "estimate_s": estimate_s,
-            "command": [*entry, "--task", task, "--preset", preset, "--seed", str(seed), *flags(settings)]}
+    return {
+        "name": f"{method}{tag}-{task}-{preset}-s{seed}",
+        "method": method,
+        "task": task,
+        "seed": seed,
+        "preset": preset,
+        "settings": settings,
+        "estimate_s": estimate_s,
+        "command": [*entry, "--task", task, "--preset", preset, "--seed", str(seed), *flags(settings)],
+    }
 
 
 def load(folder: Path):
@@ -133,6 +200,7 @@ def load(folder: Path):
 def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int], common: Dict[str, object]) -> dict:
     """Every cell with its command, or why it does not run; ``common``: options of every cell."""
     from bench.tasks import get_task
+
     budget = BUDGETS[budget_name]
     data_dir = Path(common["data_dir"]) if common.get("data_dir") else default_data_dir()
     cells, not_run, missing, left_out = [], [], {}, {}
@@ -158,10 +226,21 @@ def plan(budget_name: str, methods: List[str], tasks: List[str], seeds: List[int
             grid_budget = registry.get(method).grid_budget
             attn = {"attn": [f"{k}={v}" for k, v in grid_budget.items()]} if grid_budget else {}
             settings = {**budget.settings(task, method), **attn, **common}
-            cells += [make_cell(method, task, seed, budget.preset, settings,
-                                estimate_s=budget.estimate(task, method)) for seed in seeds]
-    return {"budget": budget_name, "preset": budget.preset, "methods": methods, "tasks": tasks, "seeds": seeds,
-            "cells": cells, "not_run": not_run, "missing_data": missing, "left_out": left_out}
+            cells += [
+                make_cell(method, task, seed, budget.preset, settings, estimate_s=budget.estimate(task, method))
+                for seed in seeds
+            ]
+    return {
+        "budget": budget_name,
+        "preset": budget.preset,
+        "methods": methods,
+        "tasks": tasks,
+        "seeds": seeds,
+        "cells": cells,
+        "not_run": not_run,
+        "missing_data": missing,
+        "left_out": left_out,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -195,12 +274,18 @@ def prepare_cell(folder: Path, cell: dict) -> str:
 def start_cell(folder: Path, cell: dict, mode: str, threads: int) -> subprocess.Popen:
     """The cell's own process: it resumes a checkpoint of this very command, or starts the cell again
     (--overwrite: a cell's folder is the grid's, so an unfinished run's files may go)."""
-    command = [sys.executable, *cell["command"], "--out", str(folder),
-               "--resume" if mode == "resume" else "--overwrite"]
+    command = [
+        sys.executable,
+        *cell["command"],
+        "--out",
+        str(folder),
+        "--resume" if mode == "resume" else "--overwrite",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with open(folder / "train.log", "a" if mode == "resume" else "w") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                preexec_fn=die_with_parent)
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, preexec_fn=die_with_parent
+        )
 
 
 def reap(process: subprocess.Popen) -> Optional[tuple]:
@@ -214,17 +299,29 @@ def reap(process: subprocess.Popen) -> Optional[tuple]:
 
 
 def finish_cell(folder: Path, cell: dict, code: int, seconds: float, cpu_seconds: float) -> str:
-    """"done" when the cell wrote a complete record, else why not (as failed.json says)."""
+    """ "done" when the cell wrote a complete record, else why not (as failed.json says)."""
     status = (read_json(folder / "metrics.json") or {}).get("status")
     if code == 0 and status == "complete":
-        write_json(folder / "cell.json", {"command": cell["command"], "wall_s": round(seconds, 1),
-                                          "cpu_s": round(cpu_seconds, 1)})
+        write_json(
+            folder / "cell.json",
+            {"command": cell["command"], "wall_s": round(seconds, 1), "cpu_s": round(cpu_seconds, 1)},
+        )
         return "done"
     tail = (folder / "train.log").read_text(errors="replace").strip().splitlines()[-5:]
     failure, reason = "diverged" if status == "diverged" else "failed", (tail or ["no output"])[-1]
-    write_json(folder / "failed.json", {
-        "status": failure, "method": cell["method"], "task": cell["task"], "seed": cell["seed"],
-        "exit_code": code, "reason": reason, "log_tail": tail, "seconds": seconds})
+    write_json(
+        folder / "failed.json",
+        {
+            "status": failure,
+            "method": cell["method"],
+            "task": cell["task"],
+            "seed": cell["seed"],
+            "exit_code": code,
+            "reason": reason,
+            "log_tail": tail,
+            "seconds": seconds,
+        },
+    )
     return f"{failure.upper()}: {reason}"
 
 
@@ -264,8 +361,11 @@ def run_cells(out: Path, cells: List[dict], jobs: int) -> int:
                 remaining -= cell["estimate_s"]
                 done_estimate, done_actual = done_estimate + cell["estimate_s"], done_actual + seconds
                 eta = remaining * done_actual / done_estimate / jobs  # at this machine's pace
-                print(f"[{finished}/{len(cells)}] {cell['name']}: {status} ({seconds:.0f} s) | elapsed "
-                      f"{cli.clock(time.time() - start)} | ETA {cli.clock(eta)}", flush=True)
+                print(
+                    f"[{finished}/{len(cells)}] {cell['name']}: {status} ({seconds:.0f} s) | elapsed "
+                    f"{cli.clock(time.time() - start)} | ETA {cli.clock(eta)}",
+                    flush=True,
+                )
             time.sleep(0.2)
     finally:
         for sig, handler in previous.items():
@@ -277,9 +377,11 @@ def describe(grid: dict, jobs: int) -> str:
     """What will run: cells, budget, estimated time and the output folder."""
     total = sum(c["estimate_s"] for c in grid["cells"])
     tasks = list(dict.fromkeys(c["task"] for c in grid["cells"]))
-    lines = [f"grid: {len(grid['cells'])} cells on {len(tasks)} tasks ({', '.join(tasks)}), {len(grid['seeds'])} "
-             f"seed(s), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s) side by side; estimated "
-             f"{cli.clock(total / jobs)} on a 2-core CPU"]
+    lines = [
+        f"grid: {len(grid['cells'])} cells on {len(tasks)} tasks ({', '.join(tasks)}), {len(grid['seeds'])} "
+        f"seed(s), budget {grid['budget']} (preset {grid['preset']}), {jobs} job(s) side by side; estimated "
+        f"{cli.clock(total / jobs)} on a 2-core CPU"
+    ]
     lines += [f"  n/a: {n['method']} on {n['task']} ({n['reason']})" for n in grid["not_run"]]
     lines += [f"  no data: {task}: {said.splitlines()[0]}" for task, said in grid["missing_data"].items()]
     lines += [f"  left out of the {grid['budget']} budget: {task}: {why}" for task, why in grid["left_out"].items()]
@@ -303,9 +405,15 @@ def add_selection_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", default=None, help="comma-separated (default: every registered method)")
     p.add_argument("--tasks", default=",".join(GRID_TASKS), help="comma-separated tasks")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the budget's: 0, or 0,1,2 for full)")
-    p.add_argument("--device", default="auto", type=cli.device_option, help="every cell's device: auto (CUDA when "
-                   "present), cpu, cuda or cuda:N")
-    p.add_argument("--data-dir", default=None, metavar="DIR", help="data folder (default: $SPARSE_ATTN_DATA, else ./data)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        type=cli.device_option,
+        help="every cell's device: auto (CUDA when present), cpu, cuda or cuda:N",
+    )
+    p.add_argument(
+        "--data-dir", default=None, metavar="DIR", help="data folder (default: $SPARSE_ATTN_DATA, else ./data)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,9 +421,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick", help="cells' training budget")
     add_selection_arguments(p)
     p.add_argument("--jobs", type=cli.positive_int, default=os.cpu_count() or 1, help="cells side by side")
-    p.add_argument("--set", action="append", default=[], type=cell_option, metavar="NAME=VALUE", dest="options",
-                   help="a training option every cell gets, e.g. --set steps=2 (repeatable; the cells' own flags: "
-                        "python -m bench.train --help)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=cell_option,
+        metavar="NAME=VALUE",
+        dest="options",
+        help="a training option every cell gets, e.g. --set steps=2 (repeatable; the cells' own flags: "
+        "python -m bench.train --help)",
+    )
     p.add_argument("--plan-only", action="store_true", help="print and write the plan, run nothing")
     return p
 
@@ -332,6 +447,7 @@ def check_options(options: List[tuple], methods: List[str]) -> None:
     """--set's options checked once, up front (ValueError), as python -m bench.train parses them: a
     bad value, and a name it lacks where it trains a baseline of ``methods`` (else: the cells')."""
     from bench.train import build_parser
+
     parser = build_parser("--set")
     parser.exit_on_error = False
     try:
@@ -340,31 +456,38 @@ def check_options(options: List[tuple], methods: List[str]) -> None:
         raise ValueError(f"--set: {exc}") from None
     baselines = [m for m in methods if not registry.get(m).script]
     if unknown and baselines:
-        raise ValueError(f"--set: {' '.join(unknown)} is not an option of python -m bench.train, which trains "
-                         f"{', '.join(baselines)}")
+        raise ValueError(
+            f"--set: {' '.join(unknown)} is not an option of python -m bench.train, which trains {', '.join(baselines)}"
+        )
 
 
 def common_settings(args) -> Dict[str, object]:
     """The options every cell gets: its device, the data folder when given, and those of --set."""
-    return {"device": args.device, **({"data_dir": args.data_dir} if args.data_dir else {}),
-            **dict(getattr(args, "options", []))}
+    return {
+        "device": args.device,
+        **({"data_dir": args.data_dir} if args.data_dir else {}),
+        **dict(getattr(args, "options", [])),
+    }
 
 
 def checked_plan_options(args) -> tuple:
     """(methods, tasks, seeds, run folder) of the options, checked up front (ValueError)."""
     from bench.tasks import TASKS
+
     landed = list(registry.available())
     methods = parse_list(args.methods, landed, "methods") if args.methods is not None else landed
     tasks = parse_list(args.tasks, [t for t in GRID_TASKS if t in TASKS], "tasks")
     try:
-        seeds = ([int(s) for s in args.seeds.split(",") if s] if args.seeds is not None
-                 else list(BUDGETS[args.budget].seeds))
+        seeds = (
+            [int(s) for s in args.seeds.split(",") if s] if args.seeds is not None else list(BUDGETS[args.budget].seeds)
+        )
     except ValueError:
         seeds = None
-    if not seeds or not all(0 <= s < 2 ** 32 for s in seeds):
+    if not seeds or not all(0 <= s < 2**32 for s in seeds):
         raise ValueError(f"--seeds takes comma-separated integers from 0 to 4,294,967,295, got {args.seeds!r}")
     if args.device.startswith("cuda"):  # a CUDA device it lacks: refused once, not by every cell
         from bench.config import resolve_device
+
         resolve_device(args.device)
     out = Path(args.out or f"runs/grid-{args.budget}")
     problem = folder_problem(out)

@@ -15,6 +15,7 @@ Pairs (ours · peer, same width, heads, head dim and budget; dropout 0; training
 Both sides of each pair run forward+backward once a repetition, in reversed order every other one,
 so that load falls on both alike; experiments.scaling's glibc setting belongs in the environment.
 """
+
 import importlib.util
 import os
 import statistics
@@ -33,8 +34,9 @@ if TYPE_CHECKING:  # torch is imported once the options parse: --help stays ligh
 PEER_PACKAGES = ("nystrom_attention", "reformer_pytorch", "performer_pytorch", "linformer")
 
 
-def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module", Callable, "torch.nn.Module",
-                                                                 Callable]]:
+def pairs(
+    n: int, heads: int, head_dim: int
+) -> Dict[str, Tuple["torch.nn.Module", Callable, "torch.nn.Module", Callable]]:
     """name → (ours, how to call ours, peer, how to call the peer); each call maps x to the output tensor."""
     import torch
     from baselines.full import FullAttention
@@ -46,24 +48,42 @@ def pairs(n: int, heads: int, head_dim: int) -> Dict[str, Tuple["torch.nn.Module
     import nystrom_attention
     import performer_pytorch
     import reformer_pytorch
+
     dim = heads * head_dim
     ours_call = lambda m, x: m(x)[0]  # noqa: E731
     peer_call = lambda m, x: m(x)  # noqa: E731
     mha_call = lambda m, x: m(x, x, x, need_weights=False)[0]  # noqa: E731
     return {
-        "full": (FullAttention(dim, heads, head_dim), ours_call,
-                 torch.nn.MultiheadAttention(dim, heads, batch_first=True), mha_call),
-        "nystromformer": (NystromAttention(dim, heads, head_dim, landmarks=64), ours_call,
-                          nystrom_attention.NystromAttention(dim, dim_head=head_dim, heads=heads, num_landmarks=64,
-                                                             residual=False), peer_call),
-        "reformer": (ReformerAttention(dim, heads, head_dim, n_hashes=2, bucket_size=64), ours_call,
-                     reformer_pytorch.LSHSelfAttention(dim, heads=heads, dim_head=head_dim, bucket_size=64,
-                                                       n_hashes=2), peer_call),
-        "performer": (PerformerAttention(dim, heads, head_dim, features=256, redraw_interval=0), ours_call,
-                      performer_pytorch.SelfAttention(dim, heads=heads, dim_head=head_dim, nb_features=256),
-                      peer_call),
-        "linformer": (LinformerAttention(dim, heads, head_dim, rank=256, max_len=n), ours_call,
-                      linformer.LinformerSelfAttention(dim, n, k=256, heads=heads, dim_head=head_dim), peer_call),
+        "full": (
+            FullAttention(dim, heads, head_dim),
+            ours_call,
+            torch.nn.MultiheadAttention(dim, heads, batch_first=True),
+            mha_call,
+        ),
+        "nystromformer": (
+            NystromAttention(dim, heads, head_dim, landmarks=64),
+            ours_call,
+            nystrom_attention.NystromAttention(dim, dim_head=head_dim, heads=heads, num_landmarks=64, residual=False),
+            peer_call,
+        ),
+        "reformer": (
+            ReformerAttention(dim, heads, head_dim, n_hashes=2, bucket_size=64),
+            ours_call,
+            reformer_pytorch.LSHSelfAttention(dim, heads=heads, dim_head=head_dim, bucket_size=64, n_hashes=2),
+            peer_call,
+        ),
+        "performer": (
+            PerformerAttention(dim, heads, head_dim, features=256, redraw_interval=0),
+            ours_call,
+            performer_pytorch.SelfAttention(dim, heads=heads, dim_head=head_dim, nb_features=256),
+            peer_call,
+        ),
+        "linformer": (
+            LinformerAttention(dim, heads, head_dim, rank=256, max_len=n),
+            ours_call,
+            linformer.LinformerSelfAttention(dim, n, k=256, heads=heads, dim_head=head_dim),
+            peer_call,
+        ),
     }
 
 
@@ -77,30 +97,52 @@ def forward_backward(module: "torch.nn.Module", call: Callable, x: "torch.Tensor
 def measure(n: int, args) -> List[list]:
     import torch
     from bench.measure import interleaved
+
     torch.manual_seed(0)
     built = pairs(n, args.heads, args.head_dim)
     chosen = {name: built[name] for name in args.methods}
     x = torch.randn(args.batch_size, n, args.heads * args.head_dim, requires_grad=True)
     grad = torch.randn_like(x)
-    variants = {f"{name} {side}": lambda _, m=module, c=call: forward_backward(m, c, x, grad)
-                for name, (ours, ours_call, peer, peer_call) in chosen.items()
-                for side, module, call in (("ours", ours, ours_call), ("peer", peer, peer_call))}
+    variants = {
+        f"{name} {side}": lambda _, m=module, c=call: forward_backward(m, c, x, grad)
+        for name, (ours, ours_call, peer, peer_call) in chosen.items()
+        for side, module, call in (("ours", ours, ours_call), ("peer", peer, peer_call))
+    }
     total = args.warmup_iters + args.repeats
-    timed = interleaved(variants, torch.device("cpu"), args.repeats, args.warmup_iters, alternate=True,
-                        after_round=lambda r: print(f"  n={n} repetition {r + 1}/{total}", file=sys.stderr, flush=True))
+    timed = interleaved(
+        variants,
+        torch.device("cpu"),
+        args.repeats,
+        args.warmup_iters,
+        alternate=True,
+        after_round=lambda r: print(f"  n={n} repetition {r + 1}/{total}", file=sys.stderr, flush=True),
+    )
     rows = []
     for name in chosen:
         ours, peer = timed[f"{name} ours"], timed[f"{name} peer"]
         ratios = sorted(a / b for a, b in zip(ours.ms, peer.ms))
         q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
-        rows.append([name, PEERS[name], n, f"{ours.median:.1f}", f"{peer.median:.1f}",
-                     f"{ours.median / peer.median:.2f}", f"{q1:.2f}-{q3:.2f}"])
+        rows.append(
+            [
+                name,
+                PEERS[name],
+                n,
+                f"{ours.median:.1f}",
+                f"{peer.median:.1f}",
+                f"{ours.median / peer.median:.2f}",
+                f"{q1:.2f}-{q3:.2f}",
+            ]
+        )
     return rows
 
 
-PEERS = {"full": "torch.nn.MultiheadAttention", "nystromformer": "nystrom-attention",
-         "reformer": "reformer-pytorch LSHSelfAttention", "performer": "performer-pytorch SelfAttention",
-         "linformer": "linformer LinformerSelfAttention"}
+PEERS = {
+    "full": "torch.nn.MultiheadAttention",
+    "nystromformer": "nystrom-attention",
+    "reformer": "reformer-pytorch LSHSelfAttention",
+    "performer": "performer-pytorch SelfAttention",
+    "linformer": "linformer LinformerSelfAttention",
+}
 
 
 def main(argv=None) -> int:
@@ -118,6 +160,7 @@ def main(argv=None) -> int:
     if missing:
         p.error(f"the peer packages {missing} are not installed: pip install -r requirements-peers.txt")
     import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
     where, _ = scaling.describe("cpu", "keep")
@@ -125,12 +168,18 @@ def main(argv=None) -> int:
     load, started = scaling.load_average(), time.time()
     rows = [row for n in args.lengths for row in measure(n, args)]
     end_load = scaling.load_average()
-    text = (f"Ours ÷ public implementations — {where}, torch {torch.__version__}; "
-            f"batch {args.batch_size}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training "
-            f"mode; median of {args.repeats} interleaved repetitions after {args.warmup_iters}; allocator "
-            f"{allocator}; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n\n"
-            + tabulate(rows, tablefmt="github", disable_numparse=True, headers=[
-                "ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"]))
+    text = (
+        f"Ours ÷ public implementations — {where}, torch {torch.__version__}; "
+        f"batch {args.batch_size}, {args.heads} heads, head dim {args.head_dim}, forward+backward, training "
+        f"mode; median of {args.repeats} interleaved repetitions after {args.warmup_iters}; allocator "
+        f"{allocator}; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n\n"
+        + tabulate(
+            rows,
+            tablefmt="github",
+            disable_numparse=True,
+            headers=["ours", "peer", "n", "ours ms", "peer ms", "ours ÷ peer", "per-rep ratio IQR"],
+        )
+    )
     print(text)
     path = cli.out_file(args.out, "peers.md")
     path.write_text(text + "\n")

@@ -1,4 +1,5 @@
 """Plots of the report from its tables' records (matplotlib, optional): a PNG and its caption each."""
+
 import importlib.util
 import json
 import math
@@ -18,8 +19,10 @@ def available() -> bool:
 
 def figure(columns: int, rows: int = 1, width: float = 5.5, height: float = 4.0):
     import matplotlib
+
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
+
     return plt.subplots(rows, columns, figsize=(width * columns, height * rows), squeeze=False)
 
 
@@ -27,6 +30,7 @@ def log_x(ax) -> None:
     """A log x axis labelled as plain numbers at 1-2-5 steps where the data span at most ~1.5
     decades, at powers of ten where they span more, never at minor ticks: no labels overlap."""
     import matplotlib.ticker as ticker
+
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
 
@@ -50,6 +54,7 @@ def save(fig, path: Path, axes, xlabel, ylabels: List[str], rect=(0, 0, 1, 1)) -
     fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
+
     plt.close(fig)
 
 
@@ -61,22 +66,26 @@ def scaling(result: dict, path: Path, what: str) -> str:
         mine = sorted((r for r in rows if r["method"] == method), key=lambda r: r["n"])
         style = dict(color=f"C{i % 10}", marker="os"[i // 10 % 2], linestyle="-" if i < 10 else "--", label=method)
         axes[0, 0].plot([r["n"] for r in mine], [r["fwdbwd_ms"] for r in mine], **style)  # past 10: a second style
-        axes[0, 1].plot([r["n"] for r in mine], [r["peak_bytes"] / 2 ** 20 for r in mine], **style)
+        axes[0, 1].plot([r["n"] for r in mine], [r["peak_bytes"] / 2**20 for r in mine], **style)
     for ax in axes[0]:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
     axes[0, 0].legend(fontsize=7)
     save(fig, path, axes[0], "sequence length n", ["forward+backward time (ms)", "peak memory of one fwd+bwd (MiB)"])
-    return (f"Forward+backward time (left) and peak memory (right) against sequence length, log-log: {what}; "
-            f"batch {result['args']['batch_size']}, {result['args']['heads']} heads × {result['args']['head_dim']}, "
-            + re.sub(r"\b1 threads\b", "1 thread", result["device"]) + ".")
+    return (
+        f"Forward+backward time (left) and peak memory (right) against sequence length, log-log: {what}; "
+        f"batch {result['args']['batch_size']}, {result['args']['heads']} heads × {result['args']['head_dim']}, "
+        + re.sub(r"\b1 threads\b", "1 thread", result["device"])
+        + "."
+    )
 
 
 QUICK_COSTS = ("attention FLOPs", "step time", "peak memory")  # the quick plot's columns: what a training step costs
 
 
-def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], budget: str,
-                     reference: str = "full") -> str:
+def accuracy_vs_cost(
+    records: List[dict], path: Path, costs: Dict[str, object], budget: str, reference: str = "full"
+) -> str:
     """Per task, the test metric against a step's ``costs`` × full attention's, per method."""
     tasks = sorted({r["task"] for r in records if r["method"] == reference})  # a ratio needs the reference
     methods = list(dict.fromkeys(r["method"] for r in records))
@@ -99,12 +108,20 @@ def accuracy_vs_cost(records: List[dict], path: Path, costs: Dict[str, object], 
         ylabels += ["test accuracy (%)" if scale == 100 else "test bits per byte (lower is better)"]
         ylabels += [None] * (len(QUICK_COSTS) - 1)
     handles = {h.get_label(): h for ax in axes.flat for h in ax.collections}
-    fig.legend([handles[m] for m in methods if m in handles], [m for m in methods if m in handles],
-               loc="lower center", ncol=min(len(methods), 6), fontsize=8, frameon=False)
+    fig.legend(
+        [handles[m] for m in methods if m in handles],
+        [m for m in methods if m in handles],
+        loc="lower center",
+        ncol=min(len(methods), 6),
+        fontsize=8,
+        frameon=False,
+    )
     xlabels = [None] * (axes.size - len(QUICK_COSTS)) + [f"× {reference} attention (log)"] * len(QUICK_COSTS)
     save(fig, path, axes.flat, xlabels, ylabels, rect=(0, 0.06 if len(tasks) > 2 else 0.1, 1, 1))
-    return (f"{budget.capitalize()} grid: test metric against a training step's attention FLOPs, time and peak "
-            f"memory × {reference} attention (log), one row per task; dotted: the task's base rate.")
+    return (
+        f"{budget.capitalize()} grid: test metric against a training step's attention FLOPs, time and peak "
+        f"memory × {reference} attention (log), one row per task; dotted: the task's base rate."
+    )
 
 
 def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
@@ -120,8 +137,10 @@ def sbm_training(curves: Dict[str, List[dict]], path: Path) -> str:
     left.legend(fontsize=7, loc="lower right")  # the curves rise through the upper left
     right.set_ylim(0, 1.05)
     save(fig, path, axes[0], "training step", ["validation token accuracy (%)", "SBM mask density (validation)"])
-    return ("SBM Fig. 4, duplicates, the paper's recipe: validation token accuracy over training (left), SBM's "
-            "mask density (right).")
+    return (
+        "SBM Fig. 4, duplicates, the paper's recipe: validation token accuracy over training (left), SBM's "
+        "mask density (right)."
+    )
 
 
 def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path) -> str:
@@ -134,8 +153,10 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
     ax.set_xticks(samples, [str(s) for s in samples])
     ax.legend(fontsize=8)
     save(fig, path, [ax], "sub-models averaged", ["validation bits per byte"])
-    return ("SSA Fig. 7: validation bits per byte of S-L4's self-ensemble against the sub-models averaged, beside "
-            "dense inference.")
+    return (
+        "SSA Fig. 7: validation bits per byte of S-L4's self-ensemble against the sub-models averaged, beside "
+        "dense inference."
+    )
 
 
 def frontiers(records: List[dict], path: Path) -> str:
@@ -151,10 +172,20 @@ def frontiers(records: List[dict], path: Path) -> str:
         full, base = (statistics.median(r[k] for r in groups[variant, "dense", "full"]) for k in ("test", "base_rate"))
         for ax, x in zip(axes[:, column], (lambda r, label: r["density"], lambda r, label: times.get(label, math.nan))):
             for family in names:
-                points = sorted(((statistics.median(r["density"] for r in rs), statistics.median(x(r, s) for r in rs),
-                                  statistics.median(r["test"] for r in rs), s, rs) for (v, f, s), rs in groups.items()
-                                 if v == variant and f == family and not math.isnan(x(rs[0], s))),
-                                key=lambda point: point[:3])  # two settings may tie: never compare their records
+                points = sorted(
+                    (
+                        (
+                            statistics.median(r["density"] for r in rs),
+                            statistics.median(x(r, s) for r in rs),
+                            statistics.median(r["test"] for r in rs),
+                            s,
+                            rs,
+                        )
+                        for (v, f, s), rs in groups.items()
+                        if v == variant and f == family and not math.isnan(x(rs[0], s))
+                    ),
+                    key=lambda point: point[:3],
+                )  # two settings may tie: never compare their records
                 colour = f"C{names.index(family)}"
                 for *_, label, rs in points:
                     ax.scatter([x(r, label) for r in rs], [r["test"] for r in rs], s=8, color=colour, alpha=0.4)
@@ -166,29 +197,38 @@ def frontiers(records: List[dict], path: Path) -> str:
             log_x(ax)
         if variant.startswith("duplicates"):  # a token with a duplicate is right where it is found
             d, heads = [10 ** (e / 40) for e in range(-120, 1)], VARIANTS[variant][2]["heads"]
-            for recall, family in ((lambda x: min(1, heads * x ** 0.5), "sbm"), (lambda x: x, "window")):
-                axes[0, column].plot(d, [base + (1 - base) * recall(x) for x in d], "-.", lw=0.8,
-                                     color=f"C{names.index(family)}")
+            for recall, family in ((lambda x: min(1, heads * x**0.5), "sbm"), (lambda x: x, "window")):
+                axes[0, column].plot(
+                    d, [base + (1 - base) * recall(x) for x in d], "-.", lw=0.8, color=f"C{names.index(family)}"
+                )
         axes[0, column].set_xlim(right=1.2)  # a density is at most 1
     shown = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
     axes[0, -1].legend(shown.values(), shown.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    save(fig, path, axes.flat, ["attention density on the test split (log)"] * len(variants)
-         + ["training step time ÷ fair full attention's (log)"] * len(variants),
-         ["test metric (accuracy; bytes: bits per byte)"] * 2 * len(variants))
-    return ("Frontiers: test metric against measured attention density (top) and against training step time ÷ fair "
-            "full attention's (bottom: one side-by-side run of each setting's seed-0 model; the kernel method's "
-            "pipeline has no one training step to time), a point per seed, each family's medians joined in order of "
-            "density; dotted: full attention's median, dashed: the base rate; dash-dot (duplicates): base + (1 − "
-            "base) × recall, the most a pattern of density d reaches if it finds a token's duplicate with probability "
-            "recall = d (a window) or at most min(1, 2√d) (SBM with 2 heads: Eq. 5 makes each head's density ≥ its "
-            "recall²).")
+    save(
+        fig,
+        path,
+        axes.flat,
+        ["attention density on the test split (log)"] * len(variants)
+        + ["training step time ÷ fair full attention's (log)"] * len(variants),
+        ["test metric (accuracy; bytes: bits per byte)"] * 2 * len(variants),
+    )
+    return (
+        "Frontiers: test metric against measured attention density (top) and against training step time ÷ fair "
+        "full attention's (bottom: one side-by-side run of each setting's seed-0 model; the kernel method's "
+        "pipeline has no one training step to time), a point per seed, each family's medians joined in order of "
+        "density; dotted: full attention's median, dashed: the base rate; dash-dot (duplicates): base + (1 − "
+        "base) × recall, the most a pattern of density d reaches if it finds a token's duplicate with probability "
+        "recall = d (a window) or at most min(1, 2√d) (SBM with 2 heads: Eq. 5 makes each head's density ≥ its "
+        "recall²)."
+    )
 
 
 SCALING_PLOTS = {  # results/scaling/NAME.json → what its plot shows
     "scaling": "every method at its default budget (sbm untrained at ~25% density, sbm@0.01 at 1%; full: fused "
-               "SDPA, full-ref: the explicit path)",
+    "SDPA, full-ref: the explicit path)",
     "sbm_scaling": "SBM's attention core (core@d) and module (sbm@d; sbm-dense@d, its dense path) at densities d, "
-                   "beside full attention (fused SDPA, full-ref)"}
+    "beside full attention (fused SDPA, full-ref)",
+}
 
 
 def ssa_curve(folder: Path) -> Optional[tuple]:
@@ -198,8 +238,11 @@ def ssa_curve(folder: Path) -> Optional[tuple]:
         lines = path.read_text().splitlines()
         start = next((i for i, line in enumerate(lines) if line.startswith("Self-ensembling")), None)
         if start is not None:
-            rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[start + 1:]
-                    if line.startswith("|") and line.strip("|").split("|")[0].strip().isdigit()]
+            rows = [
+                [cell.strip() for cell in line.strip("|").split("|")]
+                for line in lines[start + 1 :]
+                if line.startswith("|") and line.strip("|").split("|")[0].strip().isdigit()
+            ]
             return [int(r[0]) for r in rows], [float(r[1]) for r in rows], float(lines[start].rsplit(" ", 1)[1])
     return None
 
@@ -218,8 +261,11 @@ def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object]) -> D
         captions["ssa_fig7"] = ssa_ensemble(*ssa_curve(results / "ssa-table"), plot_dir / "ssa_fig7.png")
     for name, what in SCALING_PLOTS.items():
         if (results / "scaling" / f"{name}.json").exists():
-            captions[name] = scaling(read_json(results / "scaling" / f"{name}.json"), plot_dir / f"{name}.png",
-                                     f"results/scaling/{name}.json, {what}")
+            captions[name] = scaling(
+                read_json(results / "scaling" / f"{name}.json"),
+                plot_dir / f"{name}.png",
+                f"results/scaling/{name}.json, {what}",
+            )
     frontier_records = load(results / "frontier")[0]
     if frontier_records:
         captions["frontier"] = frontiers(frontier_records, plot_dir / "frontier.png")

@@ -5,6 +5,7 @@ in README.md, above the generated region, which this never rewrites.
     python -m experiments.report                        # results/README.md's text, printed
     python -m experiments.report --run runs/grid-quick  # a run folder's REPORT.md and plots (./run_all.sh does this)
 """
+
 import math
 import os
 import re
@@ -31,15 +32,18 @@ PUBLISHED_SCALING = "scaling/scaling.json"  # under results/: the one scaling ru
 COSTS = {  # what a training step costs, per record: the columns "× full" of the method table and the quick plot
     "train density": lambda r: r["train_density"] if r.get("train_density") is not None else r["density"],
     "attention FLOPs": lambda r: (r.get("train_flops_per_example") or r["flops_per_example"])["attention"],
-    "peak memory": lambda r: r["peak_memory_bytes"], "step time": lambda r: r["median_step_ms"]}
+    "peak memory": lambda r: r["peak_memory_bytes"],
+    "step time": lambda r: r["median_step_ms"],
+}
 
 
 def fmt(values: List[float], metric: str) -> str:
     """Mean (± standard deviation over seeds when there are several): accuracy in %, bits per byte."""
     scaled = [100 * v if metric == "accuracy" else v for v in values]
     digits = 2 if metric == "accuracy" else 3
-    return f"{statistics.mean(scaled):.{digits}f}" + (f" ± {statistics.stdev(scaled):.{digits}f}"
-                                                       if len(scaled) > 1 else "")
+    return f"{statistics.mean(scaled):.{digits}f}" + (
+        f" ± {statistics.stdev(scaled):.{digits}f}" if len(scaled) > 1 else ""
+    )
 
 
 def tests(rs: List[dict]) -> str:
@@ -104,15 +108,23 @@ def crossovers(result: Optional[dict]) -> Dict[str, dict]:
     return out
 
 
-METHOD_CAPTION = ("Columns: test metric per task; costs × full attention on the same task, geometric mean over tasks "
-                  "(training attention pairs and FLOPs, peak memory, training step against fair full attention's "
-                  "timed side by side in one process); the length n from which forward+backward time / peak memory "
-                  "stay below fused full attention's in the scaling run {} (≤: from its shortest length; —: never "
-                  "within its lengths).")
+METHOD_CAPTION = (
+    "Columns: test metric per task; costs × full attention on the same task, geometric mean over tasks "
+    "(training attention pairs and FLOPs, peak memory, training step against fair full attention's "
+    "timed side by side in one process); the length n from which forward+backward time / peak memory "
+    "stay below fused full attention's in the scaling run {} (≤: from its shortest length; —: never "
+    "within its lengths)."
+)
 
 
-def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_result: Optional[dict],
-                 step_times: Optional[Dict[str, dict]] = None, every: bool = False) -> str:
+def method_table(
+    recs: List[dict],
+    plan: dict,
+    failures: List[dict],
+    scaling_result: Optional[dict],
+    step_times: Optional[Dict[str, dict]] = None,
+    every: bool = False,
+) -> str:
     """A row per method (the plan's and the records', or ``every`` registered one): metrics, costs, crossovers."""
     cells, by_task, costs = by(recs, "method", "task"), by(recs, "task"), relative_costs(recs, step_times)
     cross, tasks = crossovers(scaling_result), [t for t in grid.GRID_TASKS if t in by_task]
@@ -121,22 +133,54 @@ def method_table(recs: List[dict], plan: dict, failures: List[dict], scaling_res
     names = {*(registry.METHODS if every else plan.get("methods", [])), *(r["method"] for r in recs + failures)}
     # registry order, then any method the records name that this process lacks (a plug-in)
     for m in [m for m in registry.METHODS if m in names] + sorted(names - set(registry.METHODS)):
-        row = [m] + [tests(cells[(m, t)]) if (m, t) in cells else f"n/a ({refused[(m, t)]})" if (m, t) in refused
-                     else f"{failed[(m, t)]} (below)" if (m, t) in failed else
-                     "–" if m in registry.METHODS and not registry.applicable(m, t) else "not run yet" for t in tasks]
+        row = [m] + [
+            tests(cells[(m, t)])
+            if (m, t) in cells
+            else f"n/a ({refused[(m, t)]})"
+            if (m, t) in refused
+            else f"{failed[(m, t)]} (below)"
+            if (m, t) in failed
+            else "–"
+            if m in registry.METHODS and not registry.applicable(m, t)
+            else "not run yet"
+            for t in tasks
+        ]
         ran = any(k[0] == m for k in cells)
-        row += [f"{costs[m][k]:.2f}" if k in costs.get(m, {}) else "–" if ran else "not run yet"
-                for k in ("train density", "attention FLOPs", "peak memory", "step time")]
+        row += [
+            f"{costs[m][k]:.2f}" if k in costs.get(m, {}) else "–" if ran else "not run yet"
+            for k in ("train density", "attention FLOPs", "peak memory", "step time")
+        ]
         words = [("—" if n is None else f"{'≤ ' if first else ''}{n}") for n, first in cross.get(m, {}).values()]
-        rows.append(row + ["(reference)" if m == REFERENCE else " / ".join(words) if words else
-                           "n/a" if m in registry.METHODS and not registry.get(m).scaling else "not run yet"])
+        rows.append(
+            row
+            + [
+                "(reference)"
+                if m == REFERENCE
+                else " / ".join(words)
+                if words
+                else "n/a"
+                if m in registry.METHODS and not registry.get(m).scaling
+                else "not run yet"
+            ]
+        )
     based = {t: [r for r in by_task[t] if r.get("base_rate") is not None] for t in tasks}
-    rows.append(["base rate"] + [fmt([mean(based[t], lambda r: r["base_rate"])], based[t][0]["metric"])
-                                 if based[t] else "–" for t in tasks] + [""] * 5)
-    return table(rows, ["method", *(f"{t} ({'acc %' if by_task[t][0]['metric'] == 'accuracy' else 'bpb'})"
-                                    for t in tasks), "train density × full",
-                        "attention FLOPs × full", "peak memory × full", "step time × full",
-                        "below full from n (time / memory)"])
+    rows.append(
+        ["base rate"]
+        + [fmt([mean(based[t], lambda r: r["base_rate"])], based[t][0]["metric"]) if based[t] else "–" for t in tasks]
+        + [""] * 5
+    )
+    return table(
+        rows,
+        [
+            "method",
+            *(f"{t} ({'acc %' if by_task[t][0]['metric'] == 'accuracy' else 'bpb'})" for t in tasks),
+            "train density × full",
+            "attention FLOPs × full",
+            "peak memory × full",
+            "step time × full",
+            "below full from n (time / memory)",
+        ],
+    )
 
 
 def targets_table(recs: List[dict]) -> str:
@@ -147,16 +191,30 @@ def targets_table(recs: List[dict]) -> str:
         if ref:
             value, base, metric = mean(ref, lambda r: r["test"]), mean(ref, lambda r: r["base_rate"]), ref[0]["metric"]
             goal = {"min": amount, "above_base": base + amount, "below_base": base - amount}[kind]
-            rows.append([task, fmt([value], metric), fmt([base], metric), f"{words} ({fmt([goal], metric)})",
-                         "yes" if (value <= goal if kind == "below_base" else value >= goal) else "no"])
+            rows.append(
+                [
+                    task,
+                    fmt([value], metric),
+                    fmt([base], metric),
+                    f"{words} ({fmt([goal], metric)})",
+                    "yes" if (value <= goal if kind == "below_base" else value >= goal) else "no",
+                ]
+            )
     return table(rows, ["task", "full attention", "base rate", "target", "met"])
 
 
 def step_time_table(step_time: dict) -> str:
     """experiments.step_time's JSON: each variant's median [min-max] ms, ÷ fair full attention's, SDPA kernel."""
     fair = statistics.median(step_time["step_ms"].get("full (fair)") or [float("nan")])
-    rows = [[label, f"{statistics.median(ms):.0f} [{min(ms):.0f}-{max(ms):.0f}]", f"{statistics.median(ms) / fair:.3f}",
-             step_time.get("sdpa_kernel", {}).get(label, "–")] for label, ms in step_time["step_ms"].items()]
+    rows = [
+        [
+            label,
+            f"{statistics.median(ms):.0f} [{min(ms):.0f}-{max(ms):.0f}]",
+            f"{statistics.median(ms) / fair:.3f}",
+            step_time.get("sdpa_kernel", {}).get(label, "–"),
+        ]
+        for label, ms in step_time["step_ms"].items()
+    ]
     return table(rows, ["variant", "step ms", "÷ full (fair)", "CPU SDPA kernel"])
 
 
@@ -165,24 +223,53 @@ def run_section(folder: Path, scaling_path: Path, scaling_name: str, preview: bo
     (plan, run), (recs, failures) = (read_json(folder / name) or {} for name in ("grid.json", "run.json")), load(folder)
     if not recs and not failures:
         return f"No records in {folder} yet: run ./run_all.sh."
-    notes = [f"n/a: {n['method']} on {n['task']} ({n['reason']})" for n in plan.get("not_run", [])] + [
-        f"no data: {task}: {message}" for task, message in plan.get("missing_data", {}).items()] + [
-        f"left out: {task}: {reason}" for task, reason in plan.get("left_out", {}).items()] + [
-        f"{f['status']}: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
+    notes = (
+        [f"n/a: {n['method']} on {n['task']} ({n['reason']})" for n in plan.get("not_run", [])]
+        + [f"no data: {task}: {message}" for task, message in plan.get("missing_data", {}).items()]
+        + [f"left out: {task}: {reason}" for task, reason in plan.get("left_out", {}).items()]
+        + [f"{f['status']}: {f['method']} on {f['task']} (exit {f['exit_code']}): {f['reason']}" for f in failures]
+    )
     scaling_result, step_times = read_json(scaling_path), step_times_of(folder)
-    budgets = {r["task"]: [r["task"], *(r["config"][k] for k in ("steps", "batch_size", "seq_len", "depth", "heads",
-                                                                    "dim"))] for r in recs}
-    out = [table([[plan.get("budget", "?"), plan.get("preset", "?"), devices(recs), sorted({r["seed"] for r in recs}),
-                   f"`{' '.join(run.get('command', ['./run_all.sh']))}`", run.get("commit", "?"),
-                   duration(run.get("wall_time_s")), run.get("jobs", "?")]],
-                 ["budget", "preset", "device", "seeds", "command", "commit", "wall time", "cells side by side"]),
-           table([budgets[t] for t in sorted(budgets)], ["task", "steps", "batch", "length", "layers", "heads", "width"])]
-    out += [table([[again["commit"], ", ".join(again["cells"]), again["why"]] for again in run["reruns"]],
-                  ["rerun at commit", "cells", "why"])] if run.get("reruns") else []
-    out += [METHOD_CAPTION.format(scaling_name) + "\n\n" + method_table(recs, plan, failures, scaling_result, step_times)]
+    budgets = {
+        r["task"]: [r["task"], *(r["config"][k] for k in ("steps", "batch_size", "seq_len", "depth", "heads", "dim"))]
+        for r in recs
+    }
+    out = [
+        table(
+            [
+                [
+                    plan.get("budget", "?"),
+                    plan.get("preset", "?"),
+                    devices(recs),
+                    sorted({r["seed"] for r in recs}),
+                    f"`{' '.join(run.get('command', ['./run_all.sh']))}`",
+                    run.get("commit", "?"),
+                    duration(run.get("wall_time_s")),
+                    run.get("jobs", "?"),
+                ]
+            ],
+            ["budget", "preset", "device", "seeds", "command", "commit", "wall time", "cells side by side"],
+        ),
+        table([budgets[t] for t in sorted(budgets)], ["task", "steps", "batch", "length", "layers", "heads", "width"]),
+    ]
+    out += (
+        [
+            table(
+                [[again["commit"], ", ".join(again["cells"]), again["why"]] for again in run["reruns"]],
+                ["rerun at commit", "cells", "why"],
+            )
+        ]
+        if run.get("reruns")
+        else []
+    )
+    out += [
+        METHOD_CAPTION.format(scaling_name) + "\n\n" + method_table(recs, plan, failures, scaling_result, step_times)
+    ]
     out += ["\n".join(f"- {line}" for line in notes)] if notes else []
     out += [] if plan.get("budget") == "smoke" else ["Quick targets of full attention:\n\n" + targets_table(recs)]
-    out += [f"Scaling run {scaling_name}:\n\n" + scaling.render(scaling_result)] if scaling_result and not preview else []
+    out += (
+        [f"Scaling run {scaling_name}:\n\n" + scaling.render(scaling_result)] if scaling_result and not preview else []
+    )
     return "\n\n".join(out)
 
 
@@ -200,60 +287,127 @@ def run_plots(folder: Path, budget: str) -> str:
 def write_run_report(folder: Path) -> str:
     """OUT/REPORT.md and OUT/*.png of a run folder (a smoke run's first line says so); returns the text."""
     budget = (read_json(folder / "grid.json") or {}).get("budget", "?")
-    text = ((SMOKE_LINE + "\n\n" if budget == "smoke" else "") + "# ./run_all.sh report\n\n"
-            + run_section(folder, folder / "scaling.json", "scaling.json of this folder") + "\n\n"
-            + run_plots(folder, budget))
+    text = (
+        (SMOKE_LINE + "\n\n" if budget == "smoke" else "")
+        + "# ./run_all.sh report\n\n"
+        + run_section(folder, folder / "scaling.json", "scaling.json of this folder")
+        + "\n\n"
+        + run_plots(folder, budget)
+    )
     (folder / "REPORT.md").write_text(text + "\n")
     return text
 
 
 # ------------------------------------------------------------------------------------------------ claims
 def runs_table(recs: List[dict]) -> str:
-    groups = by([dict(r, setting=re.sub(r" --seed \S+", "", shlex.join(["python", *r["cell"].get("command", [])])))
-                 for r in recs], "setting")  # a command without its --seed S
-    rows = [[f"`{command}`", ", ".join(str(r["seed"]) for r in rs), tests(rs), " / ".join(tests([r]) for r in rs),
-             f"{100 * mean(rs, lambda r: r['density']):.2f}%",
-             " / ".join("–" if r["median_step_ms"] is None else f"{r['median_step_ms']:.0f}" for r in rs),
-             " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
-             " / ".join(duration(r["cell"].get("cpu_s")) for r in rs)]
-            for command, rs in ((c, sorted(rs, key=lambda r: r["seed"])) for c, rs in groups.items())]
+    groups = by(
+        [
+            dict(r, setting=re.sub(r" --seed \S+", "", shlex.join(["python", *r["cell"].get("command", [])])))
+            for r in recs
+        ],
+        "setting",
+    )  # a command without its --seed S
+    rows = [
+        [
+            f"`{command}`",
+            ", ".join(str(r["seed"]) for r in rs),
+            tests(rs),
+            " / ".join(tests([r]) for r in rs),
+            f"{100 * mean(rs, lambda r: r['density']):.2f}%",
+            " / ".join("–" if r["median_step_ms"] is None else f"{r['median_step_ms']:.0f}" for r in rs),
+            " / ".join(duration(r["cell"].get("wall_s", r["wall_time_s"])) for r in rs),
+            " / ".join(duration(r["cell"].get("cpu_s")) for r in rs),
+        ]
+        for command, rs in ((c, sorted(rs, key=lambda r: r["seed"])) for c, rs in groups.items())
+    ]
     unit = "test acc %" if recs[0]["metric"] == "accuracy" else "test bpb"
-    return table(rows, ["command (+ --seed S)", "seeds", f"{unit} (mean ± std)", "per seed", "test density",
-                        "median step ms", "wall per seed", "CPU per seed"])
+    return table(
+        rows,
+        [
+            "command (+ --seed S)",
+            "seeds",
+            f"{unit} (mean ± std)",
+            "per seed",
+            "test density",
+            "median step ms",
+            "wall per seed",
+            "CPU per seed",
+        ],
+    )
 
 
 def setting_label(r: dict) -> str:
     """A Table 3 record's setting: the method, SBM's λ, full attention's explicit path."""
-    return (r["method"] + (f" λ={float(r['config']['density_weight']):g}" if r["config"].get("density_weight") else "")
-            + (" (explicit path)" if "path=reference" in r["cell"].get("command", []) else ""))
+    return (
+        r["method"]
+        + (f" λ={float(r['config']['density_weight']):g}" if r["config"].get("density_weight") else "")
+        + (" (explicit path)" if "path=reference" in r["cell"].get("command", []) else "")
+    )
 
 
 def table3(recs: List[dict]) -> str:
     """SBM Table 3 per task: inference FLOPs and memory ÷ full attention's (SDPA, explicit path) beside the paper's."""
     out, order = [], ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")]
-    for task, rs in sorted(by(recs, "task").items(), key=lambda kv: list(claim_list.PAPER_TABLE3).index(kv[0])
-                           if kv[0] in claim_list.PAPER_TABLE3 else len(claim_list.PAPER_TABLE3)):
-        groups, paper = by([dict(r, label=setting_label(r)) for r in rs], "label"), claim_list.PAPER_TABLE3.get(task, {})
+    for task, rs in sorted(
+        by(recs, "task").items(),
+        key=lambda kv: (
+            list(claim_list.PAPER_TABLE3).index(kv[0])
+            if kv[0] in claim_list.PAPER_TABLE3
+            else len(claim_list.PAPER_TABLE3)
+        ),
+    ):
+        groups, paper = (
+            by([dict(r, label=setting_label(r)) for r in rs], "label"),
+            claim_list.PAPER_TABLE3.get(task, {}),
+        )
         full, explicit, rows = groups.get("full"), groups.get("full (explicit path)"), []
         ratio = lambda rs, ref, get: f"{mean(rs, get) / mean(ref, get):.3f}" if ref else "–"  # noqa: E731
         memory = lambda r: r["inference_memory_per_example_bytes"]  # noqa: E731
         for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else 99, g)):
             rs = sorted(groups[label], key=lambda r: r["seed"])
             trained, explored = rs[0]["steps"] > 0, [r.get("sbm", {}).get("test_with_exploration") for r in rs]
-            rows.append([label, ", ".join(str(r["seed"]) for r in rs), tests(rs) if trained else "untrained",
-                         fmt([mean(rs, lambda r: r["base_rate"])], "accuracy") if trained and "base_rate" in rs[0]
-                         else "–", f"{100 * mean(rs, lambda r: r['density']):.1f}% (" + " / ".join(
-                             f"{100 * statistics.mean(d):.1f}" for d in zip(*(r["density_per_layer"] for r in rs))) + ")",
-                         "–" if None in explored else fmt([e["metric"] for e in explored], "accuracy")
-                         + f" ({100 * mean(explored, lambda e: e['density']):.1f}%)",
-                         *(ratio(rs, full, lambda r, k=k: r["flops_per_example"][k]) for k in ("model", "attention")),
-                         ratio(rs, explicit, memory), ratio(rs, full, memory), f"{mean(rs, memory) / 2 ** 20:.1f}",
-                         "/".join(f" {v:.2f} " for v in paper[label]).strip() if label in paper else "–"])
-        out.append(f"{task} ({rs[0]['config']['seq_len']} tokens):\n\n" + table(rows, [
-            "setting", "seeds", "test acc %", "majority class %", "test density (per layer %)", "with δ in eval: acc % "
-            "(density)", "FLOPs ÷ full", "attention FLOPs ÷ full", "memory ÷ explicit full", "memory ÷ SDPA full",
-            "MiB per example", "paper FLOPs / memory"]) if full else
-            f"{task}: full attention's record is missing, no ratio can be given.")
+            rows.append(
+                [
+                    label,
+                    ", ".join(str(r["seed"]) for r in rs),
+                    tests(rs) if trained else "untrained",
+                    fmt([mean(rs, lambda r: r["base_rate"])], "accuracy") if trained and "base_rate" in rs[0] else "–",
+                    f"{100 * mean(rs, lambda r: r['density']):.1f}% ("
+                    + " / ".join(f"{100 * statistics.mean(d):.1f}" for d in zip(*(r["density_per_layer"] for r in rs)))
+                    + ")",
+                    "–"
+                    if None in explored
+                    else fmt([e["metric"] for e in explored], "accuracy")
+                    + f" ({100 * mean(explored, lambda e: e['density']):.1f}%)",
+                    *(ratio(rs, full, lambda r, k=k: r["flops_per_example"][k]) for k in ("model", "attention")),
+                    ratio(rs, explicit, memory),
+                    ratio(rs, full, memory),
+                    f"{mean(rs, memory) / 2**20:.1f}",
+                    "/".join(f" {v:.2f} " for v in paper[label]).strip() if label in paper else "–",
+                ]
+            )
+        out.append(
+            f"{task} ({rs[0]['config']['seq_len']} tokens):\n\n"
+            + table(
+                rows,
+                [
+                    "setting",
+                    "seeds",
+                    "test acc %",
+                    "majority class %",
+                    "test density (per layer %)",
+                    "with δ in eval: acc % (density)",
+                    "FLOPs ÷ full",
+                    "attention FLOPs ÷ full",
+                    "memory ÷ explicit full",
+                    "memory ÷ SDPA full",
+                    "MiB per example",
+                    "paper FLOPs / memory",
+                ],
+            )
+            if full
+            else f"{task}: full attention's record is missing, no ratio can be given."
+        )
     return "\n\n".join(out)
 
 
@@ -273,13 +427,24 @@ def verdict(claim, folder: Path) -> tuple:
 
 def claims_table(results: Path, link: str) -> str:
     anchor = lambda title: re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")  # GitHub's  # noqa: E731
-    rows = [[f"[{claim.title.split(':')[0]}]({link}#{anchor(claim.title)})", claim.figure or "–",
-             *verdict(claim, results / claim.name)] for claim in claim_list.CLAIMS]
+    rows = [
+        [
+            f"[{claim.title.split(':')[0]}]({link}#{anchor(claim.title)})",
+            claim.figure or "–",
+            *verdict(claim, results / claim.name),
+        ]
+        for claim in claim_list.CLAIMS
+    ]
     return table(rows, ["claim", "paper", "ours", "verdict"])
 
 
-FIGURES = {"sbm-fig4": ["sbm_fig4"], "frontier": ["frontier"], "ssa-table": ["ssa_fig7"],
-           "scaling": ["scaling", "sbm_scaling"], "quick": ["accuracy_vs_cost"]}
+FIGURES = {
+    "sbm-fig4": ["sbm_fig4"],
+    "frontier": ["frontier"],
+    "ssa-table": ["ssa_fig7"],
+    "scaling": ["scaling", "sbm_scaling"],
+    "quick": ["accuracy_vs_cost"],
+}
 
 
 def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
@@ -291,56 +456,85 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
     folder, link = results / claim.name, f"[{claim.name}/]({claim.name}/)"
     recs = load(folder)[0]
     missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
-    out = [f"## {claim.title}", f"Paper: {claim.paper}",
-           table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"]),
-           f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each "
-           "run's command: `python -m experiments.claims list`)." if claim.kind == "runs" else
-           "Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link})."]
+    out = [
+        f"## {claim.title}",
+        f"Paper: {claim.paper}",
+        table([[claim.figure or "–", *verdict(claim, folder)]], ["paper", "ours", "verdict"]),
+        f"Reproduce: `python -m experiments.claims run {claim.name}` (records in {link}; each "
+        "run's command: `python -m experiments.claims list`)."
+        if claim.kind == "runs"
+        else "Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).",
+    ]
     out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
-    out += [f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
-            for task, timed in sorted(step_times_of(folder).items())
-            if not (folder / f"step_time-{task}.md").exists()]  # else its saved output, below
+    out += [
+        f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
+        for task, timed in sorted(step_times_of(folder).items())
+        if not (folder / f"step_time-{task}.md").exists()
+    ]  # else its saved output, below
     out += [path.read_text().strip() for path in sorted(folder.glob("*.md"))]
     out += [scaling.render(read_json(path)) for path in sorted(folder.glob("scaling*.json"))]
-    out += [f"Not yet run: {len(missing)} runs" if len(missing) > 20 else
-            "Not yet run: " + ", ".join(f"`{name}`" for name in missing)] if missing else []
+    out += (
+        [
+            f"Not yet run: {len(missing)} runs"
+            if len(missing) > 20
+            else "Not yet run: " + ", ".join(f"`{name}`" for name in missing)
+        ]
+        if missing
+        else []
+    )
     out += [f"- {note}" for note in claim.notes]
     return "\n\n".join(out + figures(FIGURES.get(claim.name, ()), captions, "plots/"))
 
 
 def results_readme(results: Path, captions: Dict[str, str]) -> str:
     quick = results / "quick"
-    return "\n\n".join([
-        "# Results", "Generated by `python -m experiments.report --readme README.md` from the records in this "
-        "folder; never edited by hand. One section per claim of experiments/claims.py, with the command that "
-        "reproduces it; the quick grid of `./run_all.sh` last.", claims_table(results, ""),
-        *(claim_section(claim, results, captions) for claim in claim_list.CLAIMS),
-        "## Quick grid: every method on every task (`./run_all.sh`)",
-        run_section(quick, results / PUBLISHED_SCALING, PUBLISHED_SCALING, preview=True) if quick.exists() else
-        "Not published yet: `./run_all.sh --out results/quick`.", *figures(FIGURES["quick"], captions, "plots/")])
+    return "\n\n".join(
+        [
+            "# Results",
+            "Generated by `python -m experiments.report --readme README.md` from the records in this "
+            "folder; never edited by hand. One section per claim of experiments/claims.py, with the command that "
+            "reproduces it; the quick grid of `./run_all.sh` last.",
+            claims_table(results, ""),
+            *(claim_section(claim, results, captions) for claim in claim_list.CLAIMS),
+            "## Quick grid: every method on every task (`./run_all.sh`)",
+            run_section(quick, results / PUBLISHED_SCALING, PUBLISHED_SCALING, preview=True)
+            if quick.exists()
+            else "Not published yet: `./run_all.sh --out results/quick`.",
+            *figures(FIGURES["quick"], captions, "plots/"),
+        ]
+    )
+
 
 # ------------------------------------------------------------------------------------------------ the glance
 def glance(results: Path, captions: Dict[str, str]) -> str:
     """The README's generated region: the methods table, where the claims are, the main plots."""
     recs, plan = load(results / "quick")[0], read_json(results / "quick" / "grid.json") or {}
-    scaling_result, lengths = read_json(results / PUBLISHED_SCALING) or {"rows": [], "args": {}}, sorted(
-        {r["config"]["seq_len"] for r in recs}) or ["?"]
-    return "\n\n".join([
-        f"**Methods**: the quick grid ([results/quick](results/quick), `./run_all.sh`; {devices(recs) or '–'}; "
-        f"seeds {sorted({r['seed'] for r in recs})}; {lengths[0]}-{lengths[-1]} tokens) and the scaling run "
-        f"[results/{PUBLISHED_SCALING}](results/{PUBLISHED_SCALING}) (lengths "
-        f"{scaling_result['args'].get('lengths', '?')}). " + METHOD_CAPTION.format(f"results/{PUBLISHED_SCALING}"),
-        method_table(recs, plan, [], scaling_result, step_times_of(results / "quick"), every=True),
-        "**Claims**: each paper's figure beside ours, the verdict of the claim's rule, its tables and command "
-        "in [results/README.md](results/README.md).",
-        *figures(("accuracy_vs_cost", "scaling"), captions, "results/plots/")])
+    scaling_result, lengths = (
+        read_json(results / PUBLISHED_SCALING) or {"rows": [], "args": {}},
+        sorted({r["config"]["seq_len"] for r in recs}) or ["?"],
+    )
+    return "\n\n".join(
+        [
+            f"**Methods**: the quick grid ([results/quick](results/quick), `./run_all.sh`; {devices(recs) or '–'}; "
+            f"seeds {sorted({r['seed'] for r in recs})}; {lengths[0]}-{lengths[-1]} tokens) and the scaling run "
+            f"[results/{PUBLISHED_SCALING}](results/{PUBLISHED_SCALING}) (lengths "
+            f"{scaling_result['args'].get('lengths', '?')}). " + METHOD_CAPTION.format(f"results/{PUBLISHED_SCALING}"),
+            method_table(recs, plan, [], scaling_result, step_times_of(results / "quick"), every=True),
+            "**Claims**: each paper's figure beside ours, the verdict of the claim's rule, its tables and command "
+            "in [results/README.md](results/README.md).",
+            *figures(("accuracy_vs_cost", "scaling"), captions, "results/plots/"),
+        ]
+    )
 
 
 def main(argv=None) -> int:
     p = cli.parser("python -m experiments.report", __doc__.splitlines()[0])
     p.add_argument("--results", default="results", help="the published records (one folder per claim)")
-    p.add_argument("--readme", default=None,
-                   help="rewrite this file's generated region, RESULTS/README.md and the plots in RESULTS/plots")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="rewrite this file's generated region, RESULTS/README.md and the plots in RESULTS/plots",
+    )
     p.add_argument("--run", default=None, help="a run folder: write its REPORT.md and plots there instead")
     args = p.parse_args(argv)
     for option, path in (("--run", args.run), ("--results", args.results)):  # '' is refused, not taken for '.'
@@ -359,7 +553,9 @@ def main(argv=None) -> int:
     (results / "README.md").write_text(results_readme(results, captions) + "\n")
     head, rest = content.split(START, 1)
     readme.write_text(f"{head}{START}\n{glance(results, captions)}\n{END}{rest.split(END, 1)[1]}")
-    print(f"wrote {readme}'s generated region, {results / 'README.md'} and {len(captions)} plots in {results / 'plots'}")
+    print(
+        f"wrote {readme}'s generated region, {results / 'README.md'} and {len(captions)} plots in {results / 'plots'}"
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ Cells (--kinds), each in a fresh process as experiments.scaling's (training mode
 - ``sbm-dense@d``: the module's dense reference path, whose cost does not depend on d: the first d.
 Per n, the tables printed say where SBM meets full attention, its memory per edge, its time's parts.
 """
+
 import contextlib
 import json
 import statistics
@@ -29,10 +30,15 @@ from bench.config import resolve_device
 KINDS = ("full", "full-ref", "core", "sbm", "sbm-dense")
 # The parts of the module's step: each the time inside one function of sbm_transformer (class, name)
 # less the parts inside it. Memberships: Q̂, K̂ and K̂Ŝᵀ; proposal: the bounds and fastRG's draw.
-PARTS = {"memberships": ("SBMAttention", "factors"), "block matrix": ("SBMAttention", "block_matrix"),
-         "proposal": (None, "sample_edges"), "thinning": (None, "thin"),
-         "CSR/CSC build": ("Edges", "key_major"), "p_e and STE": ("StraightThroughEdges", "apply"),
-         "core": ("EdgeAttention", "apply")}
+PARTS = {
+    "memberships": ("SBMAttention", "factors"),
+    "block matrix": ("SBMAttention", "block_matrix"),
+    "proposal": (None, "sample_edges"),
+    "thinning": (None, "thin"),
+    "CSR/CSC build": ("Edges", "key_major"),
+    "p_e and STE": ("StraightThroughEdges", "apply"),
+    "core": ("EdgeAttention", "apply"),
+}
 
 
 def random_graph(r: int, n: int, density: float, generator: torch.Generator):
@@ -55,6 +61,7 @@ def labelled():
         def wrapper(*args, **kwargs):  # a method's self comes in args; Function.apply is called on its class
             with torch.profiler.record_function("sbm: " + part):
                 return fn(*args, **kwargs)
+
         return wrapper
 
     with contextlib.ExitStack() as stack:
@@ -69,6 +76,7 @@ def profile_parts(step, steps: int) -> dict:
     torch.profiler: an op is the innermost part label's it runs under, a backward op that of the
     forward op that made its autograd node; the rest is "other" (profiling adds µs an op)."""
     from torch.profiler import ProfilerActivity, profile
+
     with labelled(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
@@ -79,7 +87,7 @@ def profile_parts(step, steps: int) -> dict:
         """The part of the innermost `sbm: ` label above event (itself included), or of its backward anchor."""
         while event is not None:
             if event.name.startswith("sbm: "):
-                return event.name[len("sbm: "):]
+                return event.name[len("sbm: ") :]
             if event.name.startswith(backward):
                 return created.get(event.sequence_nr)
             event = event.cpu_parent
@@ -103,6 +111,7 @@ def profile_parts(step, steps: int) -> dict:
 def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one cell and measures it."""
     import sbm_transformer
+
     torch.manual_seed(0)
     device = torch.device(cell["device"])
     b, h, d, n = cell["batch"], cell["heads"], cell["head_dim"], cell["n"]
@@ -122,7 +131,9 @@ def measure_cell(cell: dict) -> dict:
             return edges.E / (b * h * n * n)
     else:
         x = torch.randn(b, n, h * d, device=device, requires_grad=True)
-        module = scaling.shifted_module(h * d, h, d, x, cell["density"], "reference" if cell["kind"] == "sbm-dense" else "fast")
+        module = scaling.shifted_module(
+            h * d, h, d, x, cell["density"], "reference" if cell["kind"] == "sbm-dense" else "fast"
+        )
         grad = torch.randn(b, n, h * d, device=device)
 
         def run(backward: bool):
@@ -170,13 +181,22 @@ def summary(rows: list) -> list:
     for n in sorted({r["n"] for r in rows}):
         cells = {r["method"]: r for r in rows if r["n"] == n and "error" not in r}
         mine = {k: [r for m, r in cells.items() if m.startswith(k + "@")] for k in ("core", "sbm")}
-        out.append([n, *(crossover(mine[k], key, cells.get(ref)) for k in ("core", "sbm")
-                         for key, ref in (("fwdbwd_ms", "full"), ("peak_bytes", "full-ref")))])
+        out.append(
+            [
+                n,
+                *(
+                    crossover(mine[k], key, cells.get(ref))
+                    for k in ("core", "sbm")
+                    for key, ref in (("fwdbwd_ms", "full"), ("peak_bytes", "full-ref"))
+                ),
+            ]
+        )
     return out
 
 
 def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
     """Per n, the module's peak memory as a + b·E per round (median [range]) beside full's."""
+
     def spread(values, unit):
         return f"{statistics.median(values) / unit:.1f} [{min(values) / unit:.1f}, {max(values) / unit:.1f}]"
 
@@ -192,10 +212,16 @@ def memory_fit(rows: list, densities: list, batch: int, heads: int) -> list:
         tensor_fits = [line_fit(edges, peaks) for peaks in zip(*(r["tensor_peak_rounds"] for r in done))]
         full, ref = (cells[name]["peak_bytes"] if name in cells else None for name in ("full", "full-ref"))
         full_tensors = cells["full"]["tensor_peak_bytes"] if "full" in cells else None
-        line = [n, spread([a for a, _ in fits], 2**20), spread([b for _, b in fits], 1),
-                spread([a for a, _ in tensor_fits], 2**20), spread([b for _, b in tensor_fits], 1),
-                f"{full / 2**20:.1f}" if full else "–", f"{full_tensors / 2**20:.1f}" if full_tensors else "–",
-                f"{ref / 2**20:.1f}" if ref else "–"]
+        line = [
+            n,
+            spread([a for a, _ in fits], 2**20),
+            spread([b for _, b in fits], 1),
+            spread([a for a, _ in tensor_fits], 2**20),
+            spread([b for _, b in tensor_fits], 1),
+            f"{full / 2**20:.1f}" if full else "–",
+            f"{full_tensors / 2**20:.1f}" if full_tensors else "–",
+            f"{ref / 2**20:.1f}" if ref else "–",
+        ]
         for r in sbm:
             ratios = " / ".join(f"{r['peak_bytes'] / base:.2f}" if base else "–" for base in (full, ref)) if r else ""
             line.append(f"{r['peak_bytes'] / 2**20:.1f} ({ratios})" if r else "–")
@@ -208,8 +234,9 @@ def median_row(runs: list) -> dict:
     done = [r for r in runs if "error" not in r]
     if not done:
         return runs[-1]
-    row = dict(done[0], peak_rounds=[r["peak_bytes"] for r in done],
-               tensor_peak_rounds=[r["tensor_peak_bytes"] for r in done])
+    row = dict(
+        done[0], peak_rounds=[r["peak_bytes"] for r in done], tensor_peak_rounds=[r["tensor_peak_bytes"] for r in done]
+    )
     for key in ("fwd_ms", "fwdbwd_ms", "peak_bytes", "tensor_peak_bytes", "pass_ms"):
         if key in row:
             row[key] = statistics.median(r[key] for r in done)
@@ -220,17 +247,24 @@ def median_row(runs: list) -> dict:
 
 def parts_table(rows: list, profiled: list) -> str:
     names = (*PARTS, "other")
-    core = {(r["n"], r["method"].split("@")[1]): r["fwdbwd_ms"] for r in rows
-            if r["method"].startswith("core@") and "error" not in r}
+    core = {
+        (r["n"], r["method"].split("@")[1]): r["fwdbwd_ms"]
+        for r in rows
+        if r["method"].startswith("core@") and "error" not in r
+    }
     out = []
     for r in profiled:
         parts = r["parts_ms"]
         core_ms = core.get((r["n"], r["method"].split("@")[1]))
         sampler = (parts["proposal"] + parts["thinning"]) / sum(parts.values())  # share of the step
         row = [r["n"], f"{r['density']:.2%}"] + [f"{parts[name]:.1f}" for name in names]
-        row += [f"{sum(parts.values()):.1f}", f"{r['fwdbwd_ms']:.1f}", f"{core_ms:.1f}" if core_ms else "–",
-                f"{r['fwdbwd_ms'] / core_ms:.2f}" if core_ms else "–",
-                f"{r['fwdbwd_ms'] * (1 - sampler) / core_ms:.2f}" if core_ms else "–"]
+        row += [
+            f"{sum(parts.values()):.1f}",
+            f"{r['fwdbwd_ms']:.1f}",
+            f"{core_ms:.1f}" if core_ms else "–",
+            f"{r['fwdbwd_ms'] / core_ms:.2f}" if core_ms else "–",
+            f"{r['fwdbwd_ms'] * (1 - sampler) / core_ms:.2f}" if core_ms else "–",
+        ]
         if "pass_ms" in r:
             row += [f"{r['pass_ms']:.3f}", f"{r['fwdbwd_ms'] * sampler / r['pass_ms']:.0f}"]
         out.append(row)
@@ -242,12 +276,17 @@ def parts_table(rows: list, profiled: list) -> str:
 
 def main(argv=None) -> int:
     p = cli.parser("python -m experiments.sbm_scaling", __doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--lengths", type=cli.positive_ints, default="1024,2048,4096,8192",
-                   help="comma-separated sequence lengths")
+    p.add_argument(
+        "--lengths", type=cli.positive_ints, default="1024,2048,4096,8192", help="comma-separated sequence lengths"
+    )
     p.add_argument("--densities", default="0.01,0.05,0.25", help="comma-separated densities per head")
     p.add_argument("--kinds", default="full,full-ref,core,sbm,sbm-dense", help="which cells (see the docstring)")
-    p.add_argument("--rounds", type=cli.positive_int, default=1,
-                   help="measure every cell this many times, cells interleaved round by round; report the medians")
+    p.add_argument(
+        "--rounds",
+        type=cli.positive_int,
+        default=1,
+        help="measure every cell this many times, cells interleaved round by round; report the medians",
+    )
     scaling.add_measurement_arguments(p, warmup_iters=1, repeats=3, timeout=1800, out="runs/sbm_scaling")
     args = p.parse_args(argv)
     if args.cell:
@@ -266,14 +305,33 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
     load, started = scaling.load_average(), time.time()
-    base = {"batch": args.batch_size, "heads": args.heads, "head_dim": args.head_dim, "device": device,
-            "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
+    base = {
+        "batch": args.batch_size,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "device": device,
+        "warmup": args.warmup_iters,
+        "repeats": args.repeats,
+        "threads": args.threads,
+    }
     named = [(kind, kind, None) for kind in kinds if kind in ("full", "full-ref")]
     named += [(f"{k}@{d:g}", k, d) for k in kinds if k in ("core", "sbm") for d in densities]
     named += [(f"sbm-dense@{densities[0]:g}", "sbm-dense", densities[0])] * ("sbm-dense" in kinds)
-    cells = [(name, n, {**base, "n": n, "kind": "full" if d is None else kind, "density": d,
-                        "method": kind if d is None else None})
-             for n in args.lengths for name, kind, d in named]
+    cells = [
+        (
+            name,
+            n,
+            {
+                **base,
+                "n": n,
+                "kind": "full" if d is None else kind,
+                "density": d,
+                "method": kind if d is None else None,
+            },
+        )
+        for n in args.lengths
+        for name, kind, d in named
+    ]
     measured = [[] for _ in cells]
     for round_ in range(args.rounds):  # every round measures every cell once: load falls on all cells alike
         for (name, n, cell), runs in zip(cells, measured):
@@ -282,42 +340,79 @@ def main(argv=None) -> int:
     rows = [{**median_row(runs), "method": name, "n": n} for (name, n, _), runs in zip(cells, measured)]
     where, allocator = scaling.describe(device, args.allocator)
     end_load = scaling.load_average()
-    print(f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch_size}, {args.heads} heads, "
-          f"head dim {args.head_dim}, training mode; allocator: {allocator}; median of {args.repeats} after "
-          f"{args.warmup_iters} warm-up" + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1
-                                      else "") +
-          f"; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n")
+    print(
+        f"SBM-Transformer scaling — {where}, torch {torch.__version__}; batch {args.batch_size}, {args.heads} heads, "
+        f"head dim {args.head_dim}, training mode; allocator: {allocator}; median of {args.repeats} after "
+        f"{args.warmup_iters} warm-up"
+        + (f", then the median over {args.rounds} interleaved rounds" if args.rounds > 1 else "")
+        + f"; load average {load:.2f} at start, {end_load:.2f} at end; {time.time() - started:.0f} s.\n"
+    )
     print(scaling.table(rows, "full"))
-    print("\nCrossover densities (least squares over the measured densities): SBM fwd+bwd time = fused SDPA's; "
-          "peak memory = the reference path's (\"none\": above it at every density; \"> 100%\": below it up to "
-          "full density).\n")
-    print(tabulate(summary(rows), headers=["n", "core: time", "core: memory", "module: time", "module: memory"],
-                   tablefmt="github", disable_numparse=True))
+    print(
+        "\nCrossover densities (least squares over the measured densities): SBM fwd+bwd time = fused SDPA's; "
+        'peak memory = the reference path\'s ("none": above it at every density; "> 100%": below it up to '
+        "full density).\n"
+    )
+    print(
+        tabulate(
+            summary(rows),
+            headers=["n", "core: time", "core: memory", "module: time", "module: memory"],
+            tablefmt="github",
+            disable_numparse=True,
+        )
+    )
     fits = memory_fit(rows, densities, args.batch_size, args.heads)
     if fits:
-        print(f"\nThe module's peak memory = a + b·E over its densities (least squares, E = density · {args.batch_size}"
-              f" · {args.heads} · n² edges drawn; each round fitted apart: the median [range over rounds]), beside "
-              "fused SDPA and the explicit path; per density its peak in MiB (÷ fused SDPA / ÷ explicit). "
-              "\"Tensors\": the same fit of the bytes tensors hold at the peak (torch.profiler's allocations on "
-              "CPU, as CUDA's max_memory_allocated counts them); the peak RSS adds what the heap keeps beside "
-              "them.\n")
-        print(tabulate(fits, headers=["n", "a MiB", "b bytes/edge", "a MiB (tensors)", "b bytes/edge (tensors)",
-                                      "fused SDPA MiB", "fused SDPA MiB (tensors)", "explicit MiB"] +
-                       [f"sbm@{d:g}" for d in densities], tablefmt="github", disable_numparse=True))
+        print(
+            f"\nThe module's peak memory = a + b·E over its densities (least squares, E = density · {args.batch_size}"
+            f" · {args.heads} · n² edges drawn; each round fitted apart: the median [range over rounds]), beside "
+            "fused SDPA and the explicit path; per density its peak in MiB (÷ fused SDPA / ÷ explicit). "
+            '"Tensors": the same fit of the bytes tensors hold at the peak (torch.profiler\'s allocations on '
+            "CPU, as CUDA's max_memory_allocated counts them); the peak RSS adds what the heap keeps beside "
+            "them.\n"
+        )
+        print(
+            tabulate(
+                fits,
+                headers=[
+                    "n",
+                    "a MiB",
+                    "b bytes/edge",
+                    "a MiB (tensors)",
+                    "b bytes/edge (tensors)",
+                    "fused SDPA MiB",
+                    "fused SDPA MiB (tensors)",
+                    "explicit MiB",
+                ]
+                + [f"sbm@{d:g}" for d in densities],
+                tablefmt="github",
+                disable_numparse=True,
+            )
+        )
     profiled = [r for r in rows if "parts_ms" in r]
     if profiled:
-        print("\nWhere the module's fwd+bwd time goes (torch.profiler, ms per step; `other`: projections and glue; "
-              "`step`: the unprofiled fwd+bwd median above; `core cell`: EdgeAttention alone on a graph of that "
-              "density; `without sampler`: the step less its proposal and thinning share, a floor for any "
-              "sampler; `E-pass`: one elementwise pass over the graph's E values, and the sampler's time in "
-              "such passes).\n")
+        print(
+            "\nWhere the module's fwd+bwd time goes (torch.profiler, ms per step; `other`: projections and glue; "
+            "`step`: the unprofiled fwd+bwd median above; `core cell`: EdgeAttention alone on a graph of that "
+            "density; `without sampler`: the step less its proposal and thinning share, a floor for any "
+            "sampler; `E-pass`: one elementwise pass over the graph's E values, and the sampler's time in "
+            "such passes).\n"
+        )
         print(parts_table(rows, profiled))
     path = cli.out_file(args.out, "sbm_scaling.json")
-    write_json(path, {"device": where, "allocator": allocator, "load_average": [load, end_load],
-                      "args": {**vars(args), "lengths": ",".join(map(str, args.lengths))},
-                      "rows": rows})
+    write_json(
+        path,
+        {
+            "device": where,
+            "allocator": allocator,
+            "load_average": [load, end_load],
+            "args": {**vars(args), "lengths": ",".join(map(str, args.lengths))},
+            "rows": rows,
+        },
+    )
     print(f"wrote {path}", file=sys.stderr, flush=True)
     return scaling.exit_code(rows)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,6 +8,7 @@ a trained model samples, ``sbm`` an untrained one at ~25%, both on the fast path
 sbm.path=reference``. Each cell runs in its own process (its own peak memory), with the glibc
 allocator setting, which changes CPU timings 1.5-4×.
 """
+
 import argparse
 import inspect
 import json
@@ -30,6 +31,7 @@ ALLOCATORS = {"keep": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719
 def shifted_module(dim: int, heads: int, head_dim: int, x, density: float, path: str):
     """SBMAttention on `path` at expected density `density` on x (sbm_transformer.at_density)."""
     import sbm_transformer
+
     module = sbm_transformer.SBMAttention(dim, heads, head_dim, path=path).to(x.device).train()
     return sbm_transformer.at_density(module, x, density)
 
@@ -66,6 +68,7 @@ def measure_cell(cell: dict) -> dict:
     """Runs in the child process: builds one attention module and measures it."""
     import torch
     from bench.methods import attention_options, get
+
     torch.manual_seed(0)
     device = torch.device(cell["device"])
     name, texts, density = resolve_method(cell["method"], cell.get("options", {}))
@@ -94,7 +97,7 @@ def measure_cell(cell: dict) -> dict:
 
     # One small forward+backward first: thread pools, kernels and autograd allocate once, lazily, and that
     # one-time cost is not the cell's.
-    small = x[:, :min(64, cell["n"])].detach().requires_grad_()
+    small = x[:, : min(64, cell["n"])].detach().requires_grad_()
     module(small, causal=cell["causal"], generator=generator)[0].sum().backward()
     module.zero_grad(set_to_none=True)
     result = costs(forward, forward_backward, device, cell["warmup"], cell["repeats"])
@@ -107,27 +110,38 @@ def costs(forward, forward_backward, device, warmup: int, repeats: int) -> dict:
     """A cell's peak memory above baseline, forward and forward+backward ms, tensor peak, FLOPs."""
     import torch
     from bench import measure
+
     measure.synchronize(device)
     meter = measure.PeakRSS() if device.type == "cpu" else None
     base_cuda = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     measure.reset_peak_memory(device)
     forward_backward()
-    return {"peak_bytes": measure.peak_memory_bytes(device, meter) - base_cuda,
-            "fwd_ms": measure.time_fn(forward, device, warmup, repeats),
-            "fwdbwd_ms": measure.time_fn(forward_backward, device, warmup, repeats),
-            "tensor_peak_bytes": measure.tensor_peak_bytes(forward_backward, device),
-            "flops": measure.count_flops(forward)["total"]}
+    return {
+        "peak_bytes": measure.peak_memory_bytes(device, meter) - base_cuda,
+        "fwd_ms": measure.time_fn(forward, device, warmup, repeats),
+        "fwdbwd_ms": measure.time_fn(forward_backward, device, warmup, repeats),
+        "tensor_peak_bytes": measure.tensor_peak_bytes(forward_backward, device),
+        "flops": measure.count_flops(forward)["total"],
+    }
 
 
 def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiments.scaling") -> dict:
     """One cell measured in a process that dies with this one (its own peak memory): its row."""
     from experiments.grid import ROOT, die_with_parent
+
     env = {k: v for k, v in os.environ.items() if k not in ALLOCATORS["keep"]}  # the one asked for
     threads = {"OMP_NUM_THREADS": str(cell["threads"])} if cell.get("threads") else {}
     env.update(ALLOCATORS[allocator], **threads)
     try:
-        proc = subprocess.run([sys.executable, "-m", module, "--cell", json.dumps(cell)], env=env,
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_parent)
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "--cell", json.dumps(cell)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=die_with_parent,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s"}
     if proc.returncode < 0:  # killed: by the kernel for memory, most often
@@ -140,27 +154,44 @@ def run_cell(cell: dict, allocator: str, timeout: int, module: str = "experiment
 
 def add_benchmark_arguments(p, warmup_iters: int, repeats: int, out: str) -> None:
     """The options every attention benchmark shares: shapes, repetitions, threads, output folder."""
-    p.add_argument("--batch-size", type=cli.bounded_int(1, cli.MAX_LENGTH, "a batch size"), default=1,
-                   help="sequences per forward")
+    p.add_argument(
+        "--batch-size", type=cli.bounded_int(1, cli.MAX_LENGTH, "a batch size"), default=1, help="sequences per forward"
+    )
     p.add_argument("--heads", type=cli.layers, default=2, help="attention heads")
     p.add_argument("--head-dim", type=cli.width, default=32, help="size of each head")
-    p.add_argument("--warmup-iters", type=cli.non_negative_int, default=warmup_iters,
-                   help="untimed iterations before the timed ones")
-    p.add_argument("--repeats", type=cli.positive_int, default=repeats, help="timed iterations (the median is reported)")
-    p.add_argument("--threads", type=cli.threads, default=0,
-                   help="torch intra-op threads (0: torch's default, the machine's cores)")
+    p.add_argument(
+        "--warmup-iters",
+        type=cli.non_negative_int,
+        default=warmup_iters,
+        help="untimed iterations before the timed ones",
+    )
+    p.add_argument(
+        "--repeats", type=cli.positive_int, default=repeats, help="timed iterations (the median is reported)"
+    )
+    p.add_argument(
+        "--threads",
+        type=cli.threads,
+        default=0,
+        help="torch intra-op threads (0: torch's default, the machine's cores)",
+    )
     p.add_argument("--out", metavar="DIR", default=out, help="folder for what the benchmark writes")
 
 
-def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int,
-                              out: str) -> None:
+def add_measurement_arguments(
+    p: argparse.ArgumentParser, warmup_iters: int, repeats: int, timeout: int, out: str
+) -> None:
     """add_benchmark_arguments', and the cells' own: device, allocator, time limit."""
     add_benchmark_arguments(p, warmup_iters, repeats, out)
-    p.add_argument("--device", default="auto", type=cli.device_option,
-                   help="auto (CUDA when present), cpu, cuda or cuda:N")
-    p.add_argument("--allocator", choices=sorted(ALLOCATORS), default="keep",
-                   help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
-                        "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's")
+    p.add_argument(
+        "--device", default="auto", type=cli.device_option, help="auto (CUDA when present), cpu, cuda or cuda:N"
+    )
+    p.add_argument(
+        "--allocator",
+        choices=sorted(ALLOCATORS),
+        default="keep",
+        help="glibc allocator setting of every cell: keep = MALLOC_MMAP_MAX_=0 "
+        "MALLOC_TRIM_THRESHOLD_=68719476736, default = glibc's",
+    )
     p.add_argument("--timeout", type=cli.positive_int, default=timeout, help="seconds per cell")
     p.add_argument("--cell", help=argparse.SUPPRESS)
 
@@ -168,6 +199,7 @@ def add_measurement_arguments(p: argparse.ArgumentParser, warmup_iters: int, rep
 def device_or_exit(p: argparse.ArgumentParser, device: str) -> str:
     """--device resolved (auto: CUDA when present), or the parser's exit if the machine lacks it."""
     from bench.config import resolve_device
+
     try:
         return str(resolve_device(device))
     except ValueError as exc:
@@ -177,8 +209,12 @@ def device_or_exit(p: argparse.ArgumentParser, device: str) -> str:
 def describe(device: str, allocator: str) -> tuple:
     """(where the cells ran, the allocator setting) in words, for the table's conditions."""
     import torch
-    where = (torch.cuda.get_device_name() if device.startswith("cuda") else
-             f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads")
+
+    where = (
+        torch.cuda.get_device_name()
+        if device.startswith("cuda")
+        else f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    )
     return where, " ".join(f"{k}={v}" for k, v in ALLOCATORS[allocator].items()) or "glibc defaults"
 
 
@@ -198,9 +234,20 @@ def table(rows: list, reference: str) -> str:
             continue
         ref = refs.get(r["n"])
         ratio = {k: f"{r[k] / ref[k]:.2f}" if ref and ref[k] else "–" for k in ("fwdbwd_ms", "peak_bytes", "flops")}
-        out.append([label(r), r["n"], f"{r['fwd_ms']:.1f}", f"{r['fwdbwd_ms']:.1f}",
-                    ratio["fwdbwd_ms"], f"{r['peak_bytes'] / 2 ** 20:.1f}", ratio["peak_bytes"],
-                    f"{r['flops'] / 1e9:.3f}", ratio["flops"], f"{r['density']:.4f}"])
+        out.append(
+            [
+                label(r),
+                r["n"],
+                f"{r['fwd_ms']:.1f}",
+                f"{r['fwdbwd_ms']:.1f}",
+                ratio["fwdbwd_ms"],
+                f"{r['peak_bytes'] / 2**20:.1f}",
+                ratio["peak_bytes"],
+                f"{r['flops'] / 1e9:.3f}",
+                ratio["flops"],
+                f"{r['density']:.4f}",
+            ]
+        )
     headers = ["method", "n", "fwd ms", "fwd+bwd ms", "× full", "peak MiB", "× full", "fwd GFLOP", "× full", "density"]
     return tabulate(out, headers=headers, tablefmt="github", disable_numparse=True)
 
@@ -208,10 +255,17 @@ def table(rows: list, reference: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("python -m experiments.scaling", __doc__.splitlines()[0])
     p.add_argument("--methods", default="full,full-ref", help="comma-separated registry names (and full-ref)")
-    p.add_argument("--attn", action="append", default=[], type=cli.attn_item, metavar="METHOD.KEY=VALUE",
-                   help="a constructor option of one method (repeatable), e.g. performer.features=128")
-    p.add_argument("--lengths", default="1024,2048,4096", type=cli.positive_ints,
-                   help="comma-separated sequence lengths")
+    p.add_argument(
+        "--attn",
+        action="append",
+        default=[],
+        type=cli.attn_item,
+        metavar="METHOD.KEY=VALUE",
+        help="a constructor option of one method (repeatable), e.g. performer.features=128",
+    )
+    p.add_argument(
+        "--lengths", default="1024,2048,4096", type=cli.positive_ints, help="comma-separated sequence lengths"
+    )
     p.add_argument("--causal", action="store_true", help="causal attention (default: non-causal)")
     p.add_argument("--resume", action="store_true", help="keep --out's rows measured with these settings")
     add_measurement_arguments(p, warmup_iters=2, repeats=5, timeout=900, out="runs/scaling")
@@ -228,6 +282,7 @@ def main(argv=None) -> int:
         methods = [m for m in args.methods.split(",") if m]
         options = attn_options(args.attn, methods)
         from bench.methods import attention_options, available
+
         for method in methods:
             name, texts, _ = resolve_method(method, options[method])
             if name not in available():
@@ -237,6 +292,7 @@ def main(argv=None) -> int:
         p.error(str(exc))
     device = device_or_exit(p, args.device)
     import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)  # the cells' count, as the table's conditions say
     where, allocator = describe(device, args.allocator)
@@ -245,15 +301,34 @@ def main(argv=None) -> int:
     with cli.one_line_errors():  # a folder that cannot be written: one line
         path = cli.out_file(args.out, "scaling.json")
         earlier = (read_json(path) or {}) if args.resume else {}
-        kept = {(r["method"], r["n"]): r for r in earlier.get("rows", [])
-                if earlier.get("args") == settings and "error" not in r}
-        result = {"device": where, "torch": torch.__version__, "allocator": allocator, "memory": memory,
-                  "args": settings, "rows": []}
+        kept = {
+            (r["method"], r["n"]): r
+            for r in earlier.get("rows", [])
+            if earlier.get("args") == settings and "error" not in r
+        }
+        result = {
+            "device": where,
+            "torch": torch.__version__,
+            "allocator": allocator,
+            "memory": memory,
+            "args": settings,
+            "rows": [],
+        }
         for n in args.lengths:
             for method in methods:
-                cell = {"method": method, "options": options[method], "n": n, "batch": args.batch_size,
-                        "heads": args.heads, "head_dim": args.head_dim, "causal": args.causal, "device": device,
-                        "warmup": args.warmup_iters, "repeats": args.repeats, "threads": args.threads}
+                cell = {
+                    "method": method,
+                    "options": options[method],
+                    "n": n,
+                    "batch": args.batch_size,
+                    "heads": args.heads,
+                    "head_dim": args.head_dim,
+                    "causal": args.causal,
+                    "device": device,
+                    "warmup": args.warmup_iters,
+                    "repeats": args.repeats,
+                    "threads": args.threads,
+                }
                 row = {"method": method, "n": n, **({"options": options[method]} if options[method] else {})}
                 measured = kept.get((method, n)) or run_cell(cell, args.allocator, args.timeout)
                 result["rows"].append({**row, **measured})
@@ -288,11 +363,13 @@ def render(result: dict) -> str:
     args, rows = result["args"], result["rows"]
     methods = list(dict.fromkeys(label(r) for r in rows))
     reference = "full" if "full" in methods else methods[0]
-    return (f"Attention scaling — {result['device']}, torch {result['torch']}; batch {args['batch_size']}, "
-            f"{args['heads']} heads, head dim {args['head_dim']}, {'causal' if args['causal'] else 'non-causal'}; "
-            f"allocator: {result['allocator']}; median of {args['repeats']} after {args['warmup_iters']} warm-up; "
-            f"memory: peak of one fwd+bwd above baseline ({result['memory']}); ratios to {reference}.\n\n"
-            + table(rows, reference))
+    return (
+        f"Attention scaling — {result['device']}, torch {result['torch']}; batch {args['batch_size']}, "
+        f"{args['heads']} heads, head dim {args['head_dim']}, {'causal' if args['causal'] else 'non-causal'}; "
+        f"allocator: {result['allocator']}; median of {args['repeats']} after {args['warmup_iters']} warm-up; "
+        f"memory: peak of one fwd+bwd above baseline ({result['memory']}); ratios to {reference}.\n\n"
+        + table(rows, reference)
+    )
 
 
 if __name__ == "__main__":

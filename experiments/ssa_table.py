@@ -15,6 +15,7 @@ App. B.1's ALiBi decoder at the CPU preset's width, with its schedule: after war
 linearly to half its peak, so the +FT tail (§3.4: "the schedule simply continues") trains at half of
 it. Columns ÷ S0's as in Table 1; bits per byte of the dense ("renormalised", §3.4) evaluation.
 """
+
 import contextlib
 import io
 import subprocess
@@ -48,8 +49,16 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
         return done
     folder.mkdir(parents=True, exist_ok=True)
     extra = ["--ensemble-samples", str(ensemble)] if name == ENSEMBLED and ensemble else []
-    cmd = [sys.executable, str(ROOT / "ssa.py"), *common, *SETTINGS[name], *extra,
-           "--out", str(folder), "--overwrite"]  # an unfinished setting starts again
+    cmd = [
+        sys.executable,
+        str(ROOT / "ssa.py"),
+        *common,
+        *SETTINGS[name],
+        *extra,
+        "--out",
+        str(folder),
+        "--overwrite",
+    ]  # an unfinished setting starts again
     print(f"{name}: {' '.join(cmd[1:])}", flush=True)
     with open(folder / "train.log", "w") as log:
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)  # dies with us
@@ -62,13 +71,15 @@ def run_setting(folder: Path, name: str, common: list, ensemble: int) -> dict:
 def check_settings(p, names: list, common: list, out: Path):
     """S0's RunConfig: each setting's command line parsed as ssa.py does before any trains."""
     from ssa import SSAConfig
+
     configs = []
     for name in names:
         said = io.StringIO()
         try:
             with contextlib.redirect_stderr(said):
-                configs.append(cli.parse([*common, *SETTINGS[name], "--out", str(out / name)], "ssa", p.prog, "",
-                                         SSAConfig)[0])
+                configs.append(
+                    cli.parse([*common, *SETTINGS[name], "--out", str(out / name)], "ssa", p.prog, "", SSAConfig)[0]
+                )
         except SystemExit:
             p.error(said.getvalue().strip().splitlines()[-1].split("error: ", 1)[-1])
     scaling.device_or_exit(p, configs[0].device)  # refused once, not by the first setting's run
@@ -85,22 +96,46 @@ def training_flops(record: dict) -> dict:
 def render(records: dict) -> str:
     s0 = records["S0"]
     base_flops = training_flops(s0)
-    rows = [[name, r["ssa"]["setting"], f"{r['valid']:.4f}", f"{r['test']:.4f}",
-             f"{r['test'] / s0['test']:.3f}", f"{r['ssa']['sampled_density']:.3f}",
-             *(f"{training_flops(r)[k] / base_flops[k]:.2f}" for k in ("attention", "model")),
-             f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}",
-             f"{r['median_step_ms']:.0f}", f"{r['median_step_ms'] / s0['median_step_ms']:.2f}"]
-            for name, r in records.items()]
-    headers = ["setting", "ssa.py name", "valid bpb", "test bpb", "test bpb × S0", "train density",
-               "attn FLOPs × S0", "model FLOPs × S0", "peak mem × S0", "step ms", "step × S0"]
+    rows = [
+        [
+            name,
+            r["ssa"]["setting"],
+            f"{r['valid']:.4f}",
+            f"{r['test']:.4f}",
+            f"{r['test'] / s0['test']:.3f}",
+            f"{r['ssa']['sampled_density']:.3f}",
+            *(f"{training_flops(r)[k] / base_flops[k]:.2f}" for k in ("attention", "model")),
+            f"{r['peak_memory_bytes'] / s0['peak_memory_bytes']:.2f}",
+            f"{r['median_step_ms']:.0f}",
+            f"{r['median_step_ms'] / s0['median_step_ms']:.2f}",
+        ]
+        for name, r in records.items()
+    ]
+    headers = [
+        "setting",
+        "ssa.py name",
+        "valid bpb",
+        "test bpb",
+        "test bpb × S0",
+        "train density",
+        "attn FLOPs × S0",
+        "model FLOPs × S0",
+        "peak mem × S0",
+        "step ms",
+        "step × S0",
+    ]
     c = s0["config"]
-    lines = [f"SSA paper Table 1 shape, task `{s0['task']}` (test split: {s0['scored']['test']} bytes scored), "
-             f"{s0['device']}, torch {s0['versions']['torch']}, seed {s0['seed']}: length {c['seq_len']}, "
-             f"{c['depth']} layers × {c['heads']} heads × {c['head_dim']}, width {c['dim']}, "
-             f"{c['steps']} steps × batch {c['batch_size']}, learning rate {c['lr']:g} ({c['warmup']} warm-up steps, "
-             f"{c['lr_decay']} decay to {c['lr_floor']:g} × peak), evaluation context {c['eval_context']} bytes, "
-             f"allocator {s0.get('allocator') or 'default'}.", "",
-             tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    lines = [
+        f"SSA paper Table 1 shape, task `{s0['task']}` (test split: {s0['scored']['test']} bytes scored), "
+        f"{s0['device']}, torch {s0['versions']['torch']}, seed {s0['seed']}: length {c['seq_len']}, "
+        f"{c['depth']} layers × {c['heads']} heads × {c['head_dim']}, width {c['dim']}, "
+        f"{c['steps']} steps × batch {c['batch_size']}, learning rate {c['lr']:g} ({c['warmup']} warm-up steps, "
+        f"{c['lr_decay']} decay to {c['lr_floor']:g} × peak), evaluation context {c['eval_context']} bytes, "
+        f"allocator {s0.get('allocator') or 'default'}.",
+        "",
+        tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True),
+        "",
+    ]
     l4, ft, u = records.get("S-L4"), records.get("S-L4+FT"), records.get("S-U75")
     checks = []
     if l4:
@@ -108,44 +143,74 @@ def render(records: dict) -> str:
         checks.append(f"S-L4 step time {ratio:.2f} × S0 (target ≤ 0.65): {'met' if ratio <= 0.65 else 'not met'}")
     if ft:
         gap = ft["test"] / s0["test"] - 1
-        checks.append(f"S-L4+FT test bpb {100 * gap:+.1f} % from S0 (target within 2 %): "
-                      f"{'met' if abs(gap) <= 0.02 or gap < 0 else 'not met'}")
+        checks.append(
+            f"S-L4+FT test bpb {100 * gap:+.1f} % from S0 (target within 2 %): "
+            f"{'met' if abs(gap) <= 0.02 or gap < 0 else 'not met'}"
+        )
     if l4 and u:
-        checks.append(f"S-L4 {l4['test']:.4f} vs S-U75 {u['test']:.4f} bpb (target: locally biased better): "
-                      f"{'met' if l4['test'] < u['test'] else 'not met'}")
+        checks.append(
+            f"S-L4 {l4['test']:.4f} vs S-U75 {u['test']:.4f} bpb (target: locally biased better): "
+            f"{'met' if l4['test'] < u['test'] else 'not met'}"
+        )
     lines += [f"- {c}" for c in checks]
     if l4 and "ensemble_curve" in l4["ssa"]:
         curve = l4["ssa"]["ensemble_curve"]
-        lines += ["", f"Self-ensembling (Fig. 7 shape), S-L4, validation bits per byte: dense (renormalised) "
-                      f"{l4['valid']:.4f}", "",
-                  tabulate([[n, f"{v:.4f}", f"{v - l4['valid']:+.4f}"] for n, v in curve.items()],
-                           headers=["sub-models", "valid bpb", "− dense"], tablefmt="github", disable_numparse=True)]
+        lines += [
+            "",
+            f"Self-ensembling (Fig. 7 shape), S-L4, validation bits per byte: dense (renormalised) {l4['valid']:.4f}",
+            "",
+            tabulate(
+                [[n, f"{v:.4f}", f"{v - l4['valid']:+.4f}"] for n, v in curve.items()],
+                headers=["sub-models", "valid bpb", "− dense"],
+                tablefmt="github",
+                disable_numparse=True,
+            ),
+        ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    p = cli.parser("python -m experiments.ssa_table", __doc__.splitlines()[0],
-                   epilog="Other options (e.g. --batch-size, --lr, --data-dir) go to every run.")
+    p = cli.parser(
+        "python -m experiments.ssa_table",
+        __doc__.splitlines()[0],
+        epilog="Other options (e.g. --batch-size, --lr, --data-dir) go to every run.",
+    )
     p.add_argument("--task", default="bytes", help="an LM task (bytes, enwik8)")
     p.add_argument("--seq-len", type=cli.length, default=1024, help="attention-dominated length (≥ 1024 on this CPU)")
     p.add_argument("--preset", default="cpu", choices=["cpu", "paper"], help="the task preset of every run")
-    p.add_argument("--steps", type=cli.non_negative_int, default=None,
-                   help="training steps of every run (default: the preset's)")
+    p.add_argument(
+        "--steps", type=cli.non_negative_int, default=None, help="training steps of every run (default: the preset's)"
+    )
     p.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated, from " + ",".join(SETTINGS))
-    p.add_argument("--ensemble-samples", type=cli.non_negative_int, default=16,
-                   help="Fig. 7 curve up to this many sub-models")
-    p.add_argument("--out", metavar="DIR", default="runs/ssa_table",
-                   help="folder: one sub-folder per setting, table.md")
+    p.add_argument(
+        "--ensemble-samples", type=cli.non_negative_int, default=16, help="Fig. 7 curve up to this many sub-models"
+    )
+    p.add_argument(
+        "--out", metavar="DIR", default="runs/ssa_table", help="folder: one sub-folder per setting, table.md"
+    )
     args, extra = p.parse_known_args(argv)
     names = args.settings.split(",")
     if not set(names) <= set(SETTINGS) or "S0" not in names:
         p.error(f"--settings must include S0 and come from {list(SETTINGS)}, got {names}")
     from bench.tasks import TASKS, get_task  # after parsing: --help imports nothing heavy
+
     if args.task not in TASKS or get_task(args.task).metric != "bpb":
         p.error(f"--task must be a language-modelling task (bits per byte), got {args.task!r}")
     steps = args.steps if args.steps is not None else get_task(args.task).presets[args.preset].steps
-    common = ["--task", args.task, "--preset", args.preset, "--steps", str(steps), "--seq-len", str(args.seq_len),
-              "--pos-emb", "false", *PAPER_SCHEDULE, *extra]
+    common = [
+        "--task",
+        args.task,
+        "--preset",
+        args.preset,
+        "--steps",
+        str(steps),
+        "--seq-len",
+        str(args.seq_len),
+        "--pos-emb",
+        "false",
+        *PAPER_SCHEDULE,
+        *extra,
+    ]
     out = Path(args.out)
     cfg = check_settings(p, names, common, out)
     with cli.one_line_errors():  # the data, before any setting's folder is made

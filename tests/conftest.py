@@ -2,6 +2,7 @@
 intra-op thread per test, seeded generators, the device of the on_device tests (SPARSE_ATTN_TEST_DEVICE, cpu unless
 set: a GPU job runs ``SPARSE_ATTN_TEST_DEVICE=cuda python -m pytest -m on_device``), a command line's main() run in
 this process (``here``), and a recorder of low-precision softmax / exp under autocast."""
+
 import importlib
 import json
 import os
@@ -100,6 +101,7 @@ def here(capsys, monkeypatch):
         if check:
             assert result.returncode == 0, result.stdout + result.stderr
         return result
+
     return call
 
 
@@ -118,8 +120,19 @@ def processes(*words: str, without: str = "") -> list:
 
 class LowPrecisionMath(TorchDispatchMode):
     """Records softmax / exp / feature-map ops that run on a bf16 or float16 input (INTERFACE.md: float32)."""
-    WATCHED = {"softmax", "log_softmax", "safe_softmax", "exp", "expm1", "logsumexp", "logcumsumexp", "elu",
-               "sigmoid", "scaled_dot_product_attention_math"}
+
+    WATCHED = {
+        "softmax",
+        "log_softmax",
+        "safe_softmax",
+        "exp",
+        "expm1",
+        "logsumexp",
+        "logcumsumexp",
+        "elu",
+        "sigmoid",
+        "scaled_dot_product_attention_math",
+    }
 
     def __init__(self):
         super().__init__()

@@ -1,6 +1,7 @@
 """One ALiBi rule (alibi.py, the leaf that ssa.py, kernel_sparse.py and baselines/full.py import): its slopes
 follow Press et al.'s reference code and the known values at head counts that are not powers of two, its bias is
 −m_h·|i − j|, and each attention module carries those slopes and adds that bias."""
+
 import math
 
 import pytest
@@ -14,19 +15,20 @@ from baselines import full
 
 def press_slopes(n: int) -> list:
     """get_slopes of the ALiBi reference code (Press et al. 2022, github.com/ofirpress/attention_with_linear_biases)."""
+
     def power_of_two(n):
-        start = 2 ** (-2 ** -(math.log2(n) - 3))
-        return [start * start ** i for i in range(n)]
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
 
     if math.log2(n).is_integer():
         return power_of_two(n)
     closest = 2 ** math.floor(math.log2(n))
-    return power_of_two(closest) + press_slopes(2 * closest)[0::2][:n - closest]
+    return power_of_two(closest) + press_slopes(2 * closest)[0::2][: n - closest]
 
 
 KNOWN = {  # 2^-8h/H for H a power of two; otherwise the lower power of two's slopes, then every other of 2P's
-    6: [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3],
-    12: [2.0 ** -h for h in range(1, 9)] + [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5],
+    6: [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3],
+    12: [2.0**-h for h in range(1, 9)] + [2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5],
 }
 
 
@@ -64,8 +66,11 @@ def test_the_bias_is_minus_slope_times_distance_for_any_broadcast_of_positions()
 @pytest.mark.parametrize("heads", [6, 12])
 def test_the_attention_modules_carry_those_slopes(heads):
     expected = torch.tensor(KNOWN[heads], dtype=torch.float32)
-    modules = [ssa.SSAttention(16, heads, 4), kernel_sparse.KernelSparseAttention(16, heads, 4, max_len=8, alibi=True),
-               full.FullAttention(16, heads, 4, alibi=True)]
+    modules = [
+        ssa.SSAttention(16, heads, 4),
+        kernel_sparse.KernelSparseAttention(16, heads, 4, max_len=8, alibi=True),
+        full.FullAttention(16, heads, 4, alibi=True),
+    ]
     for module in modules:
         torch.testing.assert_close(module.slopes, expected)
 

@@ -14,8 +14,10 @@ nothing imports in a circle; and, run, no module is executed twice.
 - The budgets (DESIGN.md): bench/ and experiments/ in lines, no module over MODULE_LINES, and what
   ``python ssa.py`` reaches.
 """
+
 import ast
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +28,19 @@ from bench import methods
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_LINES = 70
-BUDGETS = {"bench": 3600, "experiments": 3300}
+# Lines as `ruff format` lays them out (ruff.toml; CI checks the layout), so that no budget is met by packing.
+BUDGETS = {"bench": 4600, "experiments": 4850}
 MODULE_LINES = 450
-SSA_REACHES = 3800
+# A method file may exceed MODULE_LINES by one stated exception: its readable reference path and its fast path
+# read side by side in one file (DESIGN.md), which a split at the cap would tear apart.
+METHOD_FILE_LINES = {
+    "sbm_transformer": 870,  # the dense reference path, the edge path on fastRG's graph, both estimators
+    "fastrg": 810,  # Algorithm 1 read as a reference sampler beside the batched, chunked sampler
+    "ssa": 615,  # the dense reference beside the gathered fast path, and the dense fine-tuning tail
+    "kernel_sparse": 1520,
+}
+SSA_REACHES = 4800
+HEADROOM = 0.95  # each budget keeps >= 5% of its cap free when it lands
 NAMED_ATTRIBUTE = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_]\w*")  # "module:Name"
 
 
@@ -40,8 +52,12 @@ def module_name(path: Path) -> str:
 def sources() -> dict:
     """module name → path, for the root files, baselines/, bench/ and experiments/ (tests and benchmarks are not
     part of it)."""
-    paths = [*ROOT.glob("*.py"), *(ROOT / "baselines").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
-             *(ROOT / "experiments").rglob("*.py")]
+    paths = [
+        *ROOT.glob("*.py"),
+        *(ROOT / "baselines").rglob("*.py"),
+        *(ROOT / "bench").rglob("*.py"),
+        *(ROOT / "experiments").rglob("*.py"),
+    ]
     return {module_name(p): p for p in paths}
 
 
@@ -74,14 +90,19 @@ def imports_in(text: str, package: str, known: set, names: bool = True) -> list:
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
-                    anchor = package.split(".")[:len(package.split(".")) - child.level + 1]
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
                     base = ".".join([*anchor, *([base] if base else [])])
                 for alias in child.names:
                     target = f"{base}.{alias.name}" if base else alias.name
                     add(target if target in known else base, scope, child.lineno)
-            elif (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
-                  and child.func.attr == "import_module" and child.args
-                  and isinstance(child.args[0], ast.Constant) and isinstance(child.args[0].value, str)):
+            elif (
+                isinstance(child, ast.Call)
+                and isinstance(child.func, ast.Attribute)
+                and child.func.attr == "import_module"
+                and child.args
+                and isinstance(child.args[0], ast.Constant)
+                and isinstance(child.args[0].value, str)
+            ):
                 add(child.args[0].value, scope, child.lineno)
             elif names and isinstance(child, ast.Constant) and isinstance(child.value, str):
                 named = NAMED_ATTRIBUTE.fullmatch(child.value)
@@ -143,9 +164,12 @@ def test_the_import_graph_has_no_cycle():
 
 def test_method_files_and_baselines_import_bench_only_in_main():
     edges = graph()
-    offending = [f"{name}:{line} imports {target} ({f'in {scope}()' if scope else 'at module level'})"
-                 for name in leaves() for target, scope, line in edges[name]
-                 if target.split(".")[0] == "bench" and scope != "main"]
+    offending = [
+        f"{name}:{line} imports {target} ({f'in {scope}()' if scope else 'at module level'})"
+        for name in leaves()
+        for target, scope, line in edges[name]
+        if target.split(".")[0] == "bench" and scope != "main"
+    ]
     assert offending == []
 
 
@@ -153,8 +177,13 @@ def test_bench_imports_no_method_file_and_nothing_of_experiments():
     """bench/ is the floor below the method files and experiments/: a registry string names a method without
     importing it, so only statements count here."""
     known = set(sources())
-    offending = [f"{name}:{line} imports {target}" for name, path in sources().items() if name.startswith("bench")
-                 for target, _, line in imports(path, known, names=False) if not target.startswith("bench")]
+    offending = [
+        f"{name}:{line} imports {target}"
+        for name, path in sources().items()
+        if name.startswith("bench")
+        for target, _, line in imports(path, known, names=False)
+        if not target.startswith("bench")
+    ]
     assert offending == []
 
 
@@ -162,14 +191,8 @@ def lines(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
-def test_the_house_keeps_its_budgets():
-    """bench/ (the library), experiments/ and every module within their lines, and `python ssa.py`'s import
-    closure, main() included, within SSA_REACHES: what a reader of one method has to open."""
-    totals = {folder: sum(lines(p) for p in (ROOT / folder).rglob("*.py")) for folder in BUDGETS}
-    assert {f: n for f, n in totals.items() if n > BUDGETS[f]} == {}, totals
-    modules = sources()
-    assert {name: lines(p) for name, p in modules.items() if lines(p) > MODULE_LINES and
-            not name.startswith(("sbm_transformer", "kernel_sparse", "ssa", "fastrg"))} == {}
+def ssa_reach(modules: dict) -> set:
+    """The modules `python ssa.py` imports, main() included: what a reader of one method has to open."""
     known = set(modules)
     reached, todo = set(), ["ssa"]
     while todo:
@@ -178,7 +201,31 @@ def test_the_house_keeps_its_budgets():
             reached.add(name)
             todo += [target for target, _, _ in imports(modules[name], known, names=False)]
             todo += [parent for parent in [name.rpartition(".")[0]] if parent in known]
-    assert sum(lines(modules[name]) for name in reached) <= SSA_REACHES, sorted(reached)
+    return reached
+
+
+def test_the_house_keeps_its_budgets():
+    """bench/ (the library), experiments/, every module (a method file within its stated exception) and
+    `python ssa.py`'s import closure within their lines, each with its headroom."""
+    modules = sources()
+    used = {folder: sum(lines(p) for p in (ROOT / folder).rglob("*.py")) for folder in BUDGETS}
+    caps = dict(BUDGETS)
+    used["python ssa.py"], caps["python ssa.py"] = sum(lines(modules[m]) for m in ssa_reach(modules)), SSA_REACHES
+    for name, path in modules.items():
+        used[name], caps[name] = lines(path), METHOD_FILE_LINES.get(name, MODULE_LINES)
+    assert {name: (n, caps[name]) for name, n in used.items() if n > caps[name]} == {}
+    crowded = {name: (used[name], cap) for name, cap in [*BUDGETS.items(), *METHOD_FILE_LINES.items()]}
+    crowded["python ssa.py"] = (used["python ssa.py"], SSA_REACHES)
+    assert {name: (n, cap) for name, (n, cap) in crowded.items() if n > HEADROOM * cap} == {}
+
+
+def test_the_layout_is_the_formatter_s():
+    """Budgets count lines as `ruff format` lays them out; a file laid out by hand would count otherwise."""
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -r requirements.txt)")
+    checked = subprocess.run([ruff, "format", "--check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_each_method_file_s_main_is_its_procedure_on_bench_s_loop():
@@ -189,20 +236,30 @@ def test_each_method_file_s_main_is_its_procedure_on_bench_s_loop():
     for path in files:
         tree = ast.parse(path.read_text())
         main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
-        calls = {f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(main) if isinstance(n, ast.Call)
-                 and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+        calls = {
+            f"{n.func.value.id}.{n.func.attr}"
+            for n in ast.walk(main)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+        }
         assert {"loop.setup", "loop.train", "loop.final_record", "loop.finish"} <= calls, (path.name, calls)
         assert main.end_lineno - main.lineno + 1 <= MAIN_LINES, path.name
 
 
 def test_the_walk_sees_imports_inside_functions_through_importlib_and_registry_strings():
     """The checks above are only as good as the walk: it must find each kind of import, and each cycle."""
-    text = ("import importlib\nfrom bench import train\nimport bench.measure as m\nNAMED = 'ssa:SSAttention'\n\n\n"
-            "def f():\n    from .tasks import get_task\n    importlib.import_module('bench.model')\n"
-            "    return 'python -m bench.train', 'unknown:Thing'\n")
+    text = (
+        "import importlib\nfrom bench import train\nimport bench.measure as m\nNAMED = 'ssa:SSAttention'\n\n\n"
+        "def f():\n    from .tasks import get_task\n    importlib.import_module('bench.model')\n"
+        "    return 'python -m bench.train', 'unknown:Thing'\n"
+    )
     known = {"bench", "bench.train", "bench.tasks", "bench.model", "bench.measure", "ssa"}
     assert {(t, s) for t, s, _ in imports_in(text, "bench", known)} == {
-        ("bench.train", None), ("bench.measure", None), ("ssa", None), ("bench.tasks", "f"), ("bench.model", "f")}
+        ("bench.train", None),
+        ("bench.measure", None),
+        ("ssa", None),
+        ("bench.tasks", "f"),
+        ("bench.model", "f"),
+    }
     assert cycles({"a": [("b", None, 1)], "b": [("a", "f", 2)], "c": [("a", None, 3)]}) == [["a", "b"]]
     assert cycles({"a": [("b", None, 1)], "b": []}) == []
 
@@ -211,9 +268,11 @@ def test_the_walk_finds_a_cycle_closed_by_a_registry_string():
     """A registry entry naming "bench.recipes.kernel:RECIPE" whose module imports bench.train, which reads the
     registry: the string closes the circle the imports alone do not show."""
     known = {"bench.train", "bench.methods", "bench.recipes.kernel"}
-    graph = {"bench.train": imports_in("from bench import methods\n", "bench", known),
-             "bench.methods": imports_in("RECIPE = 'bench.recipes.kernel:RECIPE'\n", "bench", known),
-             "bench.recipes.kernel": imports_in("from bench.train import run_folder\n", "bench.recipes", known)}
+    graph = {
+        "bench.train": imports_in("from bench import methods\n", "bench", known),
+        "bench.methods": imports_in("RECIPE = 'bench.recipes.kernel:RECIPE'\n", "bench", known),
+        "bench.recipes.kernel": imports_in("from bench.train import run_folder\n", "bench.recipes", known),
+    }
     assert cycles(graph) == [["bench.methods", "bench.recipes.kernel", "bench.train"]]
 
 
@@ -228,46 +287,86 @@ print(sorted(name for name in sys.modules if name in {watched!r}))
 """
 
 
-@pytest.mark.parametrize("runner, target, argv", [
-    ("run_path", "ssa.py", []), ("run_path", "sbm_transformer.py", []),
-    ("run_module", "bench.train", []), ("run_module", "bench.train", ["--method", "ssa"])])
+@pytest.mark.parametrize(
+    "runner, target, argv",
+    [
+        ("run_path", "ssa.py", []),
+        ("run_path", "sbm_transformer.py", []),
+        ("run_module", "bench.train", []),
+        ("run_module", "bench.train", ["--method", "ssa"]),
+    ],
+)
 def test_an_entry_point_runs_without_executing_any_module_twice(tmp_path, runner, target, argv):
     """A training run started as `python FILE.py` or `python -m bench.train` never imports its own module a second
     time (a module run as __main__ and imported again executes twice, with two copies of its classes)."""
     watched = {"ssa.py": ["ssa"], "sbm_transformer.py": ["sbm_transformer"], "bench.train": ["bench.train"]}[target]
-    tiny = ["--task", "duplicates", "--seq-len", "8", "--dim", "8", "--heads", "1", "--head-dim", "8", "--mlp-dim",
-            "8", "--depth", "1", "--batch-size", "2", "--steps", "1", "--eval-batches", "1", "--final-eval-batches",
-            "1", "--out", str(tmp_path / "run")]
+    tiny = [
+        "--task",
+        "duplicates",
+        "--seq-len",
+        "8",
+        "--dim",
+        "8",
+        "--heads",
+        "1",
+        "--head-dim",
+        "8",
+        "--mlp-dim",
+        "8",
+        "--depth",
+        "1",
+        "--batch-size",
+        "2",
+        "--steps",
+        "1",
+        "--eval-batches",
+        "1",
+        "--final-eval-batches",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     code = RUN_AS_MAIN.format(script=target, argv=[*argv, *tiny], runner=runner, target=target, watched=watched)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
 
 
-@pytest.mark.parametrize("method_file, leaves, attention", [
-    ("ssa.py", ["alibi.py"], "SSAttention(16, 2, 8)"),
-    ("sbm_transformer.py", ["fastrg.py"], "SBMAttention(16, 2, 8, clusters=4)"),
-    ("kernel_sparse.py", ["alibi.py"], "KernelSparseAttention(16, 2, 8, max_len=8)")])
+@pytest.mark.parametrize(
+    "method_file, leaves, attention",
+    [
+        ("ssa.py", ["alibi.py"], "SSAttention(16, 2, 8)"),
+        ("sbm_transformer.py", ["fastrg.py"], "SBMAttention(16, 2, 8, clusters=4)"),
+        ("kernel_sparse.py", ["alibi.py"], "KernelSparseAttention(16, 2, 8, max_len=8)"),
+    ],
+)
 def test_a_method_file_copied_alone_imports_runs_its_attention_and_says_what_training_needs(
-        tmp_path, method_file, leaves, attention):
+    tmp_path, method_file, leaves, attention
+):
     """The first use of the repository: copy one method file (and the shared leaf it names) into a project of
     one's own. Its attention imports and runs; its training entry point says, in one line and without a
     traceback, that it needs the repository's bench/."""
     for name in [method_file, *leaves]:
         (tmp_path / name).write_text((ROOT / name).read_text())
     module = method_file[:-3]
-    use = (f"import torch, {module}\ny, stats = {module}.{attention}(torch.randn(2, 8, 16), causal=True)\n"
-           f"print(tuple(y.shape), tuple(stats['density'].shape))")
+    use = (
+        f"import torch, {module}\ny, stats = {module}.{attention}(torch.randn(2, 8, 16), causal=True)\n"
+        f"print(tuple(y.shape), tuple(stats['density'].shape))"
+    )
     env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    ran = subprocess.run([sys.executable, "-c", use], cwd=tmp_path, capture_output=True, text=True, env=env,
-                         timeout=120)
+    ran = subprocess.run(
+        [sys.executable, "-c", use], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120
+    )
     assert ran.returncode == 0 and ran.stdout.split() == ["(2,", "8,", "16)", "(2,)"], ran.stderr
     for argv in (["--help"], ["--task", "duplicates"]):
-        alone = subprocess.run([sys.executable, method_file, *argv], cwd=tmp_path, capture_output=True, text=True,
-                               env=env, timeout=120)
+        alone = subprocess.run(
+            [sys.executable, method_file, *argv], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120
+        )
         assert alone.returncode == 1 and alone.stdout == "" and "Traceback" not in alone.stderr
-        assert alone.stderr.strip() == (f"python {method_file}: training needs the repository's bench/ beside this "
-                                        f"file ({attention.split('(')[0]} needs only torch and {leaves[0]})")
+        assert alone.stderr.strip() == (
+            f"python {method_file}: training needs the repository's bench/ beside this "
+            f"file ({attention.split('(')[0]} needs only torch and {leaves[0]})"
+        )
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == sorted([method_file, *leaves])
 
 

@@ -2,14 +2,17 @@
 the suite stays fast), one forward and backward that equal the uncompiled module's bit for bit with the same
 generator. SBM's sampler and sparse core run eagerly behind graph breaks (data-dependent sizes), so a compiled
 model draws the same graphs."""
+
 import pytest
 import torch
 
 from bench.methods import available, get
 
-VARIANTS = [(name, {}) for name in available() if name != "sbm"] + [
-    ("sbm", dict(path=path, clusters=4, density_weight=0.1)) for path in ("fast", "reference")] + [
-    ("kernel", dict(sparse=True, path="fast"))]
+VARIANTS = (
+    [(name, {}) for name in available() if name != "sbm"]
+    + [("sbm", dict(path=path, clusters=4, density_weight=0.1)) for path in ("fast", "reference")]
+    + [("kernel", dict(sparse=True, path="fast"))]
+)
 
 
 @pytest.mark.parametrize("name, options", VARIANTS, ids=[f"{n}-{o.get('path', '')}".strip("-") for n, o in VARIANTS])
@@ -25,8 +28,9 @@ def test_a_compiled_attention_gives_the_uncompiled_outputs_and_gradients(name, o
     results = []
     for attention in (module, torch.compile(module, backend="eager", fullgraph=False)):
         inputs = x.clone().requires_grad_()
-        y, stats = attention(inputs, key_padding_mask=padding, causal=method.causal,
-                             generator=torch.Generator().manual_seed(1))
+        y, stats = attention(
+            inputs, key_padding_mask=padding, causal=method.causal, generator=torch.Generator().manual_seed(1)
+        )
         (y.square().sum() + stats.get("aux_loss", 0)).backward()
         results.append((y.detach(), inputs.grad, stats["density"]))
     for eager, compiled in zip(*results):

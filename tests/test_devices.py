@@ -11,6 +11,7 @@ method registry (test_interface.VARIANTS), a training forward + backward with a 
   call) on a DEVICE tensor is recorded by file:function. Syncs inside an op (nonzero, boolean-mask indexing,
   repeat_interleave without output_size) do not pass through that op and are not seen here.
 """
+
 import random
 import traceback
 from pathlib import Path
@@ -35,26 +36,51 @@ FACTORIES_WITHOUT_DEVICE = {
 # variant → {file:function of a host sync: why it is there}. A variant not named makes none.
 SIZES = "a data-dependent size: the sampled graph's edge counts and row offsets size its tensors and chunks"
 HOST_SYNCS = {
-    "performer": {"performer.py:forward": "the feature-redraw schedule reads the forward counter (a buffer, so it is "
-                                          "saved with the model) once per training forward"},
-    "bigbird-fast": {"bigbird.py:fast_core": "a data-dependent size: topk's k, the most blocks any query block holds",
-                     "bigbird.py:bigbird_density": "a host (CPU) tensor: the expected density as a Python float"},
-    "nystromformer": {"nystromformer.py:attend": "a shortcut: without padding and with full segments, plain "
-                                                 "segment means (no masking passes)"},
+    "performer": {
+        "performer.py:forward": "the feature-redraw schedule reads the forward counter (a buffer, so it is "
+        "saved with the model) once per training forward"
+    },
+    "bigbird-fast": {
+        "bigbird.py:fast_core": "a data-dependent size: topk's k, the most blocks any query block holds",
+        "bigbird.py:bigbird_density": "a host (CPU) tensor: the expected density as a Python float",
+    },
+    "nystromformer": {
+        "nystromformer.py:attend": "a shortcut: without padding and with full segments, plain "
+        "segment means (no masking passes)"
+    },
     "reformer": {"reformer.py:attend": "a shortcut: the general path only where a key is padded (or N needs it)"},
-    "kernel-sparse": {"kernel_sparse.py:union_edges": "a data-dependent size (the distinct selections) and two "
-                                                      "shortcuts: no padding, no global kernel"},
-    "sbm-fast": {**{f"fastrg.py:{f}": SIZES for f in (
-                    "_counts", "_chunks", "_draw", "_draw_rows", "_bisect", "_uv_shift", "_sorted_key")},
-                 "fastrg.py:_check_values": "the sampler's argument checks: a clear error for NaN or out-of-range "
-                                            "values rather than a wrong graph",
-                 "fastrg.py:_uniforms": "the CPU branch only: the seed of numpy's stream",
-                 "sbm_transformer.py:_ranges": "a data-dependent size: the graph's offsets, copied to the host "
-                                               "once a graph (and a key-major block), cut its chunks",
-                 "sbm_transformer.py:sample_edges": "a shortcut: without padding, no pass over the edge weights"},
+    "kernel-sparse": {
+        "kernel_sparse.py:union_edges": "a data-dependent size (the distinct selections) and two "
+        "shortcuts: no padding, no global kernel"
+    },
+    "sbm-fast": {
+        **{
+            f"fastrg.py:{f}": SIZES
+            for f in ("_counts", "_chunks", "_draw", "_draw_rows", "_bisect", "_uv_shift", "_sorted_key")
+        },
+        "fastrg.py:_check_values": "the sampler's argument checks: a clear error for NaN or out-of-range "
+        "values rather than a wrong graph",
+        "fastrg.py:_uniforms": "the CPU branch only: the seed of numpy's stream",
+        "sbm_transformer.py:_ranges": "a data-dependent size: the graph's offsets, copied to the host "
+        "once a graph (and a key-major block), cut its chunks",
+        "sbm_transformer.py:sample_edges": "a shortcut: without padding, no pass over the edge weights",
+    },
 }
-FACTORY_NAMES = {"arange", "randperm", "rand", "randint", "randn", "empty", "zeros", "ones", "full", "scalar_tensor",
-                 "linspace", "eye", "tensor"}
+FACTORY_NAMES = {
+    "arange",
+    "randperm",
+    "rand",
+    "randint",
+    "randn",
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "scalar_tensor",
+    "linspace",
+    "eye",
+    "tensor",
+}
 
 
 def where() -> str:

@@ -4,6 +4,7 @@ Statistical tests draw T independent graphs in one call (the same X, S, Y broadc
 size T) with a fixed seed. Every tolerance is Z = 5 standard deviations of the statistic under the exact
 law, computed from Poisson or binomial variances (a two-sided 5σ normal tail is 5.7e-7 per statistic).
 """
+
 import math
 
 import numpy as np
@@ -101,9 +102,9 @@ def test_long_uneven_column_has_no_prefix_sum_drift():
     w[:head] = 1.0
     S = torch.tensor([[5.2e6 / graphs / float(w.double().sum())]])
     Y = torch.ones(1, 1)
-    p = edge_probability(w, S, Y)[0, :, 0]                           # (n,) P(edge i → 0)
+    p = edge_probability(w, S, Y)[0, :, 0]  # (n,) P(edge i → 0)
     row_ptr, _ = fastrg.sample_block_csr(w.expand(graphs, n, 1), S, Y, generator=torch.Generator().manual_seed(54))
-    per_row = row_ptr.diff().view(graphs, n).sum(0).double()         # (n,) over the graphs
+    per_row = row_ptr.diff().view(graphs, n).sum(0).double()  # (n,) over the graphs
     bounds = [0, head] + [head + k * (n - head) // 4 for k in range(1, 5)]
     w32 = torch.from_numpy(np.diff(np.cumsum(w[:, 0].numpy()), prepend=0)).double()  # float32 running sum
     p32 = -torch.expm1(-w32 / w32.sum() * float(S) * float(w.double().sum()))
@@ -289,8 +290,9 @@ def test_block_csr_is_the_csr_draw_as_one_block_diagonal_matrix():
     assert torch.equal(empty_ptr, torch.zeros(R * n + 1, dtype=torch.int32)) and empty_col.shape == (0,)
 
 
-@pytest.mark.parametrize("setting", [{}, dict(_CHUNK=97, _EDGES=300, _BLOCK=64, _COPY_ROWS=1)],
-                         ids=["whole", "chunked"])
+@pytest.mark.parametrize(
+    "setting", [{}, dict(_CHUNK=97, _EDGES=300, _BLOCK=64, _COPY_ROWS=1)], ids=["whole", "chunked"]
+)
 def test_factors_in_parts_draw_the_graph_of_their_concatenation(monkeypatch, setting):
     # X and Y given as parts along K (SBM-Transformer's [K̂, 1] without the copy), broadcast apart: the same
     # graph, edge for edge, as their concatenation under the same generator, in every form and with chunked
@@ -301,12 +303,14 @@ def test_factors_in_parts_draw_the_graph_of_their_concatenation(monkeypatch, set
     R, n, m, K = 3, 41, 33, 6
     X, Y = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g)
     S = torch.rand(K, K, generator=g) * 0.4
-    ones = torch.ones(1, m, 1)                                       # one part broadcast over the graphs
+    ones = torch.ones(1, m, 1)  # one part broadcast over the graphs
     Y[..., 5:] = 1
     parts = ((X[..., :2], X[..., 2:]), S, (Y[..., :5], ones))
-    for draw in (lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), csr=True),
-                 lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), dedup=False),
-                 lambda *a: fastrg.sample_block_csr(*a, generator=torch.Generator().manual_seed(59))):
+    for draw in (
+        lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), csr=True),
+        lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), dedup=False),
+        lambda *a: fastrg.sample_block_csr(*a, generator=torch.Generator().manual_seed(59)),
+    ):
         whole, split = draw(X, S, Y), draw(*parts)
         assert len(whole[0]) > 100 and all(torch.equal(a, b) for a, b in zip(whole, split))
     assert torch.equal(edge_probability(*parts), edge_probability(X, S, Y))
@@ -328,9 +332,17 @@ def test_cpu_primitives_match_torch():
     assert abs(float(U.mean()) - 0.5) < Z * math.sqrt(1 / 12 / len(U))
 
 
-@pytest.mark.parametrize("setting", [dict(_CHUNK=777), dict(_EDGES=700), dict(_EDGES=1),
-                                     dict(_BLOCK=64, _COPY_ROWS=1), dict(_BLOCK=128, _COPY_ROWS=1, _GUIDE=64)],
-                         ids=["draws", "graphs", "graph", "rows", "guide"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        dict(_CHUNK=777),
+        dict(_EDGES=700),
+        dict(_EDGES=1),
+        dict(_BLOCK=64, _COPY_ROWS=1),
+        dict(_BLOCK=128, _COPY_ROWS=1, _GUIDE=64),
+    ],
+    ids=["draws", "graphs", "graph", "rows", "guide"],
+)
 def test_chunks_and_blocks_change_no_draw(monkeypatch, setting):
     # Draws looked up a chunk at a time, graphs drawn a chunk at a time (several graphs a chunk, 8 not a multiple
     # of them; one graph a chunk), CDF rows built a block at a time (one column; two, the guide counted a row at
@@ -338,10 +350,14 @@ def test_chunks_and_blocks_change_no_draw(monkeypatch, setting):
     # on the guide, so the graph is the same, in every form.
     X, S, Y = _random_factors(34, n=60, m=50, K=4, scale=0.2)
     X, Y = X.expand(8, 60, 4), Y.expand(8, 50, 4)
+
     def draws():
-        return [sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True),
-                sample(X, S, Y, generator=torch.Generator().manual_seed(35), dedup=False),
-                fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(35))]
+        return [
+            sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True),
+            sample(X, S, Y, generator=torch.Generator().manual_seed(35), dedup=False),
+            fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(35)),
+        ]
+
     whole = draws()
     for name, value in setting.items():
         monkeypatch.setattr(fastrg, name, value)
@@ -364,7 +380,7 @@ def test_chunked_draw_has_the_law(monkeypatch):
         counts.append(_pair_counts(i, j, 6, 4))
         assert float(((counts[-1] - mean) / var.sqrt()).abs().max()) <= Z
     assert float(((counts[0] - counts[1]) / (2 * var).sqrt()).abs().max()) <= Z
-    assert float(expected_edges(X, S, Y)) * T > 50 * 5000                # many chunks
+    assert float(expected_edges(X, S, Y)) * T > 50 * 5000  # many chunks
 
 
 def test_chunks_of_graphs_edge_cases(monkeypatch):
@@ -374,7 +390,7 @@ def test_chunks_of_graphs_edge_cases(monkeypatch):
     g = torch.Generator().manual_seed(51)
     X, Y = torch.rand(7, 30, 5, generator=g), torch.rand(7, 20, 5, generator=g)
     S = torch.rand(5, 5, generator=g) * 0.2
-    X[[0, 3, 6]] = 0                                                 # graphs 0, 3, 6 have no edge
+    X[[0, 3, 6]] = 0  # graphs 0, 3, 6 have no edge
     cases = [(X[1:2], S, Y[1:2], 10), (X, S, Y, 150), (X, S, Y, 1), (X, S * 0, Y, 1)]
     for Xc, Sc, Yc, edges in cases:
         R = Xc.shape[0]
@@ -384,13 +400,14 @@ def test_chunks_of_graphs_edge_cases(monkeypatch):
         chunked = sample(Xc, Sc, Yc, generator=torch.Generator().manual_seed(52), csr=True)
         assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
         r, i, j, row_ptr = chunked
-        assert int(row_ptr[-1]) == len(r) and torch.equal(torch.repeat_interleave(torch.arange(R * 30),
-                                                                                  row_ptr.diff()), r * 30 + i)
+        assert int(row_ptr[-1]) == len(r) and torch.equal(
+            torch.repeat_interleave(torch.arange(R * 30), row_ptr.diff()), r * 30 + i
+        )
         if Sc.any():
             assert len(r) > 4 * edges if edges > 1 else len(r) > 100
         if R == 7:
             assert not bool(torch.isin(r, torch.tensor([0, 3, 6])).any())
-    assert len(chunked[0]) == 0                                      # the last case: no edge
+    assert len(chunked[0]) == 0  # the last case: no edge
 
 
 def test_calls_with_few_edges_build_few_cdf_rows(monkeypatch):
@@ -400,9 +417,12 @@ def test_calls_with_few_edges_build_few_cdf_rows(monkeypatch):
     block = fastrg._cdf_block
     monkeypatch.setattr(fastrg, "_cdf_block", lambda W, o0, o1: built.append(o1 - o0) or block(W, o0, o1))
     g = torch.Generator().manual_seed(53)
-    X, Y, S = torch.rand(2, 8192, 64, generator=g), torch.rand(2, 8192, 64, generator=g), torch.rand(64, 64,
-                                                                                                     generator=g)
-    S *= 3 / float(expected_edges(X, S, Y).sum())                    # about 3 edges in all
+    X, Y, S = (
+        torch.rand(2, 8192, 64, generator=g),
+        torch.rand(2, 8192, 64, generator=g),
+        torch.rand(64, 64, generator=g),
+    )
+    S *= 3 / float(expected_edges(X, S, Y).sum())  # about 3 edges in all
     r, _, _ = sample(X, S, Y, generator=g)
     assert 0 < len(r) <= 10 and sum(built) <= 4 * len(r)
 
@@ -416,18 +436,22 @@ def test_few_draws_are_the_draws_of_the_blocks(monkeypatch, parts):
         g = torch.Generator().manual_seed(seed)
         R, n, m, K = (1 + seed % 3, *[(8192, 8192, 128), (300, 200, 16), (1, 5, 3)][seed % 3])
         X, Y, S = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g), torch.rand(K, K, generator=g)
-        X[:, :, 0] = 0                                               # a column never drawn from
+        X[:, :, 0] = 0  # a column never drawn from
         S *= (seed % 7 + 0.5) / float(expected_edges(X, S, Y).sum())  # 0.5 to 6.5 expected edges in all
         if parts:
             X, Y = (X[..., :1], X[..., 1:]), (Y[..., :2], Y[..., 2:])
         draws = []
         for limit in (few, 0):
             monkeypatch.setattr(fastrg, "_FEW", limit)
-            draws.append([fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(seed)),
-                          sample(X, S, Y, generator=torch.Generator().manual_seed(seed), dedup=False)])
+            draws.append(
+                [
+                    fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(seed)),
+                    sample(X, S, Y, generator=torch.Generator().manual_seed(seed), dedup=False),
+                ]
+            )
         assert all(torch.equal(a, b) for x, y in zip(*draws) for a, b in zip(x, y))
         same += len(draws[0][1][0]) > 0
-    assert same >= 30                                                # most calls drew edges
+    assert same >= 30  # most calls drew edges
 
 
 def test_draws_are_pinned_to_the_generator():
@@ -511,10 +535,11 @@ def test_inverse_cdf_tails_never_pick_zero_weight():
     w = torch.tensor([0.0, 0.0, 1.0, 0.0, 1e-300, 2.0, 0.0, 0.0], dtype=torch.float64)
     cdf = _cdf(w[None, :, None].expand(1, n, K))
     assert torch.equal(cdf[:n], torch.tensor([0, 0, 1 / 3, 1 / 3, 1 / 3, 1, 1, 1], dtype=torch.float64))  # C/C = 1
-    third = float(cdf[2])                                            # CDF after index 2: 1/3 rounded
+    third = float(cdf[2])  # CDF after index 2: 1/3 rounded
     grid = torch.linspace(0, 1 - 2.0**-53, 1001, dtype=torch.float64)
-    U = torch.cat([torch.tensor([0.0, 2.0**-53, third - 2.0**-54, third, 1 - 2.0**-52, 1 - 2.0**-53],
-                                dtype=torch.float64), grid])
+    U = torch.cat(
+        [torch.tensor([0.0, 2.0**-53, third - 2.0**-54, third, 1 - 2.0**-52, 1 - 2.0**-53], dtype=torch.float64), grid]
+    )
     for row in (0, 1, K // 2, K - 1):
         i = _locate(cdf, torch.full(U.shape, row), U, n)
         assert bool((w[i] > 0).all())
@@ -530,15 +555,15 @@ def test_guide_table_lookup_equals_search(n):
     g = torch.Generator().manual_seed(23)
     K = 6
     W = torch.rand(2, n, K, generator=g, dtype=torch.float64) ** 8
-    W[0, n // 3:n * 5 // 6, 1] = 0
+    W[0, n // 3 : n * 5 // 6, 1] = 0
     W[1, :, 2] = 0
-    W[1, n // 2, 2] = 5.0                                            # a single non-zero entry
+    W[1, n // 2, 2] = 5.0  # a single non-zero entry
     W[:, :, 3] = 1.0
     cdf = _cdf(W)
     L = 1 << fastrg._bits(n)
-    assert n == 1 or _widest(cdf, n) > 8                             # skewed weights: wide intervals
+    assert n == 1 or _widest(cdf, n) > 8  # skewed weights: wide intervals
     even = _cdf(W[:, :, 3:4])
-    assert _widest(even, n) <= 2                                     # an even column: at most two steps
+    assert _widest(even, n) <= 2  # an even column: at most two steps
     rows = torch.randint(0, 2 * K, (20000,), generator=g)
     U = torch.rand(20000, generator=g, dtype=torch.float64)
     expected = torch.searchsorted(cdf.view(2 * K, L)[rows, :n], U[:, None], right=True).squeeze(1)
@@ -553,8 +578,8 @@ def test_trailing_zero_weights_do_not_widen_the_guide():
     # padded to twice its length still settles every draw within one step of the guide's candidate.
     n = 512
     W = torch.ones(3, n, 2, dtype=torch.float64)
-    W[:, n // 2:, 0] = 0                                             # right padding
-    W[:, :n // 2, 1] = 0                                             # left padding
+    W[:, n // 2 :, 0] = 0  # right padding
+    W[:, : n // 2, 1] = 0  # left padding
     cdf = _cdf(W)
     assert _widest(cdf, n) <= 1
     g = torch.Generator().manual_seed(33)
@@ -569,14 +594,17 @@ def test_shift_between_group_orders():
     # the order within a group kept.
     g = torch.Generator().manual_seed(24)
     counts = torch.randint(0, 4, (2, 3, 3), generator=g)
+
     def labelled(groups):  # each edge labelled by its group (r, u, v) and its rank k within the group
-        return torch.tensor([(r * 100 + u * 10 + v) * 10 + k for r, u, v in groups
-                             for k in range(int(counts[r, u, v]))], dtype=torch.int64)
+        return torch.tensor(
+            [(r * 100 + u * 10 + v) * 10 + k for r, u, v in groups for k in range(int(counts[r, u, v]))],
+            dtype=torch.int64,
+        )
 
     values = labelled([(r, u, v) for r in range(2) for v in range(3) for u in range(3)])
     expected = labelled([(r, u, v) for r in range(2) for u in range(3) for v in range(3)])
     moved = torch.empty_like(values)
-    shift, ends = fastrg._uv_shift(counts)                          # per group, applied a slice at a time
+    shift, ends = fastrg._uv_shift(counts)  # per group, applied a slice at a time
     for a, z in ((0, 5), (5, 6), (6, 23), (23, len(values))):
         moved[torch.arange(a, z) + fastrg._spread(shift, ends, a, z)] = values[a:z]
     assert torch.equal(moved, expected)
@@ -615,9 +643,13 @@ def _assert_empty(out, R, n, csr):
 def test_empty_cases(csr):
     g = torch.Generator().manual_seed(22)
     X, S, Y = torch.rand(3, 5, 4, generator=g), torch.rand(4, 4, generator=g), torch.rand(3, 6, 4, generator=g)
-    draw = (fastrg.sample_reference if csr == "reference" else
-            (lambda *a, **kw: sample(*a, dedup=False, **kw)) if csr == "multigraph" else
-            (lambda *a, **kw: sample(*a, csr=csr, **kw)))
+    draw = (
+        fastrg.sample_reference
+        if csr == "reference"
+        else (lambda *a, **kw: sample(*a, dedup=False, **kw))
+        if csr == "multigraph"
+        else (lambda *a, **kw: sample(*a, csr=csr, **kw))
+    )
     csr = csr is True
     _assert_empty(draw(X, torch.zeros(4, 4), Y, generator=g), 3, 5, csr)  # all-zero S
     _assert_empty(draw(torch.zeros_like(X), S, Y, generator=g), 3, 5, csr)
@@ -662,8 +694,9 @@ def test_n_equals_one_and_k_equals_one():
 
 # ------------------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("name", ["X", "S", "Y"])
-@pytest.mark.parametrize("bad, word", [(-0.1, "non-negative"), (float("nan"), "finite"),
-                                       (float("inf"), "finite"), (float("-inf"), "finite")])
+@pytest.mark.parametrize(
+    "bad, word", [(-0.1, "non-negative"), (float("nan"), "finite"), (float("inf"), "finite"), (float("-inf"), "finite")]
+)
 def test_bad_values_raise_naming_the_argument(name, bad, word):
     args = dict(zip("XSY", _random_factors(25)))
     args[name] = args[name].clone()
@@ -705,8 +738,28 @@ def test_benchmark_runs_on_the_cpu_clock_and_refuses_it_with_threads(capsys, tmp
     import json
 
     from experiments import fastrg_bench
-    assert fastrg_bench.main(["--lengths", "64", "--densities", "0.05", "--repeats", "1", "--threads", "1",
-                              "--clock", "cpu", "--warmup-iters", "2", "--out", str(tmp_path)]) == 0
+
+    assert (
+        fastrg_bench.main(
+            [
+                "--lengths",
+                "64",
+                "--densities",
+                "0.05",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--clock",
+                "cpu",
+                "--warmup-iters",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "cpu clock" in out and " 64 |" in out and "after 2 warm-up" in out
     record = json.loads((tmp_path / "fastrg_bench.json").read_text())
@@ -726,10 +779,22 @@ def test_benchmark_times_igraph_beside_when_asked(capsys, tmp_path, monkeypatch)
     import sys
 
     from experiments import fastrg_bench
-    args = ["--lengths", "256", "--densities", "0.05", "--repeats", "1", "--threads", "1", "--igraph", "--out",
-            str(tmp_path)]
+
+    args = [
+        "--lengths",
+        "256",
+        "--densities",
+        "0.05",
+        "--repeats",
+        "1",
+        "--threads",
+        "1",
+        "--igraph",
+        "--out",
+        str(tmp_path),
+    ]
     with monkeypatch.context() as patch:
-        patch.setitem(sys.modules, "igraph", None)                  # not installed: a note, igraph's columns left out
+        patch.setitem(sys.modules, "igraph", None)  # not installed: a note, igraph's columns left out
         assert fastrg_bench.main(args) == 0
         assert "pip install igraph" in capsys.readouterr().out
         row = json.loads((tmp_path / "fastrg_bench.json").read_text())["rows"][0]
@@ -738,8 +803,11 @@ def test_benchmark_times_igraph_beside_when_asked(capsys, tmp_path, monkeypatch)
     assert fastrg_bench.main(args) == 0
     row = json.loads((tmp_path / "fastrg_bench.json").read_text())["rows"][0]
     assert float(row["igraph_ms"]) > 0 and float(row["fastrg_over_igraph"]) > 0 and "igraph" in capsys.readouterr().out
+
+
 def test_benchmark_help_runs_nothing(capsys):
     from experiments import fastrg_bench
+
     with pytest.raises(SystemExit) as exc:
         fastrg_bench.main(["--help"])
     out = capsys.readouterr().out
@@ -770,16 +838,15 @@ def test_cuda_matches_structure_and_is_reproducible():
     assert int(i.max()) < 64 and int(j.max()) < 48
 
 
-@pytest.mark.parametrize("shape, u0, u1", [((200, 3), 0, 3), ((64, 129), 0, 129), ((1, 5), 1, 4),
-                                           ((300, 128), 5, 37)])
+@pytest.mark.parametrize("shape, u0, u1", [((200, 3), 0, 3), ((64, 129), 0, 129), ((1, 5), 1, 4), ((300, 128), 5, 37)])
 def test_tiled_column_copy_equals_the_transpose(shape, u0, u1):
     # The CPU copy goes a tile of rows at a time: n not a multiple of the tile (200, 300), exactly one tile (64),
     # one row, a range of columns into a strided target (rows of 512 for n = 300); float32 in, float64 out, bit
     # for bit the plain transposing conversion.
     W = torch.rand(*shape, generator=torch.Generator().manual_seed(41))
     out = torch.full((u1 - u0, 512), -1.0, dtype=torch.float64)
-    fastrg._columns(W, u0, u1, out[:, :shape[0]])
-    assert torch.equal(out[:, :shape[0]], W[:, u0:u1].T.double()) and bool((out[:, shape[0]:] == -1).all())
+    fastrg._columns(W, u0, u1, out[:, : shape[0]])
+    assert torch.equal(out[:, : shape[0]], W[:, u0:u1].T.double()) and bool((out[:, shape[0] :] == -1).all())
 
 
 @pytest.mark.parametrize("n", [1000, 1024])
@@ -804,19 +871,19 @@ def test_cdf_block_rows_are_normalised_prefix_sums(n):
 def test_blocks_cover_the_rows_with_draws_only(monkeypatch):
     # Blocks of whole graphs or of columns of one graph (in near-equal parts), cut to runs of rows with draws;
     # rows without draws inside a run are built (and never drawn from), blocks without draws are skipped.
-    per_row = torch.tensor([0, 2, 0, 1, 0, 0, 0, 0, 0, 4, 0, 5])    # R = 3 graphs of K = 4 columns
+    per_row = torch.tensor([0, 2, 0, 1, 0, 0, 0, 0, 0, 4, 0, 5])  # R = 3 graphs of K = 4 columns
     monkeypatch.setattr(fastrg, "_COPY_ROWS", 1)
-    monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)                    # 8 rows of L = 16: two whole graphs
+    monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)  # 8 rows of L = 16: two whole graphs
     assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 4), (9, 12)]  # a gap of one row stays in its run
-    monkeypatch.setattr(fastrg, "_GAP", 16)                          # ... unless one row is too many
+    monkeypatch.setattr(fastrg, "_GAP", 16)  # ... unless one row is too many
     assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
     monkeypatch.setattr(fastrg, "_GAP", 64)
-    monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)                    # 3 rows: a graph's 4 columns in parts of 2
+    monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)  # 3 rows: a graph's 4 columns in parts of 2
     assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
-    monkeypatch.setattr(fastrg, "_BLOCK", 1)                         # at least one row a block
+    monkeypatch.setattr(fastrg, "_BLOCK", 1)  # at least one row a block
     assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
     assert list(fastrg._blocks(torch.zeros(8, dtype=torch.int64), 4, 16)) == []
-    every = torch.ones(12, dtype=torch.int64)                        # every row drawn from
+    every = torch.ones(12, dtype=torch.int64)  # every row drawn from
     monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)
     assert list(fastrg._blocks(every, 4, 16)) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
     monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)

@@ -3,6 +3,7 @@ For each, the fast and reference (dense mask) paths agree in outputs and gradien
 brute-force count of the pattern, the density helpers and target-density budgets hold, causality, padded keys,
 empty rows, dropout and BigBird's random blocks come from the generator, bad arguments are refused. The
 interface contract is tests/test_interface.py."""
+
 import pytest
 import torch
 
@@ -56,8 +57,9 @@ def band_mask(n: int, w: int, causal: bool) -> torch.Tensor:
 
 # N = 1, N < w, N < the chunk (64), spans covering N (the dense form); chunked: N not a multiple of the chunk,
 # several chunks, w = 0, a span wider than a chunk.
-@pytest.mark.parametrize("n, w", [(1, 0), (1, 3), (5, 2), (5, 9), (37, 0), (130, 40), (100, 7), (129, 3), (150, 0),
-                                  (200, 40), (256, 70)])
+@pytest.mark.parametrize(
+    "n, w", [(1, 0), (1, 3), (5, 2), (5, 9), (37, 0), (130, 40), (100, 7), (129, 3), (150, 0), (200, 40), (256, 70)]
+)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.on_device
 @pytest.mark.parametrize("padded", [False, True])
@@ -86,7 +88,7 @@ def test_density_is_the_brute_force_count_of_the_mask(causal, w):
 def test_density_helpers_are_exact_and_the_budget_is_the_nearest(causal):
     for n in (1, 2, 9, 40):
         for w in range(n + 2):
-            assert window_density(n, w, causal) == pytest.approx(band_mask(n, w, causal).sum().item() / n ** 2)
+            assert window_density(n, w, causal) == pytest.approx(band_mask(n, w, causal).sum().item() / n**2)
         for target in (0.01, 0.07, 0.3, 0.5, 1.0):
             errors = [abs(window_density(n, w, causal) - target) for w in range(n)]
             assert errors[window_for_density(n, target, causal)] == pytest.approx(min(errors))
@@ -156,19 +158,23 @@ def test_dropout_comes_from_the_generator_and_leaves_the_global_rng_alone():
 def test_bad_arguments_are_clear_value_errors_window():
     with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 5\)"):
         WindowAttention(DIM, H, D)(torch.randn(2, 5, DIM), torch.zeros(2, 5))
-    for budget, words in [(dict(window=-1), "window .* must be >= 0"),
-                          (dict(density=0.0), r"density must be in \(0, 1\]"),
-                          (dict(density=1.5), r"density must be in \(0, 1\]"),
-                          (dict(window=3, density=0.1), "window or density, not both"),
-                          (dict(path="dense"), "path must be 'reference' or 'fast'")]:
+    for budget, words in [
+        (dict(window=-1), "window .* must be >= 0"),
+        (dict(density=0.0), r"density must be in \(0, 1\]"),
+        (dict(density=1.5), r"density must be in \(0, 1\]"),
+        (dict(window=3, density=0.1), "window or density, not both"),
+        (dict(path="dense"), "path must be 'reference' or 'fast'"),
+    ]:
         with pytest.raises(ValueError, match=words):
             WindowAttention(DIM, H, D, **budget)
 
 
 def test_extra_repr_shows_the_budget_window():
     assert "window=64, density=None, full_heads=0, path=fast" in WindowAttention(DIM, H, D).extra_repr()
-    assert "window=3, density=None, full_heads=1, path=reference" in WindowAttention(
-        DIM, H, D, window=3, full_heads=1, path="reference").extra_repr()
+    assert (
+        "window=3, density=None, full_heads=1, path=reference"
+        in WindowAttention(DIM, H, D, window=3, full_heads=1, path="reference").extra_repr()
+    )
 
 
 # ------------------------------------------------------------------------ a fixed head allocation (full_heads)
@@ -192,8 +198,9 @@ def test_full_heads_are_full_attention_and_the_rest_keep_the_window(n, w, causal
     split = full_heads * D
     torch.testing.assert_close(y[..., :split], y_full[..., :split], rtol=0, atol=0)
     torch.testing.assert_close(y[..., split:], y_window[..., split:], rtol=0, atol=0)
-    torch.testing.assert_close(stats["density"], torch.cat([full["density"][:full_heads],
-                                                            window["density"][full_heads:]]))
+    torch.testing.assert_close(
+        stats["density"], torch.cat([full["density"][:full_heads], window["density"][full_heads:]])
+    )
 
 
 def test_full_heads_out_of_range_is_a_clear_value_error():
@@ -209,8 +216,15 @@ def seeded(seed: int = 7, device="cpu") -> torch.Generator:
 
 # (N, block, window_blocks, global_blocks, random_blocks): N = 1 and N < b, N not a multiple of b, no global
 # blocks, b = 1, every block global (g ≥ nb), r above the candidates left.
-CONFIGS = [(1, 4, 1, 2, 3), (7, 2, 1, 1, 1), (30, 4, 1, 2, 3), (32, 4, 0, 0, 2), (33, 1, 2, 1, 5), (20, 4, 1, 9, 1),
-           (64, 8, 1, 2, 30)]
+CONFIGS = [
+    (1, 4, 1, 2, 3),
+    (7, 2, 1, 1, 1),
+    (30, 4, 1, 2, 3),
+    (32, 4, 0, 0, 2),
+    (33, 1, 2, 1, 5),
+    (20, 4, 1, 9, 1),
+    (64, 8, 1, 2, 30),
+]
 
 
 @pytest.mark.parametrize("n, block, w, g, r", CONFIGS)
@@ -234,8 +248,12 @@ def test_density_is_the_brute_force_count_of_the_pattern(causal):
     valid = (~pad).tolist()
     total = sum(sum(v) ** 2 for v in valid)
     for h in range(H):
-        pairs = sum(valid[b][i] and valid[b][j] and bool(pattern[h, i // block, j // block]) and (j <= i or not causal)
-                    for b in range(3) for i in range(n) for j in range(n))
+        pairs = sum(
+            valid[b][i] and valid[b][j] and bool(pattern[h, i // block, j // block]) and (j <= i or not causal)
+            for b in range(3)
+            for i in range(n)
+            for j in range(n)
+        )
         assert stats["density"][h].item() == pytest.approx(pairs / total)
     assert not stats["density"].requires_grad and stats["density"].dtype == torch.float32
 
@@ -263,13 +281,14 @@ def test_expected_density_is_exact(causal):
     module = BigBirdAttention(4, 1, 4, block=4, window_blocks=1, global_blocks=1, random_blocks=2)
     for n in (64, 62):
         with torch.no_grad():
-            realised = torch.stack([module(torch.randn(1, n, 4), None, causal, seeded(s))[1]["density"][0]
-                                    for s in range(300)]).double()
+            realised = torch.stack(
+                [module(torch.randn(1, n, 4), None, causal, seeded(s))[1]["density"][0] for s in range(300)]
+            ).double()
         expected = bigbird_density(n, 4, 1, 1, 2, causal)
         if n == 64:
             torch.testing.assert_close(realised, torch.full_like(realised, expected), rtol=1e-6, atol=1e-7)
         else:
-            assert abs(realised.mean().item() - expected) < 4 * realised.std().item() / 300 ** 0.5 + 1e-7
+            assert abs(realised.mean().item() - expected) < 4 * realised.std().item() / 300**0.5 + 1e-7
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -337,8 +356,9 @@ def test_padded_keys_receive_no_weight_bigbird(path):
     module = BigBirdAttention(DIM, H, D, block=4, window_blocks=1, global_blocks=1, random_blocks=2, path=path)
     x, pad = torch.randn(2, 30, DIM).to(DEVICE), padding(2, 30).to(DEVICE)
     y, _ = module.to(DEVICE)(x, pad, False, seeded(device=DEVICE))
-    y2, _ = module(torch.where(pad[..., None], 1e3 * torch.randn(x.shape).to(DEVICE), x), pad, False,
-                   seeded(device=DEVICE))
+    y2, _ = module(
+        torch.where(pad[..., None], 1e3 * torch.randn(x.shape).to(DEVICE), x), pad, False, seeded(device=DEVICE)
+    )
     torch.testing.assert_close(y2[~pad], y[~pad])
 
 
@@ -355,15 +375,17 @@ def test_queries_with_no_admissible_key_output_zeros_with_finite_gradients(path)
 
 
 def test_the_generator_drives_every_draw_and_the_global_rng_otherwise():
-    module = BigBirdAttention(DIM, H, D, dropout=0.3, block=2, window_blocks=1, global_blocks=1,
-                              random_blocks=2).train()
+    module = BigBirdAttention(
+        DIM, H, D, dropout=0.3, block=2, window_blocks=1, global_blocks=1, random_blocks=2
+    ).train()
     x = torch.randn(2, 40, DIM)
     state = torch.get_rng_state()
     a, b, c = (module(x, generator=seeded(s))[0] for s in (1, 1, 2))
     assert torch.equal(torch.get_rng_state(), state), "a forward with a generator drew from the global RNG"
     assert torch.equal(a, b) and not torch.allclose(a, c)
-    assert not torch.equal(module.draw_pattern(40, False, seeded(1), "cpu")[0],
-                           module.draw_pattern(40, False, seeded(2), "cpu")[0])
+    assert not torch.equal(
+        module.draw_pattern(40, False, seeded(1), "cpu")[0], module.draw_pattern(40, False, seeded(2), "cpu")[0]
+    )
     torch.manual_seed(3)
     d = module(x)[0]
     assert not torch.equal(torch.get_rng_state(), state)
@@ -374,11 +396,15 @@ def test_the_generator_drives_every_draw_and_the_global_rng_otherwise():
 def test_bad_arguments_are_clear_value_errors_bigbird():
     with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor of shape \(2, 5\)"):
         BigBirdAttention(DIM, H, D)(torch.randn(2, 5, DIM), torch.zeros(2, 5, dtype=torch.int64))
-    for budget, words in [(dict(block=0), "block must be >= 1"), (dict(window_blocks=-1), "window_blocks"),
-                          (dict(global_blocks=-1), "global_blocks"), (dict(random_blocks=-2), "random_blocks"),
-                          (dict(density=0.0), r"density must be in \(0, 1\]"),
-                          (dict(random_blocks=3, density=0.1), "random_blocks or density, not both"),
-                          (dict(path="sparse"), "path must be 'reference' or 'fast'")]:
+    for budget, words in [
+        (dict(block=0), "block must be >= 1"),
+        (dict(window_blocks=-1), "window_blocks"),
+        (dict(global_blocks=-1), "global_blocks"),
+        (dict(random_blocks=-2), "random_blocks"),
+        (dict(density=0.0), r"density must be in \(0, 1\]"),
+        (dict(random_blocks=3, density=0.1), "random_blocks or density, not both"),
+        (dict(path="sparse"), "path must be 'reference' or 'fast'"),
+    ]:
         with pytest.raises(ValueError, match=words):
             BigBirdAttention(DIM, H, D, **budget)
 

@@ -1,6 +1,7 @@
 """baselines/full.py: the two paths agree (outputs and gradients, with padding, causal and ALiBi), fully
 masked rows give zeros through the dummy key, density, the softmax scale; causality on the path
 taken for a generator's dropout draw. The interface contract is tests/test_interface.py."""
+
 import math
 
 import pytest
@@ -82,9 +83,9 @@ def test_softmax_scale_is_one_over_sqrt_head_dim():
     with torch.no_grad():
         module.qkv.weight.zero_()
         module.qkv.bias.zero_()
-        module.qkv.weight[:8].copy_(torch.eye(8))   # q = x
+        module.qkv.weight[:8].copy_(torch.eye(8))  # q = x
         module.qkv.weight[8:16].copy_(torch.eye(8))  # k = x
-        module.qkv.weight[16:].copy_(torch.eye(8))   # v = x
+        module.qkv.weight[16:].copy_(torch.eye(8))  # v = x
         module.out.weight.copy_(torch.eye(8))
         module.out.bias.zero_()
     x = torch.randn(1, 4, 8)

@@ -1,6 +1,7 @@
 """The GPU job (experiments/gpu.py) without a GPU: its refusals, its crossover and status rules, and its published
 record, whose README must be what the job writes from its gpu.json. `.ci/run` runs the whole job at toy sizes on
 the CPU (``--device cpu --tiny``), so that no stage rots between the sessions that have a GPU."""
+
 import pytest
 
 from bench.files import read_json
@@ -8,12 +9,15 @@ from conftest import ROOT, exit_code
 from experiments import gpu
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["--device", "cpu"], "--device cpu measures nothing a GPU would: add --tiny"),
-    (["--device", "cpu", "--tiny", "--stages", "scaling,fast"], "--stages takes a comma-separated list of"),
-    (["--device", "cpu", "--tiny", "--budget", "0"], "argument --budget"),
-    (["--device", "tpu"], "argument --device: must be auto, cpu, cuda or cuda:N"),
-])
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--device", "cpu"], "--device cpu measures nothing a GPU would: add --tiny"),
+        (["--device", "cpu", "--tiny", "--stages", "scaling,fast"], "--stages takes a comma-separated list of"),
+        (["--device", "cpu", "--tiny", "--budget", "0"], "argument --budget"),
+        (["--device", "tpu"], "argument --device: must be auto, cpu, cuda or cuda:N"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, said, capsys, tmp_path):
     assert exit_code(gpu.main, [*argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -25,10 +29,20 @@ def row(method, n, ms):
 
 
 def test_a_crossover_is_the_first_length_from_which_a_method_stays_faster_than_full():
-    rows = [row("full", 1024, 1.0), row("full", 2048, 3.0), row("full", 4096, 9.0),
-            row("ssa", 1024, 2.0), row("ssa", 2048, 2.5), row("ssa", 4096, 4.0),  # faster from 2048 on
-            row("window", 1024, 0.5), row("window", 2048, 4.0), row("window", 4096, 5.0),  # faster, slower, faster
-            row("linear", 1024, 2.0), row("linear", 2048, 4.0), {"method": "linear", "n": 4096, "error": "x"}]
+    rows = [
+        row("full", 1024, 1.0),
+        row("full", 2048, 3.0),
+        row("full", 4096, 9.0),
+        row("ssa", 1024, 2.0),
+        row("ssa", 2048, 2.5),
+        row("ssa", 4096, 4.0),  # faster from 2048 on
+        row("window", 1024, 0.5),
+        row("window", 2048, 4.0),
+        row("window", 4096, 5.0),  # faster, slower, faster
+        row("linear", 1024, 2.0),
+        row("linear", 2048, 4.0),
+        {"method": "linear", "n": 4096, "error": "x"},
+    ]
     found = {r["method"]: r["faster than full from"] for r in gpu.crossovers(rows)}
     assert found["ssa"] == 2048 and found["window"] == 4096 and found["linear"] is None and found["sbm"] is None
 
@@ -39,10 +53,12 @@ def test_a_stage_fails_on_a_failed_row_not_on_rows_the_budget_or_memory_left_out
     assert gpu.stage_status([{"code": 1}, {"error": "RuntimeError: x"}, {"code": "timed out"}]) == "3 of 3 failed"
 
 
-@pytest.mark.parametrize("folder", sorted(p.parent for p in (ROOT / "results" / "gpu").glob("*/gpu.json")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "folder", sorted(p.parent for p in (ROOT / "results" / "gpu").glob("*/gpu.json")), ids=lambda p: p.name
+)
 def test_a_published_record_s_readme_is_what_the_job_writes_from_its_json(folder):
     record = read_json(folder / "gpu.json")
     assert record["device"] != "cpu" and record["size"] == "full", "a published GPU record is a full-size CUDA run"
-    assert (folder / "README.md").read_text() == gpu.markdown(record), \
+    assert (folder / "README.md").read_text() == gpu.markdown(record), (
         f"rewrite it: python -m experiments.gpu --render {folder.relative_to(ROOT)}"
+    )

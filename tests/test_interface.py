@@ -23,6 +23,7 @@ documents it, and a test asserts the line is still there. Masks of another dtype
 every variant (test_bad_masks_are_a_clear_value_error), and extra_repr() shows the budget it was built with
 (test_extra_repr_shows_the_budget). The method files' own tests check what is particular to each method.
 """
+
 import copy
 import functools
 import importlib
@@ -69,6 +70,8 @@ def cpu_autocast_runs(dtype: torch.dtype) -> bool:
         warnings.simplefilter("ignore")
         with torch.autocast("cpu", dtype=dtype):
             return torch.nn.functional.linear(torch.ones(1, 1), torch.ones(1, 1)).dtype == dtype
+
+
 MAX_LEN = max(LENGTHS)
 
 
@@ -88,45 +91,110 @@ VARIANTS = {
     "full-reference": Variant("full", lambda r: dict(path="reference", alibi=r.random() < 0.3)),
     "linear": Variant("linear", lambda r: dict(chunk=r.choice([1, 3, 64]))),
     "linformer": Variant("linformer", lambda r: dict(rank=r.choice([1, 4, 16]), max_len=MAX_LEN)),
-    "performer": Variant("performer", lambda r: dict(features=r.choice([4, 8, 16]), chunk=r.choice([1, 3, 64]),
-                                                     redraw_interval=r.choice([0, 1, 2]))),
-    "nystromformer": Variant("nystromformer", lambda r: dict(landmarks=r.choice([1, 2, 4, 8]),
-                                                             conv_kernel=r.choice([0, 3]))),
+    "performer": Variant(
+        "performer",
+        lambda r: dict(features=r.choice([4, 8, 16]), chunk=r.choice([1, 3, 64]), redraw_interval=r.choice([0, 1, 2])),
+    ),
+    "nystromformer": Variant(
+        "nystromformer", lambda r: dict(landmarks=r.choice([1, 2, 4, 8]), conv_kernel=r.choice([0, 3]))
+    ),
     "reformer": Variant("reformer", lambda r: dict(n_hashes=r.choice([1, 2, 3]), bucket_size=r.choice([1, 2, 4, 8]))),
-    **{f"window-{path}": Variant("window", lambda r, path=path: dict(
-        path=path, **(dict(window=r.choice([0, 1, 2, 5, 40]), density=None) if r.random() < 0.7
-                      else dict(window=None, density=r.choice([0.05, 0.3, 1.0]))))) for path in ("reference", "fast")},
-    **{f"bigbird-{path}": Variant("bigbird", lambda r, path=path: dict(
-        path=path, block=r.choice([1, 2, 4, 8]), window_blocks=r.choice([0, 1, 2]), global_blocks=r.choice([0, 1, 2]),
-        **(dict(random_blocks=r.choice([0, 1, 3]), density=None) if r.random() < 0.7
-           else dict(random_blocks=None, density=r.choice([0.05, 0.3, 1.0]))))) for path in ("reference", "fast")},
-    **{f"sbm-{path}": Variant("sbm", lambda r, path=path: dict(
-        path=path, clusters=r.choice([2, 4, 8]), delta=r.choice([0.0, 0.01, 0.5]), self_loops=r.random() < 0.3,
-        ste=r.choice(["paper", "official"]), density_weight=r.choice([0.0, 0.1]),
-        explore_in_eval=r.random() < 0.3, shared_mlp=r.random() < 0.3)) for path in ("fast", "reference")},
-    "ssa": Variant("ssa", lambda r: dict(
-        windows=r.choice([1, 2, 4]), sigma=r.choice([0.0, 0.2, 1.0]), unbiased=r.choice([None, None, 0.5, 1.0]),
-        path=r.choice(["fast", "reference"]), sampling=r.choice(["training", "training", "never", "always"]),
-        alibi=r.random() < 0.5)),
-    **{f"kernel-{name}": Variant("kernel", lambda r, sparse=sparse, path=path: dict(
-        sparse=sparse, path=path, max_len=MAX_LEN, kernels=r.choice(["standard", "learned"]), hidden=8, window=r.choice([1, 3, 5]),
-        select=r.choice(["threshold", "topk"]), threshold=r.choice([-1.0, 0.3, 0.5, 0.9]), top_k=r.choice([1, 3]),
-        alibi=r.random() < 0.3)) for name, sparse, path in (("dense", False, "fast"), ("masked", True, "reference"),
-                                                            ("sparse", True, "fast"))},
+    **{
+        f"window-{path}": Variant(
+            "window",
+            lambda r, path=path: dict(
+                path=path,
+                **(
+                    dict(window=r.choice([0, 1, 2, 5, 40]), density=None)
+                    if r.random() < 0.7
+                    else dict(window=None, density=r.choice([0.05, 0.3, 1.0]))
+                ),
+            ),
+        )
+        for path in ("reference", "fast")
+    },
+    **{
+        f"bigbird-{path}": Variant(
+            "bigbird",
+            lambda r, path=path: dict(
+                path=path,
+                block=r.choice([1, 2, 4, 8]),
+                window_blocks=r.choice([0, 1, 2]),
+                global_blocks=r.choice([0, 1, 2]),
+                **(
+                    dict(random_blocks=r.choice([0, 1, 3]), density=None)
+                    if r.random() < 0.7
+                    else dict(random_blocks=None, density=r.choice([0.05, 0.3, 1.0]))
+                ),
+            ),
+        )
+        for path in ("reference", "fast")
+    },
+    **{
+        f"sbm-{path}": Variant(
+            "sbm",
+            lambda r, path=path: dict(
+                path=path,
+                clusters=r.choice([2, 4, 8]),
+                delta=r.choice([0.0, 0.01, 0.5]),
+                self_loops=r.random() < 0.3,
+                ste=r.choice(["paper", "official"]),
+                density_weight=r.choice([0.0, 0.1]),
+                explore_in_eval=r.random() < 0.3,
+                shared_mlp=r.random() < 0.3,
+            ),
+        )
+        for path in ("fast", "reference")
+    },
+    "ssa": Variant(
+        "ssa",
+        lambda r: dict(
+            windows=r.choice([1, 2, 4]),
+            sigma=r.choice([0.0, 0.2, 1.0]),
+            unbiased=r.choice([None, None, 0.5, 1.0]),
+            path=r.choice(["fast", "reference"]),
+            sampling=r.choice(["training", "training", "never", "always"]),
+            alibi=r.random() < 0.5,
+        ),
+    ),
+    **{
+        f"kernel-{name}": Variant(
+            "kernel",
+            lambda r, sparse=sparse, path=path: dict(
+                sparse=sparse,
+                path=path,
+                max_len=MAX_LEN,
+                kernels=r.choice(["standard", "learned"]),
+                hidden=8,
+                window=r.choice([1, 3, 5]),
+                select=r.choice(["threshold", "topk"]),
+                threshold=r.choice([-1.0, 0.3, 0.5, 0.9]),
+                top_k=r.choice([1, 3]),
+                alibi=r.random() < 0.3,
+            ),
+        )
+        for name, sparse, path in (("dense", False, "fast"), ("masked", True, "reference"), ("sparse", True, "fast"))
+    },
 }
 
 # (variant, check) → (object, its docstring's words): a check the variant does not promise, and where it says so.
 DOCUMENTED = {
     ("sbm-fast", "causal outputs"): (
-        "sbm_transformer:sample_edges", "for a fixed generator the realised draw of one row still depends on the "
+        "sbm_transformer:sample_edges",
+        "for a fixed generator the realised draw of one row still depends on the "
         "other tokens (one vectorised proposal per batch), so realisation-level invariance to future tokens holds on "
-        "the dense path, and on the sparse path given the graph"),
+        "the dense path, and on the sparse path given the graph",
+    ),
     ("reformer", "causal outputs exactly"): (
-        "baselines.reformer:ReformerAttention.attend_causal", "outputs before t agree to rounding, not bitwise, "
-        "when tokens from t on change; gradients from the future are exactly zero."),
+        "baselines.reformer:ReformerAttention.attend_causal",
+        "outputs before t agree to rounding, not bitwise, "
+        "when tokens from t on change; gradients from the future are exactly zero.",
+    ),
     ("performer", "finite gradients of causal large inputs"): (
-        "baselines.performer", "Limitation: where the keys' log-features spread over more than float32's exp range "
-        "(about 87) across features, a query's denominator can underflow, and its gradient is then not finite"),
+        "baselines.performer",
+        "Limitation: where the keys' log-features spread over more than float32's exp range "
+        "(about 87) across features, a query's denominator can underflow, and its gradient is then not finite",
+    ),
 }
 
 
@@ -154,12 +222,18 @@ def build(variant: str, dim: int, heads: int, head_dim: int, dropout: float, bud
 
 # INTERFACE.md: extra_repr() shows the budget. The options each method's repr names as KEY=VALUE.
 SHOWN_BUDGET = {
-    "full": ("path", "alibi"), "linear": ("chunk",), "linformer": ("rank", "max_len"),
-    "performer": ("features", "chunk", "redraw_interval"), "nystromformer": ("landmarks", "conv_kernel"),
-    "reformer": ("n_hashes", "bucket_size"), "window": ("window", "density", "path"),
+    "full": ("path", "alibi"),
+    "linear": ("chunk",),
+    "linformer": ("rank", "max_len"),
+    "performer": ("features", "chunk", "redraw_interval"),
+    "nystromformer": ("landmarks", "conv_kernel"),
+    "reformer": ("n_hashes", "bucket_size"),
+    "window": ("window", "density", "path"),
     "bigbird": ("block", "window_blocks", "global_blocks", "random_blocks", "density", "path"),
     "sbm": ("path", "clusters", "delta", "self_loops", "ste", "explore_in_eval", "shared_mlp"),
-    "ssa": ("path", "sampling", "alibi"), "kernel": ("sparse", "path", "select", "alibi")}
+    "ssa": ("path", "sampling", "alibi"),
+    "kernel": ("sparse", "path", "select", "alibi"),
+}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -201,10 +275,23 @@ class Case:
         r = random.Random(f"contract/{variant}/{index}")
         dim, heads, head_dim = r.choice(SHAPES)
         causal = r.random() < (0.5 if VARIANTS[variant].causal else 0.15)  # a refusal needs few cases
-        return cls(variant, r.randrange(2 ** 31), VARIANTS[variant].budget(r), r.randint(1, 3),
-                   r.choices(LENGTHS, LENGTH_WEIGHTS)[0], dim, heads, head_dim, r.choices(MASKS, MASK_WEIGHTS)[0],
-                   causal, r.random() < 0.6, r.choice([0.0, 0.1, 0.1]), r.choice(PRECISIONS), r.random() < 0.5,
-                   r.choice([1.0, 1.0, 1.0, 1.0, 100.0]))
+        return cls(
+            variant,
+            r.randrange(2**31),
+            VARIANTS[variant].budget(r),
+            r.randint(1, 3),
+            r.choices(LENGTHS, LENGTH_WEIGHTS)[0],
+            dim,
+            heads,
+            head_dim,
+            r.choices(MASKS, MASK_WEIGHTS)[0],
+            causal,
+            r.random() < 0.6,
+            r.choice([0.0, 0.1, 0.1]),
+            r.choice(PRECISIONS),
+            r.random() < 0.5,
+            r.choice([1.0, 1.0, 1.0, 1.0, 100.0]),
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -267,8 +354,11 @@ def test_contract(variant, index):
     """On DEVICE (tests/conftest.py): the case's draws come from the CPU generator as ever and move to DEVICE; the
     module's own draws come from a generator on DEVICE (or the global RNG)."""
     case = Case.draw(variant, index)
-    if (DEVICE.type == "cpu" and case.precision in LOW_PRECISION
-            and not cpu_autocast_runs(LOW_PRECISION[case.precision])):
+    if (
+        DEVICE.type == "cpu"
+        and case.precision in LOW_PRECISION
+        and not cpu_autocast_runs(LOW_PRECISION[case.precision])
+    ):
         pytest.skip(f"this torch's CPU autocast does not take {case.precision}")
     g = torch.Generator().manual_seed(case.seed)
     torch.manual_seed(case.seed)
@@ -277,7 +367,7 @@ def test_contract(variant, index):
     x = (case.scale * torch.randn(case.batch, case.n, case.dim, generator=g, dtype=case.dtype)).to(DEVICE)
     pad = case.padding(g)
     pad = None if pad is None else pad.to(DEVICE)
-    draw = int(torch.randint(2 ** 31, (), generator=g))
+    draw = int(torch.randint(2**31, (), generator=g))
 
     if case.causal and not VARIANTS[variant].causal:
         with pytest.raises(ValueError, match="causal"):
@@ -292,8 +382,9 @@ def test_contract(variant, index):
     copy_, y, stats = run(module, xg, pad, case.causal, case, draw, record)
     if case.generator:
         assert torch.equal(torch.get_rng_state(), rng_state), "a forward with a generator drew from the global RNG"
-        assert device_rng_state is None or torch.equal(torch.cuda.get_rng_state(DEVICE), device_rng_state), \
+        assert device_rng_state is None or torch.equal(torch.cuda.get_rng_state(DEVICE), device_rng_state), (
             "a forward with a generator drew from the device's global RNG"
+        )
     assert y.shape == x.shape and y.device == DEVICE and torch.isfinite(y).all(), "output shape, device or non-finite"
     assert record is None or not record.seen, f"low-precision softmax/exp under autocast: {record.seen}"
     density = stats["density"]
@@ -306,12 +397,15 @@ def test_contract(variant, index):
     upstream = torch.randn(y.shape, generator=g).to(DEVICE)
     loss = (y.float() * upstream).sum() + (0 if aux is None else aux.float())
     loss.backward()
-    finite_gradients = not (case.causal and case.scale > 1 and case.dtype == torch.float32
-                            and documented(variant, "finite gradients of causal large inputs"))
+    finite_gradients = not (
+        case.causal
+        and case.scale > 1
+        and case.dtype == torch.float32
+        and documented(variant, "finite gradients of causal large inputs")
+    )
     if finite_gradients:
         assert torch.isfinite(xg.grad).all(), "non-finite input gradient"
-        bad = [name for name, p in copy_.named_parameters()
-               if p.grad is not None and not torch.isfinite(p.grad).all()]
+        bad = [name for name, p in copy_.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         # float16's range: a projection's weight gradient sums B·N products of inputs of size 100 with their
         # gradients, which can pass 65504 (float32 gives up to 5e5 in such cases). A float16 trainer's GradScaler
         # skips that step and lowers its scale; the attention's own gradients (the inputs') must stay finite.
@@ -332,7 +426,9 @@ def test_contract(variant, index):
 
     # Padded keys: new content there changes no valid position (the same draw).
     if pad is not None and pad.any() and valid.any():
-        x2 = torch.where(pad[..., None], 10 * case.scale * torch.randn(x.shape, generator=g, dtype=case.dtype).to(DEVICE), x)
+        x2 = torch.where(
+            pad[..., None], 10 * case.scale * torch.randn(x.shape, generator=g, dtype=case.dtype).to(DEVICE), x
+        )
         with torch.no_grad():
             _, y2, _ = run(module, x2, pad, case.causal, case, draw)
         close(y2[valid], y.detach()[valid], case.precision, "padded content reached a valid position")
@@ -342,7 +438,9 @@ def test_contract(variant, index):
     # Causality: change every token (content and padding) from t on; nothing before t moves.
     t = int(torch.randint(1, case.n, (), generator=g))
     x3 = x.clone()
-    x3[:, t:] = 10 * case.scale * torch.randn(case.batch, case.n - t, case.dim, generator=g, dtype=case.dtype).to(DEVICE)
+    x3[:, t:] = (
+        10 * case.scale * torch.randn(case.batch, case.n - t, case.dim, generator=g, dtype=case.dtype).to(DEVICE)
+    )
     pad3 = None if pad is None else pad.clone()
     if pad3 is not None:
         pad3[:, t:] = (torch.rand(case.batch, case.n - t, generator=g) < 0.5).to(DEVICE)
@@ -375,9 +473,20 @@ def test_dropout_draws_come_from_the_generator(variant):
 
 # ------------------------------------------------------------------------------------------------ bad masks
 BAD_MASKS = {
-    **{str(dtype).removeprefix("torch."): lambda b, n, dtype=dtype: torch.zeros(b, n, dtype=dtype)
-       for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-                     torch.int16, torch.int8, torch.uint8)},
+    **{
+        str(dtype).removeprefix("torch."): lambda b, n, dtype=dtype: torch.zeros(b, n, dtype=dtype)
+        for dtype in (
+            torch.float32,
+            torch.float64,
+            torch.float16,
+            torch.bfloat16,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+        )
+    },
     "bool (B, N + 1)": lambda b, n: torch.zeros(b, n + 1, dtype=torch.bool),
     "bool (N,)": lambda b, n: torch.zeros(n, dtype=torch.bool),
 }
@@ -396,6 +505,7 @@ def test_bad_masks_are_a_clear_value_error(variant, mask):
 def test_a_baseline_s_budget_reaches_each_layer_s_constructor_with_the_model_s_max_len():
     """bench.methods.same_in_every_layer: the interface's arguments, the budget by name, and the model's max_len
     where the constructor takes one."""
+
     class Budgeted(torch.nn.Module):
         def __init__(self, dim, heads, head_dim, dropout=0.0, budget=1, max_len=0):
             super().__init__()

@@ -3,6 +3,7 @@
 the per-kernel loss against numbers worked out by hand, the sparse (query, key)-list path against dense masked
 attention (outputs and gradients, padding, causal, empty rows), the all-kernels mask against the dense
 teacher, causality, bad input and the CLI, and a tiny end-to-end run of the pipeline."""
+
 import json
 import math
 import subprocess
@@ -22,7 +23,7 @@ def padding(batch=2, n=N):
     """(B, N) bool, True at padding: sample 0 full, sample 1 right-padded, sample 2 (if any) left-padded."""
     mask = torch.zeros(batch, n, dtype=torch.bool)
     if batch > 1:
-        mask[1, n - 3:] = True
+        mask[1, n - 3 :] = True
     if batch > 2:
         mask[2, :2] = True
     return mask
@@ -88,8 +89,9 @@ def reference_attention(attn: ks.KernelSparseAttention, x: torch.Tensor, mask: t
     q, k, v = attn.qkv(x).view(b, n, 3, H, D).permute(2, 0, 3, 1, 4)
     scores = q @ k.transpose(-1, -2) / math.sqrt(D)
     if attn.slopes is not None:
-        bias = torch.tensor([[[-float(attn.slopes[h]) * abs(i - j) for j in range(n)] for i in range(n)]
-                             for h in range(H)])
+        bias = torch.tensor(
+            [[[-float(attn.slopes[h]) * abs(i - j) for j in range(n)] for i in range(n)] for h in range(H)]
+        )
         scores = scores + bias
     scores = scores.masked_fill(~mask, -math.inf)
     y = scores.softmax(-1).nan_to_num(0.0) @ v  # (B, H, N, D)
@@ -99,6 +101,7 @@ def reference_attention(attn: ks.KernelSparseAttention, x: torch.Tensor, mask: t
 def union_edges_by_sort(bank: ks.KernelBank, sel: torch.Tensor, valid: torch.Tensor, causal: bool):
     """The edge builder the fast path had before its sort-free one: every selected kernel's candidates (offsets,
     global-block columns), then `unique` to drop repeats and sort by query; (row, col) global indices."""
+
     def positions(flags):  # (..., F) bool → left-aligned indices of the True entries, and which are real
         count = flags.sum(-1)
         width = int(count.max()) if flags.numel() else 0
@@ -106,7 +109,7 @@ def union_edges_by_sort(bank: ks.KernelBank, sel: torch.Tensor, valid: torch.Ten
         return order, torch.arange(width) < count[..., None]
 
     n, heads = sel.shape[1], sel.shape[2]
-    local = bank.local()[:, :, bank.max_len - n: bank.max_len - 1 + n] > 0.5
+    local = bank.local()[:, :, bank.max_len - n : bank.max_len - 1 + n] > 0.5
     offsets, offset_ok = positions(local)
     offsets = offsets - (n - 1)
     columns, column_ok = positions(bank.col[:, :, :n] > 0.5)
@@ -131,6 +134,7 @@ def union_edges_by_sort(bank: ks.KernelBank, sel: torch.Tensor, valid: torch.Ten
 
 def random_bank(generator: torch.Generator, groups: int, kernels: int, length: int) -> ks.KernelBank:
     """Kernels of every kind at random densities: local offset sets, global columns, global rows, and mixes."""
+
     def draw(*shape):
         return (torch.rand(*shape, generator=generator) < torch.rand((), generator=generator)).float()
 
@@ -172,8 +176,9 @@ BANKS = {
     "standard": lambda: ks.standard_kernels(L),
     "handmade": handmade_bank,
     "learned": lambda: ks.init_learned_kernels(L, 5, seeded(3)),
-    "handcrafted": lambda: ks.handcrafted_kernels(synthetic_layer_data(), False, L, k=3, samples=64,
-                                                  generator=seeded(4)),
+    "handcrafted": lambda: ks.handcrafted_kernels(
+        synthetic_layer_data(), False, L, k=3, samples=64, generator=seeded(4)
+    ),
 }
 
 
@@ -225,8 +230,9 @@ def test_standard_kernel_patterns_match_explicit_masks(n):
 
 def test_kernel_module_has_the_standard_bank_by_default():
     attn = make()
-    assert attn.predictor.bank.num_kernels == 17 and torch.equal(attn.predictor.bank.local(),
-                                                                  ks.standard_kernels(L).local())
+    assert attn.predictor.bank.num_kernels == 17 and torch.equal(
+        attn.predictor.bank.local(), ks.standard_kernels(L).local()
+    )
     x = torch.randn(2, N, DIM, generator=seeded(0))
     assert attn.predictor(x, torch.ones(2, N, dtype=torch.bool), False).shape == (2, N, H, 17)
 
@@ -263,8 +269,11 @@ def test_sort_free_edges_equal_the_dense_mask_and_the_sorted_builders_edges(caus
     for bank, n in cases:
         b = int(torch.randint(1, 4, (), generator=g))
         sel = torch.rand(b, n, H, bank.num_kernels, generator=g) < torch.rand((), generator=g)
-        valid = torch.rand(b, n, generator=g) < 0.8 if bool(torch.rand((), generator=g) < 0.5) else \
-            torch.ones(b, n, dtype=torch.bool)
+        valid = (
+            torch.rand(b, n, generator=g) < 0.8
+            if bool(torch.rand((), generator=g) < 0.5)
+            else torch.ones(b, n, dtype=torch.bool)
+        )
         old, new = union_edges_by_sort(bank, sel, valid, causal), bank.edges(sel, valid, causal)
         assert torch.equal(edges_to_mask(*new, b, H, n), bank.mask(sel, valid, causal))  # checks grouping, repeats
         assert torch.equal(edges_to_mask(*new, b, H, n), edges_to_mask(*old, b, H, n))
@@ -278,8 +287,10 @@ def test_global_kernels_reach_far_keys_and_rows():
     row[0, 1, [4]], col[0, 1] = 1.0, 1.0  # global row {4}
     bank = ks.KernelBank(torch.zeros(1, 2, 2 * L - 1), row, col)
     valid = torch.ones(1, N, dtype=torch.bool)
-    for kernel, expected in ((0, torch.zeros(N, N, dtype=torch.bool).index_fill(1, torch.tensor([0, 9]), True)),
-                             (1, torch.zeros(N, N, dtype=torch.bool).index_fill(0, torch.tensor([4]), True))):
+    for kernel, expected in (
+        (0, torch.zeros(N, N, dtype=torch.bool).index_fill(1, torch.tensor([0, 9]), True)),
+        (1, torch.zeros(N, N, dtype=torch.bool).index_fill(0, torch.tensor([4]), True)),
+    ):
         sel = torch.zeros(1, N, H, 2, dtype=torch.bool)
         sel[..., kernel] = True
         assert torch.equal(bank.mask(sel, valid, False)[0, 0], expected)
@@ -327,7 +338,7 @@ def test_padded_queries_select_nothing():
     valid = ~padding(2)
     sel = torch.ones(2, N, H, 17, dtype=torch.bool)
     mask = bank.mask(sel, valid, False)
-    assert not mask[1, :, N - 3:].any() and not mask[1, :, :, N - 3:].any()
+    assert not mask[1, :, N - 3 :].any() and not mask[1, :, :, N - 3 :].any()
     row, col = bank.edges(sel, valid, False)
     i, s = row % N, col % N
     from_second = row // (H * N) == 1
@@ -342,8 +353,9 @@ def test_learned_kernels_binarise_at_one_half():
     mask = bank.mask(sel, torch.ones(1, 3, dtype=torch.bool), False)[0, 0]
     expected = torch.tensor([[(s - i) in (0, 1) for s in range(3)] for i in range(3)])  # σ > ½ at offsets 0, 1
     assert torch.equal(mask, expected)
-    assert torch.equal(edges_to_mask(*bank.edges(sel, torch.ones(1, 3, dtype=torch.bool), False), 1, H, 3)[0, 0],
-                       expected)
+    assert torch.equal(
+        edges_to_mask(*bank.edges(sel, torch.ones(1, 3, dtype=torch.bool), False), 1, H, 3)[0, 0], expected
+    )
 
 
 def test_handcrafted_kernels_structure_on_synthetic_targets():
@@ -373,10 +385,14 @@ def test_handcrafted_kernels_structure_on_synthetic_targets():
 def tiny_loss_inputs():
     """B = H = G = 1, R = 2 rows, K = 2 kernels, M = 3 keys; key 2 of row 1 is not a valid pair."""
     alpha = torch.tensor([[0.2, 0.9], [0.6, 0.1]])[None, None]  # (1, 1, R, K)
-    patterns = torch.tensor([[[1., 0., 1.], [0., 1., 1.]],  # kernel 0, rows 0 and 1
-                             [[0., 1., 1.], [0., 0., 1.]]])[None]  # kernel 1;  (1, K, R, M)
+    patterns = torch.tensor(
+        [
+            [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]],  # kernel 0, rows 0 and 1
+            [[0.0, 1.0, 1.0], [0.0, 0.0, 1.0]],
+        ]
+    )[None]  # kernel 1;  (1, K, R, M)
     target = torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool)[None, None]  # (1, 1, R, M)
-    weight = torch.tensor([[1., 1., 1.], [1., 1., 0.]])[None, None]  # (1, 1, R, M)
+    weight = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])[None, None]  # (1, 1, R, M)
     return alpha, patterns, target, weight
 
 
@@ -483,8 +499,9 @@ def test_sparse_attention_equals_masked_attention_outputs_and_gradients(padded, 
         elif path == "sparse":
             row, col = mask_to_edges(mask)
             per_edge = bias[row // N % H, row % N, col % N]  # (E,)
-            y = ks.sparse_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), row, col,
-                                    bias=per_edge).view(b, H, N, D)
+            y = ks.sparse_attention(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), row, col, bias=per_edge).view(
+                b, H, N, D
+            )
         else:  # an independent reference: −inf fills, NaN rows → 0
             scores = (q @ k.transpose(-1, -2) / math.sqrt(D) + bias).masked_fill(~mask, -math.inf)
             y = scores.softmax(-1).nan_to_num(0.0) @ v
@@ -507,6 +524,7 @@ def test_sparse_attention_forward_and_backward_cost_order_edges_times_width():
     """The list's products and their gradients are sparse kernels: forward and backward FLOPs stay within a few
     times E·D on a list of ~5% of R² pairs (a gradient formed as a dense R × R product would count 2·R²·D)."""
     from bench.measure import count_flops
+
     r, width = 600, 8
     g = seeded(13)
     mask = torch.rand(r, r, generator=g) < 0.05
@@ -560,8 +578,9 @@ def test_module_reference_and_fast_paths_agree_in_outputs_and_gradients(causal, 
         x = x0.clone().requires_grad_()
         y, stats = attn(x, key_padding_mask=pad, causal=causal)
         (y * upstream).sum().backward()
-        results.append((y.detach(), x.grad, attn.qkv.weight.grad.clone(), attn.out.weight.grad.clone(),
-                        stats["density"]))
+        results.append(
+            (y.detach(), x.grad, attn.qkv.weight.grad.clone(), attn.out.weight.grad.clone(), stats["density"])
+        )
     for m, s in zip(*results):
         assert torch.allclose(m, s, atol=1e-5)
     assert results[0][-1].shape == (H,) and bool((results[0][-1] < 1).all())
@@ -569,11 +588,22 @@ def test_module_reference_and_fast_paths_agree_in_outputs_and_gradients(causal, 
 
 # -------------------------------------------------------------------- 5. the all-kernels mask = the teacher
 def tiny_model(head="token", max_len=L, sparse=False, **attn_kwargs):
-    cfg = ModelConfig(vocab_size=20, num_classes=5, head=head, max_len=max_len, dim=DIM, depth=2, heads=H,
-                      head_dim=D, mlp_dim=32, dropout=0.0)
+    cfg = ModelConfig(
+        vocab_size=20,
+        num_classes=5,
+        head=head,
+        max_len=max_len,
+        dim=DIM,
+        depth=2,
+        heads=H,
+        head_dim=D,
+        mlp_dim=32,
+        dropout=0.0,
+    )
     torch.manual_seed(0)
-    return Model(cfg, lambda layer: ks.KernelSparseAttention(DIM, H, D, max_len=max_len, hidden=16, sparse=sparse,
-                                                             **attn_kwargs)).eval()
+    return Model(
+        cfg, lambda layer: ks.KernelSparseAttention(DIM, H, D, max_len=max_len, hidden=16, sparse=sparse, **attn_kwargs)
+    ).eval()
 
 
 def set_path(model, path: str) -> None:
@@ -688,18 +718,18 @@ def test_causal_sparse_attention_never_sees_the_future(path, threshold):
     x = torch.randn(2, N, DIM, generator=seeded(9))
     t = 4
     changed = x.clone()
-    changed[:, t + 1:] = torch.randn(2, N - t - 1, DIM, generator=seeded(10))
+    changed[:, t + 1 :] = torch.randn(2, N - t - 1, DIM, generator=seeded(10))
     with torch.no_grad():
         y, _ = attn(x, causal=True)
         y_changed, _ = attn(changed, causal=True)
         y_open, _ = attn(x, causal=False)
         y_open_changed, _ = attn(changed, causal=False)
-    assert torch.allclose(y[:, :t + 1], y_changed[:, :t + 1], atol=1e-6)
-    assert not torch.allclose(y_open[:, :t + 1], y_open_changed[:, :t + 1], atol=1e-4)  # the test can fail
+    assert torch.allclose(y[:, : t + 1], y_changed[:, : t + 1], atol=1e-6)
+    assert not torch.allclose(y_open[:, : t + 1], y_open_changed[:, : t + 1], atol=1e-4)  # the test can fail
     # gradients: output t depends on no later input
     xg = x.clone().requires_grad_()
     attn(xg, causal=True)[0][:, t].sum().backward()
-    assert (xg.grad[:, t + 1:] == 0).all() and (xg.grad[:, :t + 1] != 0).any()
+    assert (xg.grad[:, t + 1 :] == 0).all() and (xg.grad[:, : t + 1] != 0).any()
 
 
 def test_causal_lm_model_logits_ignore_future_tokens():
@@ -801,32 +831,67 @@ def test_pair_dropout_keeps_pairs_independently_at_rate_one_minus_p():
     rate = keep.float().mean()
     assert abs(rate - (1 - p)) < 4 * (p * (1 - p) / keep.numel()) ** 0.5, rate
     both = (keep[:, :, 1:] & keep[:, :, :-1]).float().mean()
-    assert abs(both - rate ** 2) < 4 * (rate ** 2 * (1 - rate ** 2) / keep[:, :, 1:].numel()) ** 0.5, both
+    assert abs(both - rate**2) < 4 * (rate**2 * (1 - rate**2) / keep[:, :, 1:].numel()) ** 0.5, both
     assert (keep[0] != keep[1]).any()  # seeds draw different masks
 
 
 def test_default_config_and_variants():
     cfg = ks.KernelConfig()
-    assert cfg.variants() == ["standard/max", "handcrafted/max", "learned/max", "standard/per-kernel",
-                              "handcrafted/per-kernel"]
+    assert cfg.variants() == [
+        "standard/max",
+        "handcrafted/max",
+        "learned/max",
+        "standard/per-kernel",
+        "handcrafted/per-kernel",
+    ]
     assert (cfg.target_threshold, cfg.handcrafted_k, cfg.learned_kernels, cfg.window) == (0.05, 20, 14, 5)
 
 
-@pytest.mark.parametrize("bad", [
-    dict(families=("standard", "bogus")), dict(families=()), dict(losses=("l1",)), dict(losses=()),
-    dict(sweep="learned/per-kernel"), dict(sweep="standard"), dict(families=("learned",), sweep="standard/max"),
-    dict(target="soft"), dict(select="all"), dict(window=4), dict(window=0), dict(target_topk=0),
-    dict(handcrafted_k=0), dict(learned_kernels=0), dict(hidden=0), dict(hidden_layers=0), dict(top_k=0),
-    dict(analysis_sequences=0), dict(predictor_batch=0), dict(predictor_rows=0), dict(predictor_steps=-1),
-    dict(finetune_steps=-1), dict(top_ks=(2, 0)),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(families=("standard", "bogus")),
+        dict(families=()),
+        dict(losses=("l1",)),
+        dict(losses=()),
+        dict(sweep="learned/per-kernel"),
+        dict(sweep="standard"),
+        dict(families=("learned",), sweep="standard/max"),
+        dict(target="soft"),
+        dict(select="all"),
+        dict(window=4),
+        dict(window=0),
+        dict(target_topk=0),
+        dict(handcrafted_k=0),
+        dict(learned_kernels=0),
+        dict(hidden=0),
+        dict(hidden_layers=0),
+        dict(top_k=0),
+        dict(analysis_sequences=0),
+        dict(predictor_batch=0),
+        dict(predictor_rows=0),
+        dict(predictor_steps=-1),
+        dict(finetune_steps=-1),
+        dict(top_ks=(2, 0)),
+    ],
+)
 def test_kernel_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         ks.KernelConfig(**bad)
 
 
-@pytest.mark.parametrize("bad", [dict(path="sparse"), dict(select="all"), dict(kernels="handcrafted"),
-                                 dict(window=4), dict(dropout=1.0), dict(max_len=0), dict(top_k=0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(path="sparse"),
+        dict(select="all"),
+        dict(kernels="handcrafted"),
+        dict(window=4),
+        dict(dropout=1.0),
+        dict(max_len=0),
+        dict(top_k=0),
+    ],
+)
 def test_attention_rejects_bad_arguments(bad):
     with pytest.raises(ValueError):
         ks.KernelSparseAttention(DIM, H, D, **bad)
@@ -836,8 +901,9 @@ def test_bad_shapes_and_inputs_raise():
     with pytest.raises(ValueError, match="kernel shapes"):
         ks.KernelBank(torch.zeros(1, 2, 2 * L), torch.zeros(1, 2, L), torch.zeros(1, 2, L))
     with pytest.raises(ValueError, match="groups"):
-        ks.KernelPredictor(DIM, H, ks.KernelBank(torch.zeros(3, 1, 2 * L - 1), torch.zeros(3, 1, L),
-                                                 torch.zeros(3, 1, L)))
+        ks.KernelPredictor(
+            DIM, H, ks.KernelBank(torch.zeros(3, 1, 2 * L - 1), torch.zeros(3, 1, L), torch.zeros(3, 1, L))
+        )
     attn = make()
     with pytest.raises(ValueError, match="max_len"):
         attn(torch.randn(1, L + 1, DIM))
@@ -847,14 +913,17 @@ def test_bad_shapes_and_inputs_raise():
         attn(torch.randn(1, N, DIM), key_padding_mask=torch.zeros(1, N))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--attn", "window=3"], "unrecognized arguments: --attn"),
-    (["--window", "4"], "odd"),
-    (["--sweep", "learned/per-kernel"], "sweep"),
-    (["--families", "standard,bogus"], "families"),
-    (["--top-ks", "1,0"], "top-K"),
-    (["--task", "duplicates"], "argument --task: invalid choice: 'duplicates'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--attn", "window=3"], "unrecognized arguments: --attn"),
+        (["--window", "4"], "odd"),
+        (["--sweep", "learned/per-kernel"], "sweep"),
+        (["--families", "standard,bogus"], "families"),
+        (["--top-ks", "1,0"], "top-K"),
+        (["--task", "duplicates"], "argument --task: invalid choice: 'duplicates'"),
+    ],
+)
 def test_cli_rejects_bad_settings(argv, message, capsys, tmp_path):
     # a data folder without data and no training: were the check missing, main() would return 1 at once
     # rather than exit 2 (and never start a real training run)
@@ -867,15 +936,46 @@ def test_cli_rejects_bad_settings(argv, message, capsys, tmp_path):
 
 def test_cli_reports_missing_data(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        ks.main(["--task", "wikitext2", "--device", "cpu", "--data-dir", str(tmp_path / "none"),
-                 "--out", str(tmp_path / "out"), "--steps", "0", "--no-download"])
+        ks.main(
+            [
+                "--task",
+                "wikitext2",
+                "--device",
+                "cpu",
+                "--data-dir",
+                str(tmp_path / "none"),
+                "--out",
+                str(tmp_path / "out"),
+                "--steps",
+                "0",
+                "--no-download",
+            ]
+        )
     assert exit_info.value.code == 1 and "WikiText-2" in capsys.readouterr().err
 
 
 def test_script_entry_point_exits_non_zero_with_a_message():
-    result = subprocess.run([sys.executable, "kernel_sparse.py", "--task", "wikitext2", "--attn", "top_k=2",
-                             "--device", "cpu", "--data-dir", "/nonexistent", "--no-download", "--steps", "0"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "kernel_sparse.py",
+            "--task",
+            "wikitext2",
+            "--attn",
+            "top_k=2",
+            "--device",
+            "cpu",
+            "--data-dir",
+            "/nonexistent",
+            "--no-download",
+            "--steps",
+            "0",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "unrecognized arguments: --attn" in result.stderr
 
 
@@ -884,13 +984,60 @@ def test_pipeline_end_to_end_smoke(task, tmp_path, capsys):
     if not ((DATA / "wikitext-2" / "valid.txt").is_file() and (DATA / "wikitext-2" / "test.txt").is_file()):
         pytest.skip(f"no WikiText-2 in {DATA} (set SPARSE_ATTN_DATA)")
     out = tmp_path / "run"
-    code = ks.main(["--task", task, "--device", "cpu", "--data-dir", str(DATA), "--out", str(out),
-                    "--seq-len", "32", "--dim", "16", "--depth", "2", "--heads", "2", "--head-dim", "8",
-                    "--mlp-dim", "32", "--steps", "4", "--batch-size", "4", "--eval-every", "4", "--eval-batches",
-                    "1", "--final-eval-batches", "1", "--analysis-sequences", "8", "--predictor-steps", "3",
-                    "--predictor-batch", "2", "--predictor-rows", "8", "--finetune-steps", "2",
-                    "--thresholds", "0.5", "--top-ks", "2", "--handcrafted-k", "4", "--learned-kernels", "3",
-                    "--hidden", "8"])
+    code = ks.main(
+        [
+            "--task",
+            task,
+            "--device",
+            "cpu",
+            "--data-dir",
+            str(DATA),
+            "--out",
+            str(out),
+            "--seq-len",
+            "32",
+            "--dim",
+            "16",
+            "--depth",
+            "2",
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--mlp-dim",
+            "32",
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--eval-every",
+            "4",
+            "--eval-batches",
+            "1",
+            "--final-eval-batches",
+            "1",
+            "--analysis-sequences",
+            "8",
+            "--predictor-steps",
+            "3",
+            "--predictor-batch",
+            "2",
+            "--predictor-rows",
+            "8",
+            "--finetune-steps",
+            "2",
+            "--thresholds",
+            "0.5",
+            "--top-ks",
+            "2",
+            "--handcrafted-k",
+            "4",
+            "--learned-kernels",
+            "3",
+            "--hidden",
+            "8",
+        ]
+    )
     assert code == 0
     record = json.loads((out / "metrics.json").read_text())
     kernel = record["kernel"]
@@ -907,7 +1054,8 @@ def test_pipeline_end_to_end_smoke(task, tmp_path, capsys):
     final = kernel["finetune"]
     control = final["dense_control"]  # the teacher fine-tuned as long, densely: the fair reference
     assert math.isfinite(control["test_ppl"]) and final["ppl_x_dense_control"] == pytest.approx(
-        final["test_ppl"] / control["test_ppl"])
+        final["test_ppl"] / control["test_ppl"]
+    )
     report = (out / "kernel_report.md").read_text()
     assert "Dense control" in report and f"model inference time {final['time_x_dense']:.2f} × dense" in report
     assert report in capsys.readouterr().out and "core FLOPs × dense | model time × dense" in report  # printed too

@@ -1,5 +1,6 @@
 """LinearAttention (Katharopoulos et al. 2020): the quadratic form it must equal (chunked causal scan, masks), its
 density. The interface contract (float32 under autocast, the repr's budget) is tests/test_interface.py."""
+
 import pytest
 import torch
 import torch.nn.functional as F

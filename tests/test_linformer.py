@@ -1,6 +1,7 @@
 """LinformerAttention (Wang et al. 2020): the max_len it must refuse past, its exact limit E = F = I, masks, its
 density and the gradient of unused projection columns. The interface contract (the causal refusal, shapes,
 finite gradients, float32 under autocast, the repr's budget) is tests/test_interface.py."""
+
 import pytest
 import torch
 

@@ -2,6 +2,7 @@
 give batches of the right shapes, balanced labels and seed-determined data; the Pathfinder generator keeps
 its geometric promises; archives with unsafe members and corrupt downloads are refused; missing data gives
 one clear message; and a two-step training run works for every task that has data."""
+
 import hashlib
 import importlib.util
 import io
@@ -27,8 +28,28 @@ from conftest import DATA as SHARED_DATA, exit_code
 
 IMDB = SHARED_DATA / "imdb" / "aclImdb_v1_labeled.tar.gz"
 CIFAR_JPEG = SHARED_DATA / "cifar10" / "cifar10_jpeg.tar.gz"
-TINY = ["--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16", "--depth", "1", "--batch-size", "4",
-        "--eval-batches", "2", "--final-eval-batches", "2", "--warmup", "2", "--steps", "2"]
+TINY = [
+    "--dim",
+    "16",
+    "--heads",
+    "2",
+    "--head-dim",
+    "8",
+    "--mlp-dim",
+    "16",
+    "--depth",
+    "1",
+    "--batch-size",
+    "4",
+    "--eval-batches",
+    "2",
+    "--final-eval-batches",
+    "2",
+    "--warmup",
+    "2",
+    "--steps",
+    "2",
+]
 
 HAVE_PILLOW = importlib.util.find_spec("PIL") is not None
 
@@ -69,10 +90,18 @@ def _tar(path, members):
     return path
 
 
-@pytest.mark.parametrize("name,kind,payload", [
-    ("../evil.txt", "file", b"x"), ("data/../../evil.txt", "file", b"x"), ("/tmp/evil.txt", "file", b"x"),
-    ("data/link", "symlink", b"/etc/passwd"), ("data/hard", "hardlink", b"../../evil.txt"),
-    ("data/pipe", "fifo", b""), ("data\\..\\evil.txt", "file", b"x")])
+@pytest.mark.parametrize(
+    "name,kind,payload",
+    [
+        ("../evil.txt", "file", b"x"),
+        ("data/../../evil.txt", "file", b"x"),
+        ("/tmp/evil.txt", "file", b"x"),
+        ("data/link", "symlink", b"/etc/passwd"),
+        ("data/hard", "hardlink", b"../../evil.txt"),
+        ("data/pipe", "fifo", b""),
+        ("data\\..\\evil.txt", "file", b"x"),
+    ],
+)
 def test_unsafe_tar_members_are_refused(tmp_path, name, kind, payload):
     archive = _tar(tmp_path / "bad.tar.gz", [("data/ok.txt", "file", b"fine"), (name, kind, payload)])
     dest = tmp_path / "sandbox" / "out"
@@ -85,15 +114,16 @@ def test_unsafe_tar_members_are_refused(tmp_path, name, kind, payload):
     assert not any(p.is_symlink() for p in tmp_path.rglob("*"))
 
 
-@pytest.mark.parametrize("name,symlink", [("../evil.txt", False), ("/abs/evil.txt", False),
-                                          ("a/../../evil.txt", False), ("data/link", True)])
+@pytest.mark.parametrize(
+    "name,symlink", [("../evil.txt", False), ("/abs/evil.txt", False), ("a/../../evil.txt", False), ("data/link", True)]
+)
 def test_unsafe_zip_members_are_refused(tmp_path, name, symlink):
     archive = tmp_path / "bad.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("data/ok.txt", b"fine")
         info = zipfile.ZipInfo(name)
         if symlink:
-            info.external_attr = (0o120777 << 16)
+            info.external_attr = 0o120777 << 16
         zf.writestr(info, b"/etc/passwd" if symlink else b"x")
     dest = tmp_path / "sandbox"
     dest.mkdir()
@@ -129,8 +159,10 @@ def test_a_download_with_the_wrong_checksum_is_refused_and_deleted(tmp_path, mon
 
 def test_a_refused_archive_leaves_no_extracted_members(tmp_path):
     """The members before the bad one were written in place before (and a later run used them)."""
-    archive = _tar(tmp_path / "bad.tar.gz", [("data/ok.txt", "file", b"fine"), ("data/sub/ok2.txt", "file", b"x"),
-                                             ("../evil.txt", "file", b"x")])
+    archive = _tar(
+        tmp_path / "bad.tar.gz",
+        [("data/ok.txt", "file", b"fine"), ("data/sub/ok2.txt", "file", b"x"), ("../evil.txt", "file", b"x")],
+    )
     dest = tmp_path / "data" / "out"
     with pytest.raises(DataError, match="refusing the archive"):
         data.safe_extract(archive, dest)
@@ -141,8 +173,11 @@ def test_a_refused_archive_leaves_no_extracted_members(tmp_path):
         data.safe_extract(archive, tmp_path / "kept")
     assert [p.name for p in (tmp_path / "kept").iterdir()] == ["old.txt"]
     with pytest.raises(DataError, match=r"lacks \['data/absent.txt'\]"):
-        data.safe_extract(_tar(tmp_path / "good.tar.gz", [("data/ok.txt", "file", b"fine")]), tmp_path / "new",
-                         required=["data/absent.txt"])
+        data.safe_extract(
+            _tar(tmp_path / "good.tar.gz", [("data/ok.txt", "file", b"fine")]),
+            tmp_path / "new",
+            required=["data/absent.txt"],
+        )
     assert not (tmp_path / "new").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.tar.gz", "good.tar.gz", "kept"]  # no staging left
 
@@ -186,6 +221,7 @@ def _refuse_reading(method, name):
     def wrapped(self, member, *args, **kwargs):
         assert name not in str(getattr(member, "name", getattr(member, "filename", member))), "read before refused"
         return method(self, member, *args, **kwargs)
+
     return wrapped
 
 
@@ -207,11 +243,11 @@ def test_a_failed_download_leaves_no_file_and_no_folder(tmp_path, monkeypatch):
 
 
 def test_missing_data_messages_say_what_where_and_how(tmp_path):
-    for name, needles in [("text", [str(tmp_path / "imdb" / "aclImdb"), lra.Text.URL, lra.Text.SHA256]),
-                          ("image", [str(tmp_path / "cifar10" / "cifar-10-python.tar.gz"), image.Image.URL,
-                                     image.Image.MD5]),
-                          ("retrieval", [str(tmp_path / "lra_release" / "tsv_data"), "new_aan_pairs",
-                                         lra.Retrieval.RELEASE_URL])]:
+    for name, needles in [
+        ("text", [str(tmp_path / "imdb" / "aclImdb"), lra.Text.URL, lra.Text.SHA256]),
+        ("image", [str(tmp_path / "cifar10" / "cifar-10-python.tar.gz"), image.Image.URL, image.Image.MD5]),
+        ("retrieval", [str(tmp_path / "lra_release" / "tsv_data"), "new_aan_pairs", lra.Retrieval.RELEASE_URL]),
+    ]:
         with pytest.raises(DataError) as info:
             get_task(name).setup(256, 0, tmp_path)
         for needle in needles:
@@ -230,7 +266,8 @@ def _imdb_tree(root: Path, per_folder: int, extras: bool = True) -> Path:
             folder.mkdir(parents=True)
             for i in range(per_folder):
                 (folder / f"{i}_{7 if label == 'pos' else 2}.txt").write_bytes(
-                    f"{split} {label} review {i} <br />caf\u00e9".encode())
+                    f"{split} {label} review {i} <br />caf\u00e9".encode()
+                )
     if extras:  # what the official archive has besides the labelled reviews
         (root / "aclImdb" / "train" / "unsup").mkdir()
         (root / "aclImdb" / "train" / "unsup" / "0_0.txt").write_bytes(b"unlabelled")
@@ -293,8 +330,11 @@ def _cifar_python(path: Path, per_batch: int = 12, test: int = 10) -> Path:
     with tarfile.open(path, "w:gz") as tf:
         for name in list(image.CIFAR_PY_MD5):
             n = test if name == "test_batch" else per_batch
-            batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                     b"labels": [int(v) for v in rng.integers(0, 10, n)], b"batch_label": name.encode()}
+            batch = {
+                b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                b"labels": [int(v) for v in rng.integers(0, 10, n)],
+                b"batch_label": name.encode(),
+            }
             payload = pickle.dumps(batch, protocol=2)
             info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
             info.size = len(payload)
@@ -308,8 +348,10 @@ def _md5s(path: Path):
 
 def test_lra_grayscale_matches_tensorflows_rounding():
     rgb = np.array([[0, 0, 0], [255, 255, 255], [255, 0, 0], [0, 255, 0], [0, 0, 255], [10, 200, 30]], np.uint8)
-    expected = [int(np.float32(v) * np.float32(255.5)) for v in
-                (np.array(rgb, np.float32) / np.float32(255)) @ np.array([0.2989, 0.5870, 0.1140], np.float32)]
+    expected = [
+        int(np.float32(v) * np.float32(255.5))
+        for v in (np.array(rgb, np.float32) / np.float32(255)) @ np.array([0.2989, 0.5870, 0.1140], np.float32)
+    ]
     assert image.lra_grayscale(rgb).tolist() == expected == [0, 255, 76, 149, 29, 124]
     pixels = np.arange(16, dtype=np.uint8).reshape(1, 16)  # a 4x4 image
     assert image.pool_image(pixels, 2).tolist() == [[2, 4, 10, 12]]  # 2x2 block means, rounded half to even
@@ -361,6 +403,7 @@ def test_image_folder_without_pillow_names_the_extra(tmp_path, monkeypatch):
 @pytest.mark.skipif(not HAVE_PILLOW, reason="Pillow is not installed (pip install -r requirements-extra.txt)")
 def test_image_folder_tree_with_pillow(tmp_path, monkeypatch):
     from PIL import Image as PILImage
+
     rng = np.random.default_rng(0)
     root = tmp_path / "tree"
     for split, per_class in (("train", 4), ("test", 1)):
@@ -368,7 +411,8 @@ def test_image_folder_tree_with_pillow(tmp_path, monkeypatch):
             (root / split / label).mkdir(parents=True)
             for i in range(per_class):
                 PILImage.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
-                    root / split / label / f"{i:04d}.png")
+                    root / split / label / f"{i:04d}.png"
+                )
     monkeypatch.setattr(image.Image, "COUNTS", {"train": 40, "test": 10})
     monkeypatch.setattr(image.Image, "VALID", 10)
     arrays = image.Image().read(root)
@@ -378,8 +422,10 @@ def test_image_folder_tree_with_pillow(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------- pathfinder
 def _dense(joints, step=0.1):
-    pts = [a + np.linspace(0, 1, max(1, int(np.ceil(np.linalg.norm(b - a) / step))), endpoint=False)[:, None] * (b - a)
-           for a, b in zip(joints[:-1], joints[1:])]
+    pts = [
+        a + np.linspace(0, 1, max(1, int(np.ceil(np.linalg.norm(b - a) / step))), endpoint=False)[:, None] * (b - a)
+        for a, b in zip(joints[:-1], joints[1:])
+    ]
     return np.concatenate(pts + [joints[-1:]])
 
 
@@ -476,8 +522,11 @@ def test_a_cache_of_other_keys_or_cut_short_is_rebuilt_not_trained_on(tmp_path, 
     task.setup(256, 0, tmp_path)
     (path,) = (tmp_path / "cache").glob("pathfinder-*.npz")
     good = dict(np.load(path))
-    for damage in ({"other": np.zeros(3)}, {k: v[: len(v) // 10] for k, v in good.items()},
-                   {**good, "train_x": good["train_x"].reshape(40, -1)}):
+    for damage in (
+        {"other": np.zeros(3)},
+        {k: v[: len(v) // 10] for k, v in good.items()},
+        {**good, "train_x": good["train_x"].reshape(40, -1)},
+    ):
         np.savez(path, **damage)
         again = get_task("pathfinder")
         again.sizes = sizes
@@ -516,8 +565,10 @@ def test_with_no_writable_cache_folder_the_data_are_used_and_not_kept(tmp_path, 
 def _aan(folder: Path, rows=12):
     folder.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(lra.Retrieval.FILES.values()):
-        lines = [f"{float(j % 2)}\tid{j}a\tid{j}b\tfirst text {j} of {name} " + "x" * j + f"\tsecond {j}"
-                 for j in range(rows + i)]
+        lines = [
+            f"{float(j % 2)}\tid{j}a\tid{j}b\tfirst text {j} of {name} " + "x" * j + f"\tsecond {j}"
+            for j in range(rows + i)
+        ]
         (folder / name).write_text("\n".join(lines) + "\n")
     return folder
 
@@ -554,14 +605,16 @@ def test_retrieval_extracts_its_tsvs_from_the_lra_release_archive(tmp_path):
     task.setup(32, 0, tmp_path / "data")
     assert task.split_size("test") == 14
     assert sorted(p.name for p in (tmp_path / "data" / "lra_release" / "tsv_data").iterdir()) == sorted(
-        lra.Retrieval.FILES.values())
+        lra.Retrieval.FILES.values()
+    )
 
 
 # --------------------------------------------------------------------------------------------- training runs
 @pytest.mark.skipif(not IMDB.exists(), reason=f"the IMDB copy {IMDB} is absent")
 def test_text_training_run(tmp_path):
-    rec = train("--task", "text", "--seq-len", "64", *TINY, "--data-dir", str(SHARED_DATA),
-                "--out", str(tmp_path / "run"))
+    rec = train(
+        "--task", "text", "--seq-len", "64", *TINY, "--data-dir", str(SHARED_DATA), "--out", str(tmp_path / "run")
+    )
     assert rec["task"] == "text" and 0 <= rec["test"] <= 1 and rec["scored"]["test"] == 8
 
 
@@ -570,13 +623,16 @@ def test_image_training_run_on_cifar_python(tmp_path, monkeypatch):
     monkeypatch.setattr(image, "CIFAR_PY_MD5", _md5s(archive))
     monkeypatch.setattr(image.Image, "COUNTS", {"train": 60, "test": 10})
     monkeypatch.setattr(image.Image, "VALID", 6)
-    rec = train("--task", "image", "--seq-len", "64", *TINY, "--data-file", str(archive),
-                "--out", str(tmp_path / "run"))
+    rec = train(
+        "--task", "image", "--seq-len", "64", *TINY, "--data-file", str(archive), "--out", str(tmp_path / "run")
+    )
     assert rec["task"] == "image" and rec["config"]["seq_len"] == 64
 
 
-@pytest.mark.skipif(not (HAVE_PILLOW and CIFAR_JPEG.exists()),
-                    reason="needs Pillow (requirements-extra.txt) and the local CIFAR-10 JPEG copy")
+@pytest.mark.skipif(
+    not (HAVE_PILLOW and CIFAR_JPEG.exists()),
+    reason="needs Pillow (requirements-extra.txt) and the local CIFAR-10 JPEG copy",
+)
 def test_image_training_run_on_the_local_jpeg_copy(tmp_path, monkeypatch):
     # Decoding all 60,000 JPEGs takes 10-25 s on 2 cores; the run reads the archive but decodes only the
     # first 50 images per class and split (the cache lives in this test session's folder only).
@@ -585,21 +641,32 @@ def test_image_training_run_on_the_local_jpeg_copy(tmp_path, monkeypatch):
     monkeypatch.setattr(image.Image, "_wanted", first_50)
     monkeypatch.setattr(image.Image, "COUNTS", {"train": 500, "test": 500})
     monkeypatch.setattr(image.Image, "VALID", 50)
-    rec = train("--task", "image", "--seq-len", "256", *TINY, "--data-dir", str(SHARED_DATA),
-                "--out", str(tmp_path / "run"))
+    rec = train(
+        "--task", "image", "--seq-len", "256", *TINY, "--data-dir", str(SHARED_DATA), "--out", str(tmp_path / "run")
+    )
     assert rec["task"] == "image" and rec["config"]["seq_len"] == 256
 
 
 def test_pathfinder_training_run(tmp_path, cache, monkeypatch):
     small = staticmethod(lambda side: PATHFINDER_SIZES)
     monkeypatch.setattr(pathfinder.Pathfinder, "default_sizes", small)
-    rec = train("--task", "pathfinder", "--seq-len", "256", *TINY, "--data-dir", str(cache),
-                "--out", str(tmp_path / "run"))
+    rec = train(
+        "--task", "pathfinder", "--seq-len", "256", *TINY, "--data-dir", str(cache), "--out", str(tmp_path / "run")
+    )
     assert rec["task"] == "pathfinder" and rec["scored"]["valid"] == 8
 
 
 def test_retrieval_training_run(tmp_path):
     _aan(tmp_path / "aan")
-    rec = train("--task", "retrieval", "--seq-len", "32", *TINY, "--data-file", str(tmp_path / "aan"),
-                "--out", str(tmp_path / "run"))
+    rec = train(
+        "--task",
+        "retrieval",
+        "--seq-len",
+        "32",
+        *TINY,
+        "--data-file",
+        str(tmp_path / "aan"),
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert rec["task"] == "retrieval" and rec["density"] == 1.0

@@ -1,4 +1,5 @@
 """bench/measure.py: FLOP formulas against hand counts, memory and time helpers."""
+
 import os
 import pathlib
 import subprocess
@@ -66,8 +67,9 @@ def test_edge_list_attention_counts_like_its_dense_equivalent():
 
 
 def test_model_flops_split_attention_from_the_rest():
-    cfg = ModelConfig(vocab_size=11, num_classes=3, head="cls", max_len=16, dim=16, depth=2, heads=2,
-                      head_dim=8, mlp_dim=32)
+    cfg = ModelConfig(
+        vocab_size=11, num_classes=3, head="cls", max_len=16, dim=16, depth=2, heads=2, head_dim=8, mlp_dim=32
+    )
     model = Model(cfg, lambda i: FullAttention(16, 2, 8)).eval()
     tokens = torch.randint(11, (2, 16))
     with torch.no_grad():
@@ -94,7 +96,7 @@ def test_peak_rss_sees_an_allocation_after_the_baseline():
     )
     root = pathlib.Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True)
-    assert int(out.stdout.strip()) >= 35 * 2 ** 20
+    assert int(out.stdout.strip()) >= 35 * 2**20
 
 
 def test_peak_rss_counts_memory_that_a_same_sized_warm_up_freed():
@@ -111,9 +113,8 @@ def test_peak_rss_counts_memory_that_a_same_sized_warm_up_freed():
     )
     root = pathlib.Path(__file__).resolve().parents[1]
     env = {**os.environ, **scaling.ALLOCATORS["keep"]}
-    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True,
-                         env=env)
-    assert int(out.stdout.strip()) >= 35 * 2 ** 20
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True, env=env)
+    assert int(out.stdout.strip()) >= 35 * 2**20
 
 
 def test_tensor_peak_counts_the_bytes_tensors_hold_at_once():
@@ -140,8 +141,14 @@ def test_time_fn_returns_a_median_in_milliseconds():
 
 def test_interleaved_calls_every_variant_once_a_round_and_times_the_rounds_after_the_warm_up():
     calls, rounds = [], []
-    timed = measure.interleaved({"a": lambda r: calls.append(("a", r)) or r, "b": lambda r: calls.append(("b", r))},
-                                torch.device("cpu"), repeats=3, warmup=1, alternate=True, after_round=rounds.append)
+    timed = measure.interleaved(
+        {"a": lambda r: calls.append(("a", r)) or r, "b": lambda r: calls.append(("b", r))},
+        torch.device("cpu"),
+        repeats=3,
+        warmup=1,
+        alternate=True,
+        after_round=rounds.append,
+    )
     assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1), ("a", 2), ("b", 2), ("b", 3), ("a", 3)]
     assert rounds == [0, 1, 2, 3] and timed["a"].results == [1, 2, 3] and len(timed["b"].ms) == 3
     assert timed["a"].median == sorted(timed["a"].ms)[1] and min(timed["b"].ms) >= 0

@@ -1,4 +1,5 @@
 """bench/model.py: heads, mask-aware pooling, causality of the LM, per-layer stats and the aux-loss hook."""
+
 import pytest
 import torch
 from torch import nn
@@ -8,8 +9,18 @@ from bench.model import Model, ModelConfig
 
 
 def model(head, **overrides):
-    cfg = dict(vocab_size=20, num_classes=5, head=head, max_len=12, dim=16, depth=3, heads=2, head_dim=8,
-               mlp_dim=32, dropout=0.0)
+    cfg = dict(
+        vocab_size=20,
+        num_classes=5,
+        head=head,
+        max_len=12,
+        dim=16,
+        depth=3,
+        heads=2,
+        head_dim=8,
+        mlp_dim=32,
+        dropout=0.0,
+    )
     cfg.update(overrides)
     torch.manual_seed(0)
     return Model(ModelConfig(**cfg), lambda layer: FullAttention(16, 2, 8)).eval()
@@ -64,8 +75,9 @@ def test_factory_gets_each_layer_index_and_aux_losses_add_up():
             y, stats = super().forward(x, key_padding_mask, causal, generator)
             return y, {**stats, "aux_loss": torch.tensor(float(self.layer))}
 
-    cfg = ModelConfig(vocab_size=20, num_classes=5, head="cls", max_len=12, dim=16, depth=3, heads=2,
-                      head_dim=8, mlp_dim=32)
+    cfg = ModelConfig(
+        vocab_size=20, num_classes=5, head="cls", max_len=12, dim=16, depth=3, heads=2, head_dim=8, mlp_dim=32
+    )
     m = Model(cfg, Scaled)
     assert [b.attn.layer for b in m.blocks] == [0, 1, 2]
     assert m(torch.randint(20, (2, 12)))[1]["aux_loss"].item() == 0 + 1 + 2
@@ -88,8 +100,9 @@ def test_generator_reaches_the_attention():
             seen.append(generator)
             return x, {"density": torch.ones(2)}
 
-    cfg = ModelConfig(vocab_size=20, num_classes=5, head="cls", max_len=12, dim=16, depth=2, heads=2,
-                      head_dim=8, mlp_dim=32)
+    cfg = ModelConfig(
+        vocab_size=20, num_classes=5, head="cls", max_len=12, dim=16, depth=2, heads=2, head_dim=8, mlp_dim=32
+    )
     g = torch.Generator()
     Model(cfg, lambda layer: Recorder())(torch.randint(20, (1, 12)), generator=g)
     assert seen == [g, g]

@@ -1,5 +1,6 @@
 """NystromAttention: density and the K = N limit (exact attention). The interface contract (shapes, padding,
 reproducibility, empty samples, the causal refusal, the repr's budget) is tests/test_interface.py."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """experiments/peers.py: clear errors without the optional peer packages or with bad options; with them installed, a
 tiny side-by-side run prints one row per method."""
+
 import importlib.util
 
 import pytest
@@ -21,8 +22,10 @@ def test_bad_options_exit_2(argv):
     assert info.value.code == 2
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in peers.PEER_PACKAGES),
-                    reason="optional: pip install -r requirements-peers.txt")
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in peers.PEER_PACKAGES),
+    reason="optional: pip install -r requirements-peers.txt",
+)
 def test_tiny_side_by_side_run(capsys, tmp_path):
     assert peers.main(["--lengths", "128", "--repeats", "1", "--warmup-iters", "0", "--out", str(tmp_path)]) == 0
     table = capsys.readouterr().out

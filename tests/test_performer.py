@@ -1,5 +1,6 @@
 """PerformerAttention (Choromanski et al. 2020): features, the quadratic form it must equal, stabilisation,
 masks, redraw policy, and the approximation error falling as features grow."""
+
 import math
 
 import pytest
@@ -79,7 +80,7 @@ def test_causal_future_does_not_reach_past_even_through_the_shift():
     q, k, v = torch.randn(3, B, H, N, D)
     k2, v2 = k.clone(), v.clone()
     longest = attn.omega[attn.omega.norm(dim=1).argmax()]
-    k2[:, :, 10:] = D ** 0.25 * longest  # x = ω_f maximises ω_fᵀx − ‖x‖²/2, at ‖ω_f‖²/2
+    k2[:, :, 10:] = D**0.25 * longest  # x = ω_f maximises ω_fᵀx − ‖x‖²/2, at ‖ω_f‖²/2
     v2[:, :, 10:] = torch.randn(B, H, N - 10, D)
     y = attn.core(q, k, v, None, True)
     y2 = attn.core(q, k2, v2, None, True)

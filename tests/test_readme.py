@@ -1,5 +1,6 @@
 """The README's usage snippets run as written: every ```python block is executed in a fresh namespace (tiny
 shapes, a second or two in all). Blocks that are not meant to run are fenced as ```bash or ```text."""
+
 import re
 import warnings
 from pathlib import Path
@@ -9,10 +10,26 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
 # What the snippets must show, so that a block renamed out of ```python cannot pass unnoticed.
-SHOWN = ["SBMAttention", 'stats["aux_loss"]', "SSAttention", "KernelSparseAttention", "FullAttention",
-         "LinearAttention", "LinformerAttention", "NystromAttention", "PerformerAttention", "ReformerAttention",
-         "WindowAttention", "BigBirdAttention", "fastrg.sample", "key_padding_mask=padding", "causal=True",
-         'stats["density"]', "torch.Generator()", "SSAttention(dim=64, heads=2, head_dim=32, unbiased="]
+SHOWN = [
+    "SBMAttention",
+    'stats["aux_loss"]',
+    "SSAttention",
+    "KernelSparseAttention",
+    "FullAttention",
+    "LinearAttention",
+    "LinformerAttention",
+    "NystromAttention",
+    "PerformerAttention",
+    "ReformerAttention",
+    "WindowAttention",
+    "BigBirdAttention",
+    "fastrg.sample",
+    "key_padding_mask=padding",
+    "causal=True",
+    'stats["density"]',
+    "torch.Generator()",
+    "SSAttention(dim=64, heads=2, head_dim=32, unbiased=",
+]
 
 
 def test_the_snippets_show_every_method_and_argument():

@@ -2,6 +2,7 @@
 over the scored pairs (which checks hashing, chunking or the causal bucket window, the self rule, the round
 combination and the duplicate correction). The interface contract (shapes, density, the repr's budget) is
 tests/test_interface.py."""
+
 import math
 
 import pytest
@@ -55,8 +56,9 @@ def lsh_scored_pairs(m: ReformerAttention, x, mask, seed: int) -> torch.Tensor:
     chunks = -(-n // c)
     n_buckets = max(2, chunks + chunks % 2)
     k = F.normalize(m.qk(x).view(b, n, HEADS, HEAD_DIM).transpose(1, 2), dim=-1)
-    rot = torch.randn(b, HEADS, r, HEAD_DIM, n_buckets // 2, generator=torch.Generator().manual_seed(seed),
-                      dtype=x.dtype)
+    rot = torch.randn(
+        b, HEADS, r, HEAD_DIM, n_buckets // 2, generator=torch.Generator().manual_seed(seed), dtype=x.dtype
+    )
     scored = torch.zeros(b, HEADS, n, n, dtype=torch.bool)
     for bi in range(b):
         for h in range(HEADS):
@@ -66,8 +68,8 @@ def lsh_scored_pairs(m: ReformerAttention, x, mask, seed: int) -> torch.Tensor:
                 key = [(n_buckets if mask[bi, i] else bucket[i], i) for i in range(n)]
                 order = sorted(range(n), key=lambda i: key[i]) + [None] * (chunks * c - n)
                 for u in range(chunks):
-                    queries = order[u * c:(u + 1) * c]
-                    keys = queries + order[((u - 1) % chunks) * c:((u - 1) % chunks + 1) * c]
+                    queries = order[u * c : (u + 1) * c]
+                    keys = queries + order[((u - 1) % chunks) * c : ((u - 1) % chunks + 1) * c]
                     for i in queries:
                         for j in keys:
                             if i is not None and j is not None:
@@ -86,8 +88,9 @@ def causal_lsh_scored_pairs(m: ReformerAttention, x, mask, seed: int):
     assert chunks > 1, "one chunk means one bucket and no draw"
     n_buckets = chunks + chunks % 2
     k = F.normalize(m.qk(x).view(b, n, HEADS, HEAD_DIM).transpose(1, 2), dim=-1)
-    rot = torch.randn(b, HEADS, r, HEAD_DIM, n_buckets // 2, generator=torch.Generator().manual_seed(seed),
-                      dtype=x.dtype)
+    rot = torch.randn(
+        b, HEADS, r, HEAD_DIM, n_buckets // 2, generator=torch.Generator().manual_seed(seed), dtype=x.dtype
+    )
     rounds = torch.zeros(b, HEADS, n, n, dtype=torch.long)
     truncated = False
     for bi in range(b):
@@ -100,7 +103,7 @@ def causal_lsh_scored_pairs(m: ReformerAttention, x, mask, seed: int):
                         continue
                     history = [j for j in range(i) if not mask[bi, j] and bucket[j] == bucket[i]]
                     truncated |= len(history) > 2 * c - 1
-                    for j in history[-(2 * c - 1):] + [i]:
+                    for j in history[-(2 * c - 1) :] + [i]:
                         rounds[bi, h, i, j] += 1
     return rounds, truncated
 
@@ -123,8 +126,9 @@ def test_causal_outputs_depend_only_on_the_past(seed):
         mask2 = mask.clone()
         mask2[:, t:] = torch.rand(2, n - t, generator=g) < 0.4
         y2, _ = m(x2, mask2, causal=True, generator=torch.Generator().manual_seed(seed))
-        torch.testing.assert_close(y[:, :t], y2[:, :t], rtol=0, atol=1e-12,
-                                   msg=lambda m: f"seed {seed}: outputs before t={t} moved: {m}")
+        torch.testing.assert_close(
+            y[:, :t], y2[:, :t], rtol=0, atol=1e-12, msg=lambda m: f"seed {seed}: outputs before t={t} moved: {m}"
+        )
         assert not torch.equal(y[:, t:], y2[:, t:])
 
 

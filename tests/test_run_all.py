@@ -1,6 +1,7 @@
 """./run_all.sh as a user runs it: its own run folder, a clean git tree, --help and bad options, --out end to end
 (cells, scaling, report, plots), n/a and no-data cells, the lock, no orphan cells, budget changes, the report
 from a folder of records, and a method registered from outside (tiny smoke budgets throughout)."""
+
 import json
 import os
 import shutil
@@ -14,8 +15,12 @@ import pytest
 from bench.files import write_json
 from conftest import ROOT, processes
 
-ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-       "HOME": os.environ.get("HOME", "/tmp")}
+ENV = {
+    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    "PYTHONPATH": str(ROOT),
+    "OMP_NUM_THREADS": "1",
+    "HOME": os.environ.get("HOME", "/tmp"),
+}
 FAST = ["--set", "steps=1", "--set", "final_eval_batches=1"]  # experiments.grid options every cell gets
 
 
@@ -48,8 +53,7 @@ def test_an_unknown_option_is_refused_before_anything_runs(tmp_path, here):
     result = here("experiments.run_all", "--smoke", "--out", str(tmp_path / "x"), "--bogus", check=False)
     assert result.returncode == 2 and "unrecognized arguments: --bogus" in result.stderr
     assert not (tmp_path / "x").exists()
-    result = here("experiments.run_all", "--smoke", "--out", str(tmp_path / "x"), "--methods", "nope",
-                  check=False)
+    result = here("experiments.run_all", "--smoke", "--out", str(tmp_path / "x"), "--methods", "nope", check=False)
     assert result.returncode == 2 and "unknown methods ['nope']" in result.stderr
 
 
@@ -63,8 +67,9 @@ def test_a_fresh_clone_runs_into_its_own_ignored_folder_and_leaves_git_clean(tmp
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "clone"]):
         sh([*git, *args], cwd=clone)
-    result = sh(["bash", "run_all.sh", "--smoke", "--methods", "full", "--tasks", "duplicates", "--no-scaling"],
-                cwd=clone)
+    result = sh(
+        ["bash", "run_all.sh", "--smoke", "--methods", "full", "--tasks", "duplicates", "--no-scaling"], cwd=clone
+    )
     folder = clone / "runs" / "grid-smoke"
     assert (folder / "REPORT.md").is_file() and (folder / "runs" / "full-duplicates-cpu-s0" / "metrics.json").is_file()
     assert "output folder runs/grid-smoke" in result.stdout and "| full " in result.stdout  # the report is printed
@@ -76,8 +81,19 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypa
     bytes) and no data (retrieval); its rerun (in this process: the first run was the user's command)
     keeps the cells and the scaling table."""
     data, out = fake_wikitext(tmp_path / "data"), tmp_path / "run"
-    argv = ["--smoke", "--out", str(out), "--methods", "full,linformer,sbm", "--tasks", "bytes,retrieval",
-            "--data-dir", str(data), "--lengths", "32"]
+    argv = [
+        "--smoke",
+        "--out",
+        str(out),
+        "--methods",
+        "full,linformer,sbm",
+        "--tasks",
+        "bytes,retrieval",
+        "--data-dir",
+        str(data),
+        "--lengths",
+        "32",
+    ]
     result = sh(["bash", "run_all.sh", *argv])
     assert "n/a: linformer on bytes (no causal form)" in result.stdout  # said in the plan, before any cell ran
     assert "no data: retrieval" in result.stdout and "ETA" in result.stdout
@@ -99,6 +115,7 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypa
     # A table killed after its first rows keeps them; one an older version wrote (settings under other
     # names, e.g. "batch", "warmup") is measured anew; a cell that failed is measured again.
     from experiments import run_all, scaling
+
     table = json.loads((out / "scaling.json").read_text())
     measured = []
     monkeypatch.setattr(scaling, "run_cell", lambda cell, *_: measured.append(cell["method"]) or table["rows"][0])
@@ -106,8 +123,13 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypa
     (out / "scaling.json").write_text(json.dumps(killed))
     run_all.run_scaling(out, "smoke", ["full", "linformer", "sbm"], "32", "auto")
     assert measured == ["sbm", "full-ref", "sbm@0.01"]
-    older = {**table, "args": {("batch" if k == "batch_size" else "warmup" if k == "warmup_iters" else k): v
-                               for k, v in table["args"].items()}}
+    older = {
+        **table,
+        "args": {
+            ("batch" if k == "batch_size" else "warmup" if k == "warmup_iters" else k): v
+            for k, v in table["args"].items()
+        },
+    }
     (out / "scaling.json").write_text(json.dumps(older))
     measured.clear()
     run_all.run_scaling(out, "smoke", ["full", "linformer", "sbm"], "32", "auto")
@@ -115,14 +137,18 @@ def test_out_is_honoured_end_to_end_with_na_and_no_data_cells(tmp_path, monkeypa
     # A task's step times are measured again once one of its runs is newer than them.
     (out / "runs" / "full-bytes-cpu-s0" / "metrics.json").touch()
     calls = []
-    monkeypatch.setattr(run_all.subprocess, "run", lambda command, **_: calls.append(command) or
-                        subprocess.CompletedProcess(command, 0, "", ""))
+    monkeypatch.setattr(
+        run_all.subprocess,
+        "run",
+        lambda command, **_: calls.append(command) or subprocess.CompletedProcess(command, 0, "", ""),
+    )
     run_all.run_step_times(out, "smoke", ["bytes", "retrieval"], 0)
     assert len(calls) == 1 and "step_time" in " ".join(calls[0])
 
 
 def test_report_without_matplotlib_says_so_in_one_line(tmp_path, monkeypatch):
     from experiments import plots, report
+
     monkeypatch.setattr(plots, "available", lambda: False)
     assert "matplotlib is not installed" in report.run_plots(tmp_path, "quick")
     assert list(tmp_path.iterdir()) == []
@@ -133,16 +159,29 @@ def write_record(folder, cell, test):
     cell.json (its command, wall and CPU time)."""
     folder.mkdir(parents=True)
     config = {"steps": 1, "batch_size": 1, "seq_len": 8, "depth": 1, "heads": 1, "dim": 8, **cell["settings"]}
-    record = {"status": "complete", "method": cell["method"], "task": "listops", "seed": cell["seed"],
-              "metric": "accuracy", "test": test, "valid": test, "density": 0.5, "median_step_ms": 10.0,
-              "wall_time_s": 5.0, "device": "cpu", "config": config}
+    record = {
+        "status": "complete",
+        "method": cell["method"],
+        "task": "listops",
+        "seed": cell["seed"],
+        "metric": "accuracy",
+        "test": test,
+        "valid": test,
+        "density": 0.5,
+        "median_step_ms": 10.0,
+        "wall_time_s": 5.0,
+        "device": "cpu",
+        "config": config,
+    }
     (folder / "metrics.json").write_text(json.dumps(record))
-    (folder / "cell.json").write_text(json.dumps({"command": cell["command"], "wall_s": 60.0 + cell["seed"],
-                                                  "cpu_s": 30.0}))
+    (folder / "cell.json").write_text(
+        json.dumps({"command": cell["command"], "wall_s": 60.0 + cell["seed"], "cpu_s": 30.0})
+    )
 
 
 def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
     from experiments import claims, report
+
     claim = claims.BY_NAME["sbm-listops"]
     cells = {c["name"]: c for c in claim.cells()}
     for seed, test in zip((0, 1, 2), (0.30, 0.32, 0.37)):
@@ -161,10 +200,15 @@ def test_a_claim_table_is_built_from_its_records_with_mean_and_std(tmp_path):
 
 def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_paper(tmp_path):
     from experiments import claims, report
+
     claim = claims.BY_NAME["sbm-table3"]
     cells = {c["name"]: c for c in claims.BY_NAME["sbm-table3"].cells()}
-    costs = {"full": (1000, 20, 100.0), "full-path-reference": (1000, 200, None), "sbm-lambda0.1": (80, 30, 250.0),
-             "performer": (300, 40, None)}
+    costs = {
+        "full": (1000, 20, 100.0),
+        "full-path-reference": (1000, 200, None),
+        "sbm-lambda0.1": (80, 30, 250.0),
+        "performer": (300, 40, None),
+    }
     for name, cell in cells.items():
         setting = name.rsplit("-listops", 1)[0].replace("-untrained", "")
         if setting not in costs or cell["seed"] > 1:
@@ -173,9 +217,13 @@ def test_table3_gives_costs_relative_to_both_full_attention_paths_beside_the_pap
         folder = tmp_path / claim.name / "runs" / name
         write_record(folder, cell, 0.3 + 0.02 * cell["seed"])
         record = json.loads((folder / "metrics.json").read_text())
-        record.update(flops_per_example={"model": flops + 10 * cell["seed"], "attention": flops},
-                      inference_memory_per_example_bytes=memory * 2 ** 20, median_step_ms=step_ms,
-                      density_per_layer=[0.5, 0.25], steps=0 if step_ms is None else 600)
+        record.update(
+            flops_per_example={"model": flops + 10 * cell["seed"], "attention": flops},
+            inference_memory_per_example_bytes=memory * 2**20,
+            median_step_ms=step_ms,
+            density_per_layer=[0.5, 0.25],
+            steps=0 if step_ms is None else 600,
+        )
         (folder / "metrics.json").write_text(json.dumps(record))
     title, table = report.table3(report.load(tmp_path / claim.name)[0]).split("\n\n", 1)
     assert title.startswith("listops (")  # one table per task; only ListOps records here
@@ -195,18 +243,31 @@ def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
     from experiments import report
 
     def record(task, method, weight=None, flops=1.0, memory=100.0, steps=600):
-        return {"task": task, "method": method, "seed": 0, "steps": steps, "test": 0.2, "density": 0.5,
-                "metric": "accuracy",
-                "density_per_layer": [0.5, 0.5],
-                "config": {"seq_len": {"listops": 2048, "image": 1024}[task], "density_weight": weight},
-                "cell": {"command": []}, "flops_per_example": {"model": flops, "attention": flops},
-                "inference_memory_per_example_bytes": memory, "median_step_ms": 10.0}
+        return {
+            "task": task,
+            "method": method,
+            "seed": 0,
+            "steps": steps,
+            "test": 0.2,
+            "density": 0.5,
+            "metric": "accuracy",
+            "density_per_layer": [0.5, 0.5],
+            "config": {"seq_len": {"listops": 2048, "image": 1024}[task], "density_weight": weight},
+            "cell": {"command": []},
+            "flops_per_example": {"model": flops, "attention": flops},
+            "inference_memory_per_example_bytes": memory,
+            "median_step_ms": 10.0,
+        }
 
     explored = record("listops", "sbm", 0.1, flops=0.5, memory=50)
     explored["sbm"] = {"test_with_exploration": {"metric": 0.31, "density": 0.012}}
-    recs = [record("listops", "full"), explored,
-            record("image", "full", flops=4.0), record("image", "sbm", 0.1, flops=1.0),
-            record("image", "linear", flops=2.0, steps=0)]
+    recs = [
+        record("listops", "full"),
+        explored,
+        record("image", "full", flops=4.0),
+        record("image", "sbm", 0.1, flops=1.0),
+        record("image", "linear", flops=2.0, steps=0),
+    ]
     text = report.table3(recs)
     listops, image = text.split("image (1024 tokens):")
     assert listops.startswith("listops (2048 tokens):")
@@ -220,11 +281,25 @@ def test_table3_gives_one_table_per_task_with_that_task_s_paper_column():
 
 def quick_record(folder, method, task, test, attention, step_ms, metric="accuracy"):
     """A quick-grid cell's record as the grid leaves it, with the fields the glance reads."""
-    record = {"status": "complete", "method": method, "task": task, "seed": 0, "metric": metric, "test": test,
-              "valid": test, "base_rate": 0.5, "scored": {"test": 2000}, "density": 1.0, "steps": 10,
-              "device": "cpu", "flops_per_example": {"model": 2 * attention, "attention": attention},
-              "peak_memory_bytes": 1000, "median_step_ms": step_ms, "wall_time_s": 1.0,
-              "config": {"seq_len": 16, "steps": 10, "batch_size": 2, "depth": 1, "heads": 1, "dim": 8}}
+    record = {
+        "status": "complete",
+        "method": method,
+        "task": task,
+        "seed": 0,
+        "metric": metric,
+        "test": test,
+        "valid": test,
+        "base_rate": 0.5,
+        "scored": {"test": 2000},
+        "density": 1.0,
+        "steps": 10,
+        "device": "cpu",
+        "flops_per_example": {"model": 2 * attention, "attention": attention},
+        "peak_memory_bytes": 1000,
+        "median_step_ms": step_ms,
+        "wall_time_s": 1.0,
+        "config": {"seq_len": 16, "steps": 10, "batch_size": 2, "depth": 1, "heads": 1, "dim": 8},
+    }
     cell = folder / "runs" / f"{method}-{task}-cpu-s0"
     cell.mkdir(parents=True)
     (cell / "metrics.json").write_text(json.dumps(record))
@@ -236,20 +311,34 @@ def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path)
     ratios and the scaling crossover computed from the records; no sentences, no base-rate marks."""
     from bench import methods
     from experiments import report
+
     quick = tmp_path / "quick"
     full = quick_record(quick, "full", "duplicates", 0.95, attention=400, step_ms=10.0)
     linear = quick_record(quick, "linear", "duplicates", 0.70, attention=100, step_ms=20.0)
     at_base = quick_record(quick, "performer", "duplicates", 0.50, attention=300, step_ms=30.0)
     (quick / "grid.json").write_text(json.dumps({"methods": ["full", "linear", "performer"], "not_run": []}))
     (tmp_path / "scaling").mkdir()
-    rows = [{"method": m, "n": n, "fwdbwd_ms": ms, "peak_bytes": mib, "fwd_ms": 1, "flops": 1, "density": 1}
-            for m, n, ms, mib in [("full", 32, 1.0, 10), ("full", 64, 4.0, 10), ("full", 128, 16.0, 10),
-                                  ("linear", 32, 2.0, 20), ("linear", 64, 3.0, 30), ("linear", 128, 4.0, 40),
-                                  ("performer", 32, 0.5, 5), ("performer", 64, 5.0, 20), ("performer", 128, 8.0, 30)]]
+    rows = [
+        {"method": m, "n": n, "fwdbwd_ms": ms, "peak_bytes": mib, "fwd_ms": 1, "flops": 1, "density": 1}
+        for m, n, ms, mib in [
+            ("full", 32, 1.0, 10),
+            ("full", 64, 4.0, 10),
+            ("full", 128, 16.0, 10),
+            ("linear", 32, 2.0, 20),
+            ("linear", 64, 3.0, 30),
+            ("linear", 128, 4.0, 40),
+            ("performer", 32, 0.5, 5),
+            ("performer", 64, 5.0, 20),
+            ("performer", 128, 8.0, 30),
+        ]
+    ]
     (tmp_path / "scaling" / "scaling.json").write_text(json.dumps({"rows": rows, "args": {}, "device": "cpu"}))
     text = report.glance(tmp_path, {})
-    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-             for line in text.splitlines() if line.startswith("| ")}
+    table = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in text.splitlines()
+        if line.startswith("| ")
+    }
     assert set(methods.METHODS) <= set(table) and "base rate" in table
     without = [m for m in methods.METHODS if m not in ("full", "linear", "performer", "kernel")]
     assert without and all(set(table[m]) <= {"not run yet", "–"} and "not run yet" in table[m] for m in without)
@@ -272,21 +361,38 @@ def test_the_glance_has_one_row_per_registered_method_from_the_records(tmp_path)
 
 
 def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_written(tmp_path, here):
-    result = here("experiments.claims", "run", "sbm-table3", "--cells", "*-s9", "--out", str(tmp_path / "claim"),
-                  check=False)
+    result = here(
+        "experiments.claims", "run", "sbm-table3", "--cells", "*-s9", "--out", str(tmp_path / "claim"), check=False
+    )
     assert result.returncode == 2 and "no cell of sbm-table3 matches '*-s9'" in result.stderr
     assert "full-listops-paper-s0" in result.stderr and not (tmp_path / "claim").exists()
-    result = here("experiments.claims", "run", "frontier", "--cells", "nosuch*", "--out", str(tmp_path / "claim"),
-                  check=False)  # 590 cells: the message names the first and the last, not all of them
+    result = here(
+        "experiments.claims", "run", "frontier", "--cells", "nosuch*", "--out", str(tmp_path / "claim"), check=False
+    )  # 590 cells: the message names the first and the last, not all of them
     assert result.returncode == 2 and len(result.stderr.splitlines()[-1]) < 200, result.stderr
     assert "full-n64-duplicates-cpu-s0 … " in result.stderr and not (tmp_path / "claim").exists()
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
     from experiments.grid import grid_lock
+
     with grid_lock(tmp_path):
-        result = sh([sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(tmp_path),
-                     "--methods", "full", "--tasks", "duplicates"], check=False)
+        result = sh(
+            [
+                sys.executable,
+                "-m",
+                "experiments.grid",
+                "--budget",
+                "smoke",
+                "--out",
+                str(tmp_path),
+                "--methods",
+                "full",
+                "--tasks",
+                "duplicates",
+            ],
+            check=False,
+        )
     assert result.returncode != 0 and f"another grid is running in {tmp_path} (pid {os.getpid()})" in result.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "grid.lock").exists()  # released, the file gone
 
@@ -294,9 +400,27 @@ def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_killed_grid_leaves_no_cell_running(tmp_path):
     out = tmp_path / "grid"
-    grid = subprocess.Popen([sys.executable, "-m", "experiments.grid", "--budget", "smoke", "--out", str(out),
-                             "--methods", "full", "--tasks", "duplicates", "--set", "steps=100000"], cwd=ROOT,
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    grid = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "experiments.grid",
+            "--budget",
+            "smoke",
+            "--out",
+            str(out),
+            "--methods",
+            "full",
+            "--tasks",
+            "duplicates",
+            "--set",
+            "steps=100000",
+        ],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while not processes(str(out), without="experiments.grid"):
         assert grid.poll() is None and time.time() < deadline, "no cell started"
@@ -327,14 +451,19 @@ def test_a_killed_driver_leaves_no_benchmark_running(tmp_path, phase):
     """Before: SIGKILL of ./run_all.sh in its step-time phase, or of experiments.claims running a benchmark, left
     the benchmark running. The driver's own code runs with a stand-in python whose child sleeps for minutes."""
     from test_entry_points import kill_and_watch_the_child
+
     stand_in = tmp_path / "python"
     stand_in.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import time; time.sleep(600)' \"$@\"\n")
     stand_in.chmod(0o755)
     record = tmp_path / "runs" / "full-duplicates-cpu-s0" / "metrics.json"  # a task with a complete full record
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps({"status": "complete"}))
-    kill_and_watch_the_child([sys.executable, "-c", STAND_IN, str(stand_in), str(tmp_path), phase],
-                             ("time.sleep(600)", str(tmp_path)), "run_all", tmp_path)
+    kill_and_watch_the_child(
+        [sys.executable, "-c", STAND_IN, str(stand_in), str(tmp_path), phase],
+        ("time.sleep(600)", str(tmp_path)),
+        "run_all",
+        tmp_path,
+    )
 
 
 def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path, here):
@@ -349,18 +478,19 @@ def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path,
     assert json.loads(record.read_text())["steps"] == 2
 
 
-def test_frontier_cells_wait_for_their_family_s_learning_rate_and_then_take_the_best(tmp_path, monkeypatch,
-                                                                                     capsys):
+def test_frontier_cells_wait_for_their_family_s_learning_rate_and_then_take_the_best(tmp_path, monkeypatch, capsys):
     """frontier: stage 1 runs three learning rates per family at seed 0; each stage-2 cell waits for its family's
     three records, then takes the learning rate of the best validation metric (bits per byte: the lowest)."""
     from experiments import claims, grid
+
     claim, runs = claims.BY_NAME["frontier"], tmp_path / "runs"
     first = [c for c in claim.cells(runs) if "waiting" not in c]
     assert {c["settings"]["lr"] for c in first} == {"3e-4", "1e-3", "3e-3"}
     # learning rates × families × tasks, and the kernel method on bytes alone
     assert all(c["seed"] == 0 for c in first) and len(first) == 3 * 6 * 4 + 3
     assert [c["name"] for c in first if c["method"] == "kernel"] == [
-        f"kernel-t0.1-lr{lr}-bytes-cpu-s0" for lr in ("3e-4", "1e-3", "3e-3")]
+        f"kernel-t0.1-lr{lr}-bytes-cpu-s0" for lr in ("3e-4", "1e-3", "3e-3")
+    ]
     valid = {"3e-4": 0.7, "1e-3": 0.9, "3e-3": 0.8}
 
     def run_cells(out, cells, jobs):  # the grid: stage-1 records whose validation metric depends on the rate
@@ -376,14 +506,17 @@ def test_frontier_cells_wait_for_their_family_s_learning_rate_and_then_take_the_
     assert "waiting" in {c["name"]: c for c in claim.cells(runs)}["bigbird-d0.2-n64-duplicates-cpu-s0"]
     monkeypatch.setattr(grid, "run_cells", lambda out, cells, jobs: 0)  # stage 1 leaves no record
     assert claims.run_claim(claim, tmp_path, "sbm-lambda1e-2-n64-duplicates-cpu-s4", 1) == 1
-    assert "sbm-lambda1e-2-n64-duplicates-cpu-s4: not run, it waits for the records that give --lr" \
+    assert (
+        "sbm-lambda1e-2-n64-duplicates-cpu-s4: not run, it waits for the records that give --lr"
         in capsys.readouterr().out
+    )
 
 
 def claim_records(tmp_path, claim_name, tests, **fields):
     """Records for the cells of a claim whose setting (the cell's name without task, preset and seed) is in
     ``tests`` (setting → test accuracy), with ``fields`` (setting → extra fields) merged in."""
     from experiments import claims
+
     claim = claims.BY_NAME[claim_name]
     for cell in claim.cells(tmp_path / claim.name / "runs"):
         setting = cell["name"].rsplit(f"-{cell['task']}-", 1)[0]
@@ -398,6 +531,7 @@ def claim_records(tmp_path, claim_name, tests, **fields):
 
 def test_the_fig4_rule_reproduces_only_when_full_and_sbm_reach_99_and_the_low_rank_methods_do_not(tmp_path):
     from experiments import claims
+
     claim, folder = claim_records(tmp_path / "a", "sbm-fig4", {"full": 0.9998, "sbm": 0.995, "performer": 0.74})
     ours, verdict = claim.rule(folder)
     assert verdict == claims.REPRODUCED and ours == "≥ 99%: full, sbm; below: performer 74.0%"
@@ -412,10 +546,23 @@ def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_
     attention's, with the seeds that reach it; adaptivity pays on a task where an adaptive family gets there at
     most 1/1.5 of the density the fixed families need."""
     from experiments import frontier
-    tests = {"full-n64": 0.99, "window-d0.2-n64": 0.70, "window-d0.6-n64": 0.985, "sbm-n64": 0.99,
-             "sbm-lambda1e-2-n64": 0.985, "reformer-h2-b8-n64": 0.95}
-    density = {"full-n64": 1.0, "window-d0.2-n64": 0.2, "window-d0.6-n64": 0.6, "sbm-n64": 0.9,
-               "sbm-lambda1e-2-n64": 0.3, "reformer-h2-b8-n64": 0.25}
+
+    tests = {
+        "full-n64": 0.99,
+        "window-d0.2-n64": 0.70,
+        "window-d0.6-n64": 0.985,
+        "sbm-n64": 0.99,
+        "sbm-lambda1e-2-n64": 0.985,
+        "reformer-h2-b8-n64": 0.95,
+    }
+    density = {
+        "full-n64": 1.0,
+        "window-d0.2-n64": 0.2,
+        "window-d0.6-n64": 0.6,
+        "sbm-n64": 0.9,
+        "sbm-lambda1e-2-n64": 0.3,
+        "reformer-h2-b8-n64": 0.25,
+    }
     claim, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": d} for s, d in density.items()})
     rows = {(r["task"], r["family"]): r for r in frontier.verdict_rows(frontier_records(folder))}
     assert (rows["duplicates64", "sbm"]["density"], rows["duplicates64", "sbm"]["seeds"]) == (0.3, "5/5")
@@ -423,9 +570,18 @@ def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_
     assert rows["duplicates64", "reformer"]["density"] is None  # 95%: below full attention's 99% − 1 point
     assert "| duplicates64 | reformer | 0.9900 | 1 | does not | – | – | – |" in frontier.table(frontier_records(folder))
     (folder / "step_time-duplicates64").mkdir()
-    write_json(folder / "step_time-duplicates64" / "step_time.json",  # experiments.step_time's record of the cells
-               {"step_ms": {"full (fair)": [10.0, 10.0], "full (as run)": [11.0], "sbm-lambda1e-2-n64": [30.0],
-                            "sbm-n64": [25.0], "window-d0.6-n64": [12.0]}})
+    write_json(
+        folder / "step_time-duplicates64" / "step_time.json",  # experiments.step_time's record of the cells
+        {
+            "step_ms": {
+                "full (fair)": [10.0, 10.0],
+                "full (as run)": [11.0],
+                "sbm-lambda1e-2-n64": [30.0],
+                "sbm-n64": [25.0],
+                "window-d0.6-n64": [12.0],
+            }
+        },
+    )
     table = frontier.table(frontier_records(folder))
     assert "| duplicates64 | sbm | 0.9900 | 2 | 30.0% | sbm-lambda1e-2 | 5/5 | 2.50 |" in table  # sbm-n64 reaches too
     assert "| duplicates64 | window | 0.9900 | 2 | 60.0% | window-d0.6 | 5/5 | 1.20 |" in table
@@ -438,17 +594,31 @@ def test_the_frontier_learning_rates_show_each_rate_and_the_one_kept_in_bold(tmp
     """Stage 1 as a table: each family's first setting at every rate (validation metric, test density), in bold
     the rate its stage-2 cells take (the first of equals); a rate not run yet says so."""
     from experiments import frontier
-    tests = {"window-d0.2-n64-lr3e-4": 0.63, "window-d0.2-n64-lr1e-3": 0.65, "window-d0.2-n64-lr3e-3": 0.65,
-             "sbm-n64-lr3e-4": 0.6}
+
+    tests = {
+        "window-d0.2-n64-lr3e-4": 0.63,
+        "window-d0.2-n64-lr1e-3": 0.65,
+        "window-d0.2-n64-lr3e-3": 0.65,
+        "sbm-n64-lr3e-4": 0.6,
+    }
     _, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": 0.2} for s in tests})
-    rows = {tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:7]]
-            for line in frontier.learning_rates(frontier_records(folder)).splitlines()[2:]}
-    assert rows["duplicates64", "window", "window-d0.2-n64"] == ["0.6300 (20.0%)", "**0.6500 (20.0%)**",
-                                                                 "0.6500 (20.0%)"]
+    rows = {
+        tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:7]]
+        for line in frontier.learning_rates(frontier_records(folder)).splitlines()[2:]
+    }
+    assert rows["duplicates64", "window", "window-d0.2-n64"] == [
+        "0.6300 (20.0%)",
+        "**0.6500 (20.0%)**",
+        "0.6500 (20.0%)",
+    ]
     assert rows["recall64", "sbm", "sbm-n64"] == ["0.6000 (20.0%)", "not run yet", "not run yet"]
     assert rows["bytes", "kernel", "kernel-t0.1"] == ["not run yet"] * 3
-    assert frontier.BestLearningRate(tuple(f"window-d0.2-n64-lr{lr}-duplicates-cpu" for lr in frontier.LEARNING_RATES),
-                                     True).resolve(folder / "runs") == "1e-3"  # the cells' own choice, bolded
+    assert (
+        frontier.BestLearningRate(
+            tuple(f"window-d0.2-n64-lr{lr}-duplicates-cpu" for lr in frontier.LEARNING_RATES), True
+        ).resolve(folder / "runs")
+        == "1e-3"
+    )  # the cells' own choice, bolded
 
 
 def test_the_frontier_plot_takes_two_settings_that_tie_and_draws_each_against_its_step_time(tmp_path, monkeypatch):
@@ -456,46 +626,71 @@ def test_the_frontier_plot_takes_two_settings_that_tie_and_draws_each_against_it
     lower panel puts each at its step time ÷ fair full attention's, from the variant's step_time record."""
     pytest.importorskip("matplotlib")
     from experiments import plots
+
     tests = {"full-n64": 0.99, "window-d0.2-n64": 0.7, "window-d0.4-n64": 0.7}
     _, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": 0.3} for s in tests})
     (folder / "step_time-duplicates64").mkdir()
-    write_json(folder / "step_time-duplicates64" / "step_time.json", {"step_ms": {
-        "full (fair)": [10.0], "full (as run)": [11.0], "window-d0.2-n64": [15.0], "window-d0.4-n64": [12.0]}})
+    write_json(
+        folder / "step_time-duplicates64" / "step_time.json",
+        {
+            "step_ms": {
+                "full (fair)": [10.0],
+                "full (as run)": [11.0],
+                "window-d0.2-n64": [15.0],
+                "window-d0.4-n64": [12.0],
+            }
+        },
+    )
     drawn, save = [], plots.save
 
     def keep(fig, path, axes, *more):
         drawn.extend(axes)
         save(fig, path, drawn, *more)
+
     monkeypatch.setattr(plots, "save", keep)
     plots.frontiers(frontier_records(folder), tmp_path / "frontier.png")
     assert (tmp_path / "frontier.png").stat().st_size > 0
     # the first column's panels: duplicates64 against density, then against step time (-n64 records serve recall too)
-    top, bottom = ({line.get_label(): line.get_data() for line in ax.get_lines()} for ax in drawn[::len(drawn) // 2])
+    top, bottom = ({line.get_label(): line.get_data() for line in ax.get_lines()} for ax in drawn[:: len(drawn) // 2])
     assert list(top["window"][0]) == [0.3, 0.3] and list(bottom["window"][0]) == [1.2, 1.5]
     assert list(bottom["dense"][0]) == [1.1] and list(bottom["window"][1]) == [0.7, 0.7]
 
 
 def frontier_records(folder):
     from experiments.grid import load
+
     return load(folder)[0]
 
 
 def test_the_claims_table_puts_the_rule_s_verdict_beside_the_paper_s_figure(tmp_path):
     from experiments import claims, report
-    claim_records(tmp_path, "sbm-fig4", {m: 0.995 if m in ("full", "sbm") else 0.7 for m in
-                                         ("full", "sbm", "performer", "linformer", "linear", "nystromformer",
-                                          "ssa", "reformer")})
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in report.claims_table(tmp_path, "x.md").splitlines()[2:]}
+
+    claim_records(
+        tmp_path,
+        "sbm-fig4",
+        {
+            m: 0.995 if m in ("full", "sbm") else 0.7
+            for m in ("full", "sbm", "performer", "linformer", "linear", "nystromformer", "ssa", "reformer")
+        },
+    )
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in report.claims_table(tmp_path, "x.md").splitlines()[2:]
+    }
     fig4 = rows["[SBM-Transformer Fig. 4](x.md#sbm-transformer-fig-4-duplicates-every-method-the-papers-recipe)"]
-    assert fig4 == [claims.BY_NAME["sbm-fig4"].figure, "≥ 99%: full, sbm; below: " + ", ".join(
-        f"{m} 70.0%" for m in ("linear", "linformer", "nystromformer", "performer", "reformer", "ssa")), "reproduced"]
+    assert fig4 == [
+        claims.BY_NAME["sbm-fig4"].figure,
+        "≥ 99%: full, sbm; below: "
+        + ", ".join(f"{m} 70.0%" for m in ("linear", "linformer", "nystromformer", "performer", "reformer", "ssa")),
+        "reproduced",
+    ]
     listops = next(row for name, row in rows.items() if name.startswith("[SBM-Transformer Tables 1-2]"))
     assert listops[1:] == ["–", "not run yet (9 of 9 runs)"]
 
 
 def test_a_smoke_report_says_first_that_its_numbers_carry_no_information(tmp_path):
     from experiments import report
+
     quick_record(tmp_path, "full", "duplicates", 0.5, attention=400, step_ms=10.0)  # at the base rate
     (tmp_path / "grid.json").write_text(json.dumps({"budget": "smoke", "methods": ["full"], "not_run": []}))
     text = report.write_run_report(tmp_path)

@@ -1,6 +1,7 @@
 """Tests for sbm_transformer.py: the sparse and dense paths against each other and against full attention on
 the same edge set, the STE against Eq. 9, gradchecks of the custom autograd functions, the sampling law
 against Bernoulli(min(1, p + δ)), padding, causality, empty rows, density and FLOP accounting, the CLI."""
+
 import json
 import math
 import subprocess
@@ -87,7 +88,7 @@ def test_sampled_graph_attends_like_the_same_graph_rebuilt(causal, padded):
     results = []
     for g in (graph, rebuilt):
         y, density, _ = module.attend(q, k, v, g, valid, None)
-        loss = (y ** 2).sum() + density.sum()
+        loss = (y**2).sum() + density.sum()
         results.append((y, density, torch.autograd.grad(loss, [x, module.centers, module.mlp_w], retain_graph=True)))
     (y0, d0, g0), (y1, d1, g1) = results
     torch.testing.assert_close(y0, y1, rtol=1e-12, atol=1e-14)
@@ -131,8 +132,11 @@ def test_ste_gradient_is_equation_9(ste):
     """∂L/∂p_ij := ∂L/∂M_ij with A = M ⊙ QKᵀ/√D (Eq. 9): differentiate a dense float M at its binary value."""
     torch.manual_seed(0)
     n, m = 5, 6
-    q, k, v = torch.randn(n, D, dtype=torch.float64), torch.randn(m, D, dtype=torch.float64), \
-        torch.randn(m, D, dtype=torch.float64)
+    q, k, v = (
+        torch.randn(n, D, dtype=torch.float64),
+        torch.randn(m, D, dtype=torch.float64),
+        torch.randn(m, D, dtype=torch.float64),
+    )
     mask = torch.rand(n, m) < 0.5
     mask[2] = False  # an empty row
     weights = torch.randn(n, D, dtype=torch.float64)
@@ -161,8 +165,9 @@ def test_gradcheck_edge_attention(dropout):
     q, k, v = (torch.randn(2 * n, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     p = torch.rand(edges.E, dtype=torch.float64)
     keep = torch.rand(edges.E) > 0.3 if dropout else None
-    assert torch.autograd.gradcheck(lambda a, b, c: sbm.EdgeAttention.apply(a, b, c, p, edges, keep, 0.3, "paper"),
-                                    (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: sbm.EdgeAttention.apply(a, b, c, p, edges, keep, 0.3, "paper"), (q, k, v)
+    )
 
 
 def test_edge_attention_double_backward_is_refused():
@@ -205,7 +210,7 @@ def test_at_density_places_the_module_at_that_expected_and_sampled_density(densi
         q, k, _ = qkv(module, x)
         x_hat, z_hat = module.memberships(q), module.memberships(k)
         expected = fastrg.expected_edges(x_hat, module.block_matrix(), z_hat)
-        assert abs(float(expected.sum()) / (2 * H * 256 ** 2) + module.delta - density) < 1e-6
+        assert abs(float(expected.sum()) / (2 * H * 256**2) + module.delta - density) < 1e-6
         sampled = module(x, generator=seeded(1))[1]["density"]
         assert ((sampled - density).abs() < 0.15 * density).all(), sampled
         module.shift = 0.0
@@ -220,8 +225,10 @@ def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_
     mask = torch.rand(3, n, n) < 0.5
     mask[:, 2, 2] = True  # (i, i) edges, forced with self-loops
     edges = sbm.Edges.from_mask(mask)
-    x, w = torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True), \
-        torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True)
+    x, w = (
+        torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True),
+        torch.rand(3 * n, kk, dtype=torch.float64, requires_grad=True),
+    )
     grad, grad_counts = torch.randn(edges.E, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
     for self_loops in (False, True):
         dense = torch.einsum("rik,rjk->rij", x.view(3, n, kk), w.view(3, n, kk))  # p = x wᵀ per graph
@@ -238,17 +245,24 @@ def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_
     # dropout: weights α·keep/(1 − p) on the edges
     q, k, v = (torch.randn(3, n, D, dtype=torch.float64) for _ in range(3))
     keep = torch.rand(edges.E) > 0.25
-    y = sbm.EdgeAttention.apply(q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), m.detach(), edges, keep,
-                                0.25, "paper")
+    y = sbm.EdgeAttention.apply(
+        q.reshape(-1, D), k.reshape(-1, D), v.reshape(-1, D), m.detach(), edges, keep, 0.25, "paper"
+    )
     alpha = (q @ k.transpose(1, 2) / math.sqrt(D)).masked_fill(~mask, -math.inf).softmax(-1).nan_to_num(0.0)
     dropped = torch.zeros_like(alpha)
     dropped[mask] = alpha[mask] * keep / 0.75
     torch.testing.assert_close(y.view(3, n, D), dropped @ v)
 
 
-@pytest.mark.parametrize("causal, padded, self_loops, ste, dropout, weight", [
-    (False, False, False, "paper", 0.0, 0.0), (True, True, False, "paper", 0.2, 0.1),
-    (False, True, True, "official", 0.0, 0.1), (True, False, True, "paper", 0.2, 0.0)])
+@pytest.mark.parametrize(
+    "causal, padded, self_loops, ste, dropout, weight",
+    [
+        (False, False, False, "paper", 0.0, 0.0),
+        (True, True, False, "paper", 0.2, 0.1),
+        (False, True, True, "official", 0.0, 0.1),
+        (True, False, True, "paper", 0.2, 0.0),
+    ],
+)
 def test_chunks_of_queries_and_keys_change_no_bit(causal, padded, self_loops, ste, dropout, weight, monkeypatch):
     """The fast path takes its per-edge work a chunk of queries (keys) at a time: thinning, softmax, products,
     the STE; the key-major copy a block of graphs at a time. With chunks of about 5 edges and a block a graph the
@@ -265,8 +279,9 @@ def test_chunks_of_queries_and_keys_change_no_bit(causal, padded, self_loops, st
         y, stats = module(x, padding() if padded else None, causal, generator=seeded(9))
         loss = (y * torch.randn(y.shape, dtype=y.dtype, generator=seeded(10))).sum() + stats.get("aux_loss", 0)
         grads = torch.autograd.grad(loss, [x] + list(module.parameters()))
-        results.append([sampled[-1].row_ptr, sampled[-1].col, y, stats["density"], stats["density_per_example"],
-                        *grads])
+        results.append(
+            [sampled[-1].row_ptr, sampled[-1].col, y, stats["density"], stats["density_per_example"], *grads]
+        )
     assert sampled[-1].E > 10 * 5  # many chunks
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
@@ -283,7 +298,9 @@ def test_between_forward_and_backward_a_layer_keeps_only_its_graph(dropout):
     graph = module.sample(q, k, valid, False, seeded(3))
     y, _, _ = module.attend(q, k, v, graph, valid, seeded(4))
     edges = graph["edges"]
-    saved = [t for t in y.grad_fn.next_functions[0][0].saved_tensors if t is not None]  # the view's input: EdgeAttention
+    saved = [
+        t for t in y.grad_fn.next_functions[0][0].saved_tensors if t is not None
+    ]  # the view's input: EdgeAttention
     assert [t.dtype for t in saved if t.shape == (edges.E,)] == ([torch.bool] if dropout else [])
     assert edges._key_major is None
     built = []
@@ -321,13 +338,15 @@ def test_chunks_cover_every_query_and_key_once_and_are_rows_of_the_whole(chunk, 
     mask[2, :, 3] = True  # a key in every row
     edges = sbm.Edges.from_mask(mask)
     values = torch.arange(1, edges.E + 1, dtype=torch.float64)
-    for key_major, whole, width in ((False, edges.csr(values).to_dense(), 3 * 7),
-                                    (True, edges.csr(values).to_dense().T, 3 * 5)):
+    for key_major, whole, width in (
+        (False, edges.csr(values).to_dense(), 3 * 7),
+        (True, edges.csr(values).to_dense().T, 3 * 5),
+    ):
         covered = 0
         for start, at, part in edges.chunks(key_major):
             assert start == covered and part.R == 1 and part.M == width
             assert part.N == 1 or part.E <= max(chunk, 1)
-            assert torch.equal(part.csr(values[at]).to_dense(), whole[start:start + part.N])
+            assert torch.equal(part.csr(values[at]).to_dense(), whole[start : start + part.N])
             covered += part.N
         assert covered == whole.shape[0]
     assert len(edges.key_major()[1]) == (3 if block == 1 else 1)  # a block a graph, or all in one
@@ -349,8 +368,17 @@ def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal, chunk, monk
     block = module.block_matrix().detach()  # (1, 3, 3)
     w = z @ block[0].T
     valid = torch.ones(T, n, dtype=torch.bool)
-    edges = sbm.sample_edges(x.expand(T, 1, n, 3), z.expand(T, 1, n, 3), w.expand(T, 1, n, 3), block,
-                             valid, causal, module.exploration(), False, seeded(3))
+    edges = sbm.sample_edges(
+        x.expand(T, 1, n, 3),
+        z.expand(T, 1, n, 3),
+        w.expand(T, 1, n, 3),
+        block,
+        valid,
+        causal,
+        module.exploration(),
+        False,
+        seeded(3),
+    )
     freq = edges.to_mask().double().mean(0)  # (N, M)
     prob = (x @ w.T + 0.01).clamp(max=1.0)
     if causal:
@@ -402,9 +430,9 @@ def test_causal_never_sees_the_future():
     y, _ = module(x, causal=True, generator=seeded(2))
     for t in (0, 4, 8):
         changed = x.clone()
-        changed[:, t + 1:] = torch.randn_like(changed[:, t + 1:])
+        changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
         y2, _ = module(changed, causal=True, generator=seeded(2))
-        torch.testing.assert_close(y2[:, :t + 1], y[:, :t + 1], rtol=0, atol=0)
+        torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=0)
     module.path = "fast"
     q, k, v = qkv(module, x)
     graph = module.sample(q, k, torch.ones(2, 10, dtype=torch.bool), True, seeded(2))
@@ -468,14 +496,21 @@ def test_flops_are_counted_from_the_edges():
     mask = torch.rand(2, n, n) < 0.3
     edges = sbm.Edges.from_mask(mask)
     q = torch.randn(2 * n, D)
-    count = measure.count_flops(lambda: sbm.EdgeAttention.apply(q, q, q, torch.zeros(edges.E), edges, None, 0.0,
-                                                                "paper"))["total"]
+    count = measure.count_flops(
+        lambda: sbm.EdgeAttention.apply(q, q, q, torch.zeros(edges.E), edges, None, 0.0, "paper")
+    )["total"]
     assert count == 4 * edges.E * D + 5 * edges.E
 
 
 def test_invalid_arguments_raise():
-    for kwargs in ({"clusters": 0}, {"delta": 1.0}, {"density_weight": -1.0}, {"path": "dense"}, {"ste": "clip"},
-                   {"dropout": 1.0}):
+    for kwargs in (
+        {"clusters": 0},
+        {"delta": 1.0},
+        {"density_weight": -1.0},
+        {"path": "dense"},
+        {"ste": "clip"},
+        {"dropout": 1.0},
+    ):
         with pytest.raises(ValueError):
             sbm.SBMAttention(DIM, H, D, **kwargs)
     for mask in (torch.zeros(2, 4, dtype=torch.bool), torch.zeros(2, 5)):
@@ -488,19 +523,43 @@ def test_factory_splits_lambda_over_layers_and_official_preset():
     layers = [sbm.make_attention_factory(cfg, DIM, H, D, 0.0, 2)(i) for i in range(2)]
     assert all(math.isclose(layer.density_weight, 0.05) for layer in layers)
     official = sbm.SBMConfig.official()
-    assert (official.path, official.ste, official.explore_in_eval, official.shared_mlp) == ("reference", "official",
-                                                                                           True, True)
+    assert (official.path, official.ste, official.explore_in_eval, official.shared_mlp) == (
+        "reference",
+        "official",
+        True,
+        True,
+    )
     module = sbm.make_attention_factory(official, DIM, H, D, 0.0, 1)(0).eval()
     assert module.exploration() == 0.01 and module.mlp_w.shape[1] == 1
 
 
-@pytest.mark.parametrize("extra, path", [([], "reference"), (["--path", "fast"], "fast"),
-                                         (["--official", "--self-loops"], "reference")])
+@pytest.mark.parametrize(
+    "extra, path", [([], "reference"), (["--path", "fast"], "fast"), (["--official", "--self-loops"], "reference")]
+)
 def test_command_line_trains_and_records_density_per_layer_and_head(tmp_path, extra, path):
     out = tmp_path / "run"
-    argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "3", "--batch-size", "4", "--eval-every", "3",
-            "--eval-batches", "1", "--final-eval-batches", "2", "--clusters", "8", "--density-weight", "0.01",
-            "--out", str(out)] + extra
+    argv = [
+        "--task",
+        "duplicates",
+        "--seq-len",
+        "32",
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "1",
+        "--final-eval-batches",
+        "2",
+        "--clusters",
+        "8",
+        "--density-weight",
+        "0.01",
+        "--out",
+        str(out),
+    ] + extra
     assert sbm.main(argv) == 0
     record = json.loads((out / "metrics.json").read_text())
     assert record["method"] == "sbm" and record["sbm"]["clusters"] == 8 and record["sbm"]["path"] == path
@@ -517,19 +576,45 @@ def test_command_line_trains_and_records_density_per_layer_and_head(tmp_path, ex
 def test_density_from_holds_the_regulariser_back_until_its_step(tmp_path):
     """λ with --density-from at the last step trains exactly as λ = 0 does; from the middle, the same steps up to
     there, then the regulariser thins the graph (its training density falls below λ = 0's)."""
+
     def train(*extra):
         out = tmp_path / "-".join(extra)
-        argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "40", "--batch-size", "4", "--eval-every",
-                "20", "--eval-batches", "1", "--final-eval-batches", "2", "--clusters", "8", "--lr", "3e-3",
-                "--out", str(out), *extra]
+        argv = [
+            "--task",
+            "duplicates",
+            "--seq-len",
+            "32",
+            "--steps",
+            "40",
+            "--batch-size",
+            "4",
+            "--eval-every",
+            "20",
+            "--eval-batches",
+            "1",
+            "--final-eval-batches",
+            "2",
+            "--clusters",
+            "8",
+            "--lr",
+            "3e-3",
+            "--out",
+            str(out),
+            *extra,
+        ]
         assert sbm.main(argv) == 0
         log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
         at_20 = [{k: v for k, v in entry.items() if k != "time"} for entry in log if entry["step"] == 20]
         return {**json.loads((out / "metrics.json").read_text()), "step 20": at_20}
 
-    free, held, later = (train(*extra) for extra in (
-        ["--density-weight", "0"], ["--density-weight", "1", "--density-from", "40"],
-        ["--density-weight", "1", "--density-from", "20"]))
+    free, held, later = (
+        train(*extra)
+        for extra in (
+            ["--density-weight", "0"],
+            ["--density-weight", "1", "--density-from", "40"],
+            ["--density-weight", "1", "--density-from", "20"],
+        )
+    )
     assert held["train_density"] == free["train_density"] and held["test"] == free["test"]
     assert later["step 20"] == free["step 20"] and free["step 20"][0]["split"] == "valid"
     assert later["train_density"] < free["train_density"]
@@ -552,19 +637,26 @@ def test_command_line_rejects_bad_settings_with_exit_2(bad):
 def test_a_forward_and_backward_emit_no_warning():
     """torch says once per process that sparse CSR tensors are "in beta"; the SBM attention builds its CSR tensors
     with exactly that notice silenced, so a fresh process (where the notice would come) shows no warning at all."""
-    code = ("import warnings, torch, sbm_transformer as sbm\n"
-            "warnings.simplefilter('error')\n"
-            "padding = torch.zeros(2, 8, dtype=torch.bool)\n"
-            "padding[1, 6:] = True\n"
-            "for path in sbm.PATHS:\n"
-            "    module = sbm.SBMAttention(16, 2, 8, 0.1, clusters=4, path=path, density_weight=0.1).train()\n"
-            "    x = torch.randn(2, 8, 16, requires_grad=True)\n"
-            "    y, stats = module(x, padding, causal=True, generator=torch.Generator().manual_seed(0))\n"
-            "    (y.sum() + stats['aux_loss']).backward()\n"
-            "    module.eval()(x)\n"
-            "print('ok')\n")
-    ran = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
-                         text=True, timeout=120)
+    code = (
+        "import warnings, torch, sbm_transformer as sbm\n"
+        "warnings.simplefilter('error')\n"
+        "padding = torch.zeros(2, 8, dtype=torch.bool)\n"
+        "padding[1, 6:] = True\n"
+        "for path in sbm.PATHS:\n"
+        "    module = sbm.SBMAttention(16, 2, 8, 0.1, clusters=4, path=path, density_weight=0.1).train()\n"
+        "    x = torch.randn(2, 8, 16, requires_grad=True)\n"
+        "    y, stats = module(x, padding, causal=True, generator=torch.Generator().manual_seed(0))\n"
+        "    (y.sum() + stats['aux_loss']).backward()\n"
+        "    module.eval()(x)\n"
+        "print('ok')\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, "ok\n", ""), ran.stderr
 
 
@@ -590,10 +682,14 @@ def density_after_training(lr: float, steps: int, **options) -> tuple:
     return densities[0], densities[-1]
 
 
-@pytest.mark.parametrize("lr, options, holds", [
-    (3e-4, dict(density_weight=1e-2), True),  # the stated working range
-    (3e-3, dict(density_weight=0.0), False),  # Eq. 9 at a high rate: the density collapses, λ = 0 included
-    (3e-3, dict(density_weight=0.0, ste="official"), True)])  # the clipped estimator holds it
+@pytest.mark.parametrize(
+    "lr, options, holds",
+    [
+        (3e-4, dict(density_weight=1e-2), True),  # the stated working range
+        (3e-3, dict(density_weight=0.0), False),  # Eq. 9 at a high rate: the density collapses, λ = 0 included
+        (3e-3, dict(density_weight=0.0, ste="official"), True),
+    ],
+)  # the clipped estimator holds it
 def test_learning_rate_probe_of_the_readme(lr, options, holds):
     start, end = density_after_training(lr, 100, **options)
     assert (end > 0.7 * start) == holds, (start, end)
@@ -617,8 +713,8 @@ def test_eq5_forces_density_at_least_recall_squared_on_a_matching_graph(clusters
         q_hat, k_hat = (attn.memberships(x)[0, 0] for x in inputs)  # (N, K) each, Eq. 6
         p = q_hat @ attn.block_matrix()[0] @ k_hat.T  # (N, M): Eq. 7 before δ
         density, recall = p.mean(), p.diagonal().mean()
-        assert density >= recall ** 2 - 1e-12
-        ratios.append((recall ** 2 / density).item())
+        assert density >= recall**2 - 1e-12
+        ratios.append((recall**2 / density).item())
         optimizer.zero_grad()
         (density - recall).backward()
         optimizer.step()

@@ -1,5 +1,6 @@
 """Tests for ssa.py: SSA against an independent dense reference restricted to the drawn pattern, the
 sampling distribution against the exact rank distribution of Eq. 3, and the procedures (+FT, ensembling)."""
+
 import functools
 import json
 import math
@@ -35,8 +36,7 @@ def reference(module, x, key_padding_mask=None, causal=False, pattern=None):
         allowed &= torch.ones(n, n, dtype=torch.bool).tril()
     if pattern is not None:
         allowed &= pattern
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(D) + (bias if module.alibi else 0)).masked_fill(~allowed,
-                                                                                                  -math.inf)
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(D) + (bias if module.alibi else 0)).masked_fill(~allowed, -math.inf)
     probs = scores.softmax(-1).nan_to_num(0.0)
     y = (probs @ v).transpose(1, 2).reshape(b, n, H * D)
     valid = torch.ones(b, n) if key_padding_mask is None else (~key_padding_mask).float()
@@ -57,8 +57,12 @@ def padding(n: int, lengths) -> torch.Tensor:
     return torch.arange(n)[None, :] >= torch.tensor(lengths)[:, None]  # (B, N), True at padding
 
 
-VARIANTS = [dict(windows=4, sigma=0.3), dict(windows=2, sigma=0.3, grid=(4, 4)), dict(unbiased=0.5),
-            dict(windows=4, sigma=0.2, alibi=False)]
+VARIANTS = [
+    dict(windows=4, sigma=0.3),
+    dict(windows=2, sigma=0.3, grid=(4, 4)),
+    dict(unbiased=0.5),
+    dict(windows=4, sigma=0.2, alibi=False),
+]
 
 
 @pytest.mark.on_device
@@ -137,8 +141,15 @@ def test_sigma_zero_is_block_local_attention(causal, grid):
     assert stats["density"].tolist() == pytest.approx([expected] * H)
 
 
-@pytest.mark.parametrize("kwargs", [dict(windows=4, sigma=0.5), dict(windows=2, sigma=0.5, grid=(4, 4)),
-                                    dict(unbiased=0.25), dict(windows=4, sigma=5.0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(windows=4, sigma=0.5),
+        dict(windows=2, sigma=0.5, grid=(4, 4)),
+        dict(unbiased=0.25),
+        dict(windows=4, sigma=5.0),
+    ],
+)
 def test_causal_never_sees_the_future_and_never_leaves_a_row_empty(kwargs):
     m = make(**kwargs)
     for seed in range(200):  # admissible source for every query: some source j ≤ i in its window
@@ -152,8 +163,8 @@ def test_causal_never_sees_the_future_and_never_leaves_a_row_empty(kwargs):
     assert (y.abs().sum(-1) > 0).all()
     for t in range(15):  # changing the future leaves the past untouched, same draw
         x2 = x.clone()
-        x2[:, t + 1:] = torch.randn(1, 15 - t, DIM)
-        torch.testing.assert_close(m(x2, causal=True, generator=seeded(7))[0][:, :t + 1], y[:, :t + 1])
+        x2[:, t + 1 :] = torch.randn(1, 15 - t, DIM)
+        torch.testing.assert_close(m(x2, causal=True, generator=seeded(7))[0][:, : t + 1], y[:, : t + 1])
 
 
 def test_one_draw_is_shared_by_heads_and_batch():
@@ -192,8 +203,8 @@ def exact_window_probabilities(n: int, j: int, sigma: float, windows: int) -> to
     pmf = torch.zeros(len(z), n, dtype=torch.float64)
     pmf[:, 0] = 1.0
     for i in range(n - 1):  # add one Bernoulli(p_i) to the rank
-        pmf = pmf * (1 - p[:, i:i + 1]) + torch.nn.functional.pad(pmf[:, :-1], (1, 0)) * p[:, i:i + 1]
-    weight = torch.exp(-z ** 2 / 2) / math.sqrt(2 * math.pi) * (z[1] - z[0])  # (Z,)
+        pmf = pmf * (1 - p[:, i : i + 1]) + torch.nn.functional.pad(pmf[:, :-1], (1, 0)) * p[:, i : i + 1]
+    weight = torch.exp(-(z**2) / 2) / math.sqrt(2 * math.pi) * (z[1] - z[0])  # (Z,)
     return (weight[:, None] * pmf).sum(0).view(windows, -1).sum(1)  # (W,)
 
 
@@ -343,9 +354,28 @@ def test_the_dense_tail_is_the_last_fraction_of_the_steps():
 def test_command_line_trains_sub_models_then_the_dense_tail(tmp_path):
     """main(): 2 steps of sampled sub-models (a quarter of the pairs each), then 2 dense steps (+FT)."""
     out = tmp_path / "run"
-    argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "4", "--batch-size", "4", "--eval-every", "4",
-            "--eval-batches", "1", "--final-eval-batches", "1", "--finetune-fraction", "0.5", "--log-every", "1",
-            "--out", str(out)]
+    argv = [
+        "--task",
+        "duplicates",
+        "--seq-len",
+        "32",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "4",
+        "--eval-batches",
+        "1",
+        "--final-eval-batches",
+        "1",
+        "--finetune-fraction",
+        "0.5",
+        "--log-every",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert ssa.main(argv) == 0
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [line["density"] for line in log if line["split"] == "train"] == pytest.approx([0.25, 0.25, 1.0, 1.0])
@@ -355,9 +385,30 @@ def test_command_line_trains_sub_models_then_the_dense_tail(tmp_path):
 
 def test_command_line_trains_with_fine_tuning_and_self_ensembling(tmp_path):
     out = tmp_path / "run"
-    argv = ["--task", "duplicates", "--seq-len", "32", "--steps", "4", "--batch-size", "4", "--eval-every", "4",
-            "--eval-batches", "1", "--final-eval-batches", "1", "--finetune-fraction", "0.5",
-            "--ensemble-samples", "3", "--sigma", "0.2", "--out", str(out)]
+    argv = [
+        "--task",
+        "duplicates",
+        "--seq-len",
+        "32",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "4",
+        "--eval-batches",
+        "1",
+        "--final-eval-batches",
+        "1",
+        "--finetune-fraction",
+        "0.5",
+        "--ensemble-samples",
+        "3",
+        "--sigma",
+        "0.2",
+        "--out",
+        str(out),
+    ]
     assert ssa.main(argv) == 0
     record = json.loads((out / "metrics.json").read_text())
     assert record["method"] == "ssa" and record["ssa"]["setting"] == "S1-L4+FT"
@@ -368,8 +419,10 @@ def test_command_line_trains_with_fine_tuning_and_self_ensembling(tmp_path):
     # evaluation is dense; a training step's sub-model sees a quarter of the keys and costs less attention
     assert record["density"] == pytest.approx(1.0) and record["ssa"]["sampled_density"] == pytest.approx(0.25)
     sampled, dense = record["ssa"]["sampled_flops_per_example"], record["flops_per_example"]
-    assert sampled["attention"] < dense["attention"] and sampled["model"] - sampled["attention"] == \
-        dense["model"] - dense["attention"]
+    assert (
+        sampled["attention"] < dense["attention"]
+        and sampled["model"] - sampled["attention"] == dense["model"] - dense["attention"]
+    )
 
 
 def test_ensemble_sizes_double_up_to_the_requested_count():
@@ -377,8 +430,16 @@ def test_ensemble_sizes_double_up_to_the_requested_count():
     assert ssa.ensemble_sizes(50) == [1, 2, 4, 8, 16, 32, 50]
 
 
-@pytest.mark.parametrize("bad", [["--grid", "3x5"], ["--attn", "windows=2"], ["--ssa-layers", "5"],
-                                 ["--unbiased", "1.5"], ["--sigma", "0.1", "0.2", "0.3"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--grid", "3x5"],
+        ["--attn", "windows=2"],
+        ["--ssa-layers", "5"],
+        ["--unbiased", "1.5"],
+        ["--sigma", "0.1", "0.2", "0.3"],
+    ],
+)
 def test_command_line_rejects_bad_settings_with_exit_2(bad, capsys):
     with pytest.raises(SystemExit) as exc:
         ssa.main(["--task", "duplicates"] + bad)
@@ -392,8 +453,27 @@ def test_lm_tasks_drop_positional_embeddings_under_alibi(tmp_path, extra, expect
     text = tmp_path / "text.txt"
     text.write_bytes(bytes(range(32, 127)) * 40)
     out = tmp_path / "run"
-    argv = ["--task", "bytes", "--data-file", str(text), "--seq-len", "32", "--steps", "0", "--batch-size", "2",
-            "--eval-batches", "1", "--final-eval-batches", "1", "--eval-context", "8", "--out", str(out), *extra]
+    argv = [
+        "--task",
+        "bytes",
+        "--data-file",
+        str(text),
+        "--seq-len",
+        "32",
+        "--steps",
+        "0",
+        "--batch-size",
+        "2",
+        "--eval-batches",
+        "1",
+        "--final-eval-batches",
+        "1",
+        "--eval-context",
+        "8",
+        "--out",
+        str(out),
+        *extra,
+    ]
     assert ssa.main(argv) == 0
     assert json.loads((out / "metrics.json").read_text())["config"]["pos_emb"] is expected
 
@@ -404,6 +484,7 @@ def test_float16_autocast_lets_no_masked_source_through(kwargs):
     so the future and padded sources got weight (gradients of 1e3 through them). Now −inf, with a dummy source for
     a row that has none (zeroed after)."""
     from test_full import float16_leaks
+
     m = make(**kwargs)
     for seed in range(4):
         m.train(seed % 2 == 0)

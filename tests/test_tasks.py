@@ -1,5 +1,6 @@
 """bench/tasks (synthetic.py, language.py): generators follow their rules, determinism from the seed, LM windows score every byte once,
 clear errors for missing or corrupt data."""
+
 import hashlib
 import io
 import json
@@ -119,7 +120,7 @@ def test_byte_lm_sliding_windows_score_every_byte_exactly_once(tmp_path):
         assert torch.equal(tokens[:, 1:][targets[:, :-1] != IGNORE], targets[:, :-1][targets[:, :-1] != IGNORE])
         scored += targets[targets != IGNORE].tolist()
     # every target byte after the first window's start is scored once, in order, up to the last full window
-    assert scored == list(split[1:1 + len(scored)])
+    assert scored == list(split[1 : 1 + len(scored)])
     assert len(split) - 1 - len(scored) < 64 - 48
 
 
@@ -135,8 +136,10 @@ def test_byte_lm_train_batches_are_next_byte_pairs(tmp_path):
     assert batch["tokens"].dtype == torch.long
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "wikitext-2" / "valid.txt").exists(),
-                    reason="no WikiText-2 copy in $SPARSE_ATTN_DATA (valid.txt and test.txt)")
+@pytest.mark.skipif(
+    not (SHARED_DATA / "wikitext-2" / "valid.txt").exists(),
+    reason="no WikiText-2 copy in $SPARSE_ATTN_DATA (valid.txt and test.txt)",
+)
 def test_bytes_reads_the_local_wikitext2_copy():
     task = get_task("bytes")
     task.setup(128, 0, SHARED_DATA, eval_context=64)
@@ -148,7 +151,9 @@ def wikitext_release(path, splits=("train", "valid", "test")) -> bytes:
     """A small fake of the WikiText-2 release archive: wikitext-2/wiki.{split}.tokens, ` = Heading = ` lines."""
     with zipfile.ZipFile(path, "w") as zf:
         for index, split in enumerate(splits):
-            zf.writestr(f"wikitext-2/wiki.{split}.tokens", f" = {split.title()} = \n words of {split} \n".encode() * 300)
+            zf.writestr(
+                f"wikitext-2/wiki.{split}.tokens", f" = {split.title()} = \n words of {split} \n".encode() * 300
+            )
     return path.read_bytes()
 
 
@@ -332,10 +337,41 @@ def test_enwik8_trains_from_a_data_file(fake_enwik8, tmp_path, given):
     """A few training steps through the command line's code path, with --data-file the zip or the file."""
     plain, archive = fake_enwik8
     out = tmp_path / "run"
-    code = train_main(["--task", "enwik8", "--data-file", str(archive if given == "zip" else plain), "--no-download",
-                       "--seq-len", "32", "--dim", "16", "--heads", "2", "--head-dim", "8", "--mlp-dim", "16",
-                       "--depth", "1", "--batch-size", "4", "--steps", "3", "--eval-every", "3", "--eval-batches",
-                       "2", "--final-eval-batches", "2", "--warmup", "1", "--out", str(out)])
+    code = train_main(
+        [
+            "--task",
+            "enwik8",
+            "--data-file",
+            str(archive if given == "zip" else plain),
+            "--no-download",
+            "--seq-len",
+            "32",
+            "--dim",
+            "16",
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--mlp-dim",
+            "16",
+            "--depth",
+            "1",
+            "--batch-size",
+            "4",
+            "--steps",
+            "3",
+            "--eval-every",
+            "3",
+            "--eval-batches",
+            "2",
+            "--final-eval-batches",
+            "2",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     record = json.loads((out / "metrics.json").read_text())
     assert record["task"] == "enwik8" and record["steps"] == 3 and record["metric"] == "bpb"
@@ -365,8 +401,11 @@ def test_recall_asks_each_key_again_after_its_pair_and_scores_only_the_questions
         assert len(asked) == task.pairs()
         for i in asked:
             key = row[i]
-            pairs = [j for j, t in enumerate(row) if first_pair <= t < first_pair + task.KEYS * task.VALUES
-                     and (t - first_pair) // task.VALUES == key - 1]
+            pairs = [
+                j
+                for j, t in enumerate(row)
+                if first_pair <= t < first_pair + task.KEYS * task.VALUES and (t - first_pair) // task.VALUES == key - 1
+            ]
             assert 1 <= key <= task.KEYS and row.count(key) == 1 and len(pairs) == 1 and pairs[0] < i
             assert target[i] == (row[pairs[0]] - first_pair) % task.VALUES
         starts.append(min(asked))

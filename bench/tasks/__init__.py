@@ -4,22 +4,37 @@ what a task is; synthetic.py: ``duplicates``, ``recall``, ``listops``; language.
 lra.py: the LRA base, ``text``, ``retrieval``; image.py: ``image``; pathfinder.py: ``pathfinder``;
 data_files.py: where data are looked for, downloads, archives and caches.
 """
+
 import importlib
 from typing import Dict
 
 from bench.files import DataError, default_data_dir
 from bench.tasks.base import IGNORE, Task, base_rate, model_inputs, task_loss
 
-__all__ = ["TASKS", "get_task", "Task", "IGNORE", "DataError", "default_data_dir", "model_inputs", "task_loss",
-           "base_rate"]
+__all__ = [
+    "TASKS",
+    "get_task",
+    "Task",
+    "IGNORE",
+    "DataError",
+    "default_data_dir",
+    "model_inputs",
+    "task_loss",
+    "base_rate",
+]
 
 TASKS: Dict[str, str] = {
-    "duplicates": "bench.tasks.synthetic:Duplicates", "listops": "bench.tasks.synthetic:ListOps",
+    "duplicates": "bench.tasks.synthetic:Duplicates",
+    "listops": "bench.tasks.synthetic:ListOps",
     "recall": "bench.tasks.synthetic:Recall",
-    "enwik8": "bench.tasks.language:Enwik8", "bytes": "bench.tasks.language:LocalBytes",
-    "wikitext2": "bench.tasks.language:MaskedBytes", "text": "bench.tasks.lra:Text",
-    "image": "bench.tasks.image:Image", "pathfinder": "bench.tasks.pathfinder:Pathfinder",
-    "retrieval": "bench.tasks.lra:Retrieval"}
+    "enwik8": "bench.tasks.language:Enwik8",
+    "bytes": "bench.tasks.language:LocalBytes",
+    "wikitext2": "bench.tasks.language:MaskedBytes",
+    "text": "bench.tasks.lra:Text",
+    "image": "bench.tasks.image:Image",
+    "pathfinder": "bench.tasks.pathfinder:Pathfinder",
+    "retrieval": "bench.tasks.lra:Retrieval",
+}
 
 
 def get_task(name: str) -> Task:

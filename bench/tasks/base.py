@@ -5,6 +5,7 @@ not scored), key_padding_mask (B, N) bool (True at padding) or None, and tokens2
 (bench.config.Preset) give its sizes and recipe. ``model_inputs`` makes a batch the model's arguments,
 ``task_loss`` scores it, ``base_rate`` is what its targets give a model that sees no input.
 """
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, Optional
@@ -44,6 +45,7 @@ class Task:
 class ExampleSetTask(Task):
     """A task whose splits are fixed examples held in memory, a batch built from their indices by ``batch``: by
     default the splits are dicts of example tensors (tokens, targets, padding)."""
+
     splits: Dict[str, Dict[str, Tensor]]
 
     def split_size(self, split: str) -> int:
@@ -65,8 +67,10 @@ class ExampleSetTask(Task):
 
 def model_inputs(batch: dict, device: torch.device) -> dict:
     """A task's batch as the model's keyword arguments, on the device."""
-    inputs = {"tokens": batch["tokens"].to(device),
-              "key_padding_mask": batch["key_padding_mask"].to(device) if "key_padding_mask" in batch else None}
+    inputs = {
+        "tokens": batch["tokens"].to(device),
+        "key_padding_mask": batch["key_padding_mask"].to(device) if "key_padding_mask" in batch else None,
+    }
     if "tokens2" in batch:
         inputs["tokens2"] = batch["tokens2"].to(device)
         inputs["key_padding_mask2"] = batch["key_padding_mask2"].to(device)

@@ -4,6 +4,7 @@ saying what was looked for, where, and how to get it (exit 1). ``SPARSE_ATTN_OFF
 off. Caches are uncompressed ``.npz`` files keyed by the source's sha256 (archives) or its names, sizes and
 times (folders).
 """
+
 import contextlib
 import hashlib
 import os
@@ -62,8 +63,10 @@ def check_member(name: str, archive: Path, kind: str = "file") -> PurePosixPath:
     elif ".." in PurePosixPath(name).parts:
         reason = "has a '..' component"
     if reason:
-        raise DataError(f"refusing the archive {archive}: member {name!r} {reason} (links, absolute or '..' "
-                        f"paths could write outside the data folder). Use an untampered copy of the archive.")
+        raise DataError(
+            f"refusing the archive {archive}: member {name!r} {reason} (links, absolute or '..' "
+            f"paths could write outside the data folder). Use an untampered copy of the archive."
+        )
     return PurePosixPath(name)
 
 
@@ -86,12 +89,15 @@ def _zip_kind(info: zipfile.ZipInfo) -> str:
 
 def check_size(name: PurePosixPath, size: int, archive: Path, limit: int) -> None:
     if size > limit:
-        raise DataError(f"refusing the archive {archive}: member {name} declares {size:,} bytes, more than the "
-                        f"{limit:,} allowed for it (a damaged or hostile archive). Use an untampered copy.")
+        raise DataError(
+            f"refusing the archive {archive}: member {name} declares {size:,} bytes, more than the "
+            f"{limit:,} allowed for it (a damaged or hostile archive). Use an untampered copy."
+        )
 
 
-def archive_members(path: Path, want: Callable[[PurePosixPath], bool], limit: int,
-                    consume: Callable[[PurePosixPath, IO[bytes]], object]) -> Iterator[Tuple[PurePosixPath, object]]:
+def archive_members(
+    path: Path, want: Callable[[PurePosixPath], bool], limit: int, consume: Callable[[PurePosixPath, IO[bytes]], object]
+) -> Iterator[Tuple[PurePosixPath, object]]:
     """(member path, consume(member path, member stream)) for the regular files of a tar (any compression) or
     zip archive that ``want`` selects, in archive order, in one sequential pass. Every member is checked
     (``check_member``) before anything of it is used, and its declared size against ``limit`` before it is
@@ -120,16 +126,21 @@ def archive_members(path: Path, want: Callable[[PurePosixPath], bool], limit: in
         raise DataError(f"cannot read the archive {path}: {exc}. Delete it and fetch it again.") from None
 
 
-def iter_archive(path: Path, want: Callable[[PurePosixPath], bool] = lambda p: True
-                 ) -> Iterator[Tuple[PurePosixPath, bytes]]:
+def iter_archive(
+    path: Path, want: Callable[[PurePosixPath], bool] = lambda p: True
+) -> Iterator[Tuple[PurePosixPath, bytes]]:
     """(member path, bytes) of the selected regular files (``archive_members``), each at most
     ``MAX_MEMBER_BYTES``."""
     return archive_members(path, want, MAX_MEMBER_BYTES, lambda name, stream: stream.read())
 
 
-def safe_extract(archive: Path, dest: Path, want: Callable[[PurePosixPath], bool] = lambda p: True,
-                 rename: Callable[[PurePosixPath], PurePosixPath] = lambda p: p,
-                 required: Collection[PurePosixPath] = ()) -> List[Path]:
+def safe_extract(
+    archive: Path,
+    dest: Path,
+    want: Callable[[PurePosixPath], bool] = lambda p: True,
+    rename: Callable[[PurePosixPath], PurePosixPath] = lambda p: p,
+    required: Collection[PurePosixPath] = (),
+) -> List[Path]:
     """Writes the selected regular files of ``archive`` under ``dest`` (at ``rename(member path)``), each
     streamed to disk (at most ``MAX_EXTRACTED_BYTES``). Links, absolute and '..' paths are refused
     (``archive_members``) and every target is checked to lie inside ``dest``. Everything goes first to a
@@ -174,8 +185,15 @@ def offline() -> bool:
     return bool(os.environ.get("SPARSE_ATTN_OFFLINE"))
 
 
-def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md5: Optional[str] = None,
-          verify: Optional[Callable[[Path], Optional[str]]] = None, allowed: bool = True) -> Path:
+def fetch(
+    url: str,
+    path: Path,
+    help_text: str,
+    sha256: Optional[str] = None,
+    md5: Optional[str] = None,
+    verify: Optional[Callable[[Path], Optional[str]]] = None,
+    allowed: bool = True,
+) -> Path:
     """Downloads ``url`` to ``path`` through ``path.partial``, renamed into place only when the bytes have the
     given checksum (sha256 or md5) and ``verify(partial)`` (a check of the content: what is wrong, or None)
     finds nothing wrong. On any failure the partial file and the folders made for it are deleted. The one
@@ -190,7 +208,7 @@ def fetch(url: str, path: Path, help_text: str, sha256: Optional[str] = None, md
             request = urllib.request.Request(url, headers={"User-Agent": "Mozilla/5.0 (compatible; sparse-attn)"})
             with urllib.request.urlopen(request, timeout=60) as response, open(partial, "wb") as out:
                 size = getattr(response, "headers", {}).get("Content-Length")  # a test's file-like has none
-                size = f"{int(size) / 2 ** 20:.0f} MiB" if size and size.isdigit() else "size unknown"
+                size = f"{int(size) / 2**20:.0f} MiB" if size and size.isdigit() else "size unknown"
                 print(f"downloading {url} ({size}) to {path} ...", flush=True)
                 for block in iter(lambda: response.read(1 << 20), b""):
                     digest.update(block)
@@ -234,14 +252,19 @@ def source_key(path: Path) -> str:
     return digest.hexdigest()
 
 
-def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"]],
-           check: Callable[[Dict[str, "np.ndarray"]], Optional[str]]) -> Dict[str, "np.ndarray"]:
+def cached(
+    data_dir: Path,
+    name: str,
+    build: Callable[[], Dict[str, "np.ndarray"]],
+    check: Callable[[Dict[str, "np.ndarray"]], Optional[str]],
+) -> Dict[str, "np.ndarray"]:
     """The cache ``name`` from the first cache folder that holds a readable one that ``check`` (what is wrong
     with its arrays, or None) accepts, else ``build()``, saved. A cache that fails the check (other keys, cut
     short, another shape) is said and rebuilt, never trained on. Where the cache will go is found before the
     build; with no writable cache folder the data are built and used, not kept (said in one line). The folder is
     made only once the build succeeded, so a build that fails leaves none."""
     import numpy as np
+
     for folder in cache_folders(data_dir):
         path = folder / f"{name}.npz"
         try:
@@ -260,20 +283,26 @@ def cached(data_dir: Path, name: str, build: Callable[[], Dict[str, "np.ndarray"
     target = next((folder for folder in cache_folders(data_dir) if folder_problem(folder) is None), None)
     arrays = build()
     if target is None:
-        print(f"no writable cache folder (tried {', '.join(map(str, cache_folders(data_dir)))}): the decoded data are "
-              f"used but not kept; set SPARSE_ATTN_CACHE to a writable folder to keep them", flush=True)
+        print(
+            f"no writable cache folder (tried {', '.join(map(str, cache_folders(data_dir)))}): the decoded data are "
+            f"used but not kept; set SPARSE_ATTN_CACHE to a writable folder to keep them",
+            flush=True,
+        )
         return arrays
     try:
         target.mkdir(parents=True, exist_ok=True)
         write_atomic_with(target / f"{name}.npz", lambda f: np.savez(f, **arrays))
     except OSError as exc:
-        print(f"the cache {target / f'{name}.npz'} could not be written ({exc}); the data are used but not kept",
-              flush=True)
+        print(
+            f"the cache {target / f'{name}.npz'} could not be written ({exc}); the data are used but not kept",
+            flush=True,
+        )
     return arrays
 
 
-def array_problem(arrays: Dict[str, "np.ndarray"], shapes: Dict[str, tuple], dtypes: Dict[str, str] = None
-                  ) -> Optional[str]:
+def array_problem(
+    arrays: Dict[str, "np.ndarray"], shapes: Dict[str, tuple], dtypes: Dict[str, str] = None
+) -> Optional[str]:
     """What is wrong with a cache's ``arrays`` against the expected ``shapes`` ({key: shape}, None where any size
     goes) and dtype kinds ({key: "u", "i", "b", ...}), or None."""
     missing = sorted(set(shapes) - set(arrays))

@@ -10,6 +10,7 @@ such as the local ``cifar10/cifar10_jpeg.tar.gz`` (lossy JPEG; needs Pillow, req
 
 Shape legend: B batch, S image side, P pixels (S*S).
 """
+
 import hashlib
 import io
 import math
@@ -24,9 +25,14 @@ from bench.tasks.lra import LRATask, fixed_permutation, images_problem, lra_pres
 
 # ------------------------------------------------------------------------------------------ image (CIFAR-10)
 CIFAR_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-CIFAR_PY_MD5 = {"data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
-                "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
-                "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e"}
+CIFAR_PY_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+}
 
 
 def lra_grayscale(rgb: np.ndarray) -> np.ndarray:
@@ -49,8 +55,14 @@ def pool_image(pixels: np.ndarray, side: int) -> np.ndarray:
 
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles CIFAR batches allowing only numpy's array reconstruction (no arbitrary code)."""
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
 
     def find_class(self, module, name):
         if (module, name) not in self.ALLOWED:
@@ -62,6 +74,7 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 class Image(LRATask):
     """LRA image classification on CIFAR-10 grayscale; the paper preset is Table 7's "Image" column."""
+
     URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     MD5 = "c58f30108f718f92721af3b95e74349a"
     PYTHON_FOLDERS = ("cifar10/cifar-10-batches-py", "cifar-10-batches-py")
@@ -72,24 +85,38 @@ class Image(LRATask):
     VALID = 5_000
 
     def __init__(self):
-        super().__init__("image", "cls", vocab_size=256, num_classes=10, metric="accuracy",
-                         presets=lra_presets(1024, 1024, 5e-4, 35_000, 175, 175, 5))
+        super().__init__(
+            "image",
+            "cls",
+            vocab_size=256,
+            num_classes=10,
+            metric="accuracy",
+            presets=lra_presets(1024, 1024, 5e-4, 35_000, 175, 175, 5),
+        )
 
     def locate(self, data_dir: Path) -> Path:
         looked = self.PYTHON_FOLDERS + self.PYTHON_ARCHIVES + self.IMAGE_FOLDERS + self.IMAGE_ARCHIVES
-        help_text = (f"image: no CIFAR-10 under {data_dir} (looked for "
-                     f"{', '.join(str(data_dir / n) for n in looked)}). "
-                     f"Download {self.URL} (md5 {self.MD5}) into {data_dir / 'cifar10'}, or pass --data-file with "
-                     f"cifar-10-python.tar.gz or an image-folder tree {{train,test}}/<class>/*.jpg, or set --data-dir "
-                     f"/ SPARSE_ATTN_DATA.")
-        return self.look_up((data_dir / n for n in looked if (data_dir / n).exists()), help_text, self.URL,
-                            data_dir / "cifar10" / "cifar-10-python.tar.gz", md5=self.MD5)
+        help_text = (
+            f"image: no CIFAR-10 under {data_dir} (looked for "
+            f"{', '.join(str(data_dir / n) for n in looked)}). "
+            f"Download {self.URL} (md5 {self.MD5}) into {data_dir / 'cifar10'}, or pass --data-file with "
+            f"cifar-10-python.tar.gz or an image-folder tree {{train,test}}/<class>/*.jpg, or set --data-dir "
+            f"/ SPARSE_ATTN_DATA."
+        )
+        return self.look_up(
+            (data_dir / n for n in looked if (data_dir / n).exists()),
+            help_text,
+            self.URL,
+            data_dir / "cifar10" / "cifar-10-python.tar.gz",
+            md5=self.MD5,
+        )
 
     def read(self, source: Path) -> Dict[str, np.ndarray]:
         """Grayscale 32x32 pixels and labels per split: train_x (45000, 1024) uint8, train_y, valid_*, test_*."""
         if source.is_dir():
-            files = ((PurePosixPath(p.relative_to(source).as_posix()), p) for p in sorted(source.rglob("*"))
-                     if p.is_file())
+            files = (
+                (PurePosixPath(p.relative_to(source).as_posix()), p) for p in sorted(source.rglob("*")) if p.is_file()
+            )
             items = ((rel, p.read_bytes()) for rel, p in files if self._wanted(rel))
         else:
             items = iter_archive(source, self._wanted)
@@ -100,23 +127,37 @@ class Image(LRATask):
             else:
                 images.append((rel, data))
         if not batches and not images:
-            raise DataError(f"image: {source} holds neither cifar-10-batches-py/{{data_batch_1..5,"
-                            f"test_batch}} nor {{train,test}}/<class>/*.jpg|png images")
-        train_x, train_y, test_x, test_y = (self._from_python(source, batches) if batches else
-                                            self._from_images(source, images))
+            raise DataError(
+                f"image: {source} holds neither cifar-10-batches-py/{{data_batch_1..5,"
+                f"test_batch}} nor {{train,test}}/<class>/*.jpg|png images"
+            )
+        train_x, train_y, test_x, test_y = (
+            self._from_python(source, batches) if batches else self._from_images(source, images)
+        )
         if (len(train_x), len(test_x)) != (self.COUNTS["train"], self.COUNTS["test"]):
-            raise DataError(f"image: {source} has {len(train_x)} training and {len(test_x)} test "
-                            f"images, expected {self.COUNTS['train']} and {self.COUNTS['test']}")
+            raise DataError(
+                f"image: {source} has {len(train_x)} training and {len(test_x)} test "
+                f"images, expected {self.COUNTS['train']} and {self.COUNTS['test']}"
+            )
         cut = len(train_x) - self.VALID  # LRA: train[:90%] / train[90%:]
-        return {"train_x": train_x[:cut], "train_y": train_y[:cut], "valid_x": train_x[cut:],
-                "valid_y": train_y[cut:], "test_x": test_x, "test_y": test_y}
+        return {
+            "train_x": train_x[:cut],
+            "train_y": train_y[:cut],
+            "valid_x": train_x[cut:],
+            "valid_y": train_y[cut:],
+            "test_x": test_x,
+            "test_y": test_y,
+        }
 
     @staticmethod
     def _wanted(rel: PurePosixPath) -> bool:
         if rel.name in CIFAR_PY_MD5:
             return True
-        return (len(rel.parts) >= 3 and rel.parts[-3] in ("train", "test")
-                and rel.suffix.lower() in (".jpg", ".jpeg", ".png"))
+        return (
+            len(rel.parts) >= 3
+            and rel.parts[-3] in ("train", "test")
+            and rel.suffix.lower() in (".jpg", ".jpeg", ".png")
+        )
 
     def _from_python(self, source, batches):
         """(train pixels, train labels, test pixels, test labels) from cifar-10-batches-py."""
@@ -127,8 +168,10 @@ class Image(LRATask):
         for name in sorted(CIFAR_PY_MD5):
             digest = hashlib.md5(batches[name]).hexdigest()
             if digest != CIFAR_PY_MD5[name]:
-                raise DataError(f"image: {source}: {name} has md5 {digest}, expected {CIFAR_PY_MD5[name]}; refusing "
-                                f"to unpickle it. Fetch {self.URL} (md5 {self.MD5}) again.")
+                raise DataError(
+                    f"image: {source}: {name} has md5 {digest}, expected {CIFAR_PY_MD5[name]}; refusing "
+                    f"to unpickle it. Fetch {self.URL} (md5 {self.MD5}) again."
+                )
             try:
                 batch = _ArrayUnpickler(io.BytesIO(batches[name]), encoding="bytes").load()
                 data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
@@ -144,9 +187,11 @@ class Image(LRATask):
         try:
             from PIL import Image as PILImage
         except ImportError:
-            raise DataError(f"image: decoding the images in {source} needs Pillow: pip install pillow (or pip "
-                            f"install -r requirements-extra.txt). Or use the lossless {self.URL} (md5 {self.MD5}), "
-                            f"which needs nothing extra.") from None
+            raise DataError(
+                f"image: decoding the images in {source} needs Pillow: pip install pillow (or pip "
+                f"install -r requirements-extra.txt). Or use the lossless {self.URL} (md5 {self.MD5}), "
+                f"which needs nothing extra."
+            ) from None
         rows = {"train": [], "test": []}
         for rel, data in images:
             split, label = rel.parts[-3], rel.parts[-2]
@@ -163,8 +208,13 @@ class Image(LRATask):
             number = int(stem) if stem.isdigit() else -1
             # Order by (number within the class, class): classes interleave, so any prefix and the last 10%
             # (the validation split: the last 500 per class) stay class-balanced.
-            rows[split].append(((number, stem, CIFAR_CLASSES.index(label)), lra_grayscale(rgb).reshape(1024),
-                                CIFAR_CLASSES.index(label)))
+            rows[split].append(
+                (
+                    (number, stem, CIFAR_CLASSES.index(label)),
+                    lra_grayscale(rgb).reshape(1024),
+                    CIFAR_CLASSES.index(label),
+                )
+            )
         for split in rows:
             rows[split].sort(key=lambda r: r[0])
         pixels = {split: np.array([r[1] for r in rows[split]], np.uint8) for split in rows}
@@ -180,8 +230,9 @@ class Image(LRATask):
         side = square_side(seq_len, "image", sides=(32, 16, 8, 4))
         source = self.locate(Path(data_dir))
         kind = "py" if source.name.startswith("cifar-10") else "img"
-        arrays = cached(data_dir, f"cifar10-gray-{kind}-{source_key(source)[:20]}", lambda: self.read(source),
-                        self.cache_problem)
+        arrays = cached(
+            data_dir, f"cifar10-gray-{kind}-{source_key(source)[:20]}", lambda: self.read(source), self.cache_problem
+        )
         self.splits = {}
         for salt, split in enumerate(("train", "valid", "test")):
             # a fixed shuffle of each split, so that any evaluation prefix mixes the classes

@@ -22,6 +22,7 @@ period and weight decay 0 of the ``lra_config.py`` its code uses. The harness's 
 
 Shape legend: B batch, N tokens (seq_len).
 """
+
 import dataclasses
 import itertools
 import math
@@ -33,8 +34,16 @@ import torch
 
 from bench.config import Preset
 from bench.tasks.base import ExampleSetTask
-from bench.tasks.data_files import (DataError, array_problem, cached, fetch, iter_archive, ragged_problem,
-                                    safe_extract, source_key)
+from bench.tasks.data_files import (
+    DataError,
+    array_problem,
+    cached,
+    fetch,
+    iter_archive,
+    ragged_problem,
+    safe_extract,
+    source_key,
+)
 
 SPLIT_SEED = 20240611  # fixed hold-out and evaluation order of the real-data splits, independent of --seed
 
@@ -69,6 +78,7 @@ class Docs:
 # ------------------------------------------------------------------------------------------ the task base
 class LRATask(ExampleSetTask):
     """Fixed splits of arrays held in memory, read from data files (or generated: pathfinder)."""
+
     reads_files = True
 
     def split_size(self, split: str) -> int:
@@ -89,22 +99,54 @@ class LRATask(ExampleSetTask):
         return path if path is not None else fetch(url, target, help_text, allowed=self.download_allowed, **checksum)
 
 
-def lra_presets(seq_len: int, batch_size: int, lr: float, steps: int, warmup: int, eval_every: int,
-                eval_batches: int, cpu_batch: int = 32) -> Dict[str, Preset]:
+def lra_presets(
+    seq_len: int,
+    batch_size: int,
+    lr: float,
+    steps: int,
+    warmup: int,
+    eval_every: int,
+    eval_batches: int,
+    cpu_batch: int = 32,
+) -> Dict[str, Preset]:
     """The CPU preset (256 tokens, 800 steps) and the paper preset (Table 7 with the given values), both on
     Table 7's backbone, bench.model.Backbone's defaults."""
-    cpu = Preset(seq_len=256, steps=800, batch_size=cpu_batch, lr=1e-3, weight_decay=0.01, warmup=80,
-                 eval_every=200, eval_batches=8, final_eval_batches=1024 // cpu_batch)
-    return {"cpu": cpu, "paper": dataclasses.replace(
-        cpu, seq_len=seq_len, attn_dropout=0.1, steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.0,
-        warmup=warmup, eval_every=eval_every, eval_batches=eval_batches, final_eval_batches=1_000_000)}
+    cpu = Preset(
+        seq_len=256,
+        steps=800,
+        batch_size=cpu_batch,
+        lr=1e-3,
+        weight_decay=0.01,
+        warmup=80,
+        eval_every=200,
+        eval_batches=8,
+        final_eval_batches=1024 // cpu_batch,
+    )
+    return {
+        "cpu": cpu,
+        "paper": dataclasses.replace(
+            cpu,
+            seq_len=seq_len,
+            attn_dropout=0.1,
+            steps=steps,
+            batch_size=batch_size,
+            lr=lr,
+            weight_decay=0.0,
+            warmup=warmup,
+            eval_every=eval_every,
+            eval_batches=eval_batches,
+            final_eval_batches=1_000_000,
+        ),
+    }
 
 
 def images_problem(arrays, sizes: Dict[str, int], shape: Tuple[int, ...]) -> Optional[str]:
     """What is wrong with cached images, ``sizes[split]`` of ``shape`` uint8 pixels and labels per split, or None."""
-    return array_problem(arrays, {**{f"{s}_x": (n, *shape) for s, n in sizes.items()},
-                                  **{f"{s}_y": (n,) for s, n in sizes.items()}},
-                         {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}})
+    return array_problem(
+        arrays,
+        {**{f"{s}_x": (n, *shape) for s, n in sizes.items()}, **{f"{s}_y": (n,) for s, n in sizes.items()}},
+        {**{f"{s}_x": "u" for s in sizes}, **{f"{s}_y": "i" for s in sizes}},
+    )
 
 
 def fixed_permutation(n: int, salt: int = 0) -> np.ndarray:
@@ -122,6 +164,7 @@ def square_side(seq_len: int, task: str, sides=None) -> int:
 # ------------------------------------------------------------------------------------------ text (IMDB)
 class Text(LRATask):
     """LRA byte-level text classification on IMDB; the paper preset is Table 7's "Text" column."""
+
     URL = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
     SHA256 = "c40f74a18d3b61f90feba1e17730e0d38e8b97c05fde7008942e91923d1658fe"
     FOLDERS = ("imdb/aclImdb", "aclImdb")
@@ -130,17 +173,27 @@ class Text(LRATask):
     VALID_FRACTION = 0.1
 
     def __init__(self):
-        super().__init__("text", "cls", vocab_size=257, num_classes=2, metric="accuracy",
-                         presets=lra_presets(3072, 128, 5e-4, 20_000, 8000, 500, 20))
+        super().__init__(
+            "text",
+            "cls",
+            vocab_size=257,
+            num_classes=2,
+            metric="accuracy",
+            presets=lra_presets(3072, 128, 5e-4, 20_000, 8000, 500, 20),
+        )
 
     def locate(self, data_dir: Path) -> Path:
-        found = itertools.chain((data_dir / f for f in self.FOLDERS if (data_dir / f / "train" / "pos").is_dir()),
-                                (data_dir / a for a in self.ARCHIVES if (data_dir / a).is_file()))
-        help_text = (f"text: no IMDB reviews under {data_dir} (looked for the folders "
-                     f"{', '.join(str(data_dir / f) for f in self.FOLDERS)} with train/pos, train/neg, test/pos, "
-                     f"test/neg, and the archives {', '.join(str(data_dir / a) for a in self.ARCHIVES)}). "
-                     f"Download {self.URL} (sha256 {self.SHA256}) into {data_dir / 'imdb'}, or pass --data-file, "
-                     f"or set --data-dir / SPARSE_ATTN_DATA.")
+        found = itertools.chain(
+            (data_dir / f for f in self.FOLDERS if (data_dir / f / "train" / "pos").is_dir()),
+            (data_dir / a for a in self.ARCHIVES if (data_dir / a).is_file()),
+        )
+        help_text = (
+            f"text: no IMDB reviews under {data_dir} (looked for the folders "
+            f"{', '.join(str(data_dir / f) for f in self.FOLDERS)} with train/pos, train/neg, test/pos, "
+            f"test/neg, and the archives {', '.join(str(data_dir / a) for a in self.ARCHIVES)}). "
+            f"Download {self.URL} (sha256 {self.SHA256}) into {data_dir / 'imdb'}, or pass --data-file, "
+            f"or set --data-dir / SPARSE_ATTN_DATA."
+        )
         return self.look_up(found, help_text, self.URL, data_dir / "imdb" / "aclImdb_v1.tar.gz", sha256=self.SHA256)
 
     def read(self, source: Path) -> Dict[str, np.ndarray]:
@@ -149,11 +202,18 @@ class Text(LRATask):
 
         def keep(rel: PurePosixPath) -> bool:
             parts = rel.parts
-            return (len(parts) >= 3 and parts[-3] in ("train", "test") and parts[-2] in ("pos", "neg")
-                    and parts[-1].endswith(".txt"))
+            return (
+                len(parts) >= 3
+                and parts[-3] in ("train", "test")
+                and parts[-2] in ("pos", "neg")
+                and parts[-1].endswith(".txt")
+            )
 
-        items = (((PurePosixPath(p.relative_to(source).as_posix()), p.read_bytes()) for p in source.rglob("*.txt"))
-                 if source.is_dir() else iter_archive(source, keep))
+        items = (
+            ((PurePosixPath(p.relative_to(source).as_posix()), p.read_bytes()) for p in source.rglob("*.txt"))
+            if source.is_dir()
+            else iter_archive(source, keep)
+        )
         for rel, data in items:
             if keep(rel):
                 split, label, stem = rel.parts[-3], rel.parts[-2], rel.parts[-1][:-4]
@@ -162,18 +222,25 @@ class Text(LRATask):
         for split, label in itertools.product(("train", "test"), ("pos", "neg")):
             count = sum(1 for k in found if k[0] == (split == "test") and k[1] == (label == "pos"))
             if count != self.PER_FOLDER:
-                raise DataError(f"text: {source} has {count} reviews in {split}/{label}, expected "
-                                f"{self.PER_FOLDER} (the aclImdb layout). Fetch {self.URL} again.")
+                raise DataError(
+                    f"text: {source} has {count} reviews in {split}/{label}, expected "
+                    f"{self.PER_FOLDER} (the aclImdb layout). Fetch {self.URL} again."
+                )
         keys = sorted(found, key=lambda k: (k[0], k[1], str(type(k[2])), k[2]))
         docs = Docs.from_list([found[k] for k in keys])
-        return {"bytes": docs.data, "offsets": docs.offsets, "label": np.array([k[1] for k in keys], np.int64),
-                "test": np.array([k[0] for k in keys], bool)}
+        return {
+            "bytes": docs.data,
+            "offsets": docs.offsets,
+            "label": np.array([k[1] for k in keys], np.int64),
+            "test": np.array([k[0] for k in keys], bool),
+        }
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         self.seq_len = seq_len
         source = self.locate(Path(data_dir))
-        arrays = cached(data_dir, f"imdb-bytes-{source_key(source)[:20]}", lambda: self.read(source),
-                        self.cache_problem)
+        arrays = cached(
+            data_dir, f"imdb-bytes-{source_key(source)[:20]}", lambda: self.read(source), self.cache_problem
+        )
         docs = Docs(arrays["bytes"], arrays["offsets"])
         train, test = np.flatnonzero(~arrays["test"]), np.flatnonzero(arrays["test"])
         train = train[fixed_permutation(len(train))]
@@ -184,8 +251,9 @@ class Text(LRATask):
     def cache_problem(self, arrays) -> Optional[str]:
         """What ``read`` makes: every review of the four folders, half of them the test split."""
         n = 4 * self.PER_FOLDER
-        problem = (array_problem(arrays, {"label": (n,), "test": (n,)}, {"label": "i", "test": "b"})
-                   or ragged_problem(arrays, "bytes", "offsets", n))
+        problem = array_problem(arrays, {"label": (n,), "test": (n,)}, {"label": "i", "test": "b"}) or ragged_problem(
+            arrays, "bytes", "offsets", n
+        )
         if problem is None and int(arrays["test"].sum()) != n // 2:
             problem = f"has {int(arrays['test'].sum())} test reviews, expected {n // 2}"
         return problem
@@ -199,6 +267,7 @@ class Text(LRATask):
 # ------------------------------------------------------------------------------------------ retrieval (AAN)
 class Retrieval(LRATask):
     """LRA document retrieval (AAN), a dual encoder; the paper preset is Table 7's "Retrieval" column."""
+
     RELEASE_URL = "https://storage.googleapis.com/long-range-arena/lra_release.gz"
     README_URL = "https://github.com/google-research/long-range-arena"
     FILES = {"train": "new_aan_pairs.train.tsv", "valid": "new_aan_pairs.eval.tsv", "test": "new_aan_pairs.test.tsv"}
@@ -207,8 +276,14 @@ class Retrieval(LRATask):
     CLIP = 10_000  # LRA encodes the first 10,000 bytes of each text
 
     def __init__(self):
-        super().__init__("retrieval", "pair", vocab_size=257, num_classes=2, metric="accuracy",
-                         presets=lra_presets(4096, 32, 1e-4, 30_000, 800, 300, 565, cpu_batch=16))
+        super().__init__(
+            "retrieval",
+            "pair",
+            vocab_size=257,
+            num_classes=2,
+            metric="accuracy",
+            presets=lra_presets(4096, 32, 1e-4, 30_000, 800, 300, 565, cpu_batch=16),
+        )
 
     def locate(self, data_dir: Path) -> Path:
         candidates = [Path(self.data_file)] if self.data_file is not None else [data_dir / f for f in self.FOLDERS]
@@ -219,18 +294,25 @@ class Retrieval(LRATask):
             for name in self.ARCHIVES:
                 if (data_dir / name).is_file():
                     return self.extract(data_dir / name, data_dir / self.FOLDERS[0])
-        raise DataError(f"retrieval: LRA's AAN pairs are not there (looked for new_aan_pairs.{{train,eval,test}}.tsv "
-                        f"in {', '.join(str(c) for c in candidates)}). Download the LRA release "
-                        f"{self.RELEASE_URL} (see {self.README_URL}), then put it at {data_dir / self.ARCHIVES[0]} "
-                        f"(its three TSVs are extracted on first use) or extract it so that "
-                        f"{data_dir / self.FOLDERS[0]} holds them; or pass --data-file with the folder.")
+        raise DataError(
+            f"retrieval: LRA's AAN pairs are not there (looked for new_aan_pairs.{{train,eval,test}}.tsv "
+            f"in {', '.join(str(c) for c in candidates)}). Download the LRA release "
+            f"{self.RELEASE_URL} (see {self.README_URL}), then put it at {data_dir / self.ARCHIVES[0]} "
+            f"(its three TSVs are extracted on first use) or extract it so that "
+            f"{data_dir / self.FOLDERS[0]} holds them; or pass --data-file with the folder."
+        )
 
     def extract(self, archive: Path, dest: Path) -> Path:
         print(f"extracting the AAN TSVs from {archive} to {dest} (one pass over the archive) ...", flush=True)
         names = sorted(self.FILES.values())
         try:
-            safe_extract(archive, dest, want=lambda p: p.name in names and p.parent.name == "tsv_data",
-                         rename=lambda p: PurePosixPath(p.name), required=[PurePosixPath(n) for n in names])
+            safe_extract(
+                archive,
+                dest,
+                want=lambda p: p.name in names and p.parent.name == "tsv_data",
+                rename=lambda p: PurePosixPath(p.name),
+                required=[PurePosixPath(n) for n in names],
+            )
         except DataError as exc:
             raise DataError(f"retrieval: {exc} (LRA's AAN pairs are its tsv_data/{{{','.join(names)}}})") from None
         return dest
@@ -252,8 +334,10 @@ class Retrieval(LRATask):
                         if label not in (0, 1):
                             raise ValueError(f"label {label}")
                     except ValueError as exc:
-                        raise DataError(f"retrieval: {folder / name} line {number}: {exc} (expected label, id1, "
-                                        f"id2, text1, text2 as in LRA's new_aan_pairs TSVs)") from None
+                        raise DataError(
+                            f"retrieval: {folder / name} line {number}: {exc} (expected label, id1, "
+                            f"id2, text1, text2 as in LRA's new_aan_pairs TSVs)"
+                        ) from None
                     first.append(fields[3])
                     second.append(fields[4])
                     labels.append(label)
@@ -265,8 +349,7 @@ class Retrieval(LRATask):
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         self.seq_len = seq_len
         folder = self.locate(Path(data_dir))
-        arrays = cached(data_dir, f"aan-bytes-{source_key(folder)[:20]}", lambda: self.read(folder),
-                        self.cache_problem)
+        arrays = cached(data_dir, f"aan-bytes-{source_key(folder)[:20]}", lambda: self.read(folder), self.cache_problem)
         self.splits = {}
         for split in self.FILES:
             a, b = (Docs(arrays[f"{split}_{side}_bytes"], arrays[f"{split}_{side}_offsets"]) for side in "ab")
@@ -278,8 +361,9 @@ class Retrieval(LRATask):
         for split in self.FILES:
             problem = array_problem(arrays, {f"{split}_y": (None,)}, {f"{split}_y": "i"})
             for side in "ab":
-                problem = problem or ragged_problem(arrays, f"{split}_{side}_bytes", f"{split}_{side}_offsets",
-                                                    len(arrays.get(f"{split}_y", ())))
+                problem = problem or ragged_problem(
+                    arrays, f"{split}_{side}_bytes", f"{split}_{side}_offsets", len(arrays.get(f"{split}_y", ()))
+                )
             if problem:
                 return problem
         return None
@@ -289,5 +373,10 @@ class Retrieval(LRATask):
         rows = order[idx]
         tokens, mask = a.tokens(rows, self.seq_len)
         tokens2, mask2 = b.tokens(rows, self.seq_len)
-        return {"tokens": tokens, "key_padding_mask": mask, "tokens2": tokens2, "key_padding_mask2": mask2,
-                "targets": torch.from_numpy(labels[rows])}
+        return {
+            "tokens": tokens,
+            "key_padding_mask": mask,
+            "tokens2": tokens2,
+            "key_padding_mask2": mask2,
+            "targets": torch.from_numpy(labels[rows]),
+        }

@@ -11,6 +11,7 @@ seq_len 1024 (paper); the CPU preset draws 16x16 images (seq_len 256) with the l
 
 Shape legend: S image side, P pixels (S*S), K snake steps.
 """
+
 import hashlib
 import math
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from bench.tasks.lra import LRATask, images_problem, lra_presets, square_side
 class PathfinderParams:
     """Generator settings in pixels of the output image; the defaults are LRA's pathfinder32 values
     (LRA's release) with the hardest contour length, 14 (``curv_contour_length_14``)."""
+
     side: int = 32
     padding: float = 1.0
     paddle_length: float = 2.0
@@ -49,9 +51,13 @@ class PathfinderParams:
         scale = side / 32
         contour = max(3, round((14 if side > 32 else 12) * scale))
         distractor = max(1, contour // 3)
-        return cls(side=side, contour_length=contour, distractor_length=distractor,
-                   num_distractors=max(1, round((20 // distractor) * scale * scale)),
-                   seed_distance=float(max(3, round(7 * scale))))
+        return cls(
+            side=side,
+            contour_length=contour,
+            distractor_length=distractor,
+            num_distractors=max(1, round((20 // distractor) * scale * scale)),
+            seed_distance=float(max(3, round(7 * scale))),
+        )
 
 
 _OCC, _RENDER, _BINS = 2, 4, 64  # occupancy and render grids: cells per pixel; orientation bins of the stamps
@@ -62,7 +68,7 @@ def _capsule(length: float, radius: float) -> np.ndarray:
     """(BINS, M, 2) integer (dy, dx) offsets of the cells within ``radius`` of a segment of ``length`` (cells)
     starting at a cell centre, one set per orientation bin, padded by repeating the first offset."""
     r = int(math.ceil(length + radius)) + 1
-    grid = np.stack(np.mgrid[-r:r + 1, -r:r + 1], -1).reshape(-1, 2).astype(np.float64)
+    grid = np.stack(np.mgrid[-r : r + 1, -r : r + 1], -1).reshape(-1, 2).astype(np.float64)
     sets = []
     for b in range(_BINS):
         u = np.array([math.sin(2 * math.pi * b / _BINS), math.cos(2 * math.pi * b / _BINS)])
@@ -183,8 +189,9 @@ class _SnakeDrawer:
         return np.concatenate([seg.reshape(len(joints), -1, 2), joints[:, -1:]], 1)
 
 
-def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Generator, records: bool = False,
-                        chunk: int = 2048):
+def generate_pathfinder(
+    count: int, params: PathfinderParams, rng: np.random.Generator, records: bool = False, chunk: int = 2048
+):
     """``count`` Pathfinder images (count, S, S) uint8 and labels (count,) int64, exactly half positive
     (count // 2 negatives), in random order. With ``records`` also the snakes' joints and the markers.
 
@@ -224,12 +231,22 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
         lo, hi = 2 * p.seed_distance, p.side - 2 * p.seed_distance
         if hi - lo < 2:
             lo, hi = p.side / 2 - 1, p.side / 2 + 1
-        ja, ta, ok = draw.grow_full(occ, rows, lambda i: (rng.uniform(lo, hi, (len(i), 8, 2)),
-                                                          rng.uniform(-np.pi, np.pi, (len(i), 8))), p.contour_length)
+        ja, ta, ok = draw.grow_full(
+            occ,
+            rows,
+            lambda i: (rng.uniform(lo, hi, (len(i), 8, 2)), rng.uniform(-np.pi, np.pi, (len(i), 8))),
+            p.contour_length,
+        )
         rows, ja, ta = rows[ok], ja[ok], ta[ok]
-        jb, tb, ok = draw.grow_full(occ, rows, lambda i: (
-            ja[i, None, 0] + p.seed_distance * _unit(rng.uniform(-np.pi, np.pi, (len(i), 8))),
-            rng.uniform(-np.pi, np.pi, (len(i), 8))), p.contour_length)
+        jb, tb, ok = draw.grow_full(
+            occ,
+            rows,
+            lambda i: (
+                ja[i, None, 0] + p.seed_distance * _unit(rng.uniform(-np.pi, np.pi, (len(i), 8))),
+                rng.uniform(-np.pi, np.pi, (len(i), 8)),
+            ),
+            p.contour_length,
+        )
         rows, ja, ta, jb, tb = rows[ok], ja[ok], ta[ok], jb[ok], tb[ok]
         joints, thetas = np.stack([ja, jb], 1), np.stack([ta, tb], 1)  # (m, 2, K+1, 2), (m, 2, K)
         half = p.paddle_margin / 2
@@ -253,8 +270,9 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
         distractors = []
         for _ in range(p.num_distractors):
             seeds = rng.uniform(p.padding, p.side - p.padding, (len(rows), 8, 2))
-            distractors.append(draw.grow(occ, rows, seeds, rng.uniform(-np.pi, np.pi, (len(rows), 8)),
-                                         p.distractor_length))
+            distractors.append(
+                draw.grow(occ, rows, seeds, rng.uniform(-np.pi, np.pi, (len(rows), 8)), p.distractor_length)
+            )
         # render: every placed step's paddle and the two marker discs on a 4x canvas, then block means
         canvas = draw.canvas(len(rows), _RENDER)
         local = np.arange(len(rows))
@@ -266,7 +284,7 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
                 draw.stamp(canvas, local[has], start, dt[has, k], draw.paddle_stamp, _RENDER)
         for j in range(2):
             draw.stamp(canvas, local, tips[:, j], np.zeros(len(rows)), draw.marker_stamp, _RENDER)
-        inner = canvas[:, draw.margin:draw.margin + side_r, draw.margin:draw.margin + side_r]
+        inner = canvas[:, draw.margin : draw.margin + side_r, draw.margin : draw.margin + side_r]
         images = np.round(inner.reshape(-1, p.side, _RENDER, p.side, _RENDER).mean((2, 4)) * 255).astype(np.uint8)
         tried, made = tried + n, made + len(rows)
         for i in range(len(rows)):
@@ -275,8 +293,12 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
                 quota[label] -= 1
                 record = None
                 if records:
-                    record = {"joints": joints[i], "tips": tips[i], "owner": owner[i],
-                              "distractors": [dj[i, :dn[i] + 1] for dj, _, dn in distractors if dn[i] > 0]}
+                    record = {
+                        "joints": joints[i],
+                        "tips": tips[i],
+                        "owner": owner[i],
+                        "distractors": [dj[i, : dn[i] + 1] for dj, _, dn in distractors if dn[i] > 0],
+                    }
                 kept[label].append((images[i], record))
     everything = [(img, 1, rec) for img, rec in kept[1]] + [(img, 0, rec) for img, rec in kept[0]]
     order = rng.permutation(len(everything))
@@ -290,12 +312,19 @@ def generate_pathfinder(count: int, params: PathfinderParams, rng: np.random.Gen
 # ------------------------------------------------------------------------------------------ the task
 class Pathfinder(LRATask):
     """LRA Pathfinder from our generator; the paper preset is Table 7's "Pathfinder" column."""
+
     GENERATOR_VERSION = 1  # bump when the generator changes: old caches are then ignored
     reads_files = False  # generated
 
     def __init__(self):
-        super().__init__("pathfinder", "cls", vocab_size=256, num_classes=2, metric="accuracy",
-                         presets=lra_presets(1024, 1024, 5e-4, 62_400, 312, 312, 20))
+        super().__init__(
+            "pathfinder",
+            "cls",
+            vocab_size=256,
+            num_classes=2,
+            metric="accuracy",
+            presets=lra_presets(1024, 1024, 5e-4, 62_400, 312, 312, 20),
+        )
         self.sizes: Optional[Dict[str, int]] = None  # None: by image side (see the module docstring)
 
     @staticmethod
@@ -311,10 +340,16 @@ class Pathfinder(LRATask):
         params = PathfinderParams.for_side(side)
         sizes = self.sizes or self.default_sizes(side)
         key = hashlib.sha256(repr((self.GENERATOR_VERSION, asdict(params), sorted(sizes.items()), seed)).encode())
-        arrays = cached(data_dir, f"pathfinder-{key.hexdigest()[:20]}", lambda: self.generate(params, sizes, seed),
-                        lambda arrays: images_problem(arrays, sizes, (side, side)))
-        self.splits = {split: (arrays[f"{split}_x"].reshape(-1, side * side), arrays[f"{split}_y"])
-                       for split in ("train", "valid", "test")}
+        arrays = cached(
+            data_dir,
+            f"pathfinder-{key.hexdigest()[:20]}",
+            lambda: self.generate(params, sizes, seed),
+            lambda arrays: images_problem(arrays, sizes, (side, side)),
+        )
+        self.splits = {
+            split: (arrays[f"{split}_x"].reshape(-1, side * side), arrays[f"{split}_y"])
+            for split in ("train", "valid", "test")
+        }
 
     @staticmethod
     def generate(params, sizes, seed):

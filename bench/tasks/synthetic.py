@@ -10,6 +10,7 @@
   when min_len < length < max_len, deduplicated). Tokens as in the PyTorch ports: the brackets' "(" ")"
   dropped, "]" a token of its own. Ten classes.
 """
+
 import dataclasses
 import hashlib
 import random
@@ -26,28 +27,49 @@ from bench.tasks.data_files import array_problem, cached
 
 class Duplicates(ExampleSetTask):
     """SBM paper §5.1 (Fig. 4). Tokens 1..N (0 is unused), per-token binary labels."""
+
     EVAL_EXAMPLES = 1024
 
     def __init__(self):
         # The paper (§5.1, Table 7): one layer, one head, 32 dims, FFN 32, a fresh batch of 256 sequences for
         # each of 2000 steps, lr 1e-3. That is affordable on 2 CPU cores (about 4 minutes), so both presets
         # use it; with 8× fewer sequences (batch 32) full attention stalled near 82% token accuracy.
-        paper = Preset(seq_len=256, dim=32, depth=1, heads=1, head_dim=32, mlp_dim=32, dropout=0.0, steps=2000,
-                       batch_size=256, lr=1e-3, weight_decay=0.0, warmup=100, eval_every=250, eval_batches=4,
-                       final_eval_batches=32)
-        super().__init__("duplicates", "token", vocab_size=257, num_classes=2, metric="accuracy",
-                         presets={"cpu": paper, "paper": paper})
+        paper = Preset(
+            seq_len=256,
+            dim=32,
+            depth=1,
+            heads=1,
+            head_dim=32,
+            mlp_dim=32,
+            dropout=0.0,
+            steps=2000,
+            batch_size=256,
+            lr=1e-3,
+            weight_decay=0.0,
+            warmup=100,
+            eval_every=250,
+            eval_batches=4,
+            final_eval_batches=32,
+        )
+        super().__init__(
+            "duplicates",
+            "token",
+            vocab_size=257,
+            num_classes=2,
+            metric="accuracy",
+            presets={"cpu": paper, "paper": paper},
+        )
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         self.seq_len, self.vocab_size = seq_len, seq_len + 1
-        self.splits = {split: self.generate(self.EVAL_EXAMPLES,
-                                            torch.Generator().manual_seed(seed * 1000 + 7 + i))
-                       for i, split in enumerate(("valid", "test"))}
+        self.splits = {
+            split: self.generate(self.EVAL_EXAMPLES, torch.Generator().manual_seed(seed * 1000 + 7 + i))
+            for i, split in enumerate(("valid", "test"))
+        }
 
     def generate(self, count: int, generator: torch.Generator) -> Dict[str, Tensor]:
         tokens = torch.randint(1, self.seq_len + 1, (count, self.seq_len), generator=generator)  # (B, N)
-        counts = torch.zeros(count, self.seq_len + 1, dtype=torch.long).scatter_add_(1, tokens,
-                                                                                     torch.ones_like(tokens))
+        counts = torch.zeros(count, self.seq_len + 1, dtype=torch.long).scatter_add_(1, tokens, torch.ones_like(tokens))
         targets = (counts.gather(1, tokens) > 1).long()  # (B, N): 1 where the value occurs twice or more
         return {"tokens": tokens, "targets": targets}
 
@@ -63,15 +85,36 @@ class Recall(ExampleSetTask):
     at ~31% for 3,000 steps (results/frontier/calibration.md). Zoology's MQAR (Arora et al. 2023, arXiv 2312.04927)
     puts its pairs in a prefix, which a pattern attending to the prefix solves without reading content; here a
     question must find its pair by content. Chance: 1/VALUES."""
+
     EVAL_EXAMPLES = 1024
     KEYS, VALUES, FILLERS = 64, 16, 16  # token ids: keys 1..64, pairs 65..1088 (key-major), filler 1089..1104
 
     def __init__(self):
-        cpu = Preset(seq_len=64, dim=64, depth=2, heads=2, head_dim=32, mlp_dim=128, dropout=0.0, steps=1500,
-                     batch_size=64, lr=1e-3, weight_decay=0.0, warmup=100, eval_every=250, eval_batches=4,
-                     final_eval_batches=16)
-        super().__init__("recall", "token", vocab_size=1 + self.KEYS * (1 + self.VALUES) + self.FILLERS,
-                         num_classes=self.VALUES, metric="accuracy", presets={"cpu": cpu, "paper": cpu})
+        cpu = Preset(
+            seq_len=64,
+            dim=64,
+            depth=2,
+            heads=2,
+            head_dim=32,
+            mlp_dim=128,
+            dropout=0.0,
+            steps=1500,
+            batch_size=64,
+            lr=1e-3,
+            weight_decay=0.0,
+            warmup=100,
+            eval_every=250,
+            eval_batches=4,
+            final_eval_batches=16,
+        )
+        super().__init__(
+            "recall",
+            "token",
+            vocab_size=1 + self.KEYS * (1 + self.VALUES) + self.FILLERS,
+            num_classes=self.VALUES,
+            metric="accuracy",
+            presets={"cpu": cpu, "paper": cpu},
+        )
 
     def pairs(self) -> int:
         return min(max(1, self.seq_len // 8), self.KEYS)
@@ -80,8 +123,10 @@ class Recall(ExampleSetTask):
         if seq_len < 2:
             raise ValueError(f"recall needs --seq-len >= 2 (a pair and its question), got {seq_len}")
         self.seq_len = seq_len
-        self.splits = {split: self.generate(self.EVAL_EXAMPLES, torch.Generator().manual_seed(seed * 1000 + 11 + i))
-                       for i, split in enumerate(("valid", "test"))}
+        self.splits = {
+            split: self.generate(self.EVAL_EXAMPLES, torch.Generator().manual_seed(seed * 1000 + 11 + i))
+            for i, split in enumerate(("valid", "test"))
+        }
 
     def generate(self, count: int, generator: torch.Generator) -> Dict[str, Tensor]:
         n, k = self.seq_len, self.pairs()
@@ -89,7 +134,7 @@ class Recall(ExampleSetTask):
         keys = torch.rand(count, self.KEYS, generator=generator).argsort(1)[:, :k] + 1  # (B, K), distinct
         values = torch.randint(self.VALUES, (count, k), generator=generator)  # (B, K)
         place = torch.rand(count, n, generator=generator).argsort(1)  # (B, n): 2K distinct places, pair first
-        pair, question = place[:, :k].minimum(place[:, k:2 * k]), place[:, :k].maximum(place[:, k:2 * k])
+        pair, question = place[:, :k].minimum(place[:, k : 2 * k]), place[:, :k].maximum(place[:, k : 2 * k])
         tokens = torch.randint(self.FILLERS, (count, n), generator=generator) + 1 + self.KEYS * (1 + self.VALUES)
         tokens[rows, pair], tokens[rows, question] = self.KEYS + 1 + (keys - 1) * self.VALUES + values, keys
         targets = torch.full((count, n), IGNORE, dtype=torch.long)
@@ -141,15 +186,40 @@ class ListOps(ExampleSetTask):
     def __init__(self):
         # CPU preset: LRA's rules at lengths 50-200 (max depth 5, LRA's 10 arguments); paper preset: 500-2000.
         # Both on the backbone of the paper's: bench.model.Backbone's defaults.
-        cpu = Preset(seq_len=200, steps=1500, batch_size=32, lr=1e-3, weight_decay=0.01, warmup=150,
-                     eval_every=250, eval_batches=8, final_eval_batches=63)
+        cpu = Preset(
+            seq_len=200,
+            steps=1500,
+            batch_size=32,
+            lr=1e-3,
+            weight_decay=0.01,
+            warmup=150,
+            eval_every=250,
+            eval_batches=8,
+            final_eval_batches=63,
+        )
         # Paper preset: SBM paper Table 7 (LISTOPS column: 2 layers, 2 heads, width 64, FFN 128, head dim 32,
         # length 2048, dropout and attention dropout 0.1, batch 128, lr 5e-4, 5000 steps); warm-up as LRA's.
-        paper = dataclasses.replace(cpu, seq_len=2048, attn_dropout=0.1, steps=5000, batch_size=128,
-                                    lr=5e-4, weight_decay=0.0, warmup=1000, eval_every=500,
-                                    eval_batches=16, final_eval_batches=16)
-        super().__init__("listops", "cls", vocab_size=len(LISTOPS_VOCAB), num_classes=10, metric="accuracy",
-                         presets={"cpu": cpu, "paper": paper})
+        paper = dataclasses.replace(
+            cpu,
+            seq_len=2048,
+            attn_dropout=0.1,
+            steps=5000,
+            batch_size=128,
+            lr=5e-4,
+            weight_decay=0.0,
+            warmup=1000,
+            eval_every=500,
+            eval_batches=16,
+            final_eval_batches=16,
+        )
+        super().__init__(
+            "listops",
+            "cls",
+            vocab_size=len(LISTOPS_VOCAB),
+            num_classes=10,
+            metric="accuracy",
+            presets={"cpu": cpu, "paper": paper},
+        )
         self.sizes = {"train": 20000, "valid": 2000, "test": 2000}
 
     def generator_params(self, seq_len: int):
@@ -161,15 +231,25 @@ class ListOps(ExampleSetTask):
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         total = sum(self.sizes.values())  # at LRA's length, 24,000 trees take ~90 s on one core: cached there
         key = hashlib.sha256(repr((self.GENERATOR_VERSION, seq_len, sorted(self.sizes.items()), seed)).encode())
-        arrays = (cached(data_dir, f"listops-{key.hexdigest()[:20]}", lambda: self.generate(seq_len, seed),
-                         lambda arrays: array_problem(arrays, {"ids": (total, seq_len), "targets": (total,)}))
-                  if self.generator_params(seq_len)[0] == 10 else self.generate(seq_len, seed))
+        arrays = (
+            cached(
+                data_dir,
+                f"listops-{key.hexdigest()[:20]}",
+                lambda: self.generate(seq_len, seed),
+                lambda arrays: array_problem(arrays, {"ids": (total, seq_len), "targets": (total,)}),
+            )
+            if self.generator_params(seq_len)[0] == 10
+            else self.generate(seq_len, seed)
+        )
         tokens, targets = torch.from_numpy(arrays["ids"].astype(np.int64)), torch.from_numpy(arrays["targets"])
         self.splits, start = {}, 0
         for split, size in self.sizes.items():
             part = slice(start, start + size)
-            self.splits[split] = {"tokens": tokens[part], "targets": targets[part],
-                                  "key_padding_mask": tokens[part] == 0}
+            self.splits[split] = {
+                "tokens": tokens[part],
+                "targets": targets[part],
+                "key_padding_mask": tokens[part] == 0,
+            }
             start += size
 
     def generate(self, seq_len: int, seed: int) -> Dict[str, np.ndarray]:
@@ -191,5 +271,5 @@ class ListOps(ExampleSetTask):
         index = {tok: i for i, tok in enumerate(LISTOPS_VOCAB)}
         ids = np.zeros((total, seq_len), dtype=np.uint8)
         for row, (tokens, _) in enumerate(examples):
-            ids[row, :len(tokens)] = [index[t] for t in tokens]
+            ids[row, : len(tokens)] = [index[t] for t in tokens]
         return {"ids": ids, "targets": np.array([label for _, label in examples], dtype=np.int64)}
