@@ -422,3 +422,51 @@ def test_recall_s_chance_is_one_in_the_number_of_values():
     counts = torch.bincount(targets[targets != IGNORE], minlength=task.VALUES).float()
     assert task.num_classes == task.VALUES
     assert base_rate(counts, "accuracy") < 1.5 / task.VALUES
+
+
+@pytest.mark.parametrize("name, per_pair", [("recall-few", 16), ("recall", 8), ("recall-many", 4)])
+def test_recall_s_difficulty_axis_is_the_number_of_pairs(name, per_pair):
+    task = get_task(name)
+    task.setup(128, seed=0, data_dir=Path("."))
+    targets = task.train_batch(4, torch.Generator().manual_seed(0))["targets"]
+    assert task.name == name and ((targets != IGNORE).sum(1) == 128 // per_pair).all()
+
+
+def test_a_chain_s_answer_is_two_reads_by_content_away_from_its_question():
+    """Walked by hand: the question's first key finds one link (first, second), the second key one pair
+    (second, value), and the target is that value; every token id is in the vocabulary."""
+    task = get_task("chain")
+    task.setup(128, seed=0, data_dir=Path("."))
+    batch = task.train_batch(16, torch.Generator().manual_seed(3))
+    keys, values = task.KEYS, task.VALUES
+    links, pairs = 1 + 2 * keys, 1 + 2 * keys + keys * keys
+    for row, target in zip(batch["tokens"].tolist(), batch["targets"].tolist()):
+        asked = [i for i, t in enumerate(target) if t != IGNORE]
+        assert len(asked) == 128 // 16
+        for i in asked:
+            first = row[i] - 1
+            assert 0 <= first < keys and row.count(row[i]) == 1
+            found = [j for j, t in enumerate(row) if links <= t < pairs and (t - links) // keys == first]
+            assert len(found) == 1 and found[0] < i
+            second = (row[found[0]] - links) % keys
+            hop = [
+                j for j, t in enumerate(row) if pairs <= t < pairs + keys * values and (t - pairs) // values == second
+            ]
+            assert len(hop) == 1 and hop[0] < i
+            assert target[i] == (row[hop[0]] - pairs) % values
+    assert batch["tokens"].max() < task.vocab_size
+
+
+def test_ngram_s_target_is_its_table_of_the_tokens_three_apart_and_a_short_window_s_limit_is_exact():
+    """The target at i is TABLE[x_{i−3}, x_i]; window_limit, the best accuracy from x_i alone, equals the accuracy
+    of the rule that predicts each x_i's most frequent class, measured on 200,000 positions (5σ of a binomial)."""
+    task = get_task("ngram")
+    task.setup(128, seed=0, data_dir=Path("."))
+    batch = task.train_batch(1600, torch.Generator().manual_seed(5))
+    x, targets = batch["tokens"] - 1, batch["targets"]
+    assert (targets[:, :3] == IGNORE).all() and torch.equal(targets[:, 3:], task.table[x[:, :-3], x[:, 3:]])
+    guess = torch.mode(task.table, dim=0).values  # (V,): per x_i, the class most x_{i−3} give (a tie: any of them)
+    hits = (guess[x[:, 3:]] == targets[:, 3:]).double()
+    limit, sigma = task.window_limit(), (task.window_limit() * (1 - task.window_limit()) / hits.numel()) ** 0.5
+    assert abs(hits.mean().item() - limit) < 5 * sigma, (hits.mean().item(), limit)
+    assert 1 / task.CLASSES < limit < 0.5

@@ -1,6 +1,6 @@
 """The tasks: name → task class, named by module path ("module:Class") so that a run imports only its own
 task's module; ``get_task(name)`` gives a fresh task. Adding a task is its class and one entry here. base.py:
-what a task is; synthetic.py: ``duplicates``, ``recall``, ``listops``; language.py: ``enwik8``, ``bytes``, ``wikitext2``;
+what a task is; synthetic.py: ``duplicates``, ``recall`` (three sizes), ``chain``, ``ngram``, ``listops``; language.py: ``enwik8``, ``bytes``, ``wikitext2``;
 lra.py: the LRA base, ``text``, ``retrieval``; image.py: ``image``; pathfinder.py: ``pathfinder``;
 data_files.py: where data are looked for, downloads, archives and caches.
 """
@@ -27,6 +27,10 @@ TASKS: Dict[str, str] = {
     "duplicates": "bench.tasks.synthetic:Duplicates",
     "listops": "bench.tasks.synthetic:ListOps",
     "recall": "bench.tasks.synthetic:Recall",
+    "recall-few": "bench.tasks.synthetic:RecallFew",
+    "recall-many": "bench.tasks.synthetic:RecallMany",
+    "chain": "bench.tasks.synthetic:Chain",
+    "ngram": "bench.tasks.synthetic:NGram",
     "enwik8": "bench.tasks.language:Enwik8",
     "bytes": "bench.tasks.language:LocalBytes",
     "wikitext2": "bench.tasks.language:MaskedBytes",

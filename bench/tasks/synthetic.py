@@ -5,6 +5,11 @@
   validation and test sets generated from the seed.
 - ``recall`` — scattered-key associative recall: (key, value) pairs, one token each, anywhere in the sequence,
   each key asked again later; the target at the question is its value. Generated like ``duplicates``.
+  ``recall-few`` and ``recall-many``: the same at N/16 and N/4 pairs rather than N/8, the difficulty axis of MQAR.
+- ``chain`` — two-hop recall: a question's key names a link (key → second key), whose second key names a pair
+  (second key → value); the target is the value, so both layers must address by content.
+- ``ngram`` — the positional control: tokens uniform, the target at i a fixed random table of the tokens at i − 3
+  and i. A window reaching offset 3 can be exact; one that does not has a known Bayes limit (``window_limit``).
 - ``listops`` — LRA ListOps (Tay et al. 2021; Nangia & Bowman 2018) with LRA's generator rules (values 0-9,
   MAX/MIN/MED/SM, operator with probability 0.25 below the maximum depth, 2..max_args arguments, accepted
   when min_len < length < max_len, deduplicated). Tokens as in the PyTorch ports: the brackets' "(" ")"
@@ -88,8 +93,9 @@ class Recall(ExampleSetTask):
 
     EVAL_EXAMPLES = 1024
     KEYS, VALUES, FILLERS = 64, 16, 16  # token ids: keys 1..64, pairs 65..1088 (key-major), filler 1089..1104
+    TOKENS_PER_PAIR = 8  # K = N / 8; MQAR (arXiv 2312.04927) varies K as its difficulty axis: the subclasses below
 
-    def __init__(self):
+    def __init__(self, name: str = "recall"):
         cpu = Preset(
             seq_len=64,
             dim=64,
@@ -108,7 +114,7 @@ class Recall(ExampleSetTask):
             final_eval_batches=16,
         )
         super().__init__(
-            "recall",
+            name,
             "token",
             vocab_size=1 + self.KEYS * (1 + self.VALUES) + self.FILLERS,
             num_classes=self.VALUES,
@@ -117,7 +123,7 @@ class Recall(ExampleSetTask):
         )
 
     def pairs(self) -> int:
-        return min(max(1, self.seq_len // 8), self.KEYS)
+        return min(max(1, self.seq_len // self.TOKENS_PER_PAIR), self.KEYS)
 
     def setup(self, seq_len, seed, data_dir, eval_context=0):
         if seq_len < 2:
@@ -140,6 +146,95 @@ class Recall(ExampleSetTask):
         targets = torch.full((count, n), IGNORE, dtype=torch.long)
         targets[rows, question] = values
         return {"tokens": tokens, "targets": targets}
+
+    def train_batch(self, batch_size, generator):
+        return self.generate(batch_size, generator)
+
+
+class RecallFew(Recall):
+    TOKENS_PER_PAIR = 16
+
+    def __init__(self):
+        super().__init__("recall-few")
+
+
+class RecallMany(Recall):
+    TOKENS_PER_PAIR = 4
+
+    def __init__(self):
+        super().__init__("recall-many")
+
+
+class Chain(Recall):
+    """Two-hop recall. K chains of three tokens at random places: a link (a, b) of a first key a and a second key
+    b, a pair (b, v) of b and a value, and the question a after both; the target there is v. Reading a's link gives
+    b, not v: a second read by content, from b, is needed, so one layer cannot answer however it looks (as for
+    a pair's value, a token carries both of its keys: one hop is one read, as in ``recall``). Keys are drawn
+    distinct within a sequence (first keys from one set, second keys from another). K = N / 16. Chance: 1/VALUES."""
+
+    KEYS = 32  # first keys 1..32; second keys 33..64; links, pairs and filler follow (token ids in ``generate``)
+    TOKENS_PER_PAIR = 16
+
+    def __init__(self):
+        super().__init__("chain")
+        self.vocab_size = 1 + 2 * self.KEYS + self.KEYS * self.KEYS + self.KEYS * self.VALUES + self.FILLERS
+
+    def generate(self, count: int, generator: torch.Generator) -> Dict[str, Tensor]:
+        n, k, keys = self.seq_len, self.pairs(), self.KEYS
+        rows = torch.arange(count)[:, None]
+        first = torch.rand(count, keys, generator=generator).argsort(1)[:, :k]  # (B, K) in 0..31, distinct
+        second = torch.rand(count, keys, generator=generator).argsort(1)[:, :k]  # (B, K), distinct
+        values = torch.randint(self.VALUES, (count, k), generator=generator)  # (B, K)
+        place = torch.rand(count, n, generator=generator).argsort(1)[:, : 3 * k].view(count, 3, k)  # (B, 3, K)
+        place = place.sort(1).values  # the question last; the two hops before it in either order
+        swap = torch.rand(count, k, generator=generator) < 0.5  # (B, K)
+        link, pair = torch.where(swap, place[:, 1], place[:, 0]), torch.where(swap, place[:, 0], place[:, 1])
+        question = place[:, 2]
+        links, pairs = 1 + 2 * keys, 1 + 2 * keys + keys * keys
+        tokens = torch.randint(self.FILLERS, (count, n), generator=generator) + pairs + keys * self.VALUES
+        tokens[rows, link] = links + first * keys + second
+        tokens[rows, pair] = pairs + second * self.VALUES + values
+        tokens[rows, question] = 1 + first
+        targets = torch.full((count, n), IGNORE, dtype=torch.long)
+        targets[rows, question] = values
+        return {"tokens": tokens, "targets": targets}
+
+
+class NGram(ExampleSetTask):
+    """The positional control: tokens uniform over V symbols, the target at i is TABLE[x_{i−3}, x_i], a fixed random
+    table (its own seed, the same for every run), IGNORE where i < 3. Only position tells where to look: full
+    attention can learn it and a window of half-width ≥ 3 holds it exactly, so adaptivity has nothing to find.
+    A window of half-width < 3 sees x_i but not x_{i−3}; its Bayes limit is ``window_limit``."""
+
+    EVAL_EXAMPLES = 1024
+    SYMBOLS, CLASSES, OFFSET, TABLE_SEED = 16, 16, 3, 20261128
+
+    def __init__(self):
+        cpu = dataclasses.replace(Recall().presets["cpu"], seq_len=128)
+        super().__init__("ngram", "token", 1 + self.SYMBOLS, self.CLASSES, "accuracy", {"cpu": cpu, "paper": cpu})
+        table_rng = torch.Generator().manual_seed(self.TABLE_SEED)
+        self.table = torch.randint(self.CLASSES, (self.SYMBOLS, self.SYMBOLS), generator=table_rng)  # (V, V)
+
+    def window_limit(self) -> float:
+        """The best accuracy from x_i alone (x_{i−3} unseen, uniform): the mean over x_i of its table column's
+        most frequent class's share."""
+        counts = torch.zeros(self.SYMBOLS, self.CLASSES).scatter_add_(1, self.table.T, torch.ones(self.table.T.shape))
+        return counts.max(1).values.mean().item() / self.SYMBOLS
+
+    def setup(self, seq_len, seed, data_dir, eval_context=0):
+        if seq_len <= self.OFFSET:
+            raise ValueError(f"ngram needs --seq-len > {self.OFFSET}, got {seq_len}")
+        self.seq_len = seq_len
+        self.splits = {
+            split: self.generate(self.EVAL_EXAMPLES, torch.Generator().manual_seed(seed * 1000 + 13 + i))
+            for i, split in enumerate(("valid", "test"))
+        }
+
+    def generate(self, count: int, generator: torch.Generator) -> Dict[str, Tensor]:
+        symbols = torch.randint(self.SYMBOLS, (count, self.seq_len), generator=generator)  # (B, N)
+        targets = torch.full((count, self.seq_len), IGNORE, dtype=torch.long)
+        targets[:, self.OFFSET :] = self.table[symbols[:, : -self.OFFSET], symbols[:, self.OFFSET :]]
+        return {"tokens": symbols + 1, "targets": targets}
 
     def train_batch(self, batch_size, generator):
         return self.generate(batch_size, generator)
