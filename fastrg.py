@@ -41,6 +41,8 @@ __all__ = [
     "edge_probability",
     "one_thread",
     "sort_integers",
+    "count_integers",
+    "host_syncs",
 ]
 
 Factor = torch.Tensor | tuple[torch.Tensor, ...]  # X or Y: a tensor, or its parts along K (never concatenated)
@@ -120,9 +122,16 @@ GPU_CHUNKS = 64  # _EDGES, _BLOCK, _GAP, _GUIDE, _CHUNK (and SBM-Transformer's C
 # density) for 1.2-1.9× the peak memory, the same bits (tests/test_devices.py; figures: results/gpu/README.md)
 
 
+def host_syncs(device: torch.device) -> bool:
+    """Whether reading a tensor's data on the host waits for `device` (every device but the CPU). There the fast path
+    reads the sampled sizes once (_counts), cuts its work at whole graphs, and flags duplicates rather than merging
+    them, so that no size is read again; on the CPU, where reads are free, it merges, and cuts at whole rows."""
+    return device.type != "cpu"
+
+
 def chunk_size(size: int, device: torch.device) -> int:
     """A bounded size (edges, draws or entries a chunk) on `device`: as set on the CPU, GPU_CHUNKS× elsewhere."""
-    return size if device.type == "cpu" else size * GPU_CHUNKS
+    return size * GPU_CHUNKS if host_syncs(device) else size
 
 
 @contextlib.contextmanager
@@ -164,24 +173,28 @@ def sample(
     merged, so P(edge) = 1 − exp(−λ). csr=True sorts the edges by (r, i, j) and adds row_ptr (R·n + 1,): the
     edges of flattened row q = r·n + i are [row_ptr[q], row_ptr[q+1]). dedup=True also returns them sorted;
     dedup=False, csr=False leaves them unsorted. All randomness comes from `generator` (on X's device) when
-    given. Runs with one intra-op thread (one_thread).
+    given. Runs with one intra-op thread (one_thread). Off the CPU dedup=True reads the number of distinct edges
+    (a host sync beside the sampler's one read; sample_block_csr flags instead).
     """
     if not (dedup or csr):
-        R, n, m, X, Y, counts = _counts(X, S, Y, generator, key_needed=False)
+        R, n, m, X, Y, counts, sources, destinations = _counts(X, S, Y, generator, key_needed=False)
         device = S.device  # validated: X, S, Y on one device
         if counts is None:
             return _empty(R, n, device, csr)
-        per_graph = counts.view(R, -1).sum(1)
+        K, per_graph = counts.shape[1], sources.reshape(R, -1).sum(1)  # (R,) edges of each graph, on the host
         E = int(per_graph.sum())
-        r = torch.repeat_interleave(torch.arange(R, device=device), per_graph, output_size=E)
+        r = torch.repeat_interleave(torch.arange(R, device=device), counts.view(R, -1).sum(1), output_size=E)
         i, j = torch.empty_like(r), torch.empty_like(r)
         streams = _uniforms(generator, device), _uniforms(generator, device)
-        for r0, r1, e0, e1 in _chunks(per_graph):
-            i[e0:e1], j[e0:e1] = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
+        for r0, r1, e0, e1 in _chunks(per_graph, device):
+            rows = sources[r0 * K : r1 * K], destinations[r0 * K : r1 * K]
+            i[e0:e1], j[e0:e1] = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], rows, *streams)
         return r, i, j
-    R, n, m, key = _sorted_key(X, S, Y, generator, dedup)
+    R, n, m, key, first, _ = _sorted_key(X, S, Y, generator, dedup)
     if key is None:
         return _empty(R, n, S.device, csr)
+    if first is not None:
+        key = key[first]
     bn, bm = _bits(n), _bits(m)
     key = key.long()
     r = key >> (bn + bm)
@@ -193,23 +206,23 @@ def sample(
 
 
 @one_thread()
-def sample_block_csr(
-    X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_block_csr(X: Factor, S: torch.Tensor, Y: Factor, *, generator: torch.Generator | None = None) -> tuple:
     """The simple graphs of `sample(X, S, Y, dedup=True)` as one block-diagonal (R·n) × (R·m) matrix in CSR
-    form: (row_ptr (R·n + 1,), col (E,)), both int32 (the index type of the sparse BLAS kernels). The edges of
-    row q = r·n + i are col[row_ptr[q]:row_ptr[q + 1]], sorted, with col = r·m + j; P(edge) = 1 − exp(−λ).
-    The same draw as `sample(..., csr=True)` under the same generator, without the per-edge (r, i, j).
+    form: (row_ptr (R·n + 1,), col (E,), first, graph_ptr), row_ptr and col int32 (the index type of the sparse
+    BLAS kernels). The edges of row q = r·n + i are col[row_ptr[q]:row_ptr[q + 1]], sorted, with col = r·m + j;
+    P(edge) = 1 − exp(−λ). On the CPU first and graph_ptr are None; off it the sizes are those of the sampler's one
+    read (a multigraph's): a pair's repeats stay in place, first (E,) bool marks each pair's first copy, and
+    graph_ptr (R + 1,) NumPy int64 is row_ptr at each graph's first row, on the host. The same draw as
+    `sample(..., csr=True)` under the same generator (its edges where first is set), without the per-edge (r, i, j).
     SBM-Transformer calls it with X = Q̂ (B, H, N, K), S = Ŝ (H, K, K), Y = K̂ (B, H, M, K): graph r = b·H + h.
     Its random edge exploration (+δ, §4.2) is exactly λ + δ with X' = [X, 1], Y' = [Y, 1], S' = blockdiag(S, δ),
     X' and Y' passed as parts (X, 1), (Y, 1): K̂ is not copied.
     """
-    R, n, m, key = _sorted_key(X, S, Y, generator, dedup=True)
+    R, n, m, key, first, per_graph = _sorted_key(X, S, Y, generator, dedup=True)
     if key is None:
-        return (
-            torch.zeros(R * n + 1, dtype=torch.int32, device=S.device),
-            torch.zeros(0, dtype=torch.int32, device=S.device),
-        )
+        empty = torch.zeros(0, dtype=torch.int32, device=S.device)
+        flagged = (empty.bool(), np.zeros(R + 1, np.int64)) if host_syncs(S.device) else (None, None)
+        return torch.zeros(R * n + 1, dtype=torch.int32, device=S.device), empty, *flagged
     if R * m > 2**31 or len(key) > 2**31:
         raise ValueError(f"R·m = {R * m} columns or {len(key)} edges do not fit int32 indices; split the batch")
     bn, bm = _bits(n), _bits(m)
@@ -218,66 +231,76 @@ def sample_block_csr(
     for a in range(0, len(key), step):  # in place, a chunk at a time: key → r·m + j
         part = key[a : a + step]
         part.copy_((part >> (bn + bm)).mul_(m).add_(part & ((1 << bm) - 1)))
-    return row_ptr, key.int()
+    return row_ptr, key.int(), first, None if first is None else np.r_[0, np.cumsum(per_graph)]
 
 
 def _counts(X, S, Y, generator, key_needed: bool):
-    """Inputs checked and flattened, and the edge counts of every graph and cluster pair: (R, n, m, X (R, N, K),
-    Y (R, M, K) as _Factor, counts (R, K, K) N[r, u, v]); X, Y, counts are None when no edge is drawn."""
-    lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed, high=False)
+    """Inputs checked and flattened, the edge counts of every graph and cluster pair, and the draws of every CDF row
+    on the host: (R, n, m, X (R, N, K), Y (R, M, K) as _Factor, counts (R, K, K) N[r, u, v], sources (R·K,) and
+    destinations (R·K,) NumPy int64, the draws of row o = r·K + u of X and of Y); None from X on when no edge is
+    drawn. The sampler's one read of the device: the checks' extremes, the expected total and these sums together,
+    the checks made on the host after the draw (an invalid rate draws nothing meanwhile)."""
+    lead, R, n, m, K = _validate(X, S, Y, key_needed=key_needed, values=False)
     if generator is not None and generator.device.type != S.device.type:
         raise ValueError(f"generator is on {generator.device}, inputs on {S.device}")
     if R * n * m * K == 0:
-        return R, n, m, None, None, None
+        return R, n, m, None, None, None, None, None
     X, Y = _Factor.flat(X, lead), _Factor.flat(Y, lead)
     cx, cy = X.column_sums(), Y.column_sums()  # (R, K) 1ᵀX, 1ᵀY
-    for name, t, sums in (("X", X, cx), ("Y", Y, cy)):
-        if not bool(torch.isfinite(sums).all()):  # +inf (a NaN or −inf raised already)
-            for part in t.parts:
-                _check_values(name, part)
-    rates = cx[:, :, None] * _flat(S, lead).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
-    total = float(rates.sum())
+    rates = cx[:, :, None] * (S := _flat(S, lead)).to(_WORK) * cy[:, None, :]  # (R, K, K) B̄: expected edges per (u, v)
+    total = rates.sum()
+    # Algorithm 1's one Poisson total and a categorical (u, v) per edge (lines 4, 7), as one count per (u, v):
+    # equal in law (Poisson splitting), and no loop or `torch.multinomial` category limit.
+    rates = torch.where(total < _MAX_EXPECTED_EDGES, rates, 0.0).clamp_(min=0)  # valid rates unchanged
+    counts = torch.poisson(rates, generator=generator).to(torch.int64)  # (R, K, K) N[r, u, v]
+    # X and Y: a NaN, −inf or negative entry shows in the minimum, a +inf in the column sums; S: its extremes
+    low = [torch.stack([p.amin().to(_WORK) for p in t.parts if p.numel()]).amin() for t in (X, Y)]
+    checks = [*low, *torch.aminmax(S), torch.isfinite(cx).all(), torch.isfinite(cy).all(), total]
+    read = torch.cat([torch.stack([c.to(_WORK) for c in checks]), counts.sum(2).view(-1), counts.sum(1).view(-1)])
+    # the read: off the CPU a host sync; a copy (aten._to_copy) on it too, so that an op counter sees it
+    (x_low, y_low, s_low, s_high, x_finite, y_finite, total), read = np.split(read.to("cpu", copy=True).numpy(), [7])
+    for name, values, finite in (("X", [x_low], x_finite), ("S", [s_low, s_high], 1), ("Y", [y_low], y_finite)):
+        _check_values(name, values, finite > 0)
     if not total < _MAX_EXPECTED_EDGES:
         raise ValueError(
             f"expected number of edges {total:.3g} is not finite or too large (limit 2^53); scale down X, S or Y"
         )
-    # Algorithm 1's one Poisson total and a categorical (u, v) per edge (lines 4, 7), as one count per (u, v):
-    # equal in law (Poisson splitting), and no loop or `torch.multinomial` category limit.
-    counts = torch.poisson(rates, generator=generator).to(torch.int64)  # (R, K, K) N[r, u, v]
-    if int(counts.sum()) == 0:
-        return R, n, m, None, None, None
-    return R, n, m, X, Y, counts
+    sources, destinations = read.astype(np.int64).reshape(2, R * K)
+    if sources.sum() == 0:
+        return R, n, m, None, None, None, None, None
+    return R, n, m, X, Y, counts, sources, destinations
 
 
-def _chunks(per_graph: torch.Tensor):
+def _chunks(per_graph: np.ndarray, device: torch.device):
     """Consecutive graph ranges [r0, r1) of about chunk_size(_EDGES) edges (at least one graph each, none without
-    edges), with their edge ranges [e0, e1) in graph order: yields (r0, r1, e0, e1)."""
-    ends, size = per_graph.cumsum(0), chunk_size(_EDGES, per_graph.device)  # (R,)
+    edges) of graphs of per_graph (R,) edges, with their edge ranges [e0, e1): yields (r0, r1, e0, e1)."""
+    ends, size = np.cumsum(per_graph), chunk_size(_EDGES, device)  # (R,)
     R, r0, e0 = len(per_graph), 0, 0
     while r0 < R:
-        r1 = max(r0 + 1, int(torch.searchsorted(ends, e0 + size, right=True)))
+        r1 = max(r0 + 1, int(np.searchsorted(ends, e0 + size, side="right")))
         e1 = int(ends[r1 - 1])
         if e1 > e0:
             yield r0, r1, e0, e1
         r0, e0 = r1, e1
 
 
-def _draw_chunk(X: "_Factor", Y: "_Factor", counts: torch.Tensor, sources, destinations):
+def _draw_chunk(X: "_Factor", Y: "_Factor", counts: torch.Tensor, rows: tuple, sources, destinations):
     """The multigraph of graphs X (c, n, K), Y (c, m, K) with counts (c, K, K) N[r, u, v]: sources i and
-    destinations j, (E,) int32 each, edges in (r, u, v) group order. Sources are drawn in (r, u) order, column by
-    column, and destinations in (r, v) order; the edges of one (r, u, v) group are exchangeable, so pairing the
-    group's k-th source with its k-th destination keeps each edge's own (u, v), as the reference does. Each side
-    reads its own stream of uniforms (_uniforms), chunk after chunk: chunks change no draw."""
-    i = _draw(X, counts.sum(2).view(-1), sources)
-    j = _draw(Y, counts.sum(1).view(-1), destinations, moves=_uv_shift(counts))
+    destinations j, (E,) int32 each, edges in (r, u, v) group order; rows: the draws of each CDF row of X and of Y
+    on the host (_counts). Sources are drawn in (r, u) order, column by column, and destinations in (r, v) order;
+    the edges of one (r, u, v) group are exchangeable, so pairing the group's k-th source with its k-th destination
+    keeps each edge's own (u, v), as the reference does. Each side reads its own stream of uniforms (_uniforms),
+    chunk after chunk: chunks change no draw."""
+    i = _draw(X, counts.sum(2).view(-1), rows[0], sources)
+    j = _draw(Y, counts.sum(1).view(-1), rows[1], destinations, moves=_uv_shift(counts, int(rows[1].sum())))
     return i, j
 
 
-def _draw(W: "_Factor", per_row: torch.Tensor, uniforms, moves: tuple | None = None) -> torch.Tensor:
-    """Inverse-CDF draws from the columns of W (R, n, K): per_row[o] draws (R·K,) from CDF row o = r·K + u, the
-    CDF of column u of W[r], in that order → indices i (E,) int32. With `moves` (shift, ends) (_uv_shift), the
-    draws of group g, positions ends[g − 1]..ends[g] − 1, are stored shift[g] further on. A block of rows at a time
-    (_blocks): its CDF (_cdf_block), its guide table and its draws.
+def _draw(W: "_Factor", per_row: torch.Tensor, host: np.ndarray, uniforms, moves: tuple | None = None) -> torch.Tensor:
+    """Inverse-CDF draws from the columns of W (R, n, K): per_row[o] draws (R·K,; `host` its copy on the host) from
+    CDF row o = r·K + u, the CDF of column u of W[r], in that order → indices i (E,) int32. With `moves` (shift,
+    ends) (_uv_shift), the draws of group g, positions ends[g − 1]..ends[g] − 1, are stored shift[g] further on. A
+    block of rows at a time (_blocks): its CDF (_cdf_block), its guide table and its draws.
 
     The rule is torch.searchsorted(cdf[o], U, right=True) for U ∈ [0, 1) on the 2⁻⁵³ grid: the first entry
     strictly above U. It is always in range (the row's last entry is 1 > U) and never an index of zero weight
@@ -286,43 +309,45 @@ def _draw(W: "_Factor", per_row: torch.Tensor, uniforms, moves: tuple | None = N
     finds it. One thread, K = 128, n = 1024-8192, densities 0.1-10%: 1.8-3.0× (4.6× at n = 8192, 10%) the speed
     of one torch.searchsorted over the table as integer keys o·2⁵⁴ + ⌈CDF·2⁵³⌉, which gives the same draws. A
     full guide (G = L, a counting pass) pays once draws are at least half the entries; below that, G ≈ draws /
-    (rows·(b + 1)) buckets.
+    (rows·(b + 1)) buckets. Off the CPU, where the guide's interval sizes would need a read, a bisection of the
+    whole row (b steps) finds the same entry.
     """
     n, K = W.shape[1:]
-    b = _bits(n)
-    L = 1 << b
-    ends = per_row.cumsum(0)  # (R·K,) each row's last draw + 1
+    L = 1 << _bits(n)
+    ends = np.cumsum(host)  # (R·K,) each row's last draw + 1
     drawn = torch.empty(int(ends[-1]), dtype=torch.int32, device=W.device)
     if len(drawn) <= _FEW:
-        _draw_few(W, per_row, uniforms, drawn, moves)
+        _draw_few(W, host, uniforms, drawn, moves)
         return drawn
-    for o0, o1 in _blocks(per_row, K, L):
-        _draw_rows(W, o0, o1, per_row[o0:o1], uniforms, drawn, int(ends[o0 - 1]) if o0 else 0, moves)
+    for o0, o1 in _blocks(host, K, L, W.device):
+        e0 = int(ends[o0 - 1]) if o0 else 0
+        _draw_rows(W, o0, o1, per_row[o0:o1], int(ends[o1 - 1]) - e0, uniforms, drawn, e0, moves)
     return drawn
 
 
 def _draw_rows(
-    W: "_Factor", o0: int, o1: int, per_row: torch.Tensor, uniforms, drawn: torch.Tensor, e0: int, moves: tuple | None
+    W: "_Factor", o0: int, o1: int, per_row: torch.Tensor, E: int, uniforms, drawn: torch.Tensor, e0: int, moves
 ) -> None:
-    """The draws of CDF rows o0..o1 − 1 of W's columns (_draw): per_row[o − o0] from row o, in order, into
+    """The E draws of CDF rows o0..o1 − 1 of W's columns (_draw): per_row[o − o0] from row o, in order, into
     drawn[e0:], each moved as `moves` says when given."""
     n = W.shape[1]
     b = _bits(n)
     L = 1 << b
-    rows, E = o1 - o0, int(per_row.sum())
+    rows, whole = o1 - o0, host_syncs(W.device)
     G = L if 2 * E >= rows * L else max(1, min(L // 2, 1 << (max(E // (rows * (b + 1)), 1).bit_length() - 1)))
     cdf = _cdf_block(W, o0, o1)  # (rows·L,)
-    guide = _guide_table(cdf, n, G)  # (rows·(G + 1),)
-    start = torch.arange(0, rows * (G + 1), G + 1, dtype=guide.dtype, device=cdf.device)  # each row's guide
-    row_ends = np.cumsum((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())
-    step = chunk_size(_CHUNK, cdf.device)
-    for a in range(0, E, step):
-        z = min(a + step, E)
+    guide = None if whole else _guide_table(cdf, n, G)  # (rows·(G + 1),)
+    step, row_ends = L if whole else G + 1, per_row.cumsum(0)  # rows' spacing in the CDF or the guide
+    start = torch.arange(0, rows * step, step, dtype=torch.int64 if whole else guide.dtype, device=cdf.device)
+    for a in range(0, E, chunk_size(_CHUNK, cdf.device)):
+        z = min(a + chunk_size(_CHUNK, cdf.device), E)
         U = uniforms(z - a)  # (chunk,)
-        slot = (U * G).to(guide.dtype).add_(_spread(start, row_ends, a, z))  # bucket ⌊U·G⌋ (exact: G = 2^k)
-        found = _search(
-            cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L, steps=G == L
-        ).bitwise_and_(L - 1)  # (chunk,) entry i in its row
+        if whole:
+            found = _bisect(cdf, _spread(start, row_ends, a, z), U, L, b)
+        else:
+            slot = (U * G).to(guide.dtype).add_(_spread(start, row_ends, a, z))  # bucket ⌊U·G⌋ (exact: G = 2^k)
+            found = _search(cdf, guide.index_select(0, slot), guide.index_select(0, slot.add_(1)), U, L, G == L)
+        found = found.bitwise_and_(L - 1)  # (chunk,) entry i in its row
         if moves is None:
             drawn[e0 + a : e0 + z] = found
         else:
@@ -333,12 +358,11 @@ def _draw_rows(
             drawn[at] = found.to(torch.int32)
 
 
-def _draw_few(W: "_Factor", per_row: torch.Tensor, uniforms, drawn: torch.Tensor, moves: tuple | None) -> None:
+def _draw_few(W: "_Factor", counts: np.ndarray, uniforms, drawn: torch.Tensor, moves: tuple | None) -> None:
     """_draw's draws when they are few (a near-empty graph): each drawn row's CDF alone and torch.searchsorted, the
     same rule on the same CDF values and uniforms, so the same draws, without blocks or guide tables."""
     U, at = uniforms(len(drawn)), 0
     found = torch.empty(len(drawn), dtype=torch.int64, device=drawn.device)
-    counts = per_row.cpu().numpy()
     for o in np.flatnonzero(counts):
         count = int(counts[o])
         found[at : at + count] = torch.searchsorted(_cdf_block(W, o, o + 1), U[at : at + count], right=True)
@@ -353,25 +377,30 @@ def _draw_few(W: "_Factor", per_row: torch.Tensor, uniforms, drawn: torch.Tensor
         drawn[where] = found.to(torch.int32)
 
 
-def _spread(values: torch.Tensor, ends: np.ndarray, a: int, z: int) -> torch.Tensor:
+def _spread(values: torch.Tensor, ends: torch.Tensor, a: int, z: int) -> torch.Tensor:
     """Positions a..z − 1 (a < z) of repeat_interleave(values, sizes), where `ends` (len(values),) are the running
-    sums of the sizes: the slice without the whole, so that no per-draw table is formed."""
+    sums of the sizes: the slice without the whole, so that no per-draw table is formed. Off the CPU by a search
+    on the device, where cutting on the host would read `ends`."""
+    if host_syncs(values.device):
+        at = torch.arange(a, z, dtype=ends.dtype, device=ends.device)
+        return values.index_select(0, torch.searchsorted(ends, at, right=True))
+    ends = ends.numpy()
     lo = int(np.searchsorted(ends, a, side="right"))  # the group of position a
     hi = int(np.searchsorted(ends, z - 1, side="right")) + 1  # one past the group of position z − 1
     sizes = np.diff(ends[lo:hi].clip(max=z), prepend=a)  # (hi − lo,) each group's positions in a..z − 1
     return torch.repeat_interleave(values[lo:hi], torch.from_numpy(sizes).to(values.device), output_size=z - a)
 
 
-def _blocks(per_row: torch.Tensor, K: int, L: int):
+def _blocks(per_row: np.ndarray, K: int, L: int, device: torch.device):
     """Row ranges [o0, o1) of a CDF table with rows o = r·K + u of L entries, about chunk_size(_BLOCK) entries each:
     whole graphs when a graph's K rows fit, else a graph's columns in near-equal parts. Only rows with draws are
     built: a block is cut to its runs of such rows, runs apart by fewer than chunk_size(_GAP) entries of rows
     without draws kept together (a block costs about as much as building that many entries), so that a call with
     few edges builds few rows."""
-    size, total = max(_COPY_ROWS, chunk_size(_BLOCK, per_row.device) // L), len(per_row)
-    gap = max(1, chunk_size(_GAP, per_row.device) // L)  # chunk_size(_GAP) in rows
+    size, total = max(_COPY_ROWS, chunk_size(_BLOCK, device) // L), len(per_row)
+    gap = max(1, chunk_size(_GAP, device) // L)  # chunk_size(_GAP) in rows
     step = size // K * K if size >= K else -(-K // -(-K // size))  # whole graphs, or K in near-equal parts
-    used = np.flatnonzero((per_row if per_row.device.type == "cpu" else per_row.cpu()).numpy())  # rows with draws
+    used = np.flatnonzero(per_row)  # rows with draws
     if len(used) == total and size >= K:  # every row: the blocks as they are
         yield from ((a, min(a + step, total)) for a in range(0, total, step))
     elif len(used) == total:
@@ -425,7 +454,7 @@ def _guide_table(cdf: torch.Tensor, n: int, G: int) -> torch.Tensor:
             z = min(a + step, rows)
             bucket = _scaled_floor(table[a:z, :n], L)  # (rows, N) ⌊CDF·L⌋ ∈ [0, L]
             bucket += torch.arange(0, (z - a) * (L + 1), L + 1, device=cdf.device).view(z - a, 1)
-            counts = torch.bincount(bucket.view(-1), minlength=(z - a) * (L + 1)).view(z - a, L + 1)
+            counts = count_integers(bucket.view(-1), (z - a) * (L + 1)).view(z - a, L + 1)
             torch.cumsum(counts[:, :L], 1, dtype=dtype, out=guide[a:z, 1:])
         guide[:, :1] = torch.searchsorted(
             table, torch.zeros(rows, 1, dtype=_WORK, device=cdf.device), right=True, out_int32=dtype == torch.int32
@@ -446,56 +475,59 @@ def _search(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tens
     a bisection of the others (the sampler 1.08× faster at n = 4096, density 10%, alike at 1%; its index additions
     are in SBM-Transformer's recorded FLOP counts, which bisecting all would change); else a bisection."""
     if not steps:
-        return _bisect(cdf, lo, hi, U, L)
+        return _bisect(cdf, lo, U, L, int((hi - lo).max()).bit_length() if len(lo) else 0)
     for _ in range(2):
         lo += cdf.index_select(0, lo) <= U  # step past an entry ≤ U
     rest = (cdf.index_select(0, lo) <= U).nonzero().squeeze(1)  # not settled: the answer is in [lo + 1, hi]
-    lo[rest] = _bisect(cdf, lo.index_select(0, rest) + 1, hi.index_select(0, rest), U.index_select(0, rest), L)
+    start, hi = lo.index_select(0, rest) + 1, hi.index_select(0, rest)
+    span = int((hi - start).max()).bit_length() if len(rest) else 0
+    lo[rest] = _bisect(cdf, start, U.index_select(0, rest), L, span)
     return lo
 
 
-def _bisect(cdf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, U: torch.Tensor, L: int) -> torch.Tensor:
-    """The first flat index in [lo, hi] whose CDF exceeds U, for draws whose cdf[hi] > U, in rows of L entries
-    (a power of two): a binary search by steps 2^(k−1), …, 2, 1 (2^k > hi − lo), all draws at once, four passes
-    a round. It starts at lo − 1 (an entry ≤ U, or before the row), moved back where needed so that no step
+def _bisect(cdf: torch.Tensor, lo: torch.Tensor, U: torch.Tensor, L: int, k: int) -> torch.Tensor:
+    """The first flat index in [lo, lo + 2^k − 1] whose CDF exceeds U, for draws whose answer is there, in rows of
+    L entries (a power of two): a binary search by steps 2^(k−1), …, 2, 1, all draws at once, four passes a
+    round. It starts at lo − 1 (an entry ≤ U, or before the row), moved back where needed so that no step
     leaves the row (the entries it then passes are ≤ U too)."""
-    k = int((hi - lo).max()).bit_length() if len(lo) else 0
     last = torch.minimum(lo - 1, (lo | (L - 1)) + 1 - (1 << k))  # the last entry known ≤ U
     for step in (1 << j for j in reversed(range(k))):
         last.add_(cdf.index_select(0, last + step) <= U, alpha=step)
     return last + 1
 
 
-def _uv_shift(counts: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
-    """How far the edges laid out in (r, v, u) group order move to reach (r, u, v) group order, order within a
-    group kept: (shift (R·K·K,), ends (R·K·K,) NumPy int64), group g = (r, v, u) holding positions
+def _uv_shift(counts: torch.Tensor, E: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far the E edges laid out in (r, v, u) group order move to reach (r, u, v) group order, order within a
+    group kept: (shift (R·K·K,), ends (R·K·K,) int64), group g = (r, v, u) holding positions
     ends[g − 1]..ends[g] − 1 of the source order. counts (R, K, K) holds N[r, u, v]; group (r, u, v) starts at
     start_uv in the target order and at start_vu in the source order, so its edges move by start_uv − start_vu."""
-    E = int(counts.sum())
     start_uv = counts.view(-1).cumsum(0).sub_(counts.view(-1)).view(counts.shape)  # (R, K, K) [r, u, v]
     counts_vu = counts.transpose(1, 2).contiguous()  # (R, K, K) [r, v, u]
     ends_vu = counts_vu.view(-1).cumsum(0)  # (R·K·K,) [r, v, u]
     shift = start_uv.transpose(1, 2).reshape(-1).sub_(ends_vu).add_(counts_vu.view(-1))  # (R·K·K,) [r, v, u]
-    return shift.to(_index_dtype(E)), ends_vu.cpu().numpy()
+    return shift.to(_index_dtype(E)), ends_vu
 
 
 def _sorted_key(X, S, Y, generator, dedup: bool):
-    """(R, n, m, key): the edges as sorted integer keys r·2^(bn+bm) + i·2^bm + j (None when no edge is drawn), a
-    chunk of graphs at a time: one sort groups a chunk's edges by (r, i), then j; dedup merges repeats. Chunks
-    are in graph order, so their keys follow one another in order.
+    """(R, n, m, key, first, per_graph): the edges as sorted integer keys r·2^(bn+bm) + i·2^bm + j (None when no
+    edge is drawn), a chunk of graphs at a time: one sort groups a chunk's edges by (r, i), then j; dedup merges
+    repeats on the CPU, off it flags them (first (E,) bool; else None), so that the sizes stay those of the one
+    read: per_graph (R,) on the host. Chunks are in graph order, so their keys follow one another in order.
 
     bn, bm are the bits of n − 1, m − 1: power-of-two fields decode with shifts, not divisions. The key is int32
     when it fits (half the bytes to sort), else int64; `_validate` raises when even int64 is too small."""
-    R, n, m, X, Y, counts = _counts(X, S, Y, generator, key_needed=True)
+    R, n, m, X, Y, counts, sources, destinations = _counts(X, S, Y, generator, key_needed=True)
     if counts is None:
-        return R, n, m, None
-    bn, bm = _bits(n), _bits(m)
+        return R, n, m, None, None, np.zeros(R, dtype=np.int64)
+    bn, bm, K = _bits(n), _bits(m), counts.shape[1]
     dtype = _index_dtype(R << (bn + bm))
-    per_graph = counts.view(R, -1).sum(1)  # (R,) edges of each graph
+    per_graph, graphs = sources.reshape(R, K).sum(1), counts.view(R, -1).sum(1)  # (R,) edges of each graph
     total, out, at = int(per_graph.sum()), None, 0
+    first = torch.ones(total, dtype=torch.bool, device=X.device) if dedup and host_syncs(X.device) else None
     streams = _uniforms(generator, X.device), _uniforms(generator, X.device)  # of sources, of destinations
-    for r0, r1, e0, e1 in _chunks(per_graph):
-        i, j = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], *streams)
+    for r0, r1, e0, e1 in _chunks(per_graph, X.device):
+        rows = sources[r0 * K : r1 * K], destinations[r0 * K : r1 * K]
+        i, j = _draw_chunk(X[r0:r1], Y[r0:r1], counts[r0:r1], rows, *streams)
         key = i.to(dtype).bitwise_left_shift_(bm)  # (E,) in (r, u, v) order; in i's buffer if int32
         del i
         key |= j
@@ -504,17 +536,19 @@ def _sorted_key(X, S, Y, generator, dedup: bool):
             key |= r0 << (bn + bm)
         else:  # several graphs: at most about _EDGES edges
             graph = torch.arange(r0, r1, dtype=dtype, device=key.device) << (bn + bm)
-            key |= torch.repeat_interleave(graph, per_graph[r0:r1], output_size=e1 - e0)
+            key |= torch.repeat_interleave(graph, graphs[r0:r1], output_size=e1 - e0)
         key = sort_integers(key)  # the one sort
-        if dedup:
+        if first is not None:  # a chunk starts a graph: its first key is no repeat
+            torch.ne(key[1:], key[:-1], out=first[e0 + 1 : e1])
+        elif dedup:
             key = torch.unique_consecutive(key)
         if e1 - e0 == total:  # one chunk: no copy
-            return R, n, m, key
+            return R, n, m, key, first, per_graph
         if out is None:  # room for every chunk's keys
             out = torch.empty(total, dtype=dtype, device=key.device)
         out[at : at + len(key)] = key
         at += len(key)
-    return R, n, m, out[:at]
+    return R, n, m, out[:at], first, per_graph
 
 
 def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
@@ -528,7 +562,7 @@ def _row_ptr(key: torch.Tensor, R: int, n: int, bm: int) -> torch.Tensor:
         rows = torch.zeros(R << bn, dtype=torch.int64, device=key.device)
         step = max(chunk_size(_EDGES, key.device), R << bn)
         for a in range(0, len(key), step):  # a chunk of keys at a time: no (E,) temporary
-            rows += torch.bincount(key[a : a + step] >> bm, minlength=R << bn)
+            rows += count_integers(key[a : a + step] >> bm, R << bn)
         rows = rows.view(R, 1 << bn)[:, :n]  # (R, n) edges a row
         row_ptr[0] = 0
         torch.cumsum(rows.reshape(-1), 0, out=row_ptr[1:])
@@ -550,6 +584,15 @@ def _empty(R: int, n: int, device: torch.device, csr: bool) -> tuple[torch.Tenso
 # Steps that torch runs slowly on CPU go through numpy there (same results). Factors: the whole sampler's speed
 # (sample_block_csr) against torch's own call, one thread, K = 128, n = 1024-8192, densities 0.1-10% and a
 # near-empty graph (results/notes/fastrg_parts.md).
+def count_integers(values: torch.Tensor, size: int) -> torch.Tensor:
+    """torch.bincount(values, minlength=size) for values < size, int64: off the CPU a scatter-add, as bincount there
+    reads the largest value to size its output (a host sync)."""
+    if not host_syncs(values.device):
+        return torch.bincount(values, minlength=size)
+    ones = torch.ones((), dtype=torch.int64, device=values.device).expand(len(values))
+    return torch.zeros(size, dtype=torch.int64, device=values.device).index_add_(0, values, ones)
+
+
 def sort_integers(key: torch.Tensor) -> torch.Tensor:
     """1-D integer keys without gradient, sorted ascending, in place on CPU (numpy's vectorised sort beside
     torch.sort: the sampler 1.2× faster at n = 4096, 1%, 1.8× at 10%, 1.3× at n = 8192, 1%)."""
@@ -613,25 +656,19 @@ def _check_factor(name: str, t) -> None:
         raise ValueError(f"{name} must have at least 2 dims (..., rows, K), got shape {tuple(t.shape)}")
 
 
-def _check_values(name: str, t: torch.Tensor, high: bool = True) -> None:
-    """One pass (aminmax): a NaN propagates to both ends, an infinity shows at one of them. With high=False the
-    minimum alone, for a caller whose column sums show a +inf."""
-    if t.dtype == torch.bool or t.numel() == 0:
-        return
-    t = t.detach()
-    if high:
-        low, top = (float(v) for v in torch.aminmax(t))
-    else:
-        low, top = float(t.min()), 0.0
-    if not (math.isfinite(low) and math.isfinite(top)):
+def _check_values(name: str, values, finite: bool = True) -> None:
+    """A factor's extremes (a NaN propagates to both ends of aminmax, an infinity shows at one of them), and whether
+    the rest of it is finite; bool and empty tensors have no extremes to check."""
+    values = [float(v) for v in values]
+    if not (finite and all(math.isfinite(v) for v in values)):
         raise ValueError(f"{name} must be finite, found NaN or inf")
-    if low < 0:
+    if values and min(values) < 0:
         raise ValueError(f"{name} must be non-negative, found a negative entry")
 
 
-def _validate(X, S, Y, key_needed: bool, high: bool = True) -> tuple[tuple[int, ...], int, int, int, int]:
-    """Check all inputs (with high=False, X and Y for NaN, −inf and negative entries only); return (leading
-    shape, R, n, m, K). X and Y may come in parts along K (a tuple of tensors, _Factor)."""
+def _validate(X, S, Y, key_needed: bool, values: bool = True) -> tuple[tuple[int, ...], int, int, int, int]:
+    """Check all inputs (with values=False their shapes alone: _counts checks the values from its one read); return
+    (leading shape, R, n, m, K). X and Y may come in parts along K (a tuple of tensors, _Factor)."""
     factors = {"X": _parts(X), "S": (S,), "Y": _parts(Y)}
     for name, parts in factors.items():
         if not parts:
@@ -667,8 +704,9 @@ def _validate(X, S, Y, key_needed: bool, high: bool = True) -> tuple[tuple[int, 
                 f"{bits} bits > 63); split the batch or use dedup=False, csr=False"
             )
     for name, parts in factors.items():
-        for t in parts:
-            _check_values(name, t, high or name == "S")
+        for t in parts if values else ():
+            if t.dtype != torch.bool and t.numel():
+                _check_values(name, torch.aminmax(t.detach()))
     return lead, R, n, m, K
 
 

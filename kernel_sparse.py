@@ -13,10 +13,10 @@ Kernel families: 17 standard sliding windows (§4.2.1), 6 handcrafted per head f
 normalises them by sequence length and by distance from the diagonal (Fig. 1).
 `main` runs the paper's pipeline: (1) a dense masked-LM teacher (ours: `--task bytes`, a causal one); (2) §4.1's
 analysis; (3) the kernel families and a predictor per layer fitted with Eq. 1 (and a per-kernel loss, §6.2); (4)
-sparsified validation (§5.2; Tables 1 and 3: perplexity, sparsity, attention FLOPs from the entries computed)
-against τ and K (Fig. 5) and depth (Fig. 6); (5) end-to-end fine-tuning with the predicted masks (§6.2) beside a
-dense control. metrics.json holds the final sparse model's numbers, the teacher's under kernel.teacher;
-kernel_report.md is generated from it.
+sparsified validation (§5.2; Tables 1 and 3: perplexity, sparsity, attention FLOPs from the entries computed),
+Table 1 again at matched keys per query (top-K, and τ calibrated per family), against τ and K (Fig. 5) and depth
+(Fig. 6); (5) end-to-end fine-tuning with the predicted masks (§6.2) beside a dense control. metrics.json holds
+the final sparse model's numbers, the pipeline's under `kernel`; `python -m experiments.kernel_report DIR` renders it.
 
     python kernel_sparse.py --task wikitext2                     # CPU preset, minutes on one core
     python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
@@ -33,7 +33,6 @@ and (b·H + h)·M + s.
 """
 
 import contextlib
-import itertools
 import math
 import sys
 import time
@@ -173,9 +172,11 @@ def standard_kernels(max_len: int) -> KernelBank:
     return KernelBank(local, empty, empty)
 
 
-def init_learned_kernels(max_len: int, count: int, generator: Optional[torch.Generator] = None) -> KernelBank:
-    """§4.2.3: `count` local kernels of length 2L−1 per layer (1023 at L = 512), logits N(0, 1), shared by heads."""
-    logits = torch.randn(1, count, 2 * max_len - 1, generator=generator)
+def init_learned_kernels(
+    max_len: int, count: int, generator: Optional[torch.Generator] = None, mean: float = 0.0
+) -> KernelBank:
+    """§4.2.3: `count` local kernels of length 2L−1 per layer (1023 at L = 512), logits N(mean, 1), shared by heads."""
+    logits = torch.randn(1, count, 2 * max_len - 1, generator=generator) + mean
     empty = torch.zeros(1, count, max_len)
     return KernelBank(logits, empty, empty, learned=True)
 
@@ -625,9 +626,22 @@ class KernelConfig:
     )
     predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
     predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
+    # Ours (§4.2.3 says only "randomly initialized"): learned kernels' logits N(learned_init, 1) begin near-empty,
+    # like the targets (a few ones in a row of hundreds). From N(0, 1) every kernel began as a random half of the
+    # offsets, Eq. 1 answered by switching every coefficient off (α ≈ 0.01), and with α ≈ 0 no gradient reached the
+    # kernels: they ended as they began and none was ever selected (loss = the targets' density, 0.013).
+    learned_init: float = field(default=-4.0, metadata={"help": "mean of the learned kernels' initial logits (ours)"})
+    kernel_lr: float = field(default=0.03, metadata={"help": "learned kernels' learning rate (ours)"})
     predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
     predictor_rows: int = field(
         default=32, metadata={"help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"}
+    )
+    matched_top_ks: Tuple[int, ...] = field(
+        default=(1, 2, 3, 5), metadata={"type": _ints, "help": "Table 1 at matched density: top-K values"}
+    )
+    matched_keys: Tuple[float, ...] = field(
+        default=(1.25, 2.5, 5.0, 10.0),
+        metadata={"type": _floats, "help": "Table 1 at matched density: keys per query each family's τ is set to"},
     )
     thresholds: Tuple[float, ...] = field(
         default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={"type": _floats, "help": "Fig. 5 thresholds, comma-separated"}
@@ -656,33 +670,39 @@ class KernelConfig:
             raise ValueError(f"target and select must be 'threshold' or 'topk', got {self.target}, {self.select}")
         if self.window < 1 or self.window % 2 == 0:
             raise ValueError(f"the predictor window must be an odd number of tokens, got {self.window}")
-        for name in (
-            "target_topk",
-            "handcrafted_k",
-            "learned_kernels",
-            "hidden",
-            "hidden_layers",
-            "top_k",
-            "analysis_sequences",
-            "predictor_batch",
-            "predictor_rows",
-        ):
+        counts = (
+            "target_topk handcrafted_k learned_kernels hidden hidden_layers top_k analysis_sequences predictor_batch"
+        )
+        for name in (counts + " predictor_rows").split():
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        floats = (
-            self.threshold,
-            self.target_threshold,
-            self.predictor_lr,
-            self.finetune_lr,
-            self.flops_budget,
-            *self.thresholds,
-        )
-        if not all(math.isfinite(v) for v in floats):
-            raise ValueError(
-                "threshold, target_threshold, thresholds, predictor_lr, finetune_lr and flops_budget must be finite"
-            )
-        if min(self.predictor_steps, self.finetune_steps) < 0 or min(self.top_ks, default=1) < 1:
+        reals = "threshold target_threshold predictor_lr learned_init kernel_lr finetune_lr flops_budget".split()
+        if not all(
+            math.isfinite(v) for v in [*(getattr(self, r) for r in reals), *self.thresholds, *self.matched_keys]
+        ):
+            raise ValueError(f"{', '.join(reals)}, thresholds and matched_keys must be finite")
+        if (
+            min(self.predictor_steps, self.finetune_steps) < 0
+            or min([*self.top_ks, *self.matched_top_ks], default=1) < 1
+        ):
             raise ValueError("steps must be >= 0 and top-K values >= 1")
+        if min(self.matched_keys, default=1) <= 0:
+            raise ValueError(f"matched_keys must be positive, got {self.matched_keys}")
+
+    def teacher_attention(self, m) -> "KernelSparseAttention":
+        """The dense teacher's attention for the backbone's model settings `m` (dim, heads, head_dim, max_len)."""
+        return KernelSparseAttention(
+            m.dim,
+            m.heads,
+            m.head_dim,
+            m.attn_dropout,
+            max_len=m.max_len,
+            window=self.window,
+            hidden=self.hidden,
+            hidden_layers=self.hidden_layers,
+            sparse=False,
+            alibi=self.alibi,
+        )
 
     def variants(self) -> List[str]:
         """FAMILY/LOSS names of the fitted predictors, in table order."""
@@ -905,7 +925,11 @@ def fit_predictor(
     returns the loss on all the training rows at the end."""
     if loss == "per-kernel" and predictor.bank.learned:
         raise ValueError("the per-kernel loss is defined for binary kernels only")
-    optimizer = torch.optim.Adam(predictor.parameters(), lr=cfg.predictor_lr)
+    # Ours: learned kernels take their own learning rate. Adam moves a parameter about lr a step, so at the
+    # predictor's 3e-3 a logit travels < 1 in 300 steps, too little to turn an offset on from --learned-init.
+    kernels = [p for name, p in predictor.named_parameters() if name.startswith("bank.")]
+    others = [p for name, p in predictor.named_parameters() if not name.startswith("bank.")]
+    optimizer = torch.optim.Adam([{"params": others}, {"params": kernels, "lr": cfg.kernel_lr}], lr=cfg.predictor_lr)
     count, n = data.x.shape[0], data.x.shape[1]
     for _ in range(cfg.predictor_steps):
         seq = torch.randint(count, (min(cfg.predictor_batch, count),), generator=generator).to(data.x.device)
@@ -935,7 +959,7 @@ def fit_predictors(
         if family == "standard":
             bank = standard_kernels(max_len)
         elif family == "learned":
-            bank = init_learned_kernels(max_len, cfg.learned_kernels, generator)
+            bank = init_learned_kernels(max_len, cfg.learned_kernels, generator, cfg.learned_init)
         else:
             bank = handcrafted_kernels(d, causal, max_len, cfg.handcrafted_k, generator=generator)
         torch.manual_seed(int(torch.randint(2**31, (1,), generator=generator)))
@@ -976,68 +1000,30 @@ def install(
         attn.top_k = top_k or attn.top_k
 
 
-def attention_parts(model: nn.Module) -> dict:
-    """label → module of each layer's attention and its parts, for a FLOP count by part (Table 3)."""
-    parts = {}
-    for index, block in enumerate(model.blocks):
-        parts.update(
-            {
-                f"attn{index}": block.attn,
-                f"qkv{index}": block.attn.qkv,
-                f"out{index}": block.attn.out,
-                f"predictor{index}": block.attn.predictor,
-            }
-        )
-    return parts
-
-
-def attention_flops(counts: dict, examples: int) -> dict:
-    """Forward FLOPs per example of the whole model, its attention modules and their parts, from a count by the
-    labels of `attention_parts` (plus "total"): the projections, the predictor and the core (scores, softmax and
-    weighted sum on the entries computed, and building the (query, key) list). Core × dense is the ratio that
-    sparsity can change, the products Table 3 counts; the whole module's and model's ratios are reported beside."""
-
-    def total(prefix):
-        return sum(value for label, value in counts.items() if label.startswith(prefix)) / examples
-
-    projections = total("qkv") + total("out")
-    return {
-        "model": counts["total"] / examples,
-        "attention": total("attn"),
-        "projections": projections,
-        "predictor": total("predictor"),
-        "core": total("attn") - projections - total("predictor"),
-    }
-
-
-@torch.no_grad()
-def time_x_dense(
-    model: nn.Module, forward: Callable[[], object], repeats: int = 5, synchronize: Callable[[], None] = lambda: None
-) -> float:
-    """Wall-clock of an inference `forward()` with the model as installed ÷ with every layer dense (the teacher's
-    SDPA): medians of `repeats` after a warm-up, the two alternating so that a shared machine's load falls on both."""
-    import statistics
-
-    installed, seconds = [block.attn.sparse for block in model.blocks], ([], [])  # as installed, dense
+@contextlib.contextmanager
+def switched(model: nn.Module, **settings):
+    """Sets `settings` (sparse, path) on every layer's attention; each layer's own values come back on exit."""
+    saved = [{name: getattr(block.attn, name) for name in settings} for block in model.blocks]
+    for block in model.blocks:
+        for name, value in settings.items():
+            setattr(block.attn, name, value)
     try:
-        for repeat, dense in itertools.product(range(repeats + 1), (0, 1)):
-            for block, sparse in zip(model.blocks, installed):
-                block.attn.sparse = sparse and not dense
-            synchronize()
-            start = time.perf_counter()
-            forward()
-            synchronize()
-            seconds[dense].extend([time.perf_counter() - start] if repeat else [])  # the first pair: a warm-up
+        yield model
     finally:
-        for block, sparse in zip(model.blocks, installed):
-            block.attn.sparse = sparse
-    return statistics.median(seconds[0]) / statistics.median(seconds[1])
+        for block, values in zip(model.blocks, saved):
+            for name, value in values.items():
+                setattr(block.attn, name, value)
+
+
+# FLOPs by part of each attention (Table 3); what the parts leave is the core: scores, softmax, weighted sum on the
+# entries computed and building the (query, key) list, the products that sparsity can change.
+PARTS = {"projections": ["qkv", "out"], "predictor": ["predictor"]}
 
 
 def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int, seconds_x_dense: float) -> dict:
     """A validation result of the model as installed: perplexity (per scored token), density, keys per query,
     FLOPs relative to the dense teacher's and inference wall-clock relative to the same model run dense
-    (`time_x_dense`). Sparsity (§4.3.2) is reported as keys per query (density × N) and as INTERFACE.md's density."""
+    (``seconds_x_dense``). Sparsity (§4.3.2) is reported as keys per query (density × N) and as INTERFACE.md's density."""
     return {
         "valid_ppl": math.exp(result["loss"]),
         "density": result["density"],
@@ -1123,22 +1109,60 @@ def sweeps(
     return fig5, fig6
 
 
+@torch.no_grad()
+def calibrated_threshold(model: nn.Module, inputs: dict, keys: float, iterations: int = 16) -> float:
+    """τ at which the installed predictors, in the sparse model on one batch (`inputs`: the model's keyword
+    arguments), give `keys` keys per query (the mean over layers and heads): bisection, the keys falling as τ rises."""
+    low, high = 0.0, 1.0
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        install(model, select="threshold", threshold=middle)
+        found = float(model(**inputs)[1]["density"].mean()) * inputs["tokens"].shape[1]
+        low, high = (middle, high) if found > keys else (low, middle)
+    return high
+
+
+def matched(
+    model: nn.Module,
+    predictors: dict,
+    cfg: KernelConfig,
+    inputs: List[dict],
+    evaluate: Callable[[], dict],
+) -> List[dict]:
+    """Table 1 at matched density: each family's Eq. 1 predictors with the top-K kernels (K in --matched-top-ks) and
+    with a threshold τ calibrated on the first of `inputs` to each of --matched-keys keys per query; the validation perplexity
+    (``evaluate()``), keys per query and the masks' recall of the teacher's targets beside each."""
+    # Ours: the paper compares the families at one threshold, where each family's coefficients set its own density;
+    # Eq. 1 drives a kernel's α towards its precision, so families of wider kernels select less at any one τ.
+    n, rows = inputs[0]["tokens"].shape[1], []
+    for variant in [v for v in cfg.variants() if v.endswith("/max")]:
+        install(model, predictors[variant])
+        rules = [("topk", k, None) for k in cfg.matched_top_ks]
+        rules += [("threshold", calibrated_threshold(model, inputs[0], keys), keys) for keys in cfg.matched_keys]
+        for rule, value, keys in rules:
+            install(
+                model,
+                select=rule,
+                threshold=value if rule == "threshold" else None,
+                top_k=value if rule == "topk" else None,
+            )
+            result = evaluate()
+            rows.append(
+                {
+                    "variant": variant,
+                    "select": rule,
+                    "value": value,
+                    "keys_target": keys,
+                    "valid_ppl": math.exp(result["loss"]),
+                    "keys_per_query": result["density"] * n,
+                    "density": result["density"],
+                    **mask_quality(model, inputs, cfg),
+                }
+            )
+    return rows
+
+
 # ------------------------------------------------------------------------------------------- §6.2 fine-tuning
-@contextlib.contextmanager
-def reference_path(model: nn.Module):
-    """Runs the sparse layers on the masked reference path; restored on exit."""
-    # Ours: fine-tuning runs on the masked reference path, which tests show equals the edge list in outputs and
-    # gradients; validation, test, FLOPs and times use the edge list.
-    paths = [block.attn.path for block in model.blocks]
-    for block in model.blocks:
-        block.attn.path = "reference"
-    try:
-        yield model
-    finally:
-        for block, path in zip(model.blocks, paths):
-            block.attn.path = path
-
-
 def backbone_parameters(model: nn.Module) -> List[nn.Parameter]:
     """What fine-tuning trains: everything but the predictors."""
     # Ours (§6.2 leaves it open): the predictors stay frozen, their selection is not differentiable.
@@ -1179,7 +1203,10 @@ def fine_tune_best(
             flush=True,
         )
     install(model, predictors, **rule)
-    losses = fine_tune() if cfg.finetune_steps > 0 else []
+    # Ours: the sparse model is fine-tuned on the masked reference path, which tests show equals the edge list in
+    # outputs and gradients; validation, test, FLOPs and times use the edge list.
+    with switched(model, path="reference"):
+        losses = fine_tune() if cfg.finetune_steps > 0 else []
     final = {
         **measured(),
         "test_ppl": test_ppl(),
@@ -1197,167 +1224,69 @@ def fine_tune_best(
     return final
 
 
-# ------------------------------------------------------------------------ the pipeline on bench
-class Pipeline:
-    """What the pipeline asks of bench's trained run, through the bench modules main() passes (the
-    attention above needs only torch): perplexities, the validation of the model as installed with
-    FLOPs and inference time on one fixed validation batch (Tables 1, 3), and the backbone's
-    fine-tuning (§6.2)."""
+# ------------------------------------------------------------------------------------------------ the pipeline
+def pipeline(
+    model: nn.Module,
+    cfg: KernelConfig,
+    seed: int,
+    train: List[dict],
+    valid: List[dict],
+    evaluate: Callable[[str, bool], dict],
+    flops: Callable[[], dict],
+    timed: Callable[[dict], dict],
+    tune: Callable[[], List[float]],
+    folder,
+) -> dict:
+    """(2)-(5) on the trained dense teacher, through the harness's callables: ``evaluate(split, final)`` the model as
+    installed on --eval-batches (final: --final-eval-batches), ``flops()`` its FLOPs by part on the first of the
+    `valid` batches, ``timed({name: fn})`` the calls' median seconds side by side, ``tune()`` the backbone's
+    fine-tuning (§6.2). `train`: §4.1's batches. Writes analysis.pt and finetuned.pt into `folder`; returns the
+    report that the record keeps under ``kernel``."""
+    start, n = time.time(), valid[0]["tokens"].shape[1]
+    model.eval()
+    install(model, sparse=False)
+    dense = flops()  # the teacher's
 
-    def __init__(self, run, cfg, kernel: KernelConfig, loop, measure, fine_tune):
-        self.run, self.cfg, self.kernel, self.model = run, cfg, kernel, run.model
-        self.loop, self.measure, self.fine_tune = loop, measure, fine_tune
-        self.model.eval()
-        install(self.model, sparse=False)
-        self.inputs = self.batches("valid", 1)[0]  # the batch that FLOPs and times are measured on
-        self.dense = self.flops()  # the teacher's
+    def forward(dense: bool) -> None:
+        with torch.no_grad(), switched(model, **({"sparse": False} if dense else {})):
+            model(**valid[0])
 
-    def batches(self, split: str, count: int) -> List[dict]:
-        """The model's keyword arguments of the split's first `count` evaluation batches."""
-        batches = self.run.task.eval_batches(split, self.cfg.batch_size, count)
-        return [self.loop.model_inputs(batch, self.run.device) for batch in batches]
+    def measured(final: bool = False) -> dict:
+        seconds = timed({d: lambda _, d=d: forward(d) for d in (False, True)})  # as installed, every layer dense
+        return sparse_result(evaluate("valid", final), flops(), dense, n, seconds[False] / seconds[True])
 
-    def flops(self) -> dict:
-        """attention_flops of the model as installed, on the fixed batch."""
-        model = self.model
-        counts = self.measure.count_flops(lambda: model(**self.inputs), attention_parts(model), root=model)
-        return attention_flops(counts, len(self.inputs["tokens"]))
-
-    def evaluate(self, split: str = "valid", limit: Optional[int] = None) -> dict:
-        return self.run.evaluate(split, self.cfg.eval_batches if limit is None else limit)
-
-    def ppl(self, split: str, limit: Optional[int] = None) -> float:
-        return math.exp(self.evaluate(split, limit)["loss"])
-
-    def measured(self, limit: Optional[int] = None) -> dict:
-        """sparse_result of the model as installed: `limit` validation batches (default
-        --eval-batches), inference time × dense on the fixed batch."""
-        result = self.evaluate("valid", limit)
-        timed = time_x_dense(
-            self.model, lambda: self.model(**self.inputs), 5, lambda: self.measure.synchronize(self.run.device)
-        )
-        n = self.inputs["tokens"].shape[1]
-        return sparse_result(result, self.flops(), self.dense, n, timed)
-
-    def tune_backbone(self) -> List[float]:
-        """--finetune-steps of the backbone on the masked reference path; the training losses."""
-        cfg, kernel, model = self.cfg, self.kernel, self.model
-        with reference_path(model):
-            return self.fine_tune.fine_tune(
-                model,
-                self.run.task,
-                backbone_parameters(model),
-                kernel.finetune_steps,
-                kernel.finetune_lr,
-                cfg.weight_decay,
-                cfg.batch_size,
-                cfg.grad_clip,
-                cfg.seed,
-            )
-
-
-def teacher_numbers(pipeline: Pipeline) -> dict:
-    """(1) The dense teacher's validation and test perplexity (--final-eval-batches) and FLOPs."""
-    final = pipeline.cfg.final_eval_batches
-    teacher = {f"{split}_ppl": pipeline.ppl(split, final) for split in ("valid", "test")}
+    teacher = {f"{split}_ppl": math.exp(evaluate(split, True)["loss"]) for split in ("valid", "test")}
     print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
-    return {**teacher, "flops": pipeline.dense}
-
-
-def analyse_teacher(pipeline: Pipeline) -> Tuple[List[LayerData], list]:
-    """(2) §4.1 on --analysis-sequences training sequences (batches of their own seeds): the
-    predictors' data and the record's summary; the maps saved as analysis.pt."""
-    run, cfg = pipeline.run, pipeline.cfg
-    count = -(-pipeline.kernel.analysis_sequences // cfg.batch_size)  # batches, rounded up
-    generators = [torch.Generator().manual_seed(cfg.seed * 7919 + 8 + i) for i in range(count)]
-    batches = [run.task.train_batch(cfg.batch_size, generator) for generator in generators]
-    inputs = [pipeline.loop.model_inputs(batch, run.device) for batch in batches]
-    data, maps, summary = analysis(pipeline.model, inputs, pipeline.kernel)
-    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], cfg.folder / "analysis.pt")
-    return data, summary
-
-
-def render(record: dict) -> str:
-    """kernel_report.md: the Tables 1-3 shape, Fig. 5, Fig. 6 and the fine-tuning, generated from the record."""
-    teacher = record["teacher"]
-    lines = [
-        f"Dense teacher: valid ppl {teacher['valid_ppl']:.3f}, test ppl {teacher['test_ppl']:.3f}.",
-        "",
-        "| kernels / loss | predictor train loss (Eq. 1 mean) | valid ppl | keys per query | density | "
-        "core FLOPs × dense | attention FLOPs × dense | model FLOPs × dense | model time × dense | "
-        "target recall | mass recall |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, v in record["variants"].items():
-        lines.append(
-            f"| {name} | {v['train_loss']:.4f} | {v['valid_ppl']:.3f} | {v['keys_per_query']:.1f} | "
-            f"{v['density']:.3f} | {v['core_flops_x_dense']:.3f} | {v['attention_flops_x_dense']:.3f} | "
-            f"{v['model_flops_x_dense']:.3f} | {v['time_x_dense']:.2f} | {v['target_recall']:.3f} | "
-            f"{v['mass_recall']:.3f} |"
-        )
-    lines += [
-        "",
-        f"Fig. 5 ({record['config']['sweep']}):",
-        "",
-        "| select | value | valid ppl | keys per query | density | core FLOPs × dense | model time × dense |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {p['select']} | {p['value']} | {p['valid_ppl']:.3f} | {p['keys_per_query']:.1f} | {p['density']:.3f} | "
-        f"{p['core_flops_x_dense']:.3f} | {p['time_x_dense']:.2f} |"
-        for p in record["fig5"]
-    ]
-    lines += [
-        "",
-        "Fig. 6 (sparsified from the last layer backwards):",
-        "",
-        "| layers sparsified | valid ppl | density |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {p['layers']} | {p['valid_ppl']:.3f} | {p['density']:.3f} |" for p in record["fig6"]]
-    f = record["finetune"]
-    lines += [
-        "",
-        f"Fine-tuned end to end ({f['steps']} steps) at {f['setting']}: valid ppl {f['before_valid_ppl']:.3f} "
-        f"→ {f['valid_ppl']:.3f}; test ppl {f['test_ppl']:.3f} = {f['ppl_x_teacher']:.3f} × teacher; core "
-        f"FLOPs {f['core_flops_x_dense']:.3f} × dense (attention {f['attention_flops_x_dense']:.3f}, model "
-        f"{f['model_flops_x_dense']:.3f}); model inference time {f['time_x_dense']:.2f} × dense (measured on one "
-        f"validation batch); target (core ≤ {record['config']['flops_budget']} × dense, ppl ≤ 1.2 × teacher) "
-        f"{'met' if f['target_met'] else 'not met'}.",
-    ]
-    if "dense_control" in f:
-        lines += [
-            "",
-            f"Dense control (the teacher fine-tuned the same {f['steps']} steps with dense attention): test "
-            f"ppl {f['dense_control']['test_ppl']:.3f}; the sparse model's is {f['ppl_x_dense_control']:.3f} × "
-            f"the control's.",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def publish(pipeline: Pipeline, report: dict, record: dict, start: float) -> None:
-    """finetuned.pt, kernel_report.md (`render`ed; also printed: a claim's saved output holds the
-    tables, time beside FLOPs) and the record: the fine-tuned sparse model's numbers, the pipeline's
-    report under `kernel`."""
-    folder, f = pipeline.cfg.folder, report["finetune"]
-    torch.save({"model": pipeline.model.state_dict(), "setting": f["setting"]}, folder / "finetuned.pt")
-    report["seconds"] = time.time() - start
-    text = render(report)
-    (folder / "kernel_report.md").write_text(text)
-    print(text, flush=True)
-    record.update(
-        kernel=report,
-        valid=math.log2(f["valid_ppl"]),
-        test=math.log2(f["test_ppl"]),
-        valid_loss=math.log(f["valid_ppl"]),
-        test_loss=math.log(f["test_ppl"]),
-        density=f["density"],
-        density_per_layer=f["density_per_layer"],
-        flops_per_example={"model": f["flops"]["model"], "attention": f["flops"]["attention"]},
+    report = {"config": asdict(cfg), "teacher": {**teacher, "flops": dense}}
+    data, maps, report["analysis"] = analysis(model, train, cfg)  # (2)
+    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], folder / "analysis.pt")
+    predictors, report["variants"] = fit_variants(
+        model, data, cfg, torch.Generator().manual_seed(seed), measured, valid
     )
+    report["matched"] = matched(model, predictors, cfg, valid, lambda: evaluate("valid", False))  # (3), (4)
+    chosen = predictors[cfg.sweep]
+    report["fig5"], report["fig6"] = sweeps(model, chosen, cfg, measured, lambda: evaluate("valid", False))  # (4)
+    test_ppl = lambda: math.exp(evaluate("test", True)["loss"])
+    report["finetune"] = fine_tune_best(
+        model, chosen, report["fig5"], teacher, cfg, tune, lambda: measured(True), test_ppl
+    )
+    torch.save({"model": model.state_dict(), "setting": report["finetune"]["setting"]}, folder / "finetuned.pt")
+    return {**report, "seconds": time.time() - start}
 
 
-# -------------------------------------------------------------------------------------------------- main
+def headline(final: dict) -> dict:
+    """The record's own fields from the fine-tuned sparse model's numbers (perplexities as bits and nats)."""
+    return {
+        "valid": math.log2(final["valid_ppl"]),
+        "test": math.log2(final["test_ppl"]),
+        "valid_loss": math.log(final["valid_ppl"]),
+        "test_loss": math.log(final["test_ppl"]),
+        "density": final["density"],
+        "density_per_layer": final["density_per_layer"],
+        "flops_per_example": {"model": final["flops"]["model"], "attention": final["flops"]["attention"]},
+    }
+
+
 def in_proportion(kernel: KernelConfig, steps: int, preset_steps: int, given) -> KernelConfig:
     """A run shorter than its preset's that sets none of the pipeline's sizes takes them in proportion to its steps
     (rounded up), as it does its warm-up and final evaluation (bench/config.py); setting any keeps the others."""
@@ -1367,12 +1296,11 @@ def in_proportion(kernel: KernelConfig, steps: int, preset_steps: int, given) ->
     return replace(kernel, **{name: -(-getattr(kernel, name) * steps // preset_steps) for name in sizes})
 
 
+# -------------------------------------------------------------------------------------------------- main
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
-    """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense
-    teacher, masked-LM (causal on bytes); (2) §4.1's analysis of its attention; (3) the kernel families and a
-    predictor per layer (Eq. 1); (4) sparsified inference (§5.2, Tables 1, 3) against τ, K, depth (Fig. 5-6); (5)
-    fine-tuning with the predicted masks (§6.2) beside a dense control. The record is the sparse model's;
-    kernel.teacher the teacher's."""
+    """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense teacher,
+    masked-LM (causal on bytes), then `pipeline`. The record is the fine-tuned sparse model's; kernel.teacher the
+    teacher's."""
     import importlib.util
 
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
@@ -1383,59 +1311,35 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
     from bench import cli, fine_tune, loop, measure
     from bench.tasks import get_task
 
+    about = "Kernel-based learned sparse attention (Karkhanis et al.): dense teacher, §4.1 analysis, kernel predictors"
     cfg, kernel = cli.parse(
-        argv,
-        "kernel",
-        prog,
-        "Kernel-based learned sparse attention (Karkhanis et al.): dense "
-        "teacher, §4.1 analysis, kernel predictors, sparsified inference, fine-tuning.",
-        KernelConfig,
-        tasks=("wikitext2", "bytes"),
+        argv, "kernel", prog, about + ", sparsified inference, fine-tuning.", KernelConfig, tasks=("wikitext2", "bytes")
     )
     kernel = in_proportion(kernel, cfg.steps, get_task(cfg.task).presets[cfg.preset].steps, cfg.given)
     with cli.one_line_errors():
-        run = loop.setup(
-            cfg,
-            get_task(cfg.task),
-            lambda m: (
-                lambda layer: KernelSparseAttention(
-                    m.dim,
-                    m.heads,
-                    m.head_dim,
-                    m.attn_dropout,
-                    max_len=m.max_len,
-                    window=kernel.window,
-                    hidden=kernel.hidden,
-                    hidden_layers=kernel.hidden_layers,
-                    sparse=False,
-                    alibi=kernel.alibi,
-                )
-            ),
-        )
+        run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda _: kernel.teacher_attention(m))
         loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
-        record = loop.final_record(run)
+        record, model = loop.final_record(run), run.model
         if record is not None:
-            start, final = time.time(), cfg.final_eval_batches
-            pipeline = Pipeline(run, cfg, kernel, loop, measure, fine_tune)
-            report = {"config": asdict(kernel), "teacher": teacher_numbers(pipeline)}
-            data, report["analysis"] = analyse_teacher(pipeline)  # (2)
-            model, seeded = pipeline.model, torch.Generator().manual_seed(cfg.seed)
-            predictors, report["variants"] = fit_variants(  # (3) kernels, predictors; (4) inference
-                model, data, kernel, seeded, pipeline.measured, pipeline.batches("valid", 2)
-            )
-            chosen = predictors[kernel.sweep]
-            report["fig5"], report["fig6"] = sweeps(model, chosen, kernel, pipeline.measured, pipeline.evaluate)  # (4)
-            report["finetune"] = fine_tune_best(  # (5)
+            first = cfg.seed * 7919 + 8  # §4.1's training batches, seeds of their own
+            seeds = range(first, first - (-kernel.analysis_sequences // cfg.batch_size))
+            train = [run.task.train_batch(cfg.batch_size, torch.Generator().manual_seed(s)) for s in seeds]
+            valid = [loop.model_inputs(b, run.device) for b in run.task.eval_batches("valid", cfg.batch_size, 2)]
+            fixed = valid[0]  # the batch that FLOPs and times are measured on (Tables 1, 3)
+            recipe = (kernel.finetune_steps, kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip)
+            report = pipeline(
                 model,
-                chosen,
-                report["fig5"],
-                report["teacher"],
                 kernel,
-                pipeline.tune_backbone,
-                lambda: pipeline.measured(final),
-                lambda: pipeline.ppl("test", final),
+                cfg.seed,
+                [loop.model_inputs(batch, run.device) for batch in train],
+                valid,
+                lambda split, final: run.evaluate(split, cfg.final_eval_batches if final else cfg.eval_batches),
+                lambda: measure.attention_part_flops(model, lambda: model(**fixed), len(fixed["tokens"]), PARTS),
+                lambda fns: {name: t.median for name, t in measure.interleaved(fns, run.device, 5).items()},
+                lambda: fine_tune.fine_tune(model, run.task, backbone_parameters(model), *recipe, cfg.seed),
+                cfg.folder,
             )
-            publish(pipeline, report, record, start)
+            record.update(kernel=report, **headline(report["finetune"]))
         loop.finish(run, record)
     return 0
 

@@ -14,11 +14,12 @@ with queries Q, keys K, values V and k cluster embeddings C (§4.1-4.2):
 Ŝ is one distribution over all k² block pairs and memberships lie in (0, 1), so on a graph linking each query to
 one key (a token and its duplicate) the density is at least recall² (tests: the bound of Eq. 5).
 
-Two paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
+Three paths draw the same law of M and give the same outputs and gradients on one edge set (tests): `path="reference"`
 (default) forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the edges
 with fastRG (fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M tensor:
 for long sequences at low density on a CPU (on an H200 it takes 15-19× fused SDPA's time at ~26% density, and passes
-it only at 1% density from 16,384 tokens: results/gpu). Departures from the paper are named where they act.
+it only at 1% density from 16,384 tokens: results/gpu); `path="tile"` (sbm_tile.py, triton) hashes each pair's draw
+inside a tiled kernel, O(N²(d + k)) time, memory linear in N. Departures from the paper are named where they act.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
@@ -47,7 +48,8 @@ from torch import Tensor, nn
 
 import fastrg
 
-PATHS = ("reference", "fast")  # default first: fast fwd+bwd 1.5-4.3× at n ≤ 512, 0.06× at 4096, 1%
+PATHS = ("reference", "fast")  # torch alone; default first: fast fwd+bwd 1.5-4.3× at n ≤ 512, 0.06× at 4096, 1%
+KERNEL_PATHS = ("tile",)  # Triton (sbm_tile.py, imported when chosen): CUDA, or the CPU under TRITON_INTERPRET=1
 STE_FORMS = ("paper", "official")
 
 
@@ -77,9 +79,9 @@ class SBMConfig:
     path: str = field(
         default="reference",
         metadata={
-            "choices": PATHS,
-            "help": "reference (dense masks, O(N²k); faster at the CPU presets' lengths) "
-            "or fast (fastRG, O(E); long sequences at low density): one law",
+            "choices": PATHS + KERNEL_PATHS,
+            "help": "reference (dense masks, O(N²k); faster at the CPU presets' lengths), "
+            "fast (fastRG, O(E); long sequences at low density) or tile (a Triton kernel: CUDA): one law",
         },
     )
     ste: str = field(
@@ -125,8 +127,8 @@ class SBMAttention(nn.Module):
             raise ValueError(
                 f"need 0 <= delta < 1, density_weight >= 0, 0 <= dropout < 1; got {delta}, {density_weight}, {dropout}"
             )
-        if path not in PATHS or ste not in STE_FORMS:
-            raise ValueError(f"path must be one of {PATHS} and ste one of {STE_FORMS}, got {path!r}, {ste!r}")
+        if path not in PATHS + KERNEL_PATHS or ste not in STE_FORMS:
+            raise ValueError(f"path must be one of {PATHS + KERNEL_PATHS}, ste of {STE_FORMS}: got {path!r}, {ste!r}")
         self.heads, self.head_dim, self.dropout, self.clusters = heads, head_dim, dropout, clusters
         self.delta, self.density_weight, self.self_loops = delta, density_weight, self_loops
         self.path, self.ste, self.explore_in_eval, self.shared_mlp = path, ste, explore_in_eval, shared_mlp
@@ -159,8 +161,11 @@ class SBMAttention(nn.Module):
         key_padding_mask: Optional[Tensor] = None,
         causal: bool = False,
         generator: Optional[torch.Generator] = None,
+        mask: Optional[Tensor] = None,  # a given M (B, H, N, N) bool in place of Eq. 8's draw: the tile path's oracle
     ):
         b, n, _ = x.shape
+        if mask is not None and (self.path, mask.dtype, mask.shape) != ("reference", torch.bool, (b, self.heads, n, n)):
+            raise ValueError(f"a given mask is the reference path's bool M of shape {(b, self.heads, n, n)}")
         if key_padding_mask is not None and (key_padding_mask.shape != (b, n) or key_padding_mask.dtype != torch.bool):
             raise ValueError(
                 f"key_padding_mask must be a bool tensor of shape {(b, n)}, got "
@@ -179,7 +184,7 @@ class SBMAttention(nn.Module):
             dtype = torch.promote_types(q.dtype, torch.float32)
             q, k, v = q.to(dtype).contiguous(), k.to(dtype).contiguous(), v.to(dtype).contiguous()
             # M is sampled in evaluation too, as in the official code and Table 1's test-time densities
-            graph = self.sample(q, k, valid, causal, generator)
+            graph = self.sample(q, k, valid, causal, generator, mask)
             y, density, per_example = self.attend(q, k, v, graph, valid, generator)
         y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
         stats = {"density": density.detach(), "density_per_example": per_example}
@@ -192,14 +197,18 @@ class SBMAttention(nn.Module):
         # §4.2 explores "during training" only; the official code also at evaluation, where its densities include δ
         return self.delta if self.training or self.explore_in_eval else 0.0
 
-    def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator) -> dict:
-        """M ~ SBM(Q̂, Ŝ, K̂) (Eq. 8): {"mask": (B, H, N, M) bool, "prob": P} on the reference path, {"edges": Edges}
-        on the fast one, plus the memberships x = Q̂, w = K̂Ŝᵀ (with gradient; p_ij = x_i · w_j) of the STE."""
+    def sample(self, q: Tensor, k: Tensor, valid: Tensor, causal: bool, generator, mask=None) -> dict:
+        """M ~ SBM(Q̂, Ŝ, K̂) (Eq. 8): {"mask": (B, H, N, M) bool (or the given one), "prob": P} on the reference path,
+        {"edges": Edges} on the fast one, the law's settings on the tile path (its kernel draws M), plus the
+        memberships x = Q̂, w = K̂Ŝᵀ (with gradient; p_ij = x_i · w_j) of the STE."""
         x, z, s, w = self.factors(q, k)
+        if self.path == "tile":
+            return {"x": x, "w": w, "causal": causal, "delta": self.exploration(), "self_loops": self.self_loops}
         if self.path == "reference":
             prob = x @ w.transpose(-1, -2)  # (B, H, N, M) P = Q̂ŜK̂ᵀ
             with torch.no_grad():
-                return {"mask": self.sample_dense(prob, valid, causal, generator), "prob": prob, "x": x, "w": w}
+                mask = self.sample_dense(prob, valid, causal, generator) if mask is None else mask
+            return {"mask": mask, "prob": prob, "x": x, "w": w}
         with torch.no_grad():
             edges = sample_edges(x, z, w, s, valid, causal, self.exploration(), self.self_loops, generator)
         return {"edges": edges, "x": x, "w": w}
@@ -243,6 +252,10 @@ class SBMAttention(nn.Module):
             # the regulariser gives each sampled edge's probability λ/pairs, as in the official code
             ste_part = prob.masked_fill(~mask, 0).sum((2, 3))
             counts = row_edges.sum((2, 3)).to(q.dtype) + (ste_part - ste_part.detach())
+        elif self.path == "tile":
+            import sbm_tile  # the Triton kernel, imported on this path only
+
+            y, counts = sbm_tile.attend(q, k, v, graph, valid, p_drop, self.ste, generator)
         else:
             y, counts = attend_edges(q, k, v, graph, p_drop, self.ste, self.self_loops, generator)
         # edges / (valid queries × valid keys); δ-edges and self-loops count, as in the official code, whose
@@ -326,7 +339,8 @@ def _offsets(counts: Tensor) -> Tensor:
 class Edges:
     """The edges of R query→key graphs grouped by query (CSR: row_ptr, col; int32, the sparse BLAS
     kernels' type; keys sorted within each row), and a key-major copy (CSC) for the backward's transposed
-    products, built on first use (inference never sorts)."""
+    products, built on first use (inference never sorts). Off the CPU (fastrg.host_syncs) the sizes stay those
+    fastRG read: `live` flags the edges of M, and the work is cut at whole graphs (graph_ptr), not queries."""
 
     R: int
     N: int
@@ -334,17 +348,14 @@ class Edges:
     row_ptr: Tensor  # (R·N + 1,) int32
     row_len: Tensor  # (R·N,) int32 edges per query
     col: Tensor  # (E,) int32 global key r·M + j
+    live: Optional[Tensor] = None  # (E,) bool, the edges of M; None: all
+    graph_ptr: Optional[np.ndarray] = None  # (R + 1,) int64 row_ptr at each graph's first row, on the host
     _key_major: Optional[tuple] = field(default=None, repr=False)
     _query_chunks: Optional[list] = field(default=None, repr=False)  # _ranges of the queries, cut once a graph
 
     @classmethod
-    def from_csr(cls, row_ptr: Tensor, col: Tensor, R: int, N: int, M: int) -> "Edges":
-        return cls(R, N, M, row_ptr, row_ptr.diff(), col)
-
-    @classmethod
-    def build(cls, row: Tensor, col: Tensor, R: int, N: int, M: int) -> "Edges":
-        """From global (row, col) sorted by (row, col)."""
-        return cls.from_csr(_offsets(torch.bincount(row, minlength=R * N)), col.int(), R, N, M)
+    def from_csr(cls, row_ptr: Tensor, col: Tensor, R: int, N: int, M: int, live=None, graph_ptr=None) -> "Edges":
+        return cls(R, N, M, row_ptr, row_ptr.diff(), col, live, graph_ptr)
 
     @classmethod
     def from_mask(cls, mask: Tensor) -> "Edges":
@@ -352,7 +363,7 @@ class Edges:
         N, M = mask.shape[-2:]
         R = mask.numel() // max(N * M, 1)
         row, j = mask.reshape(R * N, M).nonzero(as_tuple=True)  # row-major: sorted by (row, j)
-        return cls.build(row, row // N * M + j, R, N, M)
+        return cls.from_csr(_offsets(fastrg.count_integers(row, R * N)), (row // N * M + j).int(), R, N, M)
 
     def key_major(self) -> tuple:
         """(col_ptr (R·M + 1,), blocks), built a block of whole graphs (about BLOCK edges, chunk_size) at a time. Block
@@ -361,10 +372,11 @@ class Edges:
         stay in order within a key. perm and row_t are the low and high halves of the sorted int64 keys
         (row_t written over), one allocation of 8 bytes an edge; the build adds 4 (queries in CSR order)."""
         if self._key_major is None:
-            bits, blocks, graph_ends = max(self.E - 1, 0).bit_length(), [], self.per_graph().cumsum(0)
+            bits, blocks = max(self.E - 1, 0).bit_length(), []
             chunk, block = fastrg.chunk_size(CHUNK, self.col.device), fastrg.chunk_size(BLOCK, self.col.device)
-            col_ptr = _offsets(torch.bincount(self.col, minlength=self.R * self.M))
-            for g0, g1, a, b in _ranges(torch.cat([graph_ends.new_zeros(1), graph_ends]), 0, self.R, block):
+            col_ptr = _offsets(fastrg.count_integers(self.col, self.R * self.M))
+            graphs = self.row_ptr[:: self.N].numpy() if self.graph_ptr is None else self.graph_ptr
+            for g0, g1, a, b in _ranges(graphs, 1, 0, self.R, block):
                 key = torch.empty(b - a, dtype=torch.int64, device=self.col.device)  # dense strides: viewed
                 key.copy_(self.col[a:b]).bitwise_left_shift_(bits)  # as int32 pairs below
                 for c in range(0, b - a, chunk):  # + CSR position, a chunk at a time (no E-sized arange)
@@ -380,15 +392,17 @@ class Edges:
                 for c in range(0, b - a, chunk):
                     row_t[c : c + chunk] = row.index_select(0, perm[c : c + chunk] - a)
                 del key, row  # before the next block's
-                blocks.append((row_t, perm, _ranges(col_ptr, g0 * self.M, g1 * self.M, chunk)))
+                blocks.append((row_t, perm, _ranges(*self.host_ptr(col_ptr, self.M), g0 * self.M, g1 * self.M, chunk)))
             self._key_major = (col_ptr, blocks)
         return self._key_major
 
     def to_mask(self) -> Tensor:
         """(R, N, M) bool."""
         mask = torch.zeros(self.R * self.N, self.M, dtype=torch.bool, device=self.col.device)
-        row = self.to_rows(torch.arange(self.R * self.N, device=mask.device))
-        mask[row, self.col.long() % self.M] = True
+        row, col = self.to_rows(torch.arange(self.R * self.N, device=mask.device)), self.col.long() % self.M
+        if self.live is not None:
+            row, col = row[self.live], col[self.live]
+        mask[row, col] = True
         return mask.view(self.R, self.N, self.M)
 
     @property
@@ -396,8 +410,14 @@ class Edges:
         return len(self.col)
 
     def per_graph(self) -> Tensor:
-        """(R,) edges per graph."""
-        return self.row_ptr[self.N :: self.N] - self.row_ptr[: -1 : self.N]
+        """(R,) edges of M per graph."""
+        ptr = self.row_ptr[:: self.N]
+        return ptr.diff() if self.live is None else _kept_offsets(self.live, ptr).diff()
+
+    def host_ptr(self, ptr: Tensor, rows: int) -> tuple:
+        """Offsets to cut chunks at, on the host, and the rows between two: ptr itself (1) on the CPU, graph_ptr
+        (a graph's `rows`) off it, where reading ptr would wait for the device."""
+        return (ptr.numpy(), 1) if self.graph_ptr is None else (self.graph_ptr, rows)
 
     def csr(self, values: Tensor) -> Tensor:
         return _csr(self.row_ptr, self.col, values, (self.R * self.N, self.R * self.M))
@@ -415,7 +435,7 @@ class Edges:
         chunk = fastrg.chunk_size(CHUNK, self.col.device)
         if not key_major:
             if self._query_chunks is None:
-                self._query_chunks = _ranges(self.row_ptr, 0, self.R * self.N, chunk)
+                self._query_chunks = _ranges(*self.host_ptr(self.row_ptr, self.N), 0, self.R * self.N, chunk)
             for start, end, e0, e1 in self._query_chunks:
                 offsets = self.row_ptr[start : end + 1] - e0 if e0 else self.row_ptr[start : end + 1]  # first: no op
                 yield (
@@ -436,15 +456,15 @@ class Edges:
                 )
 
 
-def _ranges(ptr: Tensor, start: int, stop: int, size: int) -> list:
-    """Consecutive ranges [a, b) covering start..stop − 1, each whole entries of the offsets `ptr` holding about
-    `size` items (at least one entry), with their offsets: (a, b, ptr[a], ptr[b]). Cut on the host, from one copy
-    of ptr[start..stop] (off the CPU one sync for all ranges, not three a range)."""
-    host, ranges, a, last = ptr[start : stop + 1].cpu().numpy(), [], 0, stop - start
+def _ranges(host: np.ndarray, stride: int, start: int, stop: int, size: int) -> list:
+    """Consecutive ranges [a, b) covering start..stop − 1 (multiples of `stride`), each of whole `stride` entries
+    of offsets ptr holding about `size` items (at least `stride` entries), with their offsets: (a, b, ptr[a],
+    ptr[b]). `host` holds every stride-th entry of ptr, on the host: cutting reads nothing from the device."""
+    host, ranges, a, last = host[start // stride : stop // stride + 1], [], 0, (stop - start) // stride
     while a < last:
         target = min(int(host[a]) + size, int(host[last]))
         b = min(last, max(a + 1, int(np.searchsorted(host, target, side="right")) - 1))
-        ranges.append((start + a, start + b, int(host[a]), int(host[b])))
+        ranges.append((start + a * stride, start + b * stride, int(host[a]), int(host[b])))
         a = b
     return ranges
 
@@ -489,7 +509,7 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
     B, H, N, K = x.shape
     M, R = z.shape[2], B * H
     keys = valid[:, None, :, None].to(x.dtype)  # (B, 1, M, 1): padded keys get no edge
-    if not bool(valid.all()):  # without padding, no pass over z
+    if fastrg.host_syncs(x.device) or not bool(valid.all()):  # on the CPU, without padding, no pass over z
         z = z * keys
     # u_i = Q̂_i Ŝ max_j K̂_j + δ ≥ max_j π_ij; c_i = −ln(1 − u)/u ≥ −ln(1 − π)/π for every π ≤ u.
     bound = (x @ (z.amax(2, keepdim=True) @ s.transpose(1, 2)).transpose(-1, -2)).squeeze(-1) + delta
@@ -500,28 +520,19 @@ def sample_edges(x, z, w, s, valid, causal, delta: float, self_loops: bool, gene
         xs, zs = (xs, scale[..., None]), (z, keys)  # goes beside, never concatenated (no copy of K̂)
         s = F.pad(s, (0, 1, 0, 1))
         s[:, K, K] = delta
-    row_ptr, col = fastrg.sample_block_csr(xs, s, zs, generator=generator)
+    row_ptr, col, first, graph_ptr = fastrg.sample_block_csr(xs, s, zs, generator=generator)
     del xs, zs, z  # before thinning's temporaries
-    keep, row_ptr = thin(Edges.from_csr(row_ptr, col, R, N, M), causal, x, w, bound, scale, delta, generator)
-    edges = Edges.from_csr(row_ptr, _select(col, keep), R, N, M)
-    del col, keep
-    if self_loops:  # drop sampled (i, i), add one per valid token, restore the (row, col) order
-        row = edges.to_rows(torch.arange(R * N, device=x.device))
-        loops = valid.reshape(B, 1, N).expand(B, H, N).reshape(-1).nonzero().squeeze(1)  # global rows
-        off = (row % N) != (edges.col % M)
-        row = torch.cat([row[off], loops])
-        col = torch.cat([edges.col[off], (loops // N * M + loops % N).int()])
-        order = torch.argsort(row * M + col % M)
-        edges = Edges.build(row[order], col[order], R, N, M)
-    return edges
+    edges = thin(Edges.from_csr(row_ptr, col, R, N, M, first, graph_ptr), causal, x, w, bound, scale, delta, generator)
+    del col  # the proposal's (on the CPU)
+    return _with_loops(edges, valid) if self_loops else edges
 
 
-def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, generator) -> tuple:
-    """(keep (E',) bool, row offsets (R·N + 1,) of the kept edges): keep each proposed pair (with causal, one whose
-    key is not after its query) with probability a(π) = min(1, π)/(1 − e^{−c_i π}), so that P(edge) = min(1, π).
-    a grows with π from 1/c_i (π → 0), so U < 1/c_i keeps a pair without its p (a squeeze); only the others, a
-    fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product. A chunk of queries at a time, their
-    U drawn in turn (the stream of one draw of E')."""
+def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, generator) -> Edges:
+    """The kept edges, compacted on the CPU, flagged off it: keep each proposed pair (with causal, one whose key is
+    not after its query; of repeats, the first copy) with probability a(π) = min(1, π)/(1 − e^{−c_i π}), so that
+    P(edge) = min(1, π). a grows with π from 1/c_i (π → 0), so on the CPU U < 1/c_i keeps a pair without its p (a
+    squeeze); only the others, a fraction ≈ 1 − 1/c_i ≈ u_i/2, need p_e = x_i · w_j, the K-wide product; off it
+    every pair does (the squeeze's count would be a read). A chunk of queries at a time, their U drawn in turn."""
     R, N, M, K = proposed.R, proposed.N, proposed.M, x.shape[-1]
     sure = (bound / -torch.log1p(-bound) * (1 - 2**-20)).reshape(R * N)  # 1/c_i, rounded down
     x, w, rate = x.reshape(R * N, K), w.reshape(-1, K), scale.reshape(R * N).neg()
@@ -532,6 +543,11 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
     for q0, at, part in proposed.chunks():
         q1 = q0 + part.N
         U = torch.rand(part.E, generator=generator, device=x.device, dtype=x.dtype)
+        if proposed.live is not None:  # the same test on every pair, flagged in place
+            pi = _sddmm(part, x[q0:q1], w) + delta
+            ok = (U.mul_(part.to_rows(rate[q0:q1]).mul_(pi).expm1_().neg_()) < pi.clamp_(max=1.0)) & proposed.live[at]
+            keep[at] = ok & (part.col <= part.to_rows(diagonal[q0:q1])) if causal else ok
+            continue
         ok = U < part.to_rows(sure[q0:q1])
         unsure = ~ok
         if causal:
@@ -547,7 +563,33 @@ def thin(proposed: Edges, causal: bool, x, w, bound, scale, delta: float, genera
         ok.index_put_((index,), U < pi.clamp_(max=1.0))  # U·(1 − e^{−c_i π}) < min(1, π)
         keep[at] = ok
         kept[q0:q1] = _kept_offsets(ok, part.row_ptr).diff()
-    return keep, _offsets(kept)
+    if proposed.live is not None:  # the sizes stay those fastRG read
+        return Edges.from_csr(proposed.row_ptr, proposed.col, R, N, M, keep, proposed.graph_ptr)
+    return Edges.from_csr(_offsets(kept), _select(proposed.col, keep), R, N, M)
+
+
+def _alpha(s: Tensor, top: Tensor, edges: Edges, at) -> Tensor:
+    """exp(s_e − top_i) of the edges at CSR positions `at`, 0 where flagged (a query without live edges: top −∞)."""
+    alpha = (s - top).exp_()
+    return alpha if edges.live is None else alpha.masked_fill_(~edges.live[at], 0.0)
+
+
+def _with_loops(edges: Edges, valid: Tensor) -> Edges:
+    """Edges with (+I)'s self-loops: a sampled (i, i) flagged off, and a slot a query inserted in key order after its
+    keys ≤ i, live for a valid token; sizes E + R·N, known without a read."""
+    R, N, M = edges.R, edges.N, edges.M
+    rows = torch.arange(R * N, device=edges.col.device)
+    row, key = edges.to_rows(rows), edges.col.long() % M  # (E,) each edge's query and local key
+    after = key > row % N
+    at = torch.arange(edges.E, device=row.device) + row + after  # (E,) positions past the slots before them
+    loop = edges.row_ptr[:-1] + rows + _kept_offsets(~after, edges.row_ptr).diff()  # (R·N,) each query's slot
+    col, live = edges.col.new_empty(edges.E + R * N), torch.empty(edges.E + R * N, dtype=torch.bool, device=at.device)
+    col[at], col[loop] = edges.col, (rows // N * M + rows % N).int()
+    live[at] = key != row % N if edges.live is None else edges.live & (key != row % N)
+    live[loop] = valid.repeat_interleave(R // len(valid), 0).reshape(-1)
+    ptr = edges.row_ptr + torch.arange(R * N + 1, dtype=torch.int32, device=col.device)
+    graph_ptr = None if edges.graph_ptr is None else edges.graph_ptr + np.arange(R + 1) * N
+    return Edges.from_csr(ptr, col, R, N, M, live, graph_ptr)
 
 
 class EdgeAttention(torch.autograd.Function):
@@ -567,13 +609,16 @@ class EdgeAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, p, edges: Edges, keep: Optional[Tensor], p_drop: float, ste: str):
         scale = q.shape[-1] ** -0.5
         s = _sddmm(edges, q, k, scale)  # (E,) scores s_e = q_i·k_j/√D
-        top = torch.segment_reduce(s, "max", offsets=edges.row_ptr, unsafe=True)  # (R·N,) stabiliser
+        live = s if edges.live is None else s.masked_fill(~edges.live, -torch.inf)  # flagged edges: no weight
+        top = torch.segment_reduce(live, "max", offsets=edges.row_ptr, unsafe=True)  # (R·N,) stabiliser
         total = torch.empty_like(top)  # (R·N,) Σ_e exp(s_e − top_i), ≥ 1 if any edge
         y = v.new_empty(q.shape[0], v.shape[1])  # (R·N, D); a query without edges gets 0
         for q0, at, part in edges.chunks():
             q1 = q0 + part.N
-            alpha = (s[at] - part.to_rows(top[q0:q1])).exp_()
+            alpha = _alpha(s[at], part.to_rows(top[q0:q1]), edges, at)
             total[q0:q1] = torch.segment_reduce(alpha, "sum", offsets=part.row_ptr, unsafe=True)
+            if edges.live is not None:  # a query without live edges: α = 0/1
+                total[q0:q1].clamp_(min=1.0)
             alpha /= part.to_rows(total[q0:q1])  # softmax over each query's edges (Eq. 4)
             weights = alpha if keep is None else alpha * keep[at] / (1 - p_drop)
             y[q0:q1] = part.csr(weights) @ v
@@ -602,7 +647,7 @@ class EdgeAttention(torch.autograd.Function):
         for q0, at, part in edges.chunks():  # query-major: dQ and Eq. 9
             q1 = q0 + part.N
             s = _sddmm(part, q[q0:q1], k, scale)  # the forward's scores, recomputed
-            alpha = (s - part.to_rows(top[q0:q1])).exp_()
+            alpha = _alpha(s, part.to_rows(top[q0:q1]), edges, at)
             alpha /= part.to_rows(total[q0:q1])
             dp = _sddmm(part, grad_out[q0:q1], v, drop)  # ∂L/∂α_e = dO_i·v_j (÷ keep)
             if keep is not None:
@@ -618,7 +663,7 @@ class EdgeAttention(torch.autograd.Function):
         for j0, at, part in edges.chunks(key_major=True):  # key-major: the same values, for dK and dV
             j1, rows = j0 + part.N, part.col
             s = _sddmm(part, k[j0:j1], q, scale)
-            alpha = (s - top.index_select(0, rows)).exp_().div_(total.index_select(0, rows))
+            alpha = _alpha(s, top.index_select(0, rows), edges, at).div_(total.index_select(0, rows))
             dp = _sddmm(part, v[j0:j1], grad_out, drop)
             weights = alpha
             if keep is not None:
@@ -662,8 +707,9 @@ class StraightThroughEdges(torch.autograd.Function):
                 return grad
             own = part.to_rows(torch.arange(start, start + part.N, device=part.col.device))  # the chunk's side
             rows, keys = (part.col, own) if key_major else (own, part.col)  # each edge's query and key
-            if grad_counts is not None:  # each edge's share of its graph's count
+            if grad_counts is not None:  # each edge's share of its graph's count (an edge of M's)
                 grad = grad_counts.index_select(0, rows // edges.N) + (0 if grad is None else grad)
+                grad = grad if edges.live is None else grad.masked_fill(~edges.live[at], 0.0)
             if ctx.self_loops:
                 grad = grad.masked_fill(rows % edges.N == keys % edges.M, 0.0)
             return grad

@@ -69,16 +69,29 @@ class HybridAttention(nn.Module):
         check_core_arguments(dim, heads, head_dim, dropout)
         if adaptive not in ADAPTIVE:
             raise ValueError(f"adaptive must be one of {sorted(ADAPTIVE)}, got {adaptive!r}")
-        if not 1 <= adaptive_heads < heads:
-            raise ValueError(f"adaptive_heads must be in [1, heads={heads}), got {adaptive_heads}")
+        if not 1 <= adaptive_heads <= heads:
+            raise ValueError(f"adaptive_heads must be in [1, heads={heads}], got {adaptive_heads}")
         module, _, name = ADAPTIVE[adaptive].partition(":")
         attention = getattr(importlib.import_module(module), name)
-        self.adaptive_name = adaptive
-        self.local = WindowAttention(dim, heads - adaptive_heads, head_dim, dropout, density=density)
+        self.adaptive_name, self.adaptive_heads, self.density, self.budget = adaptive, adaptive_heads, density, budget
+        # every head adaptive leaves no window: the adaptive attention alone
+        local = heads - adaptive_heads
+        self.local = WindowAttention(dim, local, head_dim, dropout, density=density) if local else None
         self.adaptive = attention(dim, adaptive_heads, head_dim, dropout, **parse_budget(budget))
 
     def extra_repr(self) -> str:
-        return f"adaptive={self.adaptive_name}"
+        return (
+            f"adaptive={self.adaptive_name}, adaptive_heads={self.adaptive_heads}, density={self.density}, "
+            f"budget={self.budget}"
+        )
+
+    def out(self, heads: Tensor) -> Tensor:
+        """The output projection over the H heads side by side (..., H·D), the window heads first: the two parts'
+        projections of their own columns, summed (what forward applies to the heads' outputs)."""
+        if self.local is None:
+            return self.adaptive.out(heads)
+        split = self.local.heads * self.local.head_dim
+        return self.local.out(heads[..., :split]) + self.adaptive.out(heads[..., split:])
 
     def forward(
         self,
@@ -87,12 +100,15 @@ class HybridAttention(nn.Module):
         causal: bool = False,
         generator: Optional[torch.Generator] = None,
     ):
-        y_local, local = self.local(x, key_padding_mask, causal, generator)
-        y_adaptive, adaptive = self.adaptive(x, key_padding_mask, causal, generator)
+        y, adaptive = self.adaptive(x, key_padding_mask, causal, generator)
+        parts = [adaptive]
+        if self.local is not None:
+            y_local, local = self.local(x, key_padding_mask, causal, generator)
+            y, parts = y_local + y, [local, adaptive]
         stats = {
-            key: torch.cat([parts.get(key, parts["density"]) for parts in (local, adaptive)], -1)  # (H,)
+            key: torch.cat([part.get(key, part["density"]) for part in parts], -1)  # (H,): the window heads first
             for key in ("density", "computed_pairs")
         }
         if "aux_loss" in adaptive:
             stats["aux_loss"] = adaptive["aux_loss"]
-        return y_local + y_adaptive, stats
+        return y, stats

@@ -57,6 +57,8 @@ Deviations from the paper and the official (trax) code:
   depend on later tokens.
 - Density: distinct scored (query, key) pairs that are admissible as in full attention (valid key, j ≤ i
   when causal; the self pair included) / (valid queries × valid keys), per head, summed over the batch.
+  Computed pairs (INTERFACE.md) count the work instead: R·2C scored keys a query, duplicates and masked slots
+  included, capped at its admissible keys, on the same denominator.
 
 Shape legend: B batch, H heads, N queries (= M keys; N' after padding to a multiple of C), D head dim,
 R hash rounds, C chunk length (bucket_size), U chunks per round (N'/C), W keys per query window (2C chunked;
@@ -146,6 +148,13 @@ def density_of(distinct: Tensor, valid: Tensor) -> Tensor:
     return (distinct.double().sum(0) / (tokens**2).sum().clamp_min(1)).float()
 
 
+def scored_pairs(valid: Tensor, causal: bool, keys: int) -> Tensor:
+    """() Σ over valid queries of min(keys, the query's admissible keys) / Σ_b (valid count)²: valid (B, N)."""
+    valid = valid.double()
+    admissible = valid.cumsum(1) if causal else valid.sum(1, keepdim=True)  # (B, N|1): valid keys j (≤ i)
+    return ((admissible.clamp_max(keys) * valid).sum() / (valid.sum(1) ** 2).sum().clamp_min(1)).float()
+
+
 class ReformerAttention(nn.Module):
     """Multi-round LSH attention with shared QK (INTERFACE.md).
 
@@ -191,7 +200,8 @@ class ReformerAttention(nn.Module):
             attend = self.attend_causal if causal else self.attend
             y, density = attend(q.to(compute), v.to(compute), valid, generator)
         y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)  # (B, N, H·D)
-        return self.out(y), {"density": density}
+        scored = scored_pairs(valid, causal, 2 * self.n_hashes * self.bucket_size).expand(self.heads).clone()
+        return self.out(y), {"density": density, "computed_pairs": scored}  # (H,) each
 
     def attend(self, q: Tensor, v: Tensor, valid: Tensor, generator: Optional[torch.Generator]):
         """The paper's sorted-chunk attention (non-causal). (B, H, N, D) ×2, (B, N) valid → y (B, H, N, D),

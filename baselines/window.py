@@ -24,7 +24,10 @@ batch; the fast path's extra scored pairs outside the band are masked and not co
 
 A fixed head allocation (``full_heads`` = f > 0): heads 1..f attend to every admissible key (full attention),
 the others keep the window, so the model has a dense path for long-range content beside cheap local heads: the
-fixed counterpart of a learned allocation that makes one head dense and another sparse.
+fixed counterpart of a learned allocation that makes one head dense and another sparse. A fixed layer allocation
+(``full_layers`` = l > 0): layers 0..l − 1 are full attention, the later ones windows (the model's factory gives
+each attention its ``layer``), the counterpart of a learned graph dense in one layer and sparse in the next
+(SBM-Transformer's on recall, results/frontier).
 
 Deviations: Longformer's dilation, per-layer window sizes and global tokens are left out (BigBird,
 baselines/bigbird.py, has global tokens); dropout acts on the attention weights, drawn from ``generator``.
@@ -74,7 +77,7 @@ def window_counts(valid: Tensor, window: int, causal: bool) -> Tensor:
 class WindowAttention(nn.Module):
     """Multi-head sliding-window attention (INTERFACE.md). Budget: ``window`` (half-width w, default 64) or
     ``density`` (a target, w chosen per length; then ``window`` stays None), and ``full_heads``, the heads that
-    attend to every key instead (default 0). ``path``: "reference" or "fast"."""
+    attend to every key instead (default 0), or ``full_layers``, the layers that do. ``path``: "reference" or "fast"."""
 
     def __init__(
         self,
@@ -86,6 +89,8 @@ class WindowAttention(nn.Module):
         window: Optional[int] = None,
         density: Optional[float] = None,
         full_heads: int = 0,
+        full_layers: int = 0,
+        layer: int = 0,
         path: str = "fast",
     ):
         super().__init__()
@@ -98,7 +103,9 @@ class WindowAttention(nn.Module):
             raise ValueError(f"full_heads must be in [0, heads={heads}], got {full_heads}")
         check_pattern_options(density, path)
         self.heads, self.head_dim, self.dropout, self.path = heads, head_dim, dropout, path
-        self.full_heads = full_heads
+        if min(full_layers, layer) < 0:
+            raise ValueError(f"full_layers and layer must be >= 0, got {full_layers}, {layer}")
+        self.full_heads = heads if layer < full_layers else full_heads
         self.window, self.density = (64 if window is None and density is None else window), density
         self.qkv = nn.Linear(dim, 3 * heads * head_dim)
         self.out = nn.Linear(heads * head_dim, dim)

@@ -23,16 +23,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     means), and descriptions and epilogs (the preset tables) as written."""
 
     def _get_help_string(self, action):
-        text = action.help or ""
-        default = action.default
-        if (
-            "(default" in text
-            or not action.option_strings
-            or default is None
-            or default is False
-            or default == []
-            or default is argparse.SUPPRESS
-        ):
+        text, default = action.help or "", action.default
+        unset = default is None or default is False or default == [] or default is argparse.SUPPRESS
+        if "(default" in text or not action.option_strings or unset:
             return text
         return text + " (default: %(default)s)"
 
@@ -312,7 +305,7 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
     """The RunConfig of parsed arguments; a run folder that cannot be written (the default one too), or sizes
     whose activations alone would not fit in memory, are a SetupError."""
     import torch
-    from bench.config import PRESET_FIELDS, RunConfig, SetupError
+    from bench.config import PRESET_FIELDS, RunConfig, SetupError, memory_problem
     from bench.tasks import get_task
 
     overrides = {name: getattr(args, name) for name in PRESET_FIELDS}
@@ -353,48 +346,6 @@ def run_config(args: argparse.Namespace, method: str, settings=None, attn: Optio
     if problem:
         raise SetupError(problem)
     return cfg
-
-
-def available_memory(device: str) -> Tuple[int, str]:
-    """(bytes, where) a run on ``device`` may use: the GPU's, else MemAvailable, else the machine's RAM."""
-    import torch
-    from bench.measure import proc_kib
-
-    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
-        try:
-            index = torch.device(device).index if device.startswith("cuda") else None
-            return torch.cuda.get_device_properties(index or 0).total_memory, "on the GPU"
-        except (RuntimeError, AssertionError, ValueError):
-            pass  # no such device: refused as the run starts (bench.config.resolve_device)
-    available = proc_kib("/proc/meminfo", "MemAvailable")
-    if available is not None:
-        return available * 1024, "available on this machine"
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"  # macOS
-
-
-def activation_bytes(cfg) -> int:
-    """A lower bound of a training step's memory: the tokens and targets (int64), the embeddings (float32), and
-    per layer what any attention keeps for the backward — the two LayerNorm inputs and outputs, the query and
-    key projections, the attention's output and the MLP's hidden layer — at 2 bytes a value (bf16). A run
-    needs more (values, scores, gradients, optimizer state): above this, it cannot fit."""
-    tokens = cfg.batch_size * cfg.seq_len
-    per_layer = 4 * cfg.dim + 3 * cfg.heads * cfg.head_dim + cfg.mlp_dim
-    return tokens * (16 + 4 * cfg.dim + (2 * per_layer * cfg.depth if cfg.steps > 0 else 0))
-
-
-def memory_problem(cfg) -> Optional[str]:
-    """Why a run's sizes cannot fit in the memory it would run in (``activation_bytes``), or None."""
-    need = activation_bytes(cfg)
-    if need < 2**30:  # a GiB: every machine this runs on has that; nothing to look up
-        return None
-    have, where = available_memory(cfg.device)
-    if need <= have:
-        return None
-    return (
-        f"--batch-size {cfg.batch_size} × --seq-len {cfg.seq_len} (depth {cfg.depth}, width {cfg.dim}) needs at "
-        f"least {need / 2**30:,.1f} GiB for the activations alone, more than the "
-        f"{have / 2**30:,.1f} GiB {where}; lower --batch-size or --seq-len"
-    )
 
 
 def parse(

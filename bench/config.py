@@ -1,11 +1,13 @@
 """A run's configuration as data (``RunConfig``: a task's ``Preset`` with the command line's overrides and the
-run's options), and the rules that read it: the learning-rate schedule, the seeds of every draw, the device.
+run's options), and the rules that read it: the learning-rate schedule, the seeds of every draw, the device, whether
+its activations fit the device's memory.
 """
 
 import dataclasses
 import hashlib
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, FrozenSet, Optional, Tuple
@@ -139,3 +141,44 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+def available_memory(device: str) -> Tuple[int, str]:
+    """(bytes, where) a run on ``device`` may use: the GPU's, else MemAvailable, else the machine's RAM."""
+    from bench.measure import proc_kib
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        try:
+            index = torch.device(device).index if device.startswith("cuda") else None
+            return torch.cuda.get_device_properties(index or 0).total_memory, "on the GPU"
+        except (RuntimeError, AssertionError, ValueError):
+            pass  # no such device: refused as the run starts (resolve_device)
+    available = proc_kib("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available * 1024, "available on this machine"
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "on this machine"  # macOS
+
+
+def activation_bytes(cfg) -> int:
+    """A lower bound of a training step's memory: the tokens and targets (int64), the embeddings (float32), and
+    per layer what any attention keeps for the backward — the two LayerNorm inputs and outputs, the query and
+    key projections, the attention's output and the MLP's hidden layer — at 2 bytes a value (bf16). A run
+    needs more (values, scores, gradients, optimizer state): above this, it cannot fit."""
+    tokens = cfg.batch_size * cfg.seq_len
+    per_layer = 4 * cfg.dim + 3 * cfg.heads * cfg.head_dim + cfg.mlp_dim
+    return tokens * (16 + 4 * cfg.dim + (2 * per_layer * cfg.depth if cfg.steps > 0 else 0))
+
+
+def memory_problem(cfg) -> Optional[str]:
+    """Why a run's sizes cannot fit in the memory it would run in (``activation_bytes``), or None."""
+    need = activation_bytes(cfg)
+    if need < 2**30:  # a GiB: every machine this runs on has that; nothing to look up
+        return None
+    have, where = available_memory(cfg.device)
+    if need <= have:
+        return None
+    return (
+        f"--batch-size {cfg.batch_size} × --seq-len {cfg.seq_len} (depth {cfg.depth}, width {cfg.dim}) needs at "
+        f"least {need / 2**30:,.1f} GiB for the activations alone, more than the "
+        f"{have / 2**30:,.1f} GiB {where}; lower --batch-size or --seq-len"
+    )

@@ -330,12 +330,12 @@ def evaluate(
     amp: bool,
     forward: Optional[Callable] = None,
 ) -> dict:
-    """The task metric on a split (accuracy, or bits per byte), the mean loss and the density per layer and head.
-    ``forward(model, inputs) -> (logits, stats)`` replaces the model's own (SSA's self-ensembles)."""
+    """The task metric on a split (accuracy, or bits per byte), the mean loss, density and computed pairs per layer.
+    ``forward(model, inputs) -> (logits, stats)`` replaces the model's own (SSA's self-ensembles; no pairs: None)."""
     was_training = model.training
     model.eval()
     torch.manual_seed(derive_seed(seed, "eval", split))
-    nll, correct, count, densities, target_counts = 0.0, 0, 0, [], torch.zeros(task.num_classes)
+    nll, correct, count, densities, pairs, target_counts = 0.0, 0, 0, [], [], torch.zeros(task.num_classes)
     for batch in task.eval_batches(split, batch_size, limit):
         inputs, targets = model_inputs(batch, device), batch["targets"].to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
@@ -348,17 +348,21 @@ def evaluate(
         count += scored.sum().item()
         target_counts += torch.bincount(flat[scored].cpu(), minlength=task.num_classes)
         densities.append(stats["density"].float().cpu())
+        pairs.append(stats["computed_pairs"].float().cpu() if "computed_pairs" in stats else None)
     model.train(was_training)
     if count == 0:
         raise DataError(f"{task.name}: the {split} split produced no scored targets")
     loss = nll / count
     density = torch.stack(densities).mean(0)  # (L, H)
+    computed = None if any(p is None for p in pairs) else torch.stack(pairs).mean(0)  # (L, H)
     metric = loss / math.log(2) if task.metric == "bpb" else correct / count
     return {
         "metric": metric,
         "loss": loss,
         "density": density.mean().item(),
         "density_per_layer": density.mean(1).tolist(),
+        "computed_pairs": computed.mean().item() if computed is not None else None,
+        "computed_pairs_per_layer": computed.mean(1).tolist() if computed is not None else None,
         "scored": count,
         "base_rate": base_rate(target_counts, task.metric),
     }
@@ -380,7 +384,7 @@ def final_record(run: Run) -> Optional[dict]:
     test = run.evaluate("test", cfg.final_eval_batches)
     run.say("measuring FLOPs and memory ...")
     inputs = model_inputs(next(task.eval_batches("valid", min(4, cfg.batch_size), 1)), device)
-    flops, inference_memory = measure.model_costs(model, inputs, device, cfg.seed)
+    flops, inference_memory = measure.model_costs(model, inputs, device, lambda tag: derive_seed(cfg.seed, tag))
     trained = torch.stack(done.train_density) if done.train_density else None  # (steps, L)
     return {
         "status": "complete",
@@ -397,8 +401,7 @@ def final_record(run: Run) -> Optional[dict]:
         "test_loss": test["loss"],
         "scored": {"valid": valid["scored"], "test": test["scored"]},
         "base_rate": test["base_rate"],
-        "density": test["density"],
-        "density_per_layer": test["density_per_layer"],
+        **{key: test[key] for key in ("density", "density_per_layer", "computed_pairs", "computed_pairs_per_layer")},
         "train_density": trained.mean().item() if trained is not None else None,
         "train_density_per_layer": trained.mean(0).tolist() if trained is not None else None,
         "params": sum(p.numel() for p in model.parameters()),

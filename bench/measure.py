@@ -17,6 +17,16 @@ elementwise, reduction and scatter ops, and CPU SDPA is not counted at all, so w
 A sparse method is thereby counted from the work it actually does on its edges: scoring E edges with an
 elementwise product and a sum is 2·E·D, the same as the dense multiply-add count for E pairs.
 
+Computed pairs (a comparison's cost axis, DESIGN.md): the (query, key) pairs an attention's kernel scores, as a
+fraction of the admissible pairs (valid query, valid key, and j ≤ i when causal), per head, summed over the batch
+before dividing (``computed_pairs``). An attention whose scored pairs differ from the distinct pairs of its density
+reports them as ``stats["computed_pairs"]`` (INTERFACE.md): Reformer, R rounds × 2C keys a query, duplicates
+included, capped at the query's admissible keys. For every other attention its density's pairs are the ones it
+scores: full attention and the low-rank and kernel methods (linear, Performer, Linformer, Nyströmformer) touch each
+admissible pair once through their products (1.0 by this convention), the window's band, BigBird's blocks, a head
+allocation's heads (a layer's value is the mean over them), SBM's sampled edges, SSA's sampled keys, the kernel
+method's selected keys, MoBA's own and routed blocks.
+
 Peak memory: CUDA's ``max_memory_allocated`` after a reset; on CPU, the peak resident set above a baseline
 taken just before the measured work (``PeakRSS``; the scaling benchmarks run each cell in its own process).
 Time: warm-up, then the median of repeated calls, CUDA synchronised around each (``time_fn``); variants side
@@ -188,20 +198,43 @@ def model_flops_per_example(model: nn.Module, forward: Callable[[], object], exa
     return {"model": counts["total"] // examples, "attention": attn_total // examples}
 
 
-def model_costs(model: nn.Module, inputs: dict, device: torch.device, seed: int) -> tuple:
+def attention_part_flops(
+    model: nn.Module, forward: Callable[[], object], examples: int, parts: Dict[str, List[str]]
+) -> Dict[str, float]:
+    """Forward FLOPs per example of a backbone, of its attention modules, and of their children grouped as ``parts``
+    ({label: child names}, summed over layers); "core", what the attention does outside its children (scores,
+    softmax, weighted sum, building a sparse pattern): the part that sparsity can change."""
+    children = [(label, child) for label, names in parts.items() for child in names]
+    modules = {f"attn{i}": block.attn for i, block in enumerate(model.blocks)}
+    for i, block in enumerate(model.blocks):
+        modules.update({f"{child}{i}": getattr(block.attn, child) for _, child in children})
+    counts = count_flops(forward, modules, root=model)
+
+    def per_example(name: str) -> float:
+        return sum(counts[f"{name}{i}"] for i in range(len(model.blocks))) / examples
+
+    result = {"model": counts["total"] / examples, "attention": per_example("attn")}
+    result.update({label: sum(per_example(child) for child in names) for label, names in parts.items()})
+    result["core"] = result["attention"]
+    for label in parts:
+        result["core"] -= result[label]
+    return result
+
+
+def model_costs(model: nn.Module, inputs: dict, device: torch.device, seed_for: Callable[[str], int]) -> tuple:
     """({"train": FLOPs, "eval": FLOPs} per example, inference peak memory in bytes) of ``model(**inputs)``.
     Training FLOPs are those of what a training step computes (SSA's sub-model, SBM's sampled masks), evaluation
-    FLOPs those of inference, where a method may differ (SSA evaluates dense); random draws from the seed."""
-    from bench.config import derive_seed
-
+    FLOPs those of inference, where a method may differ (SSA evaluates dense); random draws seeded by
+    ``seed_for("flops")`` and ``seed_for("memory")``, the caller's seeds (bench.model imports this module, which
+    therefore imports nothing of bench)."""
     flops = {}
     for mode, training in (("train", True), ("eval", False)):
         model.train(training)
-        torch.manual_seed(derive_seed(seed, "flops"))
+        torch.manual_seed(seed_for("flops"))
         with torch.no_grad():
             flops[mode] = model_flops_per_example(model, lambda: model(**inputs), len(inputs["tokens"]))
     model.eval()
-    torch.manual_seed(derive_seed(seed, "memory"))
+    torch.manual_seed(seed_for("memory"))
     return flops, inference_peak_memory_bytes(lambda: model(**inputs), device)
 
 
@@ -212,6 +245,21 @@ def counted_forward(model: nn.Module, inputs: dict, flops: dict):
         model_flops_per_example(model, lambda: out.setdefault("result", model(**inputs)), len(inputs["tokens"]))
     )
     return out["result"]
+
+
+def computed_pairs(stats: dict, key_padding_mask: Optional[torch.Tensor], causal: bool, n: int) -> torch.Tensor:
+    """(H,) the pairs one attention forward scored / the admissible pairs (module docstring): its
+    ``stats["computed_pairs"]``, else its ``stats["density"]``, both over valid queries × valid keys
+    (INTERFACE.md), rescaled to the admissible pairs. key_padding_mask (B, N) True at padding, or None."""
+    scored = stats.get("computed_pairs", stats["density"]).double()  # (H,)
+    valid = (
+        torch.ones(1, n, dtype=torch.float64, device=scored.device)
+        if key_padding_mask is None
+        else (~key_padding_mask).double()
+    )  # (B|1, N)
+    squares = (valid.sum(1) ** 2).sum()  # Σ_b (valid count)²: density's denominator
+    admissible = (valid * valid.cumsum(1)).sum() if causal else squares  # causal: valid keys j ≤ i per valid query
+    return (scored * squares / admissible.clamp_min(1)).float()
 
 
 def proc_kib(path: str, field: str) -> Optional[int]:

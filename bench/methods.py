@@ -64,6 +64,11 @@ REGISTRY = [
         cost=1.2,
         grid_budget={"density": 0.25, "block": 8, "global_blocks": 1},
     ),
+    # the block router: own block + 1 routed block of 8 keys, a quarter of the pairs at 64 tokens as the patterns above
+    Method("moba", "baselines.moba:MoBAAttention", cost=1.5, grid_budget={"block": 8, "topk": 1}),
+    # window heads beside one adaptive head: two registered attentions composed, swept in the matched-cost claim
+    # (experiments/claims/matched_cost.py) rather than run by the grid
+    Method("hybrid", "baselines.hybrid:HybridAttention", tasks=frozenset(), cost=6.5, scaling=False),
     Method("sbm", "sbm_transformer:SBMAttention", script="sbm_transformer.py", cost=3.0),
     Method("ssa", "ssa:SSAttention", script="ssa.py"),
     Method(
@@ -105,20 +110,24 @@ def refusal(method: str, causal_task: bool) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------ budgets
 def same_in_every_layer(attention: type, model_cfg, options: dict) -> Callable:
     """layer_index -> ``attention`` built from the interface's arguments and ``options`` (its budget), the same
-    in every layer; the model's ``max_len`` is added where the constructor takes one."""
-    extra = (
-        {"max_len": model_cfg.max_len}
-        if "max_len" in inspect.signature(attention).parameters and "max_len" not in options
-        else {}
-    )
+    in every layer; the model's ``max_len`` is added where the constructor takes one, and the layer's index where
+    it takes ``layer`` (a layer allocation)."""
+    parameters = inspect.signature(attention).parameters
+    extra = {"max_len": model_cfg.max_len} if "max_len" in parameters and "max_len" not in options else {}
     return lambda layer: attention(
-        model_cfg.dim, model_cfg.heads, model_cfg.head_dim, model_cfg.attn_dropout, **options, **extra
+        model_cfg.dim,
+        model_cfg.heads,
+        model_cfg.head_dim,
+        model_cfg.attn_dropout,
+        **options,
+        **extra,
+        **({"layer": layer} if "layer" in parameters else {}),
     )
 
 
 def option_names(method: str) -> List[str]:
     """What --attn KEY=VALUE may give ``method``: its constructor's arguments beyond the interface's."""
-    return [name for name in inspect.signature(get(method).load()).parameters if name not in CORE_ARGUMENTS]
+    return [name for name in inspect.signature(get(method).load()).parameters if name not in (*CORE_ARGUMENTS, "layer")]
 
 
 def attention_options(method: str, texts: Dict[str, str]) -> dict:

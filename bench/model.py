@@ -18,6 +18,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from bench import measure
+
 HEADS = ("cls", "token", "lm", "pair")
 
 
@@ -103,7 +105,8 @@ class Model(nn.Module):
             )
 
     def encode(self, tokens: Tensor, key_padding_mask: Optional[Tensor], generator: Optional[torch.Generator]):
-        """(B, N) tokens → (B, N, C) final hidden states, per-layer density (L, H), summed aux loss."""
+        """(B, N) tokens → (B, N, C) final hidden states, per-layer density and computed pairs (L, H) each
+        (bench/measure.py), summed aux loss."""
         b, n = tokens.shape
         if n > self.cfg.max_len and self.pos is not None:
             raise ValueError(f"sequence length {n} exceeds max_len {self.cfg.max_len}")
@@ -111,13 +114,14 @@ class Model(nn.Module):
         if self.pos is not None:
             x = x + self.pos(torch.arange(n, device=tokens.device))[None]
         x = self.drop(x)
-        densities, aux = [], torch.zeros((), device=tokens.device)
+        densities, pairs, aux = [], [], torch.zeros((), device=tokens.device)
         for block in self.blocks:
             x, stats = block(x, key_padding_mask, self.cfg.head == "lm", generator)
             densities.append(stats["density"])
+            pairs.append(measure.computed_pairs(stats, key_padding_mask, self.cfg.head == "lm", n))
             if "aux_loss" in stats:
                 aux = aux + stats["aux_loss"]
-        return self.norm(x), torch.stack(densities), aux  # (B, N, C), (L, H), ()
+        return self.norm(x), {"density": torch.stack(densities), "computed_pairs": torch.stack(pairs)}, aux
 
     @staticmethod
     def mean_pool(h: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
@@ -138,15 +142,15 @@ class Model(nn.Module):
         """tokens (B, N) long; key_padding_mask (B, N) bool, True at padding. For the ``pair`` head, the
         second sequence comes as tokens2 / key_padding_mask2. Returns logits — (B, N, V) for ``lm`` and
         ``token``, (B, V) otherwise — and stats."""
-        h, density, aux = self.encode(tokens, key_padding_mask, generator)
+        h, stats, aux = self.encode(tokens, key_padding_mask, generator)  # (B, N, C), {name: (L, H)}, ()
         if self.cfg.head in ("lm", "token"):
-            return self.classifier(h), {"density": density, "aux_loss": aux}
+            return self.classifier(h), {**stats, "aux_loss": aux}
         pooled = self.mean_pool(h, key_padding_mask)  # (B, C)
         if self.cfg.head == "pair":
             if tokens2 is None:
                 raise ValueError("the pair head needs tokens2")
-            h2, density2, aux2 = self.encode(tokens2, key_padding_mask2, generator)
+            h2, stats2, aux2 = self.encode(tokens2, key_padding_mask2, generator)
             other = self.mean_pool(h2, key_padding_mask2)
             pooled = torch.cat([pooled, other, pooled * other, pooled - other], -1)  # (B, 4C)
-            density, aux = (density + density2) / 2, aux + aux2
-        return self.classifier(pooled), {"density": density, "aux_loss": aux}
+            stats, aux = {name: (value + stats2[name]) / 2 for name, value in stats.items()}, aux + aux2
+        return self.classifier(pooled), {**stats, "aux_loss": aux}

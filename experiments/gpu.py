@@ -9,8 +9,11 @@ The stages, in order; each starts while budget remains, and stops at its next ru
 2. ``entry``: each method's own training command on ListOps at 2,048 tokens, batch 128, 100 steps
    (SBM 10): step time, peak memory and density as metrics.json records them;
 3. ``scaling``: each attention's forward+backward time and peak memory from 1K to 16K tokens beside
-   full attention (SDPA), and the length from which it is faster;
-4. ``frontier``: the frontier claim's families on duplicates at 512 and 1,024 tokens, seed 0.
+   full attention (SDPA, float32 and under bf16 autocast; each row says its precision), SBM at 1, 5 and 26%
+   density, and the length from which each is faster than float32 SDPA;
+4. ``frontier``: recall at 1,024 tokens (64 pairs), 1,500 steps under bf16 autocast, seed 0, for full attention and
+   each family at 12.5% of the pairs: accuracy against computed pairs and measured step time. Resumable: each
+   run keeps its folder under OUT/frontier, and a job whose budget ends mid-run continues it the next time.
 Records: OUT/gpu.json, OUT/README.md, OUT/correctness.log, a folder per device (a table never mixes
 devices); a job of some --stages keeps the others' records of its device.
 """
@@ -25,14 +28,18 @@ from pathlib import Path
 
 from bench import cli
 from bench.files import default_data_dir, read_json, write_json
-from experiments import frontier, grid, scaling
+from experiments import grid, scaling
+from experiments.claims import matched_cost
 
 STAGES = ("correctness", "entry", "scaling", "frontier")
 SCALING_METHODS = (
     "full",
+    "full-bf16",  # SDPA under bf16 autocast: the FlashAttention class, beside float32's kernel
     "full-ref",
     "sbm",
-    "sbm@0.01",
+    "sbm@0.01",  # SBM at densities set through its memberships (sbm_transformer.at_density)
+    "sbm@0.05",
+    "sbm@0.26",
     "ssa",
     "kernel",
     "window",
@@ -79,8 +86,31 @@ TASK = {"full": ["--task", "listops", "--preset", "paper"], "tiny": ["--task", "
 KERNEL_TASK = ["--task", "wikitext2", "--analysis-sequences", "8", "--predictor-steps", "20", "--finetune-steps", "10"]
 SCALING_LENGTHS = {"full": (1024, 2048, 4096, 8192, 16384), "tiny": (64,)}
 SLOW_CELL = 30  # seconds: a method whose next length would take longer (4× its last cell's) stops there
-FRONTIER_LENGTHS = {"full": (512, 1024), "tiny": (16,)}
-FRONTIER_STEPS = {"full": 400, "tiny": 2}
+FRONTIER = {  # size → recall's length, steps and evaluation; the model is the matched-cost claim's
+    "full": dict(seq_len=1024, steps=1500, eval_every=250, eval_batches=4, final_eval_batches=8),
+    "tiny": dict(seq_len=32, steps=2, eval_every=2, eval_batches=1, final_eval_batches=1, batch_size=4, warmup=1),
+}
+
+
+def frontier_settings(n: int) -> dict:
+    """label → (entry point, its options): full attention, and each family at 12.5% of the pairs at length n (a
+    Reformer round scores 2C keys, a routed query its own block and one more, a full head is 1/8 of the heads)."""
+    c = n // 16
+    train = lambda method: ["-m", "bench.train", "--method", method]  # noqa: E731
+    return {
+        "full": (train("full"), {}),
+        "window": (train("window"), {"attn": ["density=0.125"]}),
+        "head allocation (1 of 8 full)": (train("window"), {"attn": ["full_heads=1", "density=0.01"]}),
+        "reformer": (train("reformer"), {"attn": ["n_hashes=1", f"bucket_size={c}"]}),
+        "block router": (train("moba"), {"attn": [f"block={c}", "topk=1"]}),
+        "hybrid: 7 window heads, 1 reformer head": (
+            train("hybrid"),
+            {"attn": ["adaptive=reformer", "density=0.125", f"budget=n_hashes=1;bucket_size={c}"]},
+        ),
+        "sbm": (["sbm_transformer.py", "--path", "fast"], {}),
+    }
+
+
 FUZZ_CASES = {"full": 10, "tiny": 1}
 SHARE = {"correctness": 0.15, "entry": 0.5, "scaling": 0.25}  # a stage's most: part of the budget (H200: 43, 198, 46 s)
 
@@ -190,8 +220,10 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
             if method in stopped or left(deadline) < 5:
                 rows.append({**row, "error": stopped.get(method, "not run: budget spent")})
                 continue
+            bf16 = method == "full-bf16"
+            row["precision"] = "bfloat16 autocast" if bf16 else "float32"
             cell = {
-                "method": method,
+                "method": "full" if bf16 else method,
                 "options": {},
                 "n": n,
                 "batch": 4,
@@ -204,7 +236,8 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
             }
             start = time.monotonic()
             try:
-                row.update(scaling.measure_cell(cell))
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+                    row.update(scaling.measure_cell(cell))
             except torch.OutOfMemoryError:
                 row["error"] = stopped[method] = f"out of memory at {n}"
             except Exception as exc:  # a failing cell is a row of the table, not the end of the job
@@ -218,10 +251,10 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
 
 
 def crossovers(rows: list) -> list:
-    """Per method: the first length from which it beats full attention at each longer one run."""
+    """Per method: the first length from which it beats full attention (float32) at each longer one run."""
     full = {r["n"]: r["fwdbwd_ms"] for r in rows if r["method"] == "full" and "error" not in r}
     result = []
-    for method in SCALING_METHODS[1:]:
+    for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "full"):
         faster = [
             (r["n"], r["fwdbwd_ms"] < full[r["n"]])
             for r in rows
@@ -232,37 +265,29 @@ def crossovers(rows: list) -> list:
     return result
 
 
-def frontier_rows(device: str, size: str, deadline: float, scratch: Path) -> list:
-    rows, steps = [], FRONTIER_STEPS[size]
-    for n in FRONTIER_LENGTHS[size]:
-        recipe = {**frontier.DUPLICATES, "seq_len": n, "steps": steps, "lr": "1e-3"}
-        for family, members in frontier.families(steps).items():
-            for method, tag, extra in members[:1] if size == "tiny" else members:
-                if left(deadline) < 20:
-                    return rows
-                argv = [
-                    "-m",
-                    "bench.train",
-                    "--method",
-                    method,
-                    "--task",
-                    "duplicates",
-                    "--device",
-                    device,
-                    *grid.flags({**recipe, **extra}),
-                ]
-                folder = scratch / f"{method}{tag}-n{n}"
-                result = run([*argv, "--out", str(folder), "--overwrite"], deadline, cap=120)
-                record = read_json(folder / "metrics.json") or {}
-                rows.append(
-                    {
-                        "n": n,
-                        "family": family,
-                        "setting": f"{method}{tag}",
-                        "code": result["code"],
-                        **{k: record.get(k) for k in ("test", "density", "median_step_ms")},
-                    }
-                )
+def frontier_rows(device: str, size: str, deadline: float, out: Path) -> list:
+    """Each setting's run in OUT/frontier/SLUG: its record where complete, else run (or resumed) until the deadline."""
+    recipe = {**matched_cost.MODEL, "lr": "1e-3", **FRONTIER[size]}
+    rows = []
+    for label, (entry, options) in frontier_settings(recipe["seq_len"]).items():
+        folder = out / "frontier" / re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+        record = read_json(folder / "metrics.json") or {}
+        result = {"code": 0}
+        if record.get("status") != "complete" and left(deadline) >= 20:
+            again = "--resume" if (folder / "checkpoint.pt").exists() else "--overwrite"
+            argv = [*entry, "--task", "recall", "--device", device, *grid.flags({**recipe, **options})]
+            result = run([*argv, "--out", str(folder), again], deadline, cap=3600)
+            record = read_json(folder / "metrics.json") or {}
+        done = record.get("status") == "complete"
+        rows.append(
+            {
+                "setting": label,
+                "n": recipe["seq_len"],
+                "code": None if result["code"] == "timed out" else result["code"],  # cut at the deadline: resumable
+                "status": "complete" if done else "not run: budget spent" if "seconds" not in result else "resumable",
+                **{k: record.get(k) for k in ("test", "computed_pairs", "density", "median_step_ms")},
+            }
+        )
     return rows
 
 
@@ -301,15 +326,19 @@ def markdown(record: dict) -> str:
         )
     if stages.get("scaling", {}).get("rows"):
         rows = stages["scaling"]["rows"]
+        shown = [{**r, "method": f"{r['method']} ({r['precision']})"} if "precision" in r else r for r in rows]
         parts.append(
             "Scaling: batch 4, 4 heads, head dim 64, non-causal; ratios to full (SDPA):\n\n"
-            + scaling.table(rows, "full")
+            + scaling.table(shown, "full (float32)" if "precision" in rows[0] else "full")
         )
         parts.append(table(crossovers(rows), ["method", "faster than full from", "lengths measured"]))
     if stages.get("frontier", {}).get("rows"):
-        parts.append(
-            table(stages["frontier"]["rows"], ["n", "family", "setting", "test", "density", "median_step_ms", "code"])
-        )
+        rows = stages["frontier"]["rows"]
+        if "computed_pairs" in rows[0]:
+            columns = ["setting", "n", "test", "computed_pairs", "density", "median_step_ms", "status"]
+            parts.append("Recall at matched pairs (seed 0):\n\n" + table(rows, columns))
+        else:  # the records of the earlier stage: the frontier claim's families on duplicates
+            parts.append(table(rows, ["n", "family", "setting", "test", "density", "median_step_ms", "code"]))
     return "\n\n".join(parts) + "\n"
 
 
@@ -384,7 +413,7 @@ def main(argv=None) -> int:
                 "correctness": lambda: correctness(device, size, share, out),
                 "entry": lambda: entry_points(device, size, share, Path(scratch)),
                 "scaling": lambda: scaling_rows(device, size, share),
-                "frontier": lambda: frontier_rows(device, size, share, Path(scratch)),
+                "frontier": lambda: frontier_rows(device, size, share, out),
             }[stage]()
             record["stages"][stage] = {
                 "status": stage_status(rows),

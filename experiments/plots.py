@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from bench.files import kept_log, read_json
-from experiments.frontier import VARIANTS, by_setting, fair_ratios, families
+from experiments.claims.frontier import VARIANTS, by_setting, families
 from experiments.grid import load
+from experiments.tables import fair_ratios
 
 
 def available() -> bool:

@@ -16,14 +16,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tabulate import tabulate
-
 from bench import cli
 from bench import methods as registry
 from bench.files import read_json
-from experiments import claims as claim_list
-from experiments import frontier, grid, plots, scaling
+from experiments import claims, grid, plots, scaling
+from experiments.budgets import QUICK_TARGETS
 from experiments.grid import load
+from experiments.tables import by, devices, duration, fair_ratios, fmt, mean, table, tests
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 REFERENCE = "full"
@@ -35,44 +34,6 @@ COSTS = {  # what a training step costs, per record: the columns "× full" of th
     "peak memory": lambda r: r["peak_memory_bytes"],
     "step time": lambda r: r["median_step_ms"],
 }
-
-
-def fmt(values: List[float], metric: str) -> str:
-    """Mean (± standard deviation over seeds when there are several): accuracy in %, bits per byte."""
-    scaled = [100 * v if metric == "accuracy" else v for v in values]
-    digits = 2 if metric == "accuracy" else 3
-    return f"{statistics.mean(scaled):.{digits}f}" + (
-        f" ± {statistics.stdev(scaled):.{digits}f}" if len(scaled) > 1 else ""
-    )
-
-
-def tests(rs: List[dict]) -> str:
-    return fmt([r["test"] for r in rs], rs[0]["metric"])
-
-
-def mean(rs: List[dict], get) -> Optional[float]:
-    values = [get(r) for r in rs]
-    return statistics.mean(values) if values and None not in values else None
-
-
-def duration(seconds: Optional[float]) -> str:
-    return "–" if seconds is None else (f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min")
-
-
-def devices(recs: List[dict]) -> str:
-    """The records' devices, a count of one thread in the singular."""
-    return ", ".join(sorted({re.sub(r"\b1 threads\b", "1 thread", r["device"]) for r in recs}))
-
-
-def table(rows: list, headers: List[str]) -> str:
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
-
-
-def by(recs: List[dict], *keys) -> Dict[tuple, List[dict]]:
-    groups = defaultdict(list)
-    for r in recs:
-        groups[tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]].append(r)
-    return groups
 
 
 # ------------------------------------------------------------------------------------------------ a run
@@ -87,7 +48,7 @@ def relative_costs(recs: List[dict], step_times: Optional[Dict[str, dict]] = Non
     for (method, task), rs in cells.items():
         ref = cells.get((REFERENCE, task), [])
         named = {k: mean(rs, get) / mean(ref, get) for k, get in COSTS.items() if mean(rs, get) and mean(ref, get)}
-        fair = frontier.fair_ratios((step_times or {}).get(task) or {}).get(method, math.nan)
+        fair = fair_ratios((step_times or {}).get(task) or {}).get(method, math.nan)
         named.update({} if math.isnan(fair) else {"step time": fair})  # NaN: not timed
         for name, value in named.items():
             logs[method][name].append(math.log(value))
@@ -184,9 +145,9 @@ def method_table(
 
 
 def targets_table(recs: List[dict]) -> str:
-    """Full attention against the quick budget's target per task (experiments/grid.py QUICK_TARGETS)."""
+    """Full attention against the quick budget's target per task (experiments/budgets.py QUICK_TARGETS)."""
     rows = []
-    for task, (kind, amount, words) in grid.QUICK_TARGETS.items():
+    for task, (kind, amount, words) in QUICK_TARGETS.items():
         ref = [r for r in recs if r["method"] == REFERENCE and r["task"] == task]
         if ref:
             value, base, metric = mean(ref, lambda r: r["test"]), mean(ref, lambda r: r["base_rate"]), ref[0]["metric"]
@@ -336,84 +297,6 @@ def runs_table(recs: List[dict]) -> str:
     )
 
 
-def setting_label(r: dict) -> str:
-    """A Table 3 record's setting: the method, SBM's λ, full attention's explicit path."""
-    return (
-        r["method"]
-        + (f" λ={float(r['config']['density_weight']):g}" if r["config"].get("density_weight") else "")
-        + (" (explicit path)" if "path=reference" in r["cell"].get("command", []) else "")
-    )
-
-
-def table3(recs: List[dict]) -> str:
-    """SBM Table 3 per task: inference FLOPs and memory ÷ full attention's (SDPA, explicit path) beside the paper's."""
-    out, order = [], ["full", "sbm"] + [m for m in registry.METHODS if m not in ("full", "sbm")]
-    for task, rs in sorted(
-        by(recs, "task").items(),
-        key=lambda kv: (
-            list(claim_list.PAPER_TABLE3).index(kv[0])
-            if kv[0] in claim_list.PAPER_TABLE3
-            else len(claim_list.PAPER_TABLE3)
-        ),
-    ):
-        groups, paper = (
-            by([dict(r, label=setting_label(r)) for r in rs], "label"),
-            claim_list.PAPER_TABLE3.get(task, {}),
-        )
-        full, explicit, rows = groups.get("full"), groups.get("full (explicit path)"), []
-        ratio = lambda rs, ref, get: f"{mean(rs, get) / mean(ref, get):.3f}" if ref else "–"  # noqa: E731
-        memory = lambda r: r["inference_memory_per_example_bytes"]  # noqa: E731
-        for label in sorted(groups, key=lambda g: (order.index(g.split()[0]) if g.split()[0] in order else 99, g)):
-            rs = sorted(groups[label], key=lambda r: r["seed"])
-            trained, explored = rs[0]["steps"] > 0, [r.get("sbm", {}).get("test_with_exploration") for r in rs]
-            rows.append(
-                [
-                    label,
-                    ", ".join(str(r["seed"]) for r in rs),
-                    tests(rs) if trained else "untrained",
-                    fmt([mean(rs, lambda r: r["base_rate"])], "accuracy") if trained and "base_rate" in rs[0] else "–",
-                    f"{100 * mean(rs, lambda r: r['density']):.1f}% ("
-                    + " / ".join(f"{100 * statistics.mean(d):.1f}" for d in zip(*(r["density_per_layer"] for r in rs)))
-                    + ")",
-                    "–"
-                    if None in explored
-                    else fmt([e["metric"] for e in explored], "accuracy")
-                    + f" ({100 * mean(explored, lambda e: e['density']):.1f}%)",
-                    *(ratio(rs, full, lambda r, k=k: r["flops_per_example"][k]) for k in ("model", "attention")),
-                    ratio(rs, explicit, memory),
-                    ratio(rs, full, memory),
-                    f"{mean(rs, memory) / 2**20:.1f}",
-                    "/".join(f" {v:.2f} " for v in paper[label]).strip() if label in paper else "–",
-                ]
-            )
-        out.append(
-            f"{task} ({rs[0]['config']['seq_len']} tokens):\n\n"
-            + table(
-                rows,
-                [
-                    "setting",
-                    "seeds",
-                    "test acc %",
-                    "majority class %",
-                    "test density (per layer %)",
-                    "with δ in eval: acc % (density)",
-                    "FLOPs ÷ full",
-                    "attention FLOPs ÷ full",
-                    "memory ÷ explicit full",
-                    "memory ÷ SDPA full",
-                    "MiB per example",
-                    "paper FLOPs / memory",
-                ],
-            )
-            if full
-            else f"{task}: full attention's record is missing, no ratio can be given."
-        )
-    return "\n\n".join(out)
-
-
-CLAIM_TABLES = {"sbm-table3": table3, "frontier": frontier.table}  # a claim's own table; runs_table otherwise
-
-
 def verdict(claim, folder: Path) -> tuple:
     """(ours, verdict) by the claim's rule, or ("–", "not run yet ...") while its records or output are missing."""
     missing, planned = len(claim.cells()) - len(load(folder)[0]), len(claim.cells())
@@ -433,18 +316,12 @@ def claims_table(results: Path, link: str) -> str:
             claim.figure or "–",
             *verdict(claim, results / claim.name),
         ]
-        for claim in claim_list.CLAIMS
+        for claim in claims.CLAIMS
     ]
     return table(rows, ["claim", "paper", "ours", "verdict"])
 
 
-FIGURES = {
-    "sbm-fig4": ["sbm_fig4"],
-    "frontier": ["frontier"],
-    "ssa-table": ["ssa_fig7"],
-    "scaling": ["scaling", "sbm_scaling"],
-    "quick": ["accuracy_vs_cost"],
-}
+QUICK_FIGURES = ("accuracy_vs_cost",)
 
 
 def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
@@ -452,7 +329,7 @@ def figures(names, captions: Dict[str, str], prefix: str) -> List[str]:
 
 
 def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
-    """One claim as Markdown for results/README.md (links relative to results/), with its plots (FIGURES)."""
+    """One claim as Markdown for results/README.md (links relative to results/), with its plots."""
     folder, link = results / claim.name, f"[{claim.name}/]({claim.name}/)"
     recs = load(folder)[0]
     missing = [c["name"] for c in claim.cells() if not (folder / "runs" / c["name"] / "metrics.json").exists()]
@@ -465,7 +342,7 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
         if claim.kind == "runs"
         else "Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).",
     ]
-    out += [CLAIM_TABLES.get(claim.name, runs_table)(recs)] if recs else []
+    out += [(claim.table or runs_table)(recs)] if recs else []
     out += [
         f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)
         for task, timed in sorted(step_times_of(folder).items())
@@ -483,7 +360,7 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
         else []
     )
     out += [f"- {note}" for note in claim.notes]
-    return "\n\n".join(out + figures(FIGURES.get(claim.name, ()), captions, "plots/"))
+    return "\n\n".join(out + figures(claim.figures, captions, "plots/"))
 
 
 def results_readme(results: Path, captions: Dict[str, str]) -> str:
@@ -492,15 +369,15 @@ def results_readme(results: Path, captions: Dict[str, str]) -> str:
         [
             "# Results",
             "Generated by `python -m experiments.report --readme README.md` from the records in this "
-            "folder; never edited by hand. One section per claim of experiments/claims.py, with the command that "
+            "folder; never edited by hand. One section per claim of experiments/claims/, with the command that "
             "reproduces it; the quick grid of `./run_all.sh` last.",
             claims_table(results, ""),
-            *(claim_section(claim, results, captions) for claim in claim_list.CLAIMS),
+            *(claim_section(claim, results, captions) for claim in claims.CLAIMS),
             "## Quick grid: every method on every task (`./run_all.sh`)",
             run_section(quick, results / PUBLISHED_SCALING, PUBLISHED_SCALING, preview=True)
             if quick.exists()
             else "Not published yet: `./run_all.sh --out results/quick`.",
-            *figures(FIGURES["quick"], captions, "plots/"),
+            *figures(QUICK_FIGURES, captions, "plots/"),
         ]
     )
 

@@ -1,7 +1,7 @@
 """The comparison end to end: the grid, attention scaling, the report and its plots, in one folder.
 
     ./run_all.sh                  # the quick grid (28 minutes on 2 cores) into runs/grid-quick
-    ./run_all.sh --smoke --out X  # every cell at a few steps (about 4 minutes): the plumbing
+    ./run_all.sh --smoke --out X  # every cell at a few steps (about 6 minutes): the plumbing
     ./run_all.sh --full           # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
 Everything goes to the run folder (ignored by git; a rerun resumes), OUT/REPORT.md last; ``--out
@@ -18,6 +18,7 @@ from pathlib import Path
 from bench import cli
 from bench import methods as registry
 from experiments import grid  # light: the report and torch are imported once options parse
+from experiments.budgets import BUDGETS
 from bench.files import read_json, write_json
 
 SCALING = {"quick": "1024,2048", "smoke": "128", "full": "1024,2048,4096,8192"}
@@ -104,7 +105,7 @@ def run_scaling(out: Path, budget: str, methods, lengths: str, device: str) -> i
 
 def run_step_times(out: Path, budget: str, tasks, seed: int, data_dir=None) -> int:
     """experiments.step_time over each task's ``seed`` cells (smoke: one), kept if newer."""
-    failed, preset = 0, grid.BUDGETS[budget].preset
+    failed, preset = 0, BUDGETS[budget].preset
     timed = [
         t
         for t in tasks

@@ -387,7 +387,7 @@ def test_grid_keeps_complete_cells_plans_missing_data_and_records_failures(tmp_p
 def test_one_command_writes_the_readme_glance_and_the_claims_into_results_readme(tmp_path):
     """--readme rewrites only the README's generated region (every registered method, "not run yet" without
     records; a sentence naming results/README.md) and leaves the hand-written text around it as it was; it writes
-    results/README.md: the claims table, one section per claim in the order of experiments/claims.py, the quick grid
+    results/README.md: the claims table, one section per claim in the order of experiments/claims/, the quick grid
     last."""
     results = tmp_path / "results"
     (results / "fastrg").mkdir(parents=True)

@@ -15,6 +15,8 @@ import fastrg
 from conftest import seeded
 from fastrg import edge_probability, expected_edges, sample
 
+CPU = torch.device("cpu")
+
 Z = 5.0
 T = 10_000  # graphs per Monte Carlo test: every count compared below has mean ≥ 200 (normal regime)
 
@@ -103,7 +105,7 @@ def test_long_uneven_column_has_no_prefix_sum_drift():
     S = torch.tensor([[5.2e6 / graphs / float(w.double().sum())]])
     Y = torch.ones(1, 1)
     p = edge_probability(w, S, Y)[0, :, 0]  # (n,) P(edge i → 0)
-    row_ptr, _ = fastrg.sample_block_csr(w.expand(graphs, n, 1), S, Y, generator=torch.Generator().manual_seed(54))
+    row_ptr, *_ = fastrg.sample_block_csr(w.expand(graphs, n, 1), S, Y, generator=torch.Generator().manual_seed(54))
     per_row = row_ptr.diff().view(graphs, n).sum(0).double()  # (n,) over the graphs
     bounds = [0, head] + [head + k * (n - head) // 4 for k in range(1, 5)]
     w32 = torch.from_numpy(np.diff(np.cumsum(w[:, 0].numpy()), prepend=0)).double()  # float32 running sum
@@ -283,10 +285,11 @@ def test_block_csr_is_the_csr_draw_as_one_block_diagonal_matrix():
     X, Y = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g)
     S = torch.rand(K, K, generator=g) * 0.3
     r, i, j, row_ptr = sample(X, S, Y, generator=torch.Generator().manual_seed(31), csr=True)
-    block_ptr, col = fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(31))
-    assert block_ptr.dtype == col.dtype == torch.int32 and len(col) > 100
+    block_ptr, col, first, graph_ptr = fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(31))
+    assert block_ptr.dtype == col.dtype == torch.int32 and len(col) > 100 and first is None  # on the CPU: merged
+    assert graph_ptr is None
     assert torch.equal(block_ptr.long(), row_ptr) and torch.equal(col.long(), r * m + j)
-    empty_ptr, empty_col = fastrg.sample_block_csr(X, S * 0, Y, generator=g)
+    empty_ptr, empty_col, *_ = fastrg.sample_block_csr(X, S * 0, Y, generator=g)
     assert torch.equal(empty_ptr, torch.zeros(R * n + 1, dtype=torch.int32)) and empty_col.shape == (0,)
 
 
@@ -309,7 +312,7 @@ def test_factors_in_parts_draw_the_graph_of_their_concatenation(monkeypatch, set
     for draw in (
         lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), csr=True),
         lambda *a: sample(*a, generator=torch.Generator().manual_seed(59), dedup=False),
-        lambda *a: fastrg.sample_block_csr(*a, generator=torch.Generator().manual_seed(59)),
+        lambda *a: fastrg.sample_block_csr(*a, generator=torch.Generator().manual_seed(59))[:2],
     ):
         whole, split = draw(X, S, Y), draw(*parts)
         assert len(whole[0]) > 100 and all(torch.equal(a, b) for a, b in zip(whole, split))
@@ -355,7 +358,7 @@ def test_chunks_and_blocks_change_no_draw(monkeypatch, setting):
         return [
             sample(X, S, Y, generator=torch.Generator().manual_seed(35), csr=True),
             sample(X, S, Y, generator=torch.Generator().manual_seed(35), dedup=False),
-            fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(35)),
+            fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(35))[:2],
         ]
 
     whole = draws()
@@ -445,7 +448,7 @@ def test_few_draws_are_the_draws_of_the_blocks(monkeypatch, parts):
             monkeypatch.setattr(fastrg, "_FEW", limit)
             draws.append(
                 [
-                    fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(seed)),
+                    fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(seed))[:2],
                     sample(X, S, Y, generator=torch.Generator().manual_seed(seed), dedup=False),
                 ]
             )
@@ -462,7 +465,7 @@ def test_draws_are_pinned_to_the_generator():
     X, Y = torch.rand(2, 3, 300, 16, generator=g), torch.rand(2, 3, 200, 16, generator=g)
     S = torch.rand(3, 16, 16, generator=g)
     S = S * (0.05 * 300 * 200 / expected_edges(X, S, Y).view(2, 3, 1, 1).mean(0))
-    row_ptr, col = fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(62))
+    row_ptr, col, *_ = fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(62))
     w = torch.arange(len(col)) % 1009
     assert (len(col), int((col.long() * w).sum()), int(row_ptr.long().sum())) == (17485, 5269992395, 15727210)
     r, i, j = sample(X, S * 20, Y, generator=torch.Generator().manual_seed(63), dedup=False)
@@ -502,7 +505,7 @@ def test_reproducible_with_generator():
 def _locate(cdf, rows, U, n):
     """Entry index i of the inverse-CDF draw U from CDF row `rows` of a _cdf_block table, the same through guide
     tables of every size (one bucket; a few, built by torch.searchsorted; L buckets, by counting) and through
-    both searches (two steps, then a bisection; a bisection alone)."""
+    both searches (two steps, then a bisection; a bisection alone), and without a guide (off the CPU)."""
     b = fastrg._bits(n)
     found = []
     for G in sorted({1, 4, 1 << b}):
@@ -512,6 +515,7 @@ def _locate(cdf, rows, U, n):
         assert bool((lo <= hi).all())
         for steps in (False, True):
             found.append(fastrg._search(cdf, lo.clone(), hi, U, 1 << b, steps))
+    found.append(fastrg._bisect(cdf, rows << b, U, 1 << b, b))  # off the CPU: the whole row, b steps
     assert all(torch.equal(f, found[0]) for f in found)
     assert torch.equal(found[0] >> b, rows.to(found[0].dtype))  # never leaves its row
     return (found[0] & ((1 << b) - 1)).long()
@@ -589,9 +593,32 @@ def test_trailing_zero_weights_do_not_widen_the_guide():
     assert torch.equal(_locate(cdf, rows, U, n), expected)
 
 
-def test_shift_between_group_orders():
+def test_off_the_cpu_repeats_are_flagged_in_place_and_the_draw_is_the_same(monkeypatch):
+    # Off the CPU (simulated here: host_syncs, and with it chunk_size's sizes) the multigraph's sorted keys stay
+    # whole, repeats flagged: where `first` is set they are the CPU's simple graph, bit for bit; graph_ptr, read
+    # with the counts, offsets them all. `sample` merges them (one more read there) into the CPU's edges.
+    g = torch.Generator().manual_seed(71)
+    R, n, m, K = 6, 50, 40, 4
+    X, Y = torch.rand(R, n, K, generator=g), torch.rand(R, m, K, generator=g)
+    S = torch.rand(K, K, generator=g)  # about one copy a pair: many repeats
+    on_cpu = [fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(72))]
+    on_cpu.append(sample(X, S, Y, generator=torch.Generator().manual_seed(73), csr=True))
+    monkeypatch.setattr(fastrg, "host_syncs", lambda device: True)
+    row_ptr, col, first, graph_ptr = fastrg.sample_block_csr(X, S, Y, generator=torch.Generator().manual_seed(72))
+    assert on_cpu[0][2] is None and 0.2 < 1 - float(first.float().mean()) < 0.8
+    assert torch.equal(col[first], on_cpu[0][1])
+    kept = torch.cat([torch.zeros(1, dtype=torch.int64), first.cumsum(0)])  # first copies before each offset
+    assert torch.equal(kept[row_ptr.long()], on_cpu[0][0].long())
+    assert np.array_equal(graph_ptr, row_ptr[::n].numpy()) and graph_ptr[-1] == len(col)
+    merged = sample(X, S, Y, generator=torch.Generator().manual_seed(73), csr=True)
+    assert all(torch.equal(a, b) for a, b in zip(merged, on_cpu[1], strict=True))
+
+
+@pytest.mark.parametrize("syncs", [False, True], ids=["cpu", "off-cpu"])
+def test_shift_between_group_orders(monkeypatch, syncs):
     # Values laid out group by group in (r, v, u) order, each moved by its shift, land in (r, u, v) order with
-    # the order within a group kept.
+    # the order within a group kept; _spread cut on the host (CPU) or by a search on the device (off it).
+    monkeypatch.setattr(fastrg, "host_syncs", lambda device: syncs)
     g = torch.Generator().manual_seed(24)
     counts = torch.randint(0, 4, (2, 3, 3), generator=g)
 
@@ -604,7 +631,7 @@ def test_shift_between_group_orders():
     values = labelled([(r, u, v) for r in range(2) for v in range(3) for u in range(3)])
     expected = labelled([(r, u, v) for r in range(2) for u in range(3) for v in range(3)])
     moved = torch.empty_like(values)
-    shift, ends = fastrg._uv_shift(counts)  # per group, applied a slice at a time
+    shift, ends = fastrg._uv_shift(counts, len(values))  # per group, applied a slice at a time
     for a, z in ((0, 5), (5, 6), (6, 23), (23, len(values))):
         moved[torch.arange(a, z) + fastrg._spread(shift, ends, a, z)] = values[a:z]
     assert torch.equal(moved, expected)
@@ -871,23 +898,23 @@ def test_cdf_block_rows_are_normalised_prefix_sums(n):
 def test_blocks_cover_the_rows_with_draws_only(monkeypatch):
     # Blocks of whole graphs or of columns of one graph (in near-equal parts), cut to runs of rows with draws;
     # rows without draws inside a run are built (and never drawn from), blocks without draws are skipped.
-    per_row = torch.tensor([0, 2, 0, 1, 0, 0, 0, 0, 0, 4, 0, 5])  # R = 3 graphs of K = 4 columns
+    per_row = np.array([0, 2, 0, 1, 0, 0, 0, 0, 0, 4, 0, 5])  # R = 3 graphs of K = 4 columns
     monkeypatch.setattr(fastrg, "_COPY_ROWS", 1)
     monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)  # 8 rows of L = 16: two whole graphs
-    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 4), (9, 12)]  # a gap of one row stays in its run
+    assert list(fastrg._blocks(per_row, 4, 16, CPU)) == [(1, 4), (9, 12)]  # a gap of one row stays in its run
     monkeypatch.setattr(fastrg, "_GAP", 16)  # ... unless one row is too many
-    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
+    assert list(fastrg._blocks(per_row, 4, 16, CPU)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
     monkeypatch.setattr(fastrg, "_GAP", 64)
     monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)  # 3 rows: a graph's 4 columns in parts of 2
-    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
+    assert list(fastrg._blocks(per_row, 4, 16, CPU)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
     monkeypatch.setattr(fastrg, "_BLOCK", 1)  # at least one row a block
-    assert list(fastrg._blocks(per_row, 4, 16)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
-    assert list(fastrg._blocks(torch.zeros(8, dtype=torch.int64), 4, 16)) == []
-    every = torch.ones(12, dtype=torch.int64)  # every row drawn from
+    assert list(fastrg._blocks(per_row, 4, 16, CPU)) == [(1, 2), (3, 4), (9, 10), (11, 12)]
+    assert list(fastrg._blocks(np.zeros(8, dtype=np.int64), 4, 16, CPU)) == []
+    every = np.ones(12, dtype=np.int64)  # every row drawn from
     monkeypatch.setattr(fastrg, "_BLOCK", 3 * 16)
-    assert list(fastrg._blocks(every, 4, 16)) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
+    assert list(fastrg._blocks(every, 4, 16, CPU)) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
     monkeypatch.setattr(fastrg, "_BLOCK", 8 * 16)
-    assert list(fastrg._blocks(every, 4, 16)) == [(0, 8), (8, 12)]
+    assert list(fastrg._blocks(every, 4, 16, CPU)) == [(0, 8), (8, 12)]
 
 
 @pytest.mark.parametrize("per_row", [0.5, 200.0])

@@ -209,6 +209,24 @@ def test_full_heads_out_of_range_is_a_clear_value_error():
             WindowAttention(DIM, H, D, full_heads=full_heads)
 
 
+def test_a_layer_allocation_makes_its_first_layers_full_and_the_model_s_factory_names_the_layer():
+    """full_layers = 1: layer 0 is full attention (every head), layer 1 keeps its window and full_heads; the
+    backbone's factory passes each layer its index, and `layer` is no --attn option."""
+    from types import SimpleNamespace
+
+    from bench.methods import option_names, same_in_every_layer
+
+    cfg = SimpleNamespace(dim=DIM, heads=H, head_dim=D, attn_dropout=0.0, max_len=16)
+    make = same_in_every_layer(WindowAttention, cfg, {"window": 1, "full_layers": 1, "full_heads": 1})
+    assert [make(layer).full_heads for layer in (0, 1)] == [H, 1]
+    x = torch.randn(2, 10, DIM)
+    assert torch.equal(make(0)(x)[1]["density"], torch.ones(H))
+    assert torch.allclose(make(1)(x)[1]["density"], torch.tensor([1.0, 0.28, 0.28]))  # 28 of 100 pairs in |i − j| ≤ 1
+    assert "layer" not in option_names("window") and "full_layers" in option_names("window")
+    with pytest.raises(ValueError, match="full_layers and layer must be >= 0"):
+        WindowAttention(DIM, H, D, full_layers=-1)
+
+
 # ------------------------------------------------------------------------------------------------ BigBird
 def seeded(seed: int = 7, device="cpu") -> torch.Generator:
     return torch.Generator(device).manual_seed(seed)

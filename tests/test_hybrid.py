@@ -17,20 +17,28 @@ DIM, H, D = 16, 4, 8
 )
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_output_is_the_sum_of_its_window_heads_and_its_adaptive_heads(adaptive, budget, causal):
-    """y = local(x) + adaptive(x), each drawing from the same generator state; the statistics side by side, the
-    window heads first; an adaptive attention's aux_loss passed on."""
+    """y = local(x) + adaptive(x), the adaptive heads drawing from the generator first; the statistics side by side,
+    the window heads first; an adaptive attention's aux_loss passed on."""
     attention = HybridAttention(DIM, H, D, adaptive=adaptive, adaptive_heads=1, density=0.3, budget=budget)
     x, pad = torch.randn(2, 9, DIM), torch.zeros(2, 9, dtype=torch.bool)
     pad[1, 7:] = True
     y, stats = attention(x, pad, causal, torch.Generator().manual_seed(0))
     generator = torch.Generator().manual_seed(0)
+    y_adaptive, other = attention.adaptive(x, pad, causal, generator)  # the adaptive heads draw first
     y_local, local = attention.local(x, pad, causal, generator)
-    y_adaptive, other = attention.adaptive(x, pad, causal, generator)
     torch.testing.assert_close(y, y_local + y_adaptive, rtol=0, atol=0)
     assert stats["density"].shape == (H,)
     torch.testing.assert_close(stats["density"], torch.cat([local["density"], other["density"]]))
     assert ("aux_loss" in stats) == ("aux_loss" in other)
     assert attention.local.heads == H - 1 and attention.adaptive.heads == 1
+
+
+def test_every_head_adaptive_is_the_adaptive_attention_alone():
+    attention = HybridAttention(DIM, H, D, adaptive="moba", adaptive_heads=H, budget="block=2;topk=1")
+    x = torch.randn(2, 9, DIM)
+    y, stats = attention(x)
+    expected, alone = attention.adaptive(x)
+    assert attention.local is None and torch.equal(y, expected) and torch.equal(stats["density"], alone["density"])
 
 
 def test_the_budget_text_gives_the_adaptive_attention_its_typed_options():
@@ -49,8 +57,8 @@ def test_the_budget_text_gives_the_adaptive_attention_its_typed_options():
     "options, words",
     [
         ({"adaptive": "lsh"}, "adaptive must be one of"),
-        ({"adaptive_heads": 0}, r"adaptive_heads must be in \[1, heads=4\)"),
-        ({"adaptive_heads": 4}, r"adaptive_heads must be in \[1, heads=4\)"),
+        ({"adaptive_heads": 0}, r"adaptive_heads must be in \[1, heads=4\]"),
+        ({"adaptive_heads": 5}, r"adaptive_heads must be in \[1, heads=4\]"),
         ({"budget": "n_hashes"}, "budget items are key=value"),
         ({"budget": "buckets=2"}, "unexpected keyword argument 'buckets'"),
     ],

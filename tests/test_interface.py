@@ -1,7 +1,8 @@
 """The attention contract of INTERFACE.md, fuzzed over every attention in the method registry.
 
-Every variant (a registry class with one of its execution paths) gets CASES_PER_VARIANT cases drawn from a
-seed fixed by (variant, case index), so a failing case id reruns alone: batch 1-3, length in {1, 2, 3, 7, 64,
+Every variant (a registry class with one of its execution paths) gets CASES_PER_VARIANT cases (SBM's tile path,
+whose Triton kernels the CPU runs in triton's interpreter, a sixth of them) drawn from a seed fixed by (variant,
+case index), so a failing case id reruns alone: batch 1-3, length in {1, 2, 3, 7, 64,
 129}, several (dim, heads, head_dim), masks (none, random, all but one padded, one example fully padded, first
 token padded), causal on/off, train/eval, dropout 0 / 0.1, float32 / float64 / bf16 autocast / float16 autocast
 (what a GPU without bf16 runs; the CPU's autocast takes the same code path), with and without a generator, and
@@ -41,6 +42,9 @@ import torch
 from bench import methods as registry
 from bench.methods import available, get, same_in_every_layer
 from conftest import DEVICE, LowPrecisionMath
+
+if DEVICE.type == "cpu":  # SBM's tile path: its Triton kernels in the interpreter (read when sbm_tile.py is imported)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def cases_per_variant() -> int:
@@ -131,6 +135,25 @@ VARIANTS = {
         for path in ("reference", "fast")
     },
     **{
+        f"moba-{path}": Variant(
+            "moba", lambda r, path=path: dict(path=path, block=r.choice([1, 2, 4, 8]), topk=r.choice([0, 1, 2, 5]))
+        )
+        for path in ("reference", "fast")
+    },
+    **{
+        f"hybrid-{adaptive}": Variant(
+            "hybrid",
+            lambda r, adaptive=adaptive, budget=budget: dict(
+                adaptive=adaptive, adaptive_heads=1, density=r.choice([0.05, 0.3, 1.0]), budget=budget(r)
+            ),
+        )
+        for adaptive, budget in (
+            ("reformer", lambda r: f"n_hashes={r.choice([1, 2])};bucket_size={r.choice([1, 2, 4])}"),
+            ("moba", lambda r: f"block={r.choice([1, 2, 4])};topk={r.choice([0, 1, 2])}"),
+            ("sbm", lambda r: f"path=reference;clusters={r.choice([2, 4])};delta={r.choice([0.0, 0.01])}"),
+        )
+    },
+    **{
         f"sbm-{path}": Variant(
             "sbm",
             lambda r, path=path: dict(
@@ -144,7 +167,7 @@ VARIANTS = {
                 shared_mlp=r.random() < 0.3,
             ),
         )
-        for path in ("fast", "reference")
+        for path in ("fast", "reference", "tile")
     },
     "ssa": Variant(
         "ssa",
@@ -185,6 +208,11 @@ DOCUMENTED = {
         "other tokens (one vectorised proposal per batch), so realisation-level invariance to future tokens holds on "
         "the dense path, and on the sparse path given the graph",
     ),
+    ("hybrid-reformer", "causal outputs exactly"): (
+        "baselines.reformer:ReformerAttention.attend_causal",
+        "outputs before t agree to rounding, not bitwise, "
+        "when tokens from t on change; gradients from the future are exactly zero.",
+    ),
     ("reformer", "causal outputs exactly"): (
         "baselines.reformer:ReformerAttention.attend_causal",
         "outputs before t agree to rounding, not bitwise, "
@@ -217,6 +245,8 @@ def test_documented_exceptions_are_still_documented(key):
 
 
 def build(variant: str, dim: int, heads: int, head_dim: int, dropout: float, budget: dict):
+    if budget.get("path") == "tile":
+        pytest.importorskip("triton", reason="SBM's tile path needs triton (requirements-extra.txt)")
     return get(VARIANTS[variant].method).load()(dim, heads, head_dim, dropout, **budget)
 
 
@@ -230,6 +260,8 @@ SHOWN_BUDGET = {
     "reformer": ("n_hashes", "bucket_size"),
     "window": ("window", "density", "path"),
     "bigbird": ("block", "window_blocks", "global_blocks", "random_blocks", "density", "path"),
+    "moba": ("block", "topk", "path"),
+    "hybrid": ("adaptive", "adaptive_heads", "density", "budget"),
     "sbm": ("path", "clusters", "delta", "self_loops", "ste", "explore_in_eval", "shared_mlp"),
     "ssa": ("path", "sampling", "alibi"),
     "kernel": ("sparse", "path", "select", "alibi"),
@@ -319,7 +351,8 @@ class Case:
         return pad
 
 
-CASES = [(variant, index) for variant in VARIANTS for index in range(CASES_PER_VARIANT)]
+FEWER = {"sbm-tile": max(1, CASES_PER_VARIANT // 6)}
+CASES = [(variant, index) for variant in VARIANTS for index in range(FEWER.get(variant, CASES_PER_VARIANT))]
 
 
 def run(module, x, pad, causal, case: Case, seed: int, record=None):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kernel_sparse as ks
+from experiments import kernel_report
 from bench.model import Model, ModelConfig
 from conftest import DATA, ROOT, seeded
 
@@ -799,11 +800,11 @@ def test_reference_and_fast_paths_drop_the_same_pairs(causal):
 
 
 def test_fine_tuning_runs_the_reference_path_and_leaves_the_predictors_out():
-    """Fine-tuning (§6.2, ours): inside reference_path the sparse layers run the masked reference path (restored on
-    exit), and backbone_parameters are every parameter but the frozen predictors'."""
+    """Fine-tuning (§6.2, ours): inside switched(path="reference") the sparse layers run the masked reference path
+    (restored on exit), and backbone_parameters are every parameter but the frozen predictors'."""
     model = tiny_model("token")
     ks.install(model, select="topk", top_k=3)
-    with ks.reference_path(model):
+    with ks.switched(model, path="reference"):
         assert [block.attn.path for block in model.blocks] == ["reference", "reference"]
     assert [block.attn.path for block in model.blocks] == ["fast", "fast"]
     trained = {id(p) for p in ks.backbone_parameters(model)}
@@ -811,14 +812,12 @@ def test_fine_tuning_runs_the_reference_path_and_leaves_the_predictors_out():
     assert frozen and not trained & frozen and trained | frozen == {id(p) for p in model.parameters()}
 
 
-def test_time_x_dense_alternates_installed_and_dense_runs_and_restores_the_layers():
-    """The record's inference time × dense: forward() runs as installed and all dense in turn (a warm-up pair, then
-    `repeats` pairs), and every layer's setting is restored, here one sparse layer over one dense."""
+def test_switched_restores_each_layer_s_own_setting():
+    """The timing's dense runs (switched(sparse=False)) leave one sparse layer over one dense as they were."""
     model = tiny_model("token")
     ks.install(model, layers=1)
-    seen = []
-    ratio = ks.time_x_dense(model, lambda: seen.append([block.attn.sparse for block in model.blocks]), repeats=3)
-    assert seen == [[False, True], [False, False]] * 4 and 0 < ratio < math.inf
+    with ks.switched(model, sparse=False):
+        assert [block.attn.sparse for block in model.blocks] == [False, False]
     assert [block.attn.sparse for block in model.blocks] == [False, True]
 
 
@@ -1036,6 +1035,10 @@ def test_pipeline_end_to_end_smoke(task, tmp_path, capsys):
             "3",
             "--hidden",
             "8",
+            "--matched-top-ks",
+            "1",
+            "--matched-keys",
+            "2",
         ]
     )
     assert code == 0
@@ -1056,11 +1059,15 @@ def test_pipeline_end_to_end_smoke(task, tmp_path, capsys):
     assert math.isfinite(control["test_ppl"]) and final["ppl_x_dense_control"] == pytest.approx(
         final["test_ppl"] / control["test_ppl"]
     )
-    report = (out / "kernel_report.md").read_text()
-    assert "Dense control" in report and f"model inference time {final['time_x_dense']:.2f} × dense" in report
-    assert report in capsys.readouterr().out and "core FLOPs × dense | model time × dense" in report  # printed too
+    assert {(r["variant"], r["select"]) for r in kernel["matched"]} == {
+        (v, rule) for v in ks.KernelConfig().variants() if v.endswith("/max") for rule in ("topk", "threshold")
+    }
     assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
-    assert (out / "kernel_report.md").is_file() and (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
+    assert (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
+    assert kernel_report.main([str(out)]) == 0  # the tables, generated from the record
+    report = capsys.readouterr().out
+    assert "Dense control" in report and f"model inference time {final['time_x_dense']:.2f} × dense" in report
+    assert "core FLOPs × dense | model time × dense" in report and "Verdict (paper's order" in report
 
 
 def test_a_short_run_takes_the_pipeline_in_proportion_unless_it_sets_a_size():
@@ -1071,3 +1078,33 @@ def test_a_short_run_takes_the_pipeline_in_proportion_unless_it_sets_a_size():
     assert (short.analysis_sequences, short.predictor_steps, short.finetune_steps) == (3, 6, 6)
     assert ks.in_proportion(kernel, 20, 1000, frozenset({"predictor_steps"})) == kernel
     assert ks.in_proportion(kernel, 1000, 1000, frozenset()) == kernel == ks.in_proportion(kernel, 0, 1000, set())
+
+
+def test_calibrated_threshold_gives_the_keys_asked_for():
+    """Table 1 at matched density: at τ from calibrated_threshold the sparse model attends to the keys per query
+    asked for, within what one step of the selection moves (a few queries taking or leaving a kernel)."""
+    model = tiny_model("token")
+    inputs = {"tokens": torch.randint(20, (3, L), generator=seeded(1))}
+    ks.install(model)
+    tau = ks.calibrated_threshold(model, inputs, 4.0)
+    ks.install(model, select="threshold", threshold=tau)
+    keys = float(model(**inputs)[1]["density"].mean()) * L
+    assert 0 < tau < 1 and 3.0 < keys <= 4.0
+
+
+@pytest.mark.parametrize("init, selected", [(0.0, False), (-4.0, True)])
+def test_learned_kernels_learn_the_previous_token_only_from_a_near_empty_start(init, selected):
+    """The learned family's defect and its fix (ours): from logits N(0, 1) each kernel is a random half of the
+    offsets, Eq. 1 switches every α off and the kernels never move, so τ = 0.5 selects nothing; from N(−4, 1) with
+    the kernels' own learning rate a kernel comes to hold offset −1 (every query's previous token) and is selected."""
+    n, data = 64, synthetic_layer_data(64, 8)
+    data.target[:, :, :, 0] = False  # the previous token only
+    data.target[:, :, 3] = False
+    data.target[:, :, 3, 2] = True
+    cfg = ks.KernelConfig(predictor_steps=150, predictor_rows=16, learned_init=init)
+    predictor = ks.KernelPredictor(DIM, H, ks.init_learned_kernels(n, 4, seeded(0), init), hidden=16)
+    ks.fit_predictor(predictor, data, False, "max", cfg, seeded(1))
+    with torch.no_grad():
+        mask = predictor.bank.mask(predictor(data.x, data.valid, False) > 0.5, data.valid, False)
+    recall = float((mask & data.target).sum() / data.target.sum())
+    assert (recall > 0.9) == selected and (float(mask.float().mean()) < 3 / n or not selected)

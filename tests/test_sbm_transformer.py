@@ -74,16 +74,23 @@ def test_sparse_and_dense_paths_agree_on_the_same_edge_set(ste, causal, padded, 
 
 @pytest.mark.on_device
 @pytest.mark.usefixtures("default_device")
-@pytest.mark.parametrize("causal, padded", [(False, False), (True, True)])
-def test_sampled_graph_attends_like_the_same_graph_rebuilt(causal, padded):
-    """The sparse sampler's graph (CSR straight from fastRG, compacted by thinning, its key-major copy built in
-    the forward) gives the outputs and gradients of the same edge set rebuilt from its mask."""
-    module = make(density_weight=0.5)
+@pytest.mark.parametrize(
+    "causal, padded, self_loops, off_cpu",
+    [(False, False, False, False), (True, True, False, False), (False, False, False, True), (True, True, True, True)],
+)
+def test_sampled_graph_attends_like_the_same_graph_rebuilt(causal, padded, self_loops, off_cpu, monkeypatch):
+    """The sparse sampler's graph (CSR straight from fastRG, compacted by thinning, or off the CPU (simulated) its
+    repeats, thinned pairs and sampled self-loops flagged in place; its key-major copy built in the forward) gives
+    the outputs and gradients of the same edge set rebuilt from its mask."""
+    if off_cpu:
+        monkeypatch.setattr(fastrg, "host_syncs", lambda device: True)
+    module = make(density_weight=0.5, self_loops=self_loops)
     x = torch.randn(3, 10, DIM, dtype=torch.float64, requires_grad=True)
     valid = ~padding() if padded else torch.ones(3, 10, dtype=torch.bool)
     q, k, v = qkv(module, x)
     graph = module.sample(q, k, valid, causal, seeded(6))
     edges = graph["edges"]
+    assert (edges.live is not None and not bool(edges.live.all())) == off_cpu
     rebuilt = {**graph, "edges": sbm.Edges.from_mask(edges.to_mask())}
     results = []
     for g in (graph, rebuilt):
@@ -263,11 +270,16 @@ def test_straight_through_edges_are_the_mask_with_the_gradient_of_p_and_dropout_
         (True, False, True, "paper", 0.2, 0.0),
     ],
 )
-def test_chunks_of_queries_and_keys_change_no_bit(causal, padded, self_loops, ste, dropout, weight, monkeypatch):
-    """The fast path takes its per-edge work a chunk of queries (keys) at a time: thinning, softmax, products,
-    the STE; the key-major copy a block of graphs at a time. With chunks of about 5 edges and a block a graph the
-    graph, outputs, densities and every gradient are the same, bit for bit, as with one chunk and block (same
-    kernels, same values, the thinning's uniforms drawn in the same order)."""
+@pytest.mark.parametrize("off_cpu", [False, True])
+def test_chunks_of_queries_and_keys_change_no_bit(
+    causal, padded, self_loops, ste, dropout, weight, off_cpu, monkeypatch
+):
+    """The fast path takes its per-edge work a chunk of queries (keys) at a time (off the CPU, simulated, of whole
+    graphs): thinning, softmax, products, the STE; the key-major copy a block of graphs at a time. With chunks of
+    about 5 edges and a block a graph the graph, outputs, densities and every gradient are the same, bit for bit,
+    as with one chunk and block (same kernels, same values, the thinning's uniforms drawn in the same order)."""
+    if off_cpu:
+        monkeypatch.setattr(fastrg, "host_syncs", lambda device: True)
     sampled, draw = [], sbm.sample_edges
     monkeypatch.setattr(sbm, "sample_edges", lambda *args: sampled.append(draw(*args)) or sampled[-1])
     results = []
@@ -352,13 +364,16 @@ def test_chunks_cover_every_query_and_key_once_and_are_rows_of_the_whole(chunk, 
     assert len(edges.key_major()[1]) == (3 if block == 1 else 1)  # a block a graph, or all in one
 
 
-@pytest.mark.parametrize("chunk", [sbm.CHUNK, 50])
+@pytest.mark.parametrize("chunk, off_cpu", [(sbm.CHUNK, False), (50, False), (50, True)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal, chunk, monkeypatch):
+def test_sparse_sampler_draws_bernoulli_min_one_p_plus_delta(causal, chunk, off_cpu, monkeypatch):
     """T graphs of one input: the frequency of every pair matches min(1, p + δ), including pairs with π ≥ 1
     (memberships at 1, where plain fastRG would give 1 − e^(−π) ≤ 0.64); 5σ binomial bounds. Thinned in one
-    chunk of queries, and in chunks of about 50 edges (a few queries each)."""
+    chunk of queries, and in chunks of about 50 edges (a few queries each, or off the CPU (simulated) a graph,
+    repeats and thinned pairs flagged in place: the same law)."""
     monkeypatch.setattr(sbm, "CHUNK", chunk)
+    if off_cpu:
+        monkeypatch.setattr(fastrg, "host_syncs", lambda device: True)
     torch.manual_seed(0)
     module = sbm.SBMAttention(DIM, 1, D, clusters=3, delta=0.01).double().train()
     n, T = 6, 4000

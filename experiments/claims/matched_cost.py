@@ -1,0 +1,407 @@
+"""Where does learning where to look pay? Accuracy at matched cost, paired by seed, against fixed patterns that
+reach every budget.
+
+    python -m experiments.claims run matched-cost --cells '*-lr*'    # stage 1: each family's learning rate, seed 0
+    python -m experiments.claims run matched-cost                    # stage 2: every setting, seeds 0-4 (resumable)
+
+Cost is the pairs an attention computes (bench.measure's ``computed_pairs``: Reformer's rounds × 2C keys, SBM's
+sampled edges, a window's band, a head or layer allocation's mean over heads), and, as a second axis, attention
+FLOPs ÷ full attention's. One model for every family on a task: 2 layers of 8 heads × 16, so that a head
+allocation reaches 12.5% and 25% and a layer allocation 50%. Tasks at 128 tokens: duplicates (SBM §5.1),
+scattered-key recall at N/16, N/8 and N/4 pairs (MQAR's difficulty axis, arXiv 2312.04927) and ``ngram``, a
+positional control whose window limit is known; ``chain``, where both layers must read by content, waits for a
+recipe on which full attention learns it (TASKS). Computed pairs count attention's scored pairs only: a router's
+gate (q against each block's mean key) and LSH's rotations are counted on the FLOPs axis.
+
+The statistic (``verdicts``): for each task and budget B, each family's best setting whose median computed pairs
+are within B (chosen on validation), then per seed the best adaptive family's test accuracy minus the best fixed
+family's, its mean and 95% bootstrap interval over the 5 paired seeds. Which families are adaptive and which fixed is
+fixed here, before any run (ADAPTIVE, FIXED).
+"""
+
+import json
+import random
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from tabulate import tabulate
+
+from bench.files import read_json
+from experiments.claims.claim import MARGIN, SKIP, Claim, Setting
+from experiments.grid import load
+
+SEEDS = (0, 1, 2, 3, 4)
+LEARNING_RATES = ("3e-4", "1e-3", "3e-3", "1e-2")
+BEYOND = {"3e-4": "1e-4", "1e-2": "3e-2"}  # where the best of the four sits at an edge, one rate beyond it
+BUDGETS = (0.0625, 0.125, 0.25, 0.5)  # computed pairs ÷ admissible pairs
+# A setting is within B where its median computed pairs are ≤ SLACK · B: a band, a chunk or a block is a whole number
+# of keys, so no setting at 128 tokens lands on a budget exactly (a full head beside seven self-only windows: 13.2%).
+SLACK = 1.1
+PAYS, DOES_NOT_PAY = 0.05, 0.01  # the interval's lower bound ≥ +0.05: pays; its upper bound ≤ +0.01: does not pay
+BOOTSTRAP = 10_000
+
+MODEL = dict(
+    seq_len=128,
+    dim=64,
+    depth=2,
+    heads=8,
+    head_dim=16,
+    mlp_dim=128,
+    batch_size=32,
+    weight_decay=0.0,
+    warmup=100,
+    eval_every=250,
+    eval_batches=4,
+    final_eval_batches=8,
+)
+# task → steps, from calibration/ (full attention, seed 0): recall and duplicates at ≥ 0.99 by step 500, ngram's
+# positional head formed between steps 500 and 750. The chain is not here yet: through 1,500 steps (and 1,250 at lr
+# 3e-3 with half its keys and chains) full attention stayed at guessing among the values a sequence holds (26-31%).
+TASKS = {"duplicates": 1000, "recall-few": 1000, "recall": 1000, "recall-many": 1000, "ngram": 1500}
+
+FIXED = ("window", "bigbird", "head allocation", "layer allocation")
+ADAPTIVE = ("reformer", "block router", "sbm", "hybrid: reformer", "hybrid: block router", "hybrid: sbm")
+
+
+def families(steps: int) -> Dict[str, List[Tuple[str, str, dict]]]:
+    """family → its settings [(method, tag, options)], the first the one its learning rate is chosen on. The
+    settings aim at the budgets; their computed pairs are measured, not assumed."""
+    window = lambda d: f"density={d:g}"  # noqa: E731
+    return {
+        "dense": [("full", "", {})],
+        "window": [("window", f"-d{d:g}", {"attn": [window(d)]}) for d in (0.125, 0.0625, 0.25, 0.5)],
+        "bigbird": [
+            ("bigbird", f"-d{d:g}", {"attn": [window(d), "block=8", "global_blocks=1"]})
+            for d in (0.125, 0.0625, 0.25, 0.5)
+        ],
+        "head allocation": [
+            ("window", f"-full{f}-d{d:g}", {"attn": [f"full_heads={f}", window(d)]})
+            for f, d in ((1, 0.0625), (1, 0.01), (1, 0.125), (2, 0.0625), (2, 0.25), (4, 0.125))
+        ],
+        "layer allocation": [
+            ("window", f"-fulllayer-d{d:g}", {"attn": ["full_layers=1", window(d)]}) for d in (0.0625, 0.01)
+        ],
+        "reformer": [
+            ("reformer", f"-h{h}-b{b}", {"attn": [f"n_hashes={h}", f"bucket_size={b}"]})
+            for h, b in ((1, 8), (1, 4), (2, 8), (1, 16), (2, 16), (4, 8))
+        ],
+        "block router": [
+            ("moba", f"-b{b}-k{k}", {"attn": [f"block={b}", f"topk={k}"]})
+            for b, k in ((8, 1), (4, 1), (16, 1), (8, 3), (16, 3))
+        ],
+        "sbm": [
+            ("sbm", "", {}),
+            *(
+                ("sbm", f"-lambda{w}", {"density_weight": w, "density_from": steps // 2})
+                for w in ("1e-3", "1e-2", "1e-1")
+            ),
+        ],
+        **{
+            f"hybrid: {name}": [
+                ("hybrid", f"-{adaptive}-d{d:g}", {"attn": [f"adaptive={adaptive}", window(d), f"budget={budget}"]})
+                for d in (0.0625, 0.125, 0.25)
+            ]
+            for name, adaptive, budget in (
+                ("reformer", "reformer", "n_hashes=1;bucket_size=8"),
+                ("block router", "moba", "block=8;topk=1"),
+                ("sbm", "sbm", "clusters=4"),
+            )
+        },
+    }
+
+
+@dataclass(frozen=True)
+class BestLearningRate:
+    """A stage-2 cell's ``lr``: the best by validation of its family's rated cells at seed 0, once all are in;
+    with ``beyond``, the rate one step past the best of the first four where that best is at an edge of them, and
+    SKIP where it is not (no fifth run is needed)."""
+
+    cells: Tuple[str, ...]
+    beyond: bool = False
+
+    def resolve(self, runs: Path) -> Optional[str]:
+        records = [read_json(runs / f"{name}-s0" / "metrics.json") or {} for name in self.cells]
+        four, fifth = records[: len(LEARNING_RATES)], records[len(LEARNING_RATES) :]
+        if any(r.get("status") != "complete" for r in four):
+            return None
+        best = rate(max(four, key=lambda r: r["valid"]))
+        if self.beyond:
+            return BEYOND.get(best, SKIP)
+        if BEYOND.get(best) and fifth and fifth[0].get("status") != "complete":
+            return None  # the rate beyond the edge is still running
+        done = [r for r in records if r.get("status") == "complete"]
+        return rate(max(done, key=lambda r: r["valid"]))
+
+
+def rate(record: dict) -> str:
+    lr = record["config"]["lr"]
+    return lr if isinstance(lr, str) else f"{lr:g}"
+
+
+def settings():
+    """(method, task, options, tag, seeds, task, family, label) of every cell group of the claim."""
+    groups = []
+    for task, steps in TASKS.items():
+        options = dict(MODEL, steps=steps)
+        for family, members in families(steps).items():
+            method, tag, extra = members[0]
+            rated = tuple(f"{method}{tag}-lr{lr}-{task}-cpu" for lr in (*LEARNING_RATES, "beyond"))
+            groups += [
+                (method, task, {**options, **extra, "lr": lr}, f"{tag}-lr{lr}", (0,), task, family, f"lr {lr}")
+                for lr in LEARNING_RATES
+            ]
+            groups.append(
+                (
+                    method,
+                    task,
+                    {**options, **extra, "lr": BestLearningRate(rated[:-1], beyond=True)},
+                    f"{tag}-lrbeyond",
+                    (0,),
+                    task,
+                    family,
+                    "lr beyond",
+                )
+            )
+            groups += [
+                (m, task, {**options, **o, "lr": BestLearningRate(rated)}, t, SEEDS, task, family, f"{m}{t}")
+                for m, t, o in members
+            ]
+    return groups
+
+
+def window_limit(task: str, n: int, density: float) -> Optional[float]:
+    """The exact Bayes limit of a window (no causal mask) of ``density`` at length n, where one exists: the best
+    accuracy of any rule that sees only the tokens within the window of each scored position."""
+    from baselines.window import window_for_density
+    from bench.tasks import get_task
+
+    w = window_for_density(n, density, causal=False)
+    if task == "duplicates":  # values uniform over n: a duplicate seen is certain; unseen, the rest decides
+        limit = 0.0
+        for i in range(n):
+            seen = min(i, w) + min(n - 1 - i, w)
+            unseen = (1 - 1 / n) ** seen  # no other token in the window has the value
+            elsewhere = 1 - (1 - 1 / n) ** (n - 1 - seen)
+            limit += (1 - unseen) + unseen * max(elsewhere, 1 - elsewhere)
+        return limit / n
+    if task.startswith("recall"):  # a pair and its question: two distinct uniform places; unseen, a guess
+        reached = sum(2 * (n - d) for d in range(1, min(w, n - 1) + 1)) / (n * (n - 1))
+        return reached + (1 - reached) / get_task("recall").VALUES
+    if task == "ngram":
+        ngram = get_task("ngram")
+        return 1.0 if w >= ngram.OFFSET else ngram.window_limit()
+    return None  # chain: a second layer reaches further than the window, through the first
+
+
+# ------------------------------------------------------------------------------------------------ the statistic
+def cost(record: dict, axis: str, full_flops: Optional[float]) -> Optional[float]:
+    """A record's cost on ``axis``: computed pairs ÷ admissible, or attention FLOPs ÷ full attention's."""
+    if axis == "pairs":
+        return record.get("computed_pairs", record["density"])
+    return record["flops_per_example"]["attention"] / full_flops if full_flops else None
+
+
+def interval(differences: List[float], seed: int = 0) -> Tuple[float, float, float]:
+    """(mean, 2.5%, 97.5%) of the mean of ``differences`` over BOOTSTRAP resamples of them (the seeds), from a
+    fixed generator so that the table regenerates byte for byte."""
+    rng, n = random.Random(seed), len(differences)
+    means = sorted(sum(rng.choice(differences) for _ in range(n)) / n for _ in range(BOOTSTRAP))
+    return statistics.fmean(differences), means[int(0.025 * BOOTSTRAP)], means[int(0.975 * BOOTSTRAP) - 1]
+
+
+def verdict(low: float, high: float) -> str:
+    return "pays" if low >= PAYS else "does not pay" if high <= DOES_NOT_PAY else "inconclusive"
+
+
+def by_setting(records: List[dict]) -> Dict[Tuple[str, str, str], Dict[int, dict]]:
+    """(task, family, label) → {seed: record} of the stage-2 settings."""
+    names = {
+        f"{m}{t}-{task}-cpu": (task, f, label) for m, task, _, t, seeds, _, f, label in settings() if seeds == SEEDS
+    }
+    groups = {}
+    for r in records:
+        key = names.get(r["folder"].name.rsplit("-s", 1)[0])
+        if key:
+            groups.setdefault(key, {})[r["seed"]] = r
+    return groups
+
+
+def best_within(groups, task: str, family: str, budget: float, axis: str, full_flops) -> Optional[Dict[int, dict]]:
+    """The family's setting of best mean validation accuracy among those whose median cost is within the budget
+    and that have every seed; None if there is none."""
+    within = [
+        runs
+        for (t, f, _), runs in groups.items()
+        if t == task
+        and f == family
+        and len(runs) == len(SEEDS)
+        and statistics.median(cost(r, axis, full_flops) or float("inf") for r in runs.values()) <= SLACK * budget
+    ]
+    return max(within, key=lambda runs: statistics.fmean(r["valid"] for r in runs.values()), default=None)
+
+
+def verdicts(records: List[dict], axis: str = "pairs") -> List[dict]:
+    """Per task and budget: the best adaptive and the best fixed family within it, the paired difference of their
+    test accuracy over the seeds with its interval, and the verdict the interval gives."""
+    groups, rows = by_setting(records), []
+    for task in TASKS:
+        full = groups.get((task, "dense", "full"), {})
+        full_flops = statistics.median(r["flops_per_example"]["attention"] for r in full.values()) if full else None
+        for budget in BUDGETS:
+            best = {}
+            for kind, members in (("adaptive", ADAPTIVE), ("fixed", FIXED)):
+                found = [(f, runs) for f in members if (runs := best_within(groups, task, f, budget, axis, full_flops))]
+                best[kind] = max(
+                    found, key=lambda fr: statistics.fmean(r["valid"] for r in fr[1].values()), default=None
+                )
+            row = {"task": task, "budget": budget, **{k: v and v[0] for k, v in best.items()}}
+            if best["adaptive"] and best["fixed"]:
+                (_, adaptive), (_, fixed) = best["adaptive"], best["fixed"]
+                differences = [adaptive[s]["test"] - fixed[s]["test"] for s in SEEDS]
+                mean, low, high = interval(differences)
+                row.update(
+                    mean=mean, low=low, high=high, wins=sum(d > 0 for d in differences), verdict=verdict(low, high)
+                )
+            rows.append(row)
+    return rows
+
+
+def lowest_reaching_full(records: List[dict]) -> List[list]:
+    """Per task and family: the lowest median computed pairs whose median test accuracy is within MARGIN of full
+    attention's, with the seeds that reach it."""
+    groups, rows = by_setting(records), []
+    for task in TASKS:
+        full = groups.get((task, "dense", "full"))
+        if not full:
+            continue
+        target = statistics.median(r["test"] for r in full.values()) - MARGIN
+        for family in (*FIXED, *ADAPTIVE):
+            reaching = sorted(
+                (statistics.median(cost(r, "pairs", None) for r in runs.values()), label, runs)
+                for (t, f, label), runs in groups.items()
+                if t == task and f == family and statistics.median(r["test"] for r in runs.values()) >= target
+            )
+            pairs, label, runs = reaching[0] if reaching else (None, "–", {})
+            seeds = f"{sum(r['test'] >= target for r in runs.values())}/{len(runs)}" if runs else "–"
+            rows.append([task, family, "does not" if pairs is None else f"{100 * pairs:.1f}%", label, seeds])
+    return rows
+
+
+def records_table(records: List[dict]) -> str:
+    parts = []
+    for axis, words in (("pairs", "computed pairs"), ("flops", "attention FLOPs ÷ full attention's")):
+        rows = [
+            [
+                r["task"],
+                f"{100 * r['budget']:g}%",
+                r["adaptive"] or "none within",
+                r["fixed"] or "none within",
+                *(
+                    (
+                        f"{r['mean']:+.3f}",
+                        f"[{r['low']:+.3f}, {r['high']:+.3f}]",
+                        f"{r['wins']}/{len(SEEDS)}",
+                        r["verdict"],
+                    )
+                    if "mean" in r
+                    else ("–", "–", "–", "not run yet" if r["adaptive"] is None and r["fixed"] is None else "–")
+                ),
+            ]
+            for r in verdicts(records, axis)
+        ]
+        header = ["task", "budget", "best adaptive", "best fixed", "mean difference", "95% interval", "seeds won", ""]
+        parts.append(f"At matched {words}:\n\n" + tabulate(rows, header, "github"))
+    lowest = tabulate(
+        lowest_reaching_full(records), ["task", "family", "lowest reaching full", "setting", "seeds"], "github"
+    )
+    return (
+        "\n\n".join(parts)
+        + "\n\nThe lowest computed pairs reaching full attention (within one point):\n\n"
+        + lowest
+        + "\n\nLearning rates (validation accuracy, test computed pairs; bold: kept):\n\n"
+        + learning_rates(records)
+    )
+
+
+def learning_rates(records: List[dict]) -> str:
+    """Stage 1, seed 0: each family's first setting at every rate, validation accuracy (test computed pairs); in
+    bold the rate its stage-2 cells take. A family whose every rate stays within 0.01 of the base rate has learned
+    nothing to choose by: its row says so, and its cells take the best anyway (the first of equals)."""
+    runs, rows = {r["folder"].name: r for r in records}, []
+    if not records:
+        return "no learning-rate run yet"
+    folder = records[0]["folder"].parent
+    for rated, task, family in dict.fromkeys((o["lr"], t, f) for _, _, o, _, s, t, f, _ in settings() if s == SEEDS):
+        kept, rs = rated.resolve(folder), [runs.get(f"{name}-s0") for name in rated.cells]
+        cells = [
+            "–"
+            if r is None
+            else ("**{}**" if rate(r) == kept else "{}").format(f"{r['valid']:.4f} ({cost(r, 'pairs', None):.3f})")
+            for r in rs
+        ]
+        blind = all(r is not None and r["valid"] <= r["base_rate"] + 0.01 for r in rs[: len(LEARNING_RATES)])
+        rows.append([task, family, rated.cells[0].split("-lr")[0], *cells, "at the base rate" if blind else ""])
+    header = ["task", "family", "setting, seed 0", *(f"lr {lr}" for lr in LEARNING_RATES), "beyond the edge", ""]
+    return tabulate(rows, header, "github")
+
+
+def calibration_table(folder: Path) -> str:
+    """The recipe's check before any sweep: each calibration run in FOLDER/calibration (full attention unless its
+    name says otherwise, one seed), the first evaluation at which validation reached 0.99, and where it ended."""
+    rows = []
+    for run in sorted((folder / "calibration").glob("*")):
+        record = read_json(run / "metrics.json") or {}
+        log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines() if line.strip()]
+        evals = [e for e in log if e["split"] == "valid"]
+        first = next((e["step"] for e in evals if e["metric"] >= 0.99), None)
+        cfg = record.get("config") or {}
+        rows.append(
+            [
+                run.name,
+                f"{cfg.get('steps', '?')}, {cfg.get('lr', '?')}",
+                "not reached" if first is None else first,
+                f"{record['valid']:.4f}"
+                if record
+                else f"{evals[-1]['metric']:.4f} at step {evals[-1]['step']} (stopped)",
+                f"{record['test']:.4f}" if record else "–",
+                f"{record['base_rate']:.4f}" if record else "–",
+            ]
+        )
+    header = ["run", "steps, lr", "validation ≥ 0.99 from step", "validation", "test", "base rate"]
+    return tabulate(rows, header, "github")
+
+
+def rule(folder: Path) -> Tuple[str, str]:
+    """The verdicts at matched computed pairs: where the paired interval says learning where to look pays."""
+    rows = [r for r in verdicts(load(folder)[0]) if "verdict" in r]
+    if not rows:
+        return "no task and budget with both kinds run yet", "no information at this budget"
+    pays = [f"{r['task']} {100 * r['budget']:g}%" for r in rows if r["verdict"] == "pays"]
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("pays", "inconclusive", "does not pay")}
+    ours = f"{len(rows)} task × budget cells: " + ", ".join(f"{v} {n}" for v, n in counts.items())
+    return ours, f"adaptivity pays at {', '.join(pays)}" if pays else "adaptivity does not pay at any budget"
+
+
+CLAIM = Claim(
+    "matched-cost",
+    "Matched cost: adaptive against fixed sparsity at equal computed pairs, paired by seed",
+    "runs",
+    paper="SBM §5.1: on duplicates the model must perform full attention; neither SBM's paper nor Reformer's "
+    "compares with fixed patterns at the same cost. The field compares at matched FLOPs (The Sparse Frontier, "
+    "arXiv 2504.17768; MoSA, arXiv 2505.00315) with routers that keep a local path (MoBA, arXiv 2502.13189; NSA, "
+    "arXiv 2502.11089).",
+    runs=tuple(Setting(m, t, "cpu", o, tag) for m, t, o, tag, seeds, *_ in settings() if seeds[1:]),
+    once=tuple(Setting(m, t, "cpu", o, tag) for m, t, o, tag, seeds, *_ in settings() if not seeds[1:]),
+    seeds=SEEDS,
+    rule=rule,
+    figure="no figure: a comparison the papers do not make",
+    notes=[
+        "Per task and budget: the best adaptive family (Reformer, the block router, SBM, window heads beside one "
+        "adaptive head) and the best fixed one (window, BigBird, head and layer allocations) within the budget, "
+        "the mean paired difference of test accuracy over 5 seeds and its 95% bootstrap interval; pays where the "
+        "interval's lower bound is ≥ +0.05, does not pay where its upper bound is ≤ +0.01."
+    ],
+    table=records_table,
+)
