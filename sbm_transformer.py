@@ -319,7 +319,8 @@ class StraightThrough(torch.autograd.Function):
 CAP = 1e-3  # thinning is exact for π ≤ 1 − CAP; above, a pair is kept with probability ≥ 1 − CAP
 CHUNK = 1 << 18  # edges a chunk of queries or keys: per-edge temporaries of 1 MiB (float32), not E-sized
 BLOCK = 1 << 21  # edges a block of whole graphs in the key-major copy: allocations of 16 MiB (or one graph's)
-# (both on the CPU; fastrg.GPU_CHUNKS× on a GPU, where an op costs a kernel launch and a size read a host sync)
+# (both on the CPU; fastrg.GPU_CHUNKS× on a GPU, where an op costs a kernel launch and a size read a host sync:
+# there a layer's forward + backward reads the device once, fastRG's sizes, at any batch and length: test_devices)
 
 
 def _csr(ptr: Tensor, idx: Tensor, values: Tensor, shape) -> Tensor:

@@ -40,6 +40,8 @@ SCALING_METHODS = (
     "sbm@0.01",  # SBM at densities set through its memberships (sbm_transformer.at_density)
     "sbm@0.05",
     "sbm@0.26",
+    "sbm@0.01/tile",  # the tile path (sbm_tile.py): its cost is the same at any density
+    "sbm@0.26/tile",
     "ssa",
     "kernel",
     "window",
@@ -51,8 +53,10 @@ SCALING_METHODS = (
     "linear",
 )
 # method → its own training command; SBM first, a stage cut short losing the last, on 10 steps (0.2-0.4 s a step at
-# this size on an H200, 10-20× full attention's), on its fast path (linear in its edges) and its reference path
+# this size on an H200, 10-20× full attention's), on its tile path (Triton), its fast path (linear in its edges) and
+# its reference path
 ENTRY = {
+    "sbm (tile path)": ["sbm_transformer.py", "--path", "tile"],
     "sbm": ["sbm_transformer.py", "--path", "fast"],
     "sbm (reference path)": ["sbm_transformer.py"],
     **{
@@ -62,7 +66,9 @@ ENTRY = {
     "ssa": ["ssa.py"],
     "kernel": ["kernel_sparse.py"],
 }
-FEW_STEPS = {name: ["--steps", "10", "--eval-every", "10"] for name in ("sbm", "sbm (reference path)")}
+FEW_STEPS = {
+    name: ["--steps", "10", "--eval-every", "10"] for name in ("sbm", "sbm (reference path)", "sbm (tile path)")
+}
 RUN = {
     "full": ["--steps", "100", "--eval-every", "100", "--eval-batches", "2", "--final-eval-batches", "2"],
     "tiny": [
@@ -222,9 +228,10 @@ def scaling_rows(device: str, size: str, deadline: float) -> list:
                 continue
             bf16 = method == "full-bf16"
             row["precision"] = "bfloat16 autocast" if bf16 else "float32"
+            name, _, path = method.partition("/")  # "sbm@D/tile": SBM at density D on its tile path
             cell = {
-                "method": "full" if bf16 else method,
-                "options": {},
+                "method": "full" if bf16 else name,
+                "options": {"path": path} if path else {},
                 "n": n,
                 "batch": 4,
                 "heads": 4,
@@ -381,6 +388,8 @@ def main(argv=None) -> int:
 
     if device == "cpu" and not args.tiny:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
+    if device == "cpu":  # SBM's tile path in triton's interpreter, read when its kernels are first defined
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     size = "tiny" if args.tiny else "full"
     name = torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

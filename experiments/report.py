@@ -342,6 +342,7 @@ def claim_section(claim, results: Path, captions: Dict[str, str]) -> str:
         if claim.kind == "runs"
         else "Reproduce: " + "; ".join(f"`{c}`" for c in claim.commands) + f" (saved in {link}).",
     ]
+    out += [claim.calibration(folder)] if claim.calibration and (folder / "calibration").is_dir() else []
     out += [(claim.table or runs_table)(recs)] if recs else []
     out += [
         f"Step times on {task} (`experiments.step_time`):\n\n" + step_time_table(timed)

@@ -36,6 +36,8 @@ def device_from_env():
 
 
 DEVICE, DEVICE_ERROR = device_from_env()
+if DEVICE is not None and DEVICE.type == "cpu":  # SBM's tile path: its Triton kernels in triton's interpreter, which
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # triton reads once, when the first kernel is defined
 
 
 def pytest_configure(config):

@@ -29,17 +29,19 @@ from bench import methods
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_LINES = 70
 # Lines as `ruff format` lays them out (ruff.toml; CI checks the layout), so that no budget is met by packing.
-BUDGETS = {"bench": 4600, "experiments": 4850}
+BUDGETS = {"bench": 4750, "experiments": 6100}
 MODULE_LINES = 450
 # A method file may exceed MODULE_LINES by one stated exception: its readable reference path and its fast path
 # read side by side in one file (DESIGN.md), which a split at the cap would tear apart.
 METHOD_FILE_LINES = {
-    "sbm_transformer": 870,  # the dense reference path, the edge path on fastRG's graph, both estimators
-    "fastrg": 810,  # Algorithm 1 read as a reference sampler beside the batched, chunked sampler
-    "ssa": 615,  # the dense reference beside the gathered fast path, and the dense fine-tuning tail
-    "kernel_sparse": 1520,
+    "sbm_transformer": 920,  # the dense reference path, the edge path on fastRG's graph, both estimators
+    "fastrg": 860,  # Algorithm 1 read as a reference sampler beside the batched, chunked sampler and its flagged form
+    "ssa": 620,  # the dense reference beside the gathered fast path, and the dense fine-tuning tail
+    # the paper's whole procedure (§4.1-§6.2: analysis, three kernel families, the predictor, Fig. 5-6, fine-tuning)
+    # beside the attention's reference and fast paths; DESIGN.md's 850 is not met yet
+    "kernel_sparse": 1420,
 }
-SSA_REACHES = 4800
+SSA_REACHES = 2950
 HEADROOM = 0.95  # each budget keeps >= 5% of its cap free when it lands
 NAMED_ATTRIBUTE = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_]\w*")  # "module:Name"
 
@@ -206,17 +208,16 @@ def ssa_reach(modules: dict) -> set:
 
 def test_the_house_keeps_its_budgets():
     """bench/ (the library), experiments/, every module (a method file within its stated exception) and
-    `python ssa.py`'s import closure within their lines, each with its headroom."""
+    `python ssa.py`'s import closure within their lines; each budget but the module cap with its headroom."""
     modules = sources()
-    used = {folder: sum(lines(p) for p in (ROOT / folder).rglob("*.py")) for folder in BUDGETS}
-    caps = dict(BUDGETS)
-    used["python ssa.py"], caps["python ssa.py"] = sum(lines(modules[m]) for m in ssa_reach(modules)), SSA_REACHES
-    for name, path in modules.items():
-        used[name], caps[name] = lines(path), METHOD_FILE_LINES.get(name, MODULE_LINES)
+    used = {name: lines(path) for name, path in modules.items()}
+    used.update({f"{folder}/": sum(lines(p) for p in (ROOT / folder).rglob("*.py")) for folder in BUDGETS})
+    used["python ssa.py"] = sum(lines(modules[m]) for m in ssa_reach(modules))
+    budgets = {**{f"{folder}/": cap for folder, cap in BUDGETS.items()}, "python ssa.py": SSA_REACHES}
+    budgets.update(METHOD_FILE_LINES)
+    caps = {**dict.fromkeys(modules, MODULE_LINES), **budgets}
     assert {name: (n, caps[name]) for name, n in used.items() if n > caps[name]} == {}
-    crowded = {name: (used[name], cap) for name, cap in [*BUDGETS.items(), *METHOD_FILE_LINES.items()]}
-    crowded["python ssa.py"] = (used["python ssa.py"], SSA_REACHES)
-    assert {name: (n, cap) for name, (n, cap) in crowded.items() if n > HEADROOM * cap} == {}
+    assert {name: (used[name], cap) for name, cap in budgets.items() if used[name] > HEADROOM * cap} == {}
 
 
 def test_the_layout_is_the_formatter_s():

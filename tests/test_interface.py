@@ -43,9 +43,6 @@ from bench import methods as registry
 from bench.methods import available, get, same_in_every_layer
 from conftest import DEVICE, LowPrecisionMath
 
-if DEVICE.type == "cpu":  # SBM's tile path: its Triton kernels in the interpreter (read when sbm_tile.py is imported)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 
 def cases_per_variant() -> int:
     """SPARSE_ATTN_FUZZ_CASES: the first N cases of each variant's sequence, 30 unless set (.ci/run

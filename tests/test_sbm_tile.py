@@ -1,5 +1,5 @@
 """Tests for sbm_tile.py, SBM-Transformer's tile path, against its oracle: the reference path given the kernel's
-mask. On the CPU the kernels run under TRITON_INTERPRET=1 (set here before sbm_tile is imported); on_device tests
+mask. On the CPU the kernels run under TRITON_INTERPRET=1 (conftest.py sets it before triton is imported); on_device tests
 run them compiled on SPARSE_ATTN_TEST_DEVICE=cuda.
 
 - the kernel's mask is its torch twin's, sbm_tile.sample_mask (read out exactly: zero scores, one-hot values), and
@@ -15,7 +15,6 @@ run them compiled on SPARSE_ATTN_TEST_DEVICE=cuda.
 """
 
 import copy
-import os
 import sys
 
 import pytest
@@ -24,8 +23,6 @@ from conftest import DEVICE
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-if DEVICE.type == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # triton reads it when sbm_tile's kernels are defined
 pytest.importorskip("triton", reason="the tile path needs triton (requirements-extra.txt)")
 
 import sbm_tile

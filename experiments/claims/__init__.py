@@ -6,8 +6,8 @@ holding its records.
     python -m experiments.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
 
 A claim's file defines CLAIM (experiments/claims/claim.py says what one holds): its settings or benchmarks, its rule
-and its reading of the records. Adding a claim is adding its file and its line in CLAIMS below, whose order is
-results/README.md's.
+and its reading of the records. Adding a claim is adding its file, imported below, and its line in CLAIMS, whose
+order is results/README.md's.
 """
 
 import argparse

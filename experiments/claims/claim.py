@@ -40,6 +40,7 @@ class Claim:
     rule: Callable[[Path], Tuple[str, str]] = None  # the claim's folder → (ours, verdict)
     table: Callable[[List[dict]], str] = None  # its records as Markdown (None: a row per command, the report's)
     figures: Tuple[str, ...] = ()  # its plots in results/plots/ (experiments.plots draws them)
+    calibration: Callable[[Path], str] = None  # its folder → the table of its calibration/ runs, before any sweep
 
     def cells(self, runs: Path = None) -> List[dict]:
         """Every run as a grid cell, ``"waiting"`` for the records under ``runs`` it needs."""

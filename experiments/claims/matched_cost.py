@@ -312,10 +312,9 @@ def records_table(records: List[dict]) -> str:
             for r in verdicts(records, axis)
         ]
         header = ["task", "budget", "best adaptive", "best fixed", "mean difference", "95% interval", "seeds won", ""]
-        parts.append(f"At matched {words}:\n\n" + tabulate(rows, header, "github"))
-    lowest = tabulate(
-        lowest_reaching_full(records), ["task", "family", "lowest reaching full", "setting", "seeds"], "github"
-    )
+        parts.append(f"At matched {words}:\n\n" + tabulate(rows, header, "github", disable_numparse=True))
+    header = ["task", "family", "lowest reaching full", "setting", "seeds"]
+    lowest = tabulate(lowest_reaching_full(records), header, "github", disable_numparse=True)
     return (
         "\n\n".join(parts)
         + "\n\nThe lowest computed pairs reaching full attention (within one point):\n\n"
@@ -344,7 +343,7 @@ def learning_rates(records: List[dict]) -> str:
         blind = all(r is not None and r["valid"] <= r["base_rate"] + 0.01 for r in rs[: len(LEARNING_RATES)])
         rows.append([task, family, rated.cells[0].split("-lr")[0], *cells, "at the base rate" if blind else ""])
     header = ["task", "family", "setting, seed 0", *(f"lr {lr}" for lr in LEARNING_RATES), "beyond the edge", ""]
-    return tabulate(rows, header, "github")
+    return tabulate(rows, header, "github", disable_numparse=True)
 
 
 def calibration_table(folder: Path) -> str:
@@ -370,7 +369,9 @@ def calibration_table(folder: Path) -> str:
             ]
         )
     header = ["run", "steps, lr", "validation ≥ 0.99 from step", "validation", "test", "base rate"]
-    return tabulate(rows, header, "github")
+    return "Calibration (each run's command in its record's config):\n\n" + tabulate(
+        rows, header, "github", disable_numparse=True
+    )
 
 
 def rule(folder: Path) -> Tuple[str, str]:
@@ -404,4 +405,5 @@ CLAIM = Claim(
         "interval's lower bound is ≥ +0.05, does not pay where its upper bound is ≤ +0.01."
     ],
     table=records_table,
+    calibration=calibration_table,
 )
