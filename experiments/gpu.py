@@ -380,6 +380,8 @@ def main(argv=None) -> int:
         record = read_json(Path(args.render) / "gpu.json") or p.error(f"--render {args.render}: no readable gpu.json")
         (Path(args.render) / "README.md").write_text(markdown(record))
         return 0
+    if args.device == "cpu":  # SBM's tile path in triton's interpreter, which triton reads when it is first imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     stages = [s for s in args.stages.split(",") if s]
     if not stages or set(stages) - set(STAGES):
         p.error(f"--stages takes a comma-separated list of {', '.join(STAGES)}, got {args.stages!r}")
@@ -388,8 +390,6 @@ def main(argv=None) -> int:
 
     if device == "cpu" and not args.tiny:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
-    if device == "cpu":  # SBM's tile path in triton's interpreter, read when its kernels are first defined
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     size = "tiny" if args.tiny else "full"
     name = torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
