@@ -1051,8 +1051,10 @@ def test_pipeline_end_to_end_smoke(task, tmp_path, capsys):
     assert kernel["fig6"][0]["density"] == pytest.approx(1.0 if task == "wikitext2" else 33 / 64)  # causal: (N+1)/2N
     assert kernel["fig6"][-1]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
     assert kernel["fig5"][0]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
-    for v in [*kernel["variants"].values(), *kernel["fig5"], kernel["finetune"]]:
-        assert 0 < v["density"] <= 1 and math.isfinite(v["valid_ppl"]) and 0 < v["time_x_dense"] < math.inf
+    rows = [*kernel["variants"].items(), *(("fig5", v) for v in kernel["fig5"]), ("finetune", kernel["finetune"])]
+    for name, v in rows:  # learned kernels start near-empty (logits N(−4, 1)): 3 predictor steps may leave them so
+        assert (0 <= v["density"] if name.startswith("learned") else 0 < v["density"]) and v["density"] <= 1
+        assert math.isfinite(v["valid_ppl"]) and 0 < v["time_x_dense"] < math.inf
         assert v["keys_per_query"] == pytest.approx(v["density"] * 32)
     final = kernel["finetune"]
     control = final["dense_control"]  # the teacher fine-tuned as long, densely: the fair reference
