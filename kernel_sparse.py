@@ -11,18 +11,17 @@ Mellon University report (no arXiv id). Per layer and head, for query i of a len
 Kernel families: 17 standard sliding windows (§4.2.1), 6 handcrafted per head from the teacher's targets (§4.2.2),
 14 learned local kernels per layer (§4.2.3). §4.1 accumulates the teacher's attention maps over sequences and
 normalises them by sequence length and by distance from the diagonal (Fig. 1).
-`main` runs the paper's pipeline: (1) a dense masked-LM teacher (ours: `--task bytes`, a causal one); (2) §4.1's
-analysis; (3) the kernel families and a predictor per layer fitted with Eq. 1 (and a per-kernel loss, §6.2); (4)
-sparsified validation (§5.2; Tables 1 and 3: perplexity, sparsity, attention FLOPs from the entries computed),
-Table 1 again at matched keys per query (top-K, and τ calibrated per family), against τ and K (Fig. 5) and depth
-(Fig. 6); (5) end-to-end fine-tuning with the predicted masks (§6.2) beside a dense control. metrics.json holds
-the final sparse model's numbers, the pipeline's under `kernel`; `python -m experiments.kernel_report DIR` renders it.
+`main` is the method's procedure: (1) a dense masked-LM teacher (ours: `--task bytes`, a causal one); (2) §4.1's
+analysis; (3) one family's predictors fitted with Eq. 1 (or the per-kernel loss, §6.2) and installed with the
+selection rule (§5.2); (4) sparsified validation; (5) end-to-end fine-tuning with the predicted masks (§6.2). The
+record is the fine-tuned sparse model's. The paper's comparisons (Table 1 for every family and loss, also at matched
+keys per query; Tables 2-3; Fig. 5-6; fine-tuning beside a dense control) are experiments/kernel_pipeline.py.
 
-    python kernel_sparse.py --task wikitext2                     # CPU preset, minutes on one core
-    python kernel_sparse.py --task wikitext2 --preset paper      # seq 512, RoBERTa-base sizes (GPU)
-    python kernel_sparse.py --task wikitext2 --resume --out DIR  # re-run the pipeline on a trained teacher
-    python kernel_sparse.py --task bytes                         # a causal teacher (the frontier's positional task)
-    python -m pytest tests/test_kernel_sparse.py -q              # `python -m bench.train --method kernel` is the same
+    python kernel_sparse.py --task wikitext2                                 # CPU preset, minutes on one core
+    python kernel_sparse.py --task wikitext2 --family learned --select topk  # another family, top-K selection
+    python kernel_sparse.py --task bytes                                     # a causal teacher
+    python -m experiments.kernel_pipeline --task wikitext2                   # Table 1, Fig. 5-6, §6.2's control
+    python -m pytest tests/test_kernel_sparse.py -q                          # `bench.train --method kernel`: main()
 
 One layer's inference time, sparse beside dense, at n = 256-4096: results/notes/kernel_time.md.
 
@@ -35,10 +34,9 @@ and (b·H + h)·M + s.
 import contextlib
 import math
 import sys
-import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +45,7 @@ from torch import Tensor, nn
 from alibi import alibi_bias, alibi_slopes
 
 PATHS = ("fast", "reference")
-SELECTS = ("threshold", "topk")
+SELECTS = ("threshold", "topk")  # the selection rule (§5.2), and the targets' (§4.2)
 # §4.2.1: (window length, dilation) of the forward kernels (offsets d, 2d, …, w·d) and, mirrored, the backward ones;
 # with the identity, 17 kernels. Ours: Fig. 4a is a picture without lengths or dilations. Nested windows reach 32
 # tokens, the dilated ones 64 and 256.
@@ -527,17 +525,8 @@ class KernelSparseAttention(nn.Module):
                     if self.slopes is not None:
                         slope = -self.slopes.to(q.dtype).repeat_interleave(n).repeat(b)  # (B·H·N,) per query
                         bias = slope.index_select(0, row).mul_((col - row).abs_())  # (E,)
-                    y = sparse_attention(
-                        q.reshape(-1, self.head_dim),
-                        k.reshape(-1, self.head_dim),
-                        v.reshape(-1, self.head_dim),
-                        row,
-                        col,
-                        p_drop,
-                        generator,
-                        bias,
-                    )
-                    y = y.view(b, self.heads, n, self.head_dim)
+                    flat = [t.reshape(-1, self.head_dim) for t in (q, k, v)]  # (B·H·N, D) each
+                    y = sparse_attention(*flat, row, col, p_drop, generator, bias).view(b, self.heads, n, self.head_dim)
                     blocks = torch.arange(b * self.heads + 1, device=row.device) * n  # first query of each block
                     counts = torch.searchsorted(row, blocks).diff().view(b, self.heads)  # edges grouped by query
         y = y.transpose(1, 2).reshape(b, n, self.heads * self.head_dim).to(x.dtype)  # (B, N, H·D)
@@ -567,44 +556,18 @@ class KernelSparseAttention(nn.Module):
         return y.masked_fill(empty, 0.0), counts
 
 
-# ------------------------------------------------------------------------------------ the pipeline's settings
+# ------------------------------------------------------------------------------------------ the method's settings
 FAMILIES = ("standard", "handcrafted", "learned")
 LOSSES = ("max", "per-kernel")
 
 
-def _floats(text: str) -> Tuple[float, ...]:
-    return tuple(float(t) for t in text.split(",") if t)
-
-
-def _ints(text: str) -> Tuple[int, ...]:
-    return tuple(int(t) for t in text.split(",") if t)
-
-
-def _names(text: str) -> Tuple[str, ...]:
-    return tuple(t for t in text.split(",") if t)
-
-
 @dataclass
 class KernelConfig:
-    """The pipeline's settings (the paper's values where it gives them), each also an option of this file's CLI."""
+    """The method's settings (the paper's values where it gives them), each an option of `python kernel_sparse.py`."""
 
-    families: Tuple[str, ...] = field(
-        default=FAMILIES, metadata={"type": _names, "help": "kernel families to fit, comma-separated"}
-    )
-    losses: Tuple[str, ...] = field(
-        default=LOSSES,
-        metadata={
-            "type": _names,
-            "help": "predictor losses: max (Eq. 1), per-kernel (§6.2; for the binary families only)",
-        },
-    )
-    target: str = field(
-        default="threshold",
-        metadata={
-            "choices": ("threshold", "topk"),
-            "help": "binary targets: the threshold (§4.2) or the top-k of each row",
-        },
-    )
+    family: str = field(default="standard", metadata={"choices": FAMILIES, "help": "kernel family (§4.2.1-§4.2.3)"})
+    loss: str = field(default="max", metadata={"choices": LOSSES, "help": "Eq. 1 (max), or §6.2's per-kernel (binary)"})
+    target: str = field(default="threshold", metadata={"choices": SELECTS, "help": "targets: p ≥ τ (§4.2), or top-k"})
     target_threshold: float = field(default=0.05, metadata={"help": "a_is = 1[p ≥ this] (§4.2)"})
     target_topk: int = field(default=20, metadata={"help": "k of the top-k targets"})
     handcrafted_k: int = field(default=20, metadata={"help": "ones per handcrafted kernel (§4.2.2)"})
@@ -612,18 +575,10 @@ class KernelConfig:
     window: int = field(default=WINDOW, metadata={"help": "tokens in the predictor's window, odd (§6.1)"})
     hidden: int = field(default=HIDDEN, metadata={"help": "predictor hidden width (§4.2: 32 or 64)"})
     hidden_layers: int = field(default=HIDDEN_LAYERS, metadata={"help": "predictor hidden layers (§4.2: 2 or 3)"})
-    select: str = field(
-        default=SELECT,
-        metadata={
-            "choices": SELECTS,
-            "help": "kernel selection at inference: threshold the coefficients, or the top-K (§5.2)",
-        },
-    )
-    threshold: float = field(default=THRESHOLD, metadata={"help": "τ: take kernels with α > τ"})
-    top_k: int = field(default=TOP_K, metadata={"help": "K: take the K largest α"})
-    analysis_sequences: int = field(
-        default=128, metadata={"help": "training sequences shown to the analysis and the predictors"}
-    )
+    select: str = field(default=SELECT, metadata={"choices": SELECTS, "help": "kernels at inference: α > τ, or top-K"})
+    threshold: float = field(default=THRESHOLD, metadata={"help": "τ: take kernels with α > τ (§5.2)"})
+    top_k: int = field(default=TOP_K, metadata={"help": "K: take the K largest α (§5.2)"})
+    analysis_sequences: int = field(default=128, metadata={"help": "training sequences for §4.1 and the predictors"})
     predictor_steps: int = field(default=300, metadata={"help": "Adam steps per predictor"})
     predictor_lr: float = field(default=3e-3, metadata={"help": "predictor learning rate"})
     # Ours (§4.2.3 says only "randomly initialized"): learned kernels' logits N(learned_init, 1) begin near-empty,
@@ -633,61 +588,35 @@ class KernelConfig:
     learned_init: float = field(default=-4.0, metadata={"help": "mean of the learned kernels' initial logits (ours)"})
     kernel_lr: float = field(default=0.03, metadata={"help": "learned kernels' learning rate (ours)"})
     predictor_batch: int = field(default=8, metadata={"help": "sequences per predictor step"})
-    predictor_rows: int = field(
-        default=32, metadata={"help": "query rows per sequence in a predictor step (Eq. 1 sums over rows)"}
-    )
-    matched_top_ks: Tuple[int, ...] = field(
-        default=(1, 2, 3, 5), metadata={"type": _ints, "help": "Table 1 at matched density: top-K values"}
-    )
-    matched_keys: Tuple[float, ...] = field(
-        default=(1.25, 2.5, 5.0, 10.0),
-        metadata={"type": _floats, "help": "Table 1 at matched density: keys per query each family's τ is set to"},
-    )
-    thresholds: Tuple[float, ...] = field(
-        default=(0.1, 0.3, 0.5, 0.7, 0.9), metadata={"type": _floats, "help": "Fig. 5 thresholds, comma-separated"}
-    )
-    top_ks: Tuple[int, ...] = field(
-        default=(1, 2, 3, 5, 8), metadata={"type": _ints, "help": "Fig. 5 top-K values, comma-separated"}
-    )
-    sweep: str = field(default="standard/max", metadata={"help": "FAMILY/LOSS of Fig. 5, Fig. 6 and the fine-tuning"})
-    flops_budget: float = field(
-        default=0.6, metadata={"help": "fine-tune the Fig. 5 point of best perplexity with core FLOPs ≤ this × dense"}
-    )
+    predictor_rows: int = field(default=32, metadata={"help": "query rows per sequence in a predictor step"})
     finetune_steps: int = field(default=300, metadata={"help": "end-to-end steps (§6.2); 0: off"})
     finetune_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate"})
-    alibi: bool = field(
-        default=True, metadata={"help": "symmetric ALiBi bias in the teacher's attention (ours, not the paper's)"}
-    )
+    alibi: bool = field(default=True, metadata={"help": "symmetric ALiBi bias in the teacher (ours, not the paper's)"})
 
     def __post_init__(self):
-        unknown = [f for f in self.families if f not in FAMILIES] + [x for x in self.losses if x not in LOSSES]
-        if unknown or not self.families or not self.losses:
-            raise ValueError(f"families must be in {FAMILIES} and losses in {LOSSES}, got {unknown}")
-        family, _, loss = self.sweep.partition("/")
-        if family not in self.families or loss not in self.losses or (family == "learned" and loss != "max"):
-            raise ValueError(f"sweep must be FAMILY/LOSS among the fitted variants, got {self.sweep!r}")
-        if self.target not in ("threshold", "topk") or self.select not in SELECTS:
+        if self.family not in FAMILIES or self.loss not in LOSSES or (self.family == "learned" and self.loss != "max"):
+            raise ValueError(
+                f"family must be in {FAMILIES} and loss in {LOSSES} (learned kernels: max only), got "
+                f"{self.family}/{self.loss}"
+            )
+        if self.target not in SELECTS or self.select not in SELECTS:
             raise ValueError(f"target and select must be 'threshold' or 'topk', got {self.target}, {self.select}")
         if self.window < 1 or self.window % 2 == 0:
             raise ValueError(f"the predictor window must be an odd number of tokens, got {self.window}")
-        counts = (
-            "target_topk handcrafted_k learned_kernels hidden hidden_layers top_k analysis_sequences predictor_batch"
-        )
-        for name in (counts + " predictor_rows").split():
+        counts = "target_topk handcrafted_k learned_kernels hidden hidden_layers top_k analysis_sequences"
+        for name in (counts + " predictor_batch predictor_rows").split():
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        reals = "threshold target_threshold predictor_lr learned_init kernel_lr finetune_lr flops_budget".split()
-        if not all(
-            math.isfinite(v) for v in [*(getattr(self, r) for r in reals), *self.thresholds, *self.matched_keys]
-        ):
-            raise ValueError(f"{', '.join(reals)}, thresholds and matched_keys must be finite")
-        if (
-            min(self.predictor_steps, self.finetune_steps) < 0
-            or min([*self.top_ks, *self.matched_top_ks], default=1) < 1
-        ):
-            raise ValueError("steps must be >= 0 and top-K values >= 1")
-        if min(self.matched_keys, default=1) <= 0:
-            raise ValueError(f"matched_keys must be positive, got {self.matched_keys}")
+        reals = "threshold target_threshold predictor_lr learned_init kernel_lr finetune_lr".split()
+        if not all(math.isfinite(getattr(self, r)) for r in reals):
+            raise ValueError(f"{', '.join(reals)} must be finite")
+        if min(self.predictor_steps, self.finetune_steps) < 0:
+            raise ValueError("steps must be >= 0")
+
+    @property
+    def variant(self) -> str:
+        """FAMILY/LOSS: the kernels and the loss that `fit_predictors` fits."""
+        return f"{self.family}/{self.loss}"
 
     def teacher_attention(self, m) -> "KernelSparseAttention":
         """The dense teacher's attention for the backbone's model settings `m` (dim, heads, head_dim, max_len)."""
@@ -703,10 +632,6 @@ class KernelConfig:
             sparse=False,
             alibi=self.alibi,
         )
-
-    def variants(self) -> List[str]:
-        """FAMILY/LOSS names of the fitted predictors, in table order."""
-        return [f"{f}/{x}" for x in self.losses for f in self.families if not (f == "learned" and x != "max")]
 
 
 # ------------------------------------------------------------------------------------------------ §4.1 analysis
@@ -786,26 +711,12 @@ def analyse_layer(attn: KernelSparseAttention, captured: List[tuple], cfg: Kerne
     return LayerData(torch.cat(xs), torch.cat(valids), torch.cat(targets)), maps
 
 
-def layer_summary(data: LayerData, maps: dict) -> dict:
-    """What the record keeps of the analysis, per head: target ones per query row, their share within 8 tokens
-    of the diagonal, and the 5 offsets most often needed (Fig. 3's diversity in numbers)."""
-    n = data.target.shape[-1]
-    rows = data.valid.sum().clamp_min(1)
-    diagonal = maps["targets_diagonal_raw"]  # (H, 2N−1) expected target ones per offset
-    near = diagonal[:, n - 1 - 8 : n + 8].sum(1) / diagonal.sum(1).clamp_min(1e-9)
-    return {
-        "target_ones_per_row": (data.target.sum((0, 2, 3)) / rows).tolist(),
-        "share_within_8": near.tolist(),
-        "top_offsets": (maps["targets_diagonal"].topk(5, -1).indices - (n - 1)).tolist(),
-    }
-
-
-def analysis(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Tuple[List[LayerData], list, list]:
+def analysis(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Tuple[List[LayerData], List[dict]]:
     """§4.1 on the teacher's training batches (`inputs`: the model's keyword arguments of each): per layer the
-    data its predictor learns from, the accumulated maps (Fig. 1) and what the record keeps of them."""
+    data its predictor learns from and the accumulated maps (Fig. 1)."""
     captured = layer_inputs(model, inputs)
     data, maps = zip(*(analyse_layer(block.attn, layer, cfg) for block, layer in zip(model.blocks, captured)))
-    return list(data), list(maps), [layer_summary(d, m) for d, m in zip(data, maps)]
+    return list(data), list(maps)
 
 
 # ------------------------------------------------------------------------------------ §4.2.2 handcrafted kernels
@@ -966,13 +877,11 @@ def fit_predictors(
         layers.append(
             KernelPredictor(model.cfg.dim, model.cfg.heads, bank, cfg.window, cfg.hidden, cfg.hidden_layers).to(device)
         )
-    fitted = time.time()
     losses = [fit_predictor(p, d, causal, loss, cfg, generator) for p, d in zip(layers, data)]
     return layers, {
         "train_loss": sum(losses) / len(losses),
         "train_loss_per_layer": losses,
         "kernels_per_layer": layers[0].bank.num_kernels,
-        "fit_seconds": time.time() - fitted,
     }
 
 
@@ -1015,153 +924,6 @@ def switched(model: nn.Module, **settings):
                 setattr(block.attn, name, value)
 
 
-# FLOPs by part of each attention (Table 3); what the parts leave is the core: scores, softmax, weighted sum on the
-# entries computed and building the (query, key) list, the products that sparsity can change.
-PARTS = {"projections": ["qkv", "out"], "predictor": ["predictor"]}
-
-
-def sparse_result(result: dict, flops: dict, dense_flops: dict, n: int, seconds_x_dense: float) -> dict:
-    """A validation result of the model as installed: perplexity (per scored token), density, keys per query,
-    FLOPs relative to the dense teacher's and inference wall-clock relative to the same model run dense
-    (``seconds_x_dense``). Sparsity (§4.3.2) is reported as keys per query (density × N) and as INTERFACE.md's density."""
-    return {
-        "valid_ppl": math.exp(result["loss"]),
-        "density": result["density"],
-        "keys_per_query": result["density"] * n,
-        "density_per_layer": result["density_per_layer"],
-        **{f"{part}_flops_x_dense": flops[part] / dense_flops[part] for part in ("core", "attention", "model")},
-        "time_x_dense": seconds_x_dense,
-        "flops": flops,
-    }
-
-
-@torch.no_grad()
-def mask_quality(model: nn.Module, inputs: List[dict], cfg: KernelConfig) -> Dict[str, float]:
-    """The installed predictors' masks against the teacher's targets, on the teacher's own layer inputs (no
-    error propagation): recall and precision of the target ones, and the attention mass inside the mask."""
-    hit = ones = chosen = mass = rows = 0.0
-    sparse = [block.attn.sparse for block in model.blocks]
-    install(model, sparse=False)
-    captured = layer_inputs(model, inputs)
-    for block, layer, was_sparse in zip(model.blocks, captured, sparse):
-        block.attn.sparse = was_sparse
-        for x, valid, causal in layer:
-            probs = block.attn.attention_probs(x, valid, causal)
-            target = binary_targets(probs, valid_pairs(valid, causal), cfg)
-            mask = block.attn.predictor.bank.mask(block.attn.selected(x, valid, causal), valid, causal)
-            hit, ones, chosen = hit + (mask & target).sum(), ones + target.sum(), chosen + mask.sum()
-            mass, rows = mass + (probs * mask).sum(), rows + valid.sum() * probs.shape[1]
-    return {
-        "target_recall": float(hit / max(ones, 1)),
-        "target_precision": float(hit / max(chosen, 1)),
-        "mass_recall": float(mass / max(rows, 1)),
-    }
-
-
-def fit_variants(
-    model: nn.Module,
-    data: List[LayerData],
-    cfg: KernelConfig,
-    generator: torch.Generator,
-    measured: Callable[[], dict],
-    quality: List[dict],
-) -> Tuple[dict, dict]:
-    """§4.2-§5.2 for every FAMILY/LOSS variant: fit its predictors, install them with the selection rule and
-    validate (``measured()``: the harness's validation result and FLOPs of the model as installed), beside the
-    masks' recall of the teacher's targets on the batches ``quality``. Returns predictors and records."""
-    predictors, records = {}, {}
-    for variant in cfg.variants():
-        predictors[variant], fit = fit_predictors(model, data, variant, cfg, generator)
-        install(model, predictors[variant], select=cfg.select, threshold=cfg.threshold, top_k=cfg.top_k)
-        records[variant] = result = {**fit, **measured(), **mask_quality(model, quality, cfg)}
-        print(
-            f"{variant}: predictor loss {result['train_loss']:.4f} | valid ppl {result['valid_ppl']:.3f} | "
-            f"density {result['density']:.3f} | core FLOPs x dense {result['core_flops_x_dense']:.3f} | time x dense "
-            f"{result['time_x_dense']:.2f}",
-            flush=True,
-        )
-    return predictors, records
-
-
-def sweeps(
-    model: nn.Module,
-    predictors: List[KernelPredictor],
-    cfg: KernelConfig,
-    measured: Callable[[], dict],
-    evaluate: Callable[[], dict],
-) -> Tuple[List[dict], List[dict]]:
-    """Fig. 5: the sweep variant against the threshold τ and the top-K; Fig. 6: its last ℓ layers sparse, the
-    others dense, ℓ = 0 (the teacher) … depth (error propagation, §5.3)."""
-    fig5, fig6 = [], []
-    for rule, value in [("threshold", t) for t in cfg.thresholds] + [("topk", k) for k in cfg.top_ks]:
-        install(
-            model,
-            predictors,
-            select=rule,
-            threshold=value if rule == "threshold" else None,
-            top_k=value if rule == "topk" else None,
-        )
-        fig5.append({"select": rule, "value": value, **measured()})
-    for layers in range(len(model.blocks) + 1):
-        install(model, predictors, layers=layers, select=cfg.select, threshold=cfg.threshold, top_k=cfg.top_k)
-        result = evaluate()
-        fig6.append({"layers": layers, "valid_ppl": math.exp(result["loss"]), "density": result["density"]})
-    return fig5, fig6
-
-
-@torch.no_grad()
-def calibrated_threshold(model: nn.Module, inputs: dict, keys: float, iterations: int = 16) -> float:
-    """τ at which the installed predictors, in the sparse model on one batch (`inputs`: the model's keyword
-    arguments), give `keys` keys per query (the mean over layers and heads): bisection, the keys falling as τ rises."""
-    low, high = 0.0, 1.0
-    for _ in range(iterations):
-        middle = (low + high) / 2
-        install(model, select="threshold", threshold=middle)
-        found = float(model(**inputs)[1]["density"].mean()) * inputs["tokens"].shape[1]
-        low, high = (middle, high) if found > keys else (low, middle)
-    return high
-
-
-def matched(
-    model: nn.Module,
-    predictors: dict,
-    cfg: KernelConfig,
-    inputs: List[dict],
-    evaluate: Callable[[], dict],
-) -> List[dict]:
-    """Table 1 at matched density: each family's Eq. 1 predictors with the top-K kernels (K in --matched-top-ks) and
-    with a threshold τ calibrated on the first of `inputs` to each of --matched-keys keys per query; the validation perplexity
-    (``evaluate()``), keys per query and the masks' recall of the teacher's targets beside each."""
-    # Ours: the paper compares the families at one threshold, where each family's coefficients set its own density;
-    # Eq. 1 drives a kernel's α towards its precision, so families of wider kernels select less at any one τ.
-    n, rows = inputs[0]["tokens"].shape[1], []
-    for variant in [v for v in cfg.variants() if v.endswith("/max")]:
-        install(model, predictors[variant])
-        rules = [("topk", k, None) for k in cfg.matched_top_ks]
-        rules += [("threshold", calibrated_threshold(model, inputs[0], keys), keys) for keys in cfg.matched_keys]
-        for rule, value, keys in rules:
-            install(
-                model,
-                select=rule,
-                threshold=value if rule == "threshold" else None,
-                top_k=value if rule == "topk" else None,
-            )
-            result = evaluate()
-            rows.append(
-                {
-                    "variant": variant,
-                    "select": rule,
-                    "value": value,
-                    "keys_target": keys,
-                    "valid_ppl": math.exp(result["loss"]),
-                    "keys_per_query": result["density"] * n,
-                    "density": result["density"],
-                    **mask_quality(model, inputs, cfg),
-                }
-            )
-    return rows
-
-
 # ------------------------------------------------------------------------------------------- §6.2 fine-tuning
 def backbone_parameters(model: nn.Module) -> List[nn.Parameter]:
     """What fine-tuning trains: everything but the predictors."""
@@ -1169,138 +931,20 @@ def backbone_parameters(model: nn.Module) -> List[nn.Parameter]:
     return [p for name, p in model.named_parameters() if ".predictor." not in name]
 
 
-def fine_tune_best(
-    model: nn.Module,
-    predictors: List[KernelPredictor],
-    fig5: List[dict],
-    teacher: dict,
-    cfg: KernelConfig,
-    fine_tune: Callable[[], List[float]],
-    measured: Callable[[], dict],
-    test_ppl: Callable[[], float],
-) -> dict:
-    """§6.2: fine-tune the backbone end to end (``fine_tune()``: the harness's steps) at the Fig. 5 point of best
-    perplexity within the FLOP budget (else the cheapest), beside a dense control (the teacher fine-tuned alike, so
-    that more training is not credited to the masks); the record says whether core FLOPs ≤ budget × dense and test
-    perplexity ≤ 1.2 × the teacher's."""
-    within = [p for p in fig5 if p["core_flops_x_dense"] <= cfg.flops_budget]
-    point = min(within, key=lambda p: p["valid_ppl"]) if within else min(fig5, key=lambda p: p["core_flops_x_dense"])
-    rule = {
-        "select": point["select"],
-        "threshold": point["value"] if point["select"] == "threshold" else None,
-        "top_k": point["value"] if point["select"] == "topk" else None,
-    }
-    control = None
-    if cfg.finetune_steps > 0:
-        before = {name: t.detach().clone() for name, t in model.state_dict().items() if ".predictor." not in name}
-        install(model, sparse=False)
-        fine_tune()
-        control = {"valid_ppl": measured()["valid_ppl"], "test_ppl": test_ppl()}
-        model.load_state_dict(before, strict=False)
-        print(
-            f"dense control fine-tuned {cfg.finetune_steps} steps: valid ppl {control['valid_ppl']:.3f} | "
-            f"test ppl {control['test_ppl']:.3f}",
-            flush=True,
-        )
-    install(model, predictors, **rule)
-    # Ours: the sparse model is fine-tuned on the masked reference path, which tests show equals the edge list in
-    # outputs and gradients; validation, test, FLOPs and times use the edge list.
-    with switched(model, path="reference"):
-        losses = fine_tune() if cfg.finetune_steps > 0 else []
-    final = {
-        **measured(),
-        "test_ppl": test_ppl(),
-        "setting": {"variant": cfg.sweep, **rule},
-        "before_valid_ppl": point["valid_ppl"],
-        "steps": cfg.finetune_steps,
-        "train_loss_last": sum(losses[-50:]) / max(1, len(losses[-50:])),
-    }
-    final["ppl_x_teacher"] = final["test_ppl"] / teacher["test_ppl"]
-    final["valid_ppl_x_teacher"] = final["valid_ppl"] / teacher["valid_ppl"]
-    final["target_met"] = final["core_flops_x_dense"] <= cfg.flops_budget and final["ppl_x_teacher"] <= 1.2
-    if control is not None:
-        final["dense_control"] = control
-        final["ppl_x_dense_control"] = final["test_ppl"] / control["test_ppl"]
-    return final
-
-
-# ------------------------------------------------------------------------------------------------ the pipeline
-def pipeline(
-    model: nn.Module,
-    cfg: KernelConfig,
-    seed: int,
-    train: List[dict],
-    valid: List[dict],
-    evaluate: Callable[[str, bool], dict],
-    flops: Callable[[], dict],
-    timed: Callable[[dict], dict],
-    tune: Callable[[], List[float]],
-    folder,
-) -> dict:
-    """(2)-(5) on the trained dense teacher, through the harness's callables: ``evaluate(split, final)`` the model as
-    installed on --eval-batches (final: --final-eval-batches), ``flops()`` its FLOPs by part on the first of the
-    `valid` batches, ``timed({name: fn})`` the calls' median seconds side by side, ``tune()`` the backbone's
-    fine-tuning (§6.2). `train`: §4.1's batches. Writes analysis.pt and finetuned.pt into `folder`; returns the
-    report that the record keeps under ``kernel``."""
-    start, n = time.time(), valid[0]["tokens"].shape[1]
-    model.eval()
-    install(model, sparse=False)
-    dense = flops()  # the teacher's
-
-    def forward(dense: bool) -> None:
-        with torch.no_grad(), switched(model, **({"sparse": False} if dense else {})):
-            model(**valid[0])
-
-    def measured(final: bool = False) -> dict:
-        seconds = timed({d: lambda _, d=d: forward(d) for d in (False, True)})  # as installed, every layer dense
-        return sparse_result(evaluate("valid", final), flops(), dense, n, seconds[False] / seconds[True])
-
-    teacher = {f"{split}_ppl": math.exp(evaluate(split, True)["loss"]) for split in ("valid", "test")}
-    print(f"teacher: valid ppl {teacher['valid_ppl']:.3f} | test ppl {teacher['test_ppl']:.3f}", flush=True)
-    report = {"config": asdict(cfg), "teacher": {**teacher, "flops": dense}}
-    data, maps, report["analysis"] = analysis(model, train, cfg)  # (2)
-    torch.save([{name: m.cpu() for name, m in layer.items()} for layer in maps], folder / "analysis.pt")
-    predictors, report["variants"] = fit_variants(
-        model, data, cfg, torch.Generator().manual_seed(seed), measured, valid
-    )
-    report["matched"] = matched(model, predictors, cfg, valid, lambda: evaluate("valid", False))  # (3), (4)
-    chosen = predictors[cfg.sweep]
-    report["fig5"], report["fig6"] = sweeps(model, chosen, cfg, measured, lambda: evaluate("valid", False))  # (4)
-    test_ppl = lambda: math.exp(evaluate("test", True)["loss"])
-    report["finetune"] = fine_tune_best(
-        model, chosen, report["fig5"], teacher, cfg, tune, lambda: measured(True), test_ppl
-    )
-    torch.save({"model": model.state_dict(), "setting": report["finetune"]["setting"]}, folder / "finetuned.pt")
-    return {**report, "seconds": time.time() - start}
-
-
-def headline(final: dict) -> dict:
-    """The record's own fields from the fine-tuned sparse model's numbers (perplexities as bits and nats)."""
-    return {
-        "valid": math.log2(final["valid_ppl"]),
-        "test": math.log2(final["test_ppl"]),
-        "valid_loss": math.log(final["valid_ppl"]),
-        "test_loss": math.log(final["test_ppl"]),
-        "density": final["density"],
-        "density_per_layer": final["density_per_layer"],
-        "flops_per_example": {"model": final["flops"]["model"], "attention": final["flops"]["attention"]},
-    }
-
-
-def in_proportion(kernel: KernelConfig, steps: int, preset_steps: int, given) -> KernelConfig:
-    """A run shorter than its preset's that sets none of the pipeline's sizes takes them in proportion to its steps
-    (rounded up), as it does its warm-up and final evaluation (bench/config.py); setting any keeps the others."""
-    sizes = ("analysis_sequences", "predictor_steps", "finetune_steps")
-    if not 0 < steps < preset_steps or set(given) & set(sizes):
-        return kernel
-    return replace(kernel, **{name: -(-getattr(kernel, name) * steps // preset_steps) for name in sizes})
-
-
 # -------------------------------------------------------------------------------------------------- main
+def analysis_batches(task, count: int, batch_size: int, seed: int) -> List[dict]:
+    """§4.1's training sequences: `count`, in whole batches of `task`'s training split, from seeds of their own."""
+    first = seed * 7919 + 8
+    return [
+        task.train_batch(batch_size, torch.Generator().manual_seed(s))
+        for s in range(first, first - (-count // batch_size))
+    ]
+
+
 def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
-    """The paper's pipeline on the shared loop (bench/, which the attention above does not need): (1) a dense teacher,
-    masked-LM (causal on bytes), then `pipeline`. The record is the fine-tuned sparse model's; kernel.teacher the
-    teacher's."""
+    """The method on the shared loop (bench/, which the attention above does not need): (1) a dense teacher,
+    masked-LM (causal on bytes), (2) §4.1's analysis, (3) one family's predictors fitted and installed, (4)
+    sparsified validation, (5) end-to-end fine-tuning (§6.2). The record is the fine-tuned sparse model's."""
     import importlib.util
 
     if importlib.util.find_spec("bench") is None:  # this file alone, away from its repository
@@ -1308,38 +952,30 @@ def main(argv=None, prog: str = "python kernel_sparse.py") -> int:
             f"{prog}: training needs the repository's bench/ beside this file "
             "(KernelSparseAttention needs only torch and alibi.py)"
         )
-    from bench import cli, fine_tune, loop, measure
+    from bench import cli, fine_tune, loop
     from bench.tasks import get_task
 
     about = "Kernel-based learned sparse attention (Karkhanis et al.): dense teacher, §4.1 analysis, kernel predictors"
     cfg, kernel = cli.parse(
         argv, "kernel", prog, about + ", sparsified inference, fine-tuning.", KernelConfig, tasks=("wikitext2", "bytes")
     )
-    kernel = in_proportion(kernel, cfg.steps, get_task(cfg.task).presets[cfg.preset].steps, cfg.given)
     with cli.one_line_errors():
         run = loop.setup(cfg, get_task(cfg.task), lambda m: lambda _: kernel.teacher_attention(m))
-        loop.train(run)  # (1) the teacher: dense attention, masked-LM loss
-        record, model = loop.final_record(run), run.model
+        loop.train(run)  # (1) the teacher: dense attention
+        model, limit = run.model.eval(), cfg.final_eval_batches
+        teacher = {f"{split}_ppl": math.exp(run.evaluate(split, limit)["loss"]) for split in ("valid", "test")}
+        batches = analysis_batches(run.task, kernel.analysis_sequences, cfg.batch_size, cfg.seed)
+        data, _ = analysis(model, [loop.model_inputs(b, run.device) for b in batches], kernel)  # (2)
+        predictors, fit = fit_predictors(model, data, kernel.variant, kernel, torch.Generator().manual_seed(cfg.seed))
+        install(model, predictors, select=kernel.select, threshold=kernel.threshold, top_k=kernel.top_k)  # (3)
+        before = math.exp(run.evaluate("valid", limit)["loss"])  # (4) the sparse model, before fine-tuning
+        recipe = (kernel.finetune_steps, kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip, cfg.seed)
+        with switched(model, path="reference"):  # (5) ours: the masked path, equal to the edge list's (tests)
+            losses = fine_tune.fine_tune(model, run.task, backbone_parameters(model), *recipe)
+        record = loop.final_record(run)  # the fine-tuned sparse model's
         if record is not None:
-            first = cfg.seed * 7919 + 8  # §4.1's training batches, seeds of their own
-            seeds = range(first, first - (-kernel.analysis_sequences // cfg.batch_size))
-            train = [run.task.train_batch(cfg.batch_size, torch.Generator().manual_seed(s)) for s in seeds]
-            valid = [loop.model_inputs(b, run.device) for b in run.task.eval_batches("valid", cfg.batch_size, 2)]
-            fixed = valid[0]  # the batch that FLOPs and times are measured on (Tables 1, 3)
-            recipe = (kernel.finetune_steps, kernel.finetune_lr, cfg.weight_decay, cfg.batch_size, cfg.grad_clip)
-            report = pipeline(
-                model,
-                kernel,
-                cfg.seed,
-                [loop.model_inputs(batch, run.device) for batch in train],
-                valid,
-                lambda split, final: run.evaluate(split, cfg.final_eval_batches if final else cfg.eval_batches),
-                lambda: measure.attention_part_flops(model, lambda: model(**fixed), len(fixed["tokens"]), PARTS),
-                lambda fns: {name: t.median for name, t in measure.interleaved(fns, run.device, 5).items()},
-                lambda: fine_tune.fine_tune(model, run.task, backbone_parameters(model), *recipe, cfg.seed),
-                cfg.folder,
-            )
-            record.update(kernel=report, **headline(report["finetune"]))
+            tuned = {"steps": kernel.finetune_steps, "train_loss_last": sum(losses[-50:]) / max(1, len(losses[-50:]))}
+            record["kernel"] = {"teacher": teacher, "fit": fit, "sparse_valid_ppl": before, "finetune": tuned}
         loop.finish(run, record)
     return 0
 

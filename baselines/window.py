@@ -27,7 +27,7 @@ the others keep the window, so the model has a dense path for long-range content
 fixed counterpart of a learned allocation that makes one head dense and another sparse. A fixed layer allocation
 (``full_layers`` = l > 0): layers 0..l − 1 are full attention, the later ones windows (the model's factory gives
 each attention its ``layer``), the counterpart of a learned graph dense in one layer and sparse in the next
-(SBM-Transformer's on recall, results/frontier).
+(SBM-Transformer's on recall, results/frontier-2-heads).
 
 Deviations: Longformer's dilation, per-layer window sizes and global tokens are left out (BigBird,
 baselines/bigbird.py, has global tokens); dropout acts on the attention weights, drawn from ``generator``.

@@ -26,8 +26,8 @@ class Method:
     # whether the method has a causal form: one without (Linformer's and Nyströmformer's projections mix every
     # position) is "n/a" on the causal language-modelling tasks, decided before any process starts
     causal: bool = True
-    # the tasks the grid runs the method on, reserved to it (the kernel method is a pipeline of its own, a masked LM:
-    # Karkhanis et al., §4; its file also trains a causal teacher on bytes), or None for every task no method reserves
+    # the tasks the grid runs the method on, reserved to it (the kernel method's own dense teacher is a masked LM:
+    # Karkhanis et al., §4; its file also trains a causal one on bytes), or None for every task no method reserves
     tasks: Optional[FrozenSet[str]] = None
     # a quick-grid cell's CPU time relative to full attention's on the same task (64-256 tokens, one thread: at
     # these lengths every method's fixed costs outweigh full attention's quadratic term); the grid estimates its

@@ -344,7 +344,7 @@ def markdown(record: dict) -> str:
         if "computed_pairs" in rows[0]:
             columns = ["setting", "n", "test", "computed_pairs", "density", "median_step_ms", "status"]
             parts.append("Recall at matched pairs (seed 0):\n\n" + table(rows, columns))
-        else:  # the records of the earlier stage: the frontier claim's families on duplicates
+        else:  # the earlier stage's records: duplicates at 512 tokens, the families of results/frontier-2-heads
             parts.append(table(rows, ["n", "family", "setting", "test", "density", "median_step_ms", "code"]))
     return "\n\n".join(parts) + "\n"
 

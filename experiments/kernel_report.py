@@ -1,5 +1,6 @@
 """The kernel method's report (Karkhanis et al., kernel_sparse.py): Tables 1-3, Table 1 at matched density, Fig. 5,
-Fig. 6 and the §6.2 fine-tuning as Markdown, generated from a run's record (RUN/metrics.json, its ``kernel`` part).
+Fig. 6 and the §6.2 fine-tuning as Markdown, generated from a record of experiments/kernel_pipeline.py
+(RUN/metrics.json, its ``kernel`` part).
 
     python -m experiments.kernel_report RUN                                   # print the tables
     python -m experiments.kernel_report results/kernel --out results/kernel/kernel_report.md --command "…"
@@ -113,7 +114,7 @@ def render(kernel: dict) -> str:
         lines += ["", "Table 1 at matched density (Eq. 1 predictors):", "", *matched_table(kernel)]
     lines += [
         "",
-        f"Fig. 5 ({config['sweep']}):",
+        f"Fig. 5 ({kernel['finetune']['setting']['variant']}):",
         "",
         "| select | value | valid ppl | keys per query | density | core FLOPs × dense | model time × dense |",
         "|---|---|---|---|---|---|---|",
@@ -155,16 +156,16 @@ def render(kernel: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.kernel_report", description=__doc__.splitlines()[0])
-    p.add_argument("run", help="a kernel_sparse.py run folder (its metrics.json)")
+    p.add_argument("run", help="a run folder of python -m experiments.kernel_pipeline (its metrics.json)")
     p.add_argument("--out", help="write the report to this file (default: print it)")
     p.add_argument("--command", default="", help="the command that made the record, for the report's first line")
     args = p.parse_args(argv)
     path = Path(args.run) / "metrics.json"
     try:
         kernel = json.loads(path.read_text())["kernel"]
+        text = render(kernel)
     except (OSError, ValueError, KeyError) as exc:
-        sys.exit(f"{p.prog}: {path} is no kernel_sparse.py record ({type(exc).__name__}: {exc})")
-    text = render(kernel)
+        sys.exit(f"{p.prog}: {path} is no kernel pipeline record ({type(exc).__name__}: {exc})")
     if args.out:
         header = f"`{args.command}` ({kernel['seconds'] / 60:.1f} min for the pipeline after the teacher)\n\n"
         Path(args.out).write_text((header if args.command else "") + text)

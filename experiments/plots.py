@@ -8,10 +8,10 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from baselines.window import window_density
 from bench.files import kept_log, read_json
-from experiments.claims.frontier import VARIANTS, by_setting, families
+from experiments.claims import matched_cost as mc
 from experiments.grid import load
-from experiments.tables import fair_ratios
 
 
 def available() -> bool:
@@ -160,67 +160,66 @@ def ssa_ensemble(samples: List[int], bpb: List[float], dense: float, path: Path)
     )
 
 
-def frontiers(records: List[dict], path: Path) -> str:
-    """Test metric against measured test density (top) and against training step time ÷ fair full attention
-    (bottom; experiments.step_time of the seed-0 runs), a column per task variant: a point per seed, each family's
-    medians joined in order of density, full attention's median (dotted) and the base rate (dashed)."""
-    groups, folder = by_setting(records), records[0]["folder"].parent.parent
-    variants = [v for v in VARIANTS if (v, "dense", "full") in groups]  # each read against full attention
-    fig, axes = figure(len(variants), 2)
-    names = list(families(0, "bytes"))  # every family, the kernel method's (bytes alone) last
-    for column, variant in enumerate(variants):
-        times = fair_ratios(read_json(folder / f"step_time-{variant}" / "step_time.json") or {}, VARIANTS[variant][1])
-        full, base = (statistics.median(r[k] for r in groups[variant, "dense", "full"]) for k in ("test", "base_rate"))
-        for ax, x in zip(axes[:, column], (lambda r, label: r["density"], lambda r, label: times.get(label, math.nan))):
-            for family in names:
-                points = sorted(
-                    (
-                        (
-                            statistics.median(r["density"] for r in rs),
-                            statistics.median(x(r, s) for r in rs),
-                            statistics.median(r["test"] for r in rs),
-                            s,
-                            rs,
-                        )
-                        for (v, f, s), rs in groups.items()
-                        if v == variant and f == family and not math.isnan(x(rs[0], s))
-                    ),
-                    key=lambda point: point[:3],
-                )  # two settings may tie: never compare their records
-                colour = f"C{names.index(family)}"
-                for *_, label, rs in points:
-                    ax.scatter([x(r, label) for r in rs], [r["test"] for r in rs], s=8, color=colour, alpha=0.4)
-                if points:
-                    ax.plot([p[1] for p in points], [p[2] for p in points], "o-", color=colour, label=family, ms=4)
-            ax.axhline(full, color="k", ls=":", lw=1)
-            ax.axhline(base, color="grey", ls="--", lw=1)
-            ax.set_title(variant + ("" if ax is axes[0, column] or times else ": not timed yet"), fontsize=9)
-            log_x(ax)
-        if variant.startswith("duplicates"):  # a token with a duplicate is right where it is found
-            d, heads = [10 ** (e / 40) for e in range(-120, 1)], VARIANTS[variant][2]["heads"]
-            for recall, family in ((lambda x: min(1, heads * x**0.5), "sbm"), (lambda x: x, "window")):
-                axes[0, column].plot(
-                    d, [base + (1 - base) * recall(x) for x in d], "-.", lw=0.8, color=f"C{names.index(family)}"
+def matched_costs(records: List[dict], path: Path, gpu: Dict[str, List[dict]]) -> str:
+    """The matched-cost claim: per task, test accuracy against computed pairs ÷ admissible (log), each setting's median
+    over its seeds with a bar over their range; then per device of ``gpu`` (folder → its GPU job's recall records),
+    accuracy against the median training step, a point per setting."""
+    groups, names, verdicts = mc.by_setting(records), [*mc.FIXED, *mc.ADAPTIVE], mc.verdicts(records)
+    panels, n = [*mc.TASKS, *gpu], mc.MODEL["seq_len"]
+    fig, axes = figure(3, math.ceil(len(panels) / 3), 4.0, 3.3)
+    for ax, task in zip(axes.flat, mc.TASKS):
+        for (t, family, _), runs in groups.items():
+            if t == task and family != "dense":
+                x = statistics.median(mc.cost(r, "pairs", None) for r in runs.values())
+                tests, colour = [r["test"] for r in runs.values()], f"C{names.index(family)}"
+                y, filled = statistics.median(tests), family in mc.ADAPTIVE
+                style = dict(
+                    fmt="o" if filled else "s", ms=4, capsize=2, color=colour, mfc=colour if filled else "none"
                 )
-        axes[0, column].set_xlim(right=1.2)  # a density is at most 1
-    shown = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
-    axes[0, -1].legend(shown.values(), shown.keys(), fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    save(
-        fig,
-        path,
-        axes.flat,
-        ["attention density on the test split (log)"] * len(variants)
-        + ["training step time ÷ fair full attention's (log)"] * len(variants),
-        ["test metric (accuracy; bytes: bits per byte)"] * 2 * len(variants),
-    )
+                ax.errorbar([x], [y], [[y - min(tests)], [max(tests) - y]], label=family, **style)
+        if (task, "dense", "full") in groups:
+            full = statistics.median(r["test"] for r in groups[task, "dense", "full"].values())
+            ax.axhline(full, color="k", lw=1, label="full attention")
+        limit = [(d, mc.window_limit(task, n, d)) for d in (window_density(n, w, False) for w in range(n))]
+        if limit[0][1] is not None:  # where the task has one
+            ax.plot(*zip(*limit), "--", lw=0.8, color=f"C{names.index('window')}", label="window's Bayes limit")
+        for budget in mc.BUDGETS:
+            ax.axvline(budget, color="grey", ls=":", lw=0.8)
+        said = [
+            f"{100 * r['budget']:g}%: {r['mean']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]"
+            for r in verdicts
+            if r["task"] == task and "mean" in r
+        ]
+        ax.set_title("\n".join(said), fontsize=6, loc="right")  # above the panel: no point hidden
+        ax.set_title(task, fontsize=9, loc="left")
+        log_x(ax)
+    for ax, (device, rs) in zip(axes.flat[len(mc.TASKS) :], gpu.items()):
+        for r in rs:
+            ax.scatter([r["median_step_ms"]], [r["test"]], s=14, color="k")
+            ax.text(r["median_step_ms"], r["test"], " " + r["folder"].name, fontsize=6, va="bottom")
+        ax.set_title(f"{device}: recall at {rs[0]['config']['seq_len']:,} tokens, seed 0", fontsize=9)
+        log_x(ax)
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
+    shown = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
+    order = sorted(shown, key=lambda label: names.index(label) if label in names else len(names))
+    fig.legend([shown[label] for label in order], order, loc="lower center", ncol=6, fontsize=7, frameon=False)
+    xlabels = ["computed pairs ÷ admissible (log)"] * len(mc.TASKS) + ["median training step, ms (log)"] * len(gpu)
+    save(fig, path, axes.flat[: len(panels)], xlabels, ["test accuracy"] * len(panels), rect=(0, 0.08, 1, 1))
+    said = [
+        f"{r['task']} {100 * r['budget']:g}%: {r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['verdict']}"
+        for r in verdicts
+        if "mean" in r
+    ]
     return (
-        "Frontiers: test metric against measured attention density (top) and against training step time ÷ fair "
-        "full attention's (bottom: one side-by-side run of each setting's seed-0 model; the kernel method's "
-        "pipeline has no one training step to time), a point per seed, each family's medians joined in order of "
-        "density; dotted: full attention's median, dashed: the base rate; dash-dot (duplicates): base + (1 − "
-        "base) × recall, the most a pattern of density d reaches if it finds a token's duplicate with probability "
-        "recall = d (a window) or at most min(1, 2√d) (SBM with 2 heads: Eq. 5 makes each head's density ≥ its "
-        "recall²)."
+        f"Matched cost: test accuracy against the pairs each attention computes ÷ the admissible pairs (log), a panel "
+        f"per task at {n} tokens; each setting's median over its seeds, its bar their range; filled: adaptive "
+        "families, open: fixed; solid: full attention's median; dashed: a window's exact Bayes limit; dotted: the "
+        "budgets; above a panel, per budget: the best adaptive family's test accuracy minus the best fixed one's, mean "
+        "[95% bootstrap interval] over the paired seeds, with its verdict: "
+        + ("; ".join(said) or "no budget has both kinds yet")
+        + "".join(f"; {device}: the GPU job's recall runs, accuracy against the median training step" for device in gpu)
+        + "."
     )
 
 
@@ -267,9 +266,14 @@ def draw_published(results: Path, plot_dir: Path, costs: Dict[str, object]) -> D
                 plot_dir / f"{name}.png",
                 f"results/scaling/{name}.json, {what}",
             )
-    frontier_records = load(results / "frontier")[0]
-    if frontier_records:
-        captions["frontier"] = frontiers(frontier_records, plot_dir / "frontier.png")
+    cost_records = load(results / "matched-cost")[0]
+    if mc.by_setting(cost_records):  # stage 2: the GPU job's recall runs beside
+        gpu = {}
+        for metrics in sorted(results.glob("gpu/*/frontier/*/metrics.json")):
+            record = read_json(metrics) or {}
+            if record.get("status") == "complete":
+                gpu.setdefault(metrics.parts[-4], []).append(dict(record, folder=metrics.parent))
+        captions["matched-cost"] = matched_costs(cost_records, plot_dir / "matched-cost.png", gpu)
     if quick:
         captions["accuracy_vs_cost"] = accuracy_vs_cost(quick, plot_dir / "accuracy_vs_cost.png", costs, "quick")
     return captions

@@ -3,7 +3,7 @@
     python -m experiments.step_time --task listops --preset paper --batch-size 8  # Table 3 at 2K
     python -m experiments.step_time --task listops --preset paper --batch-size 8 \
         --sbm-density results/sbm-table3/runs/sbm-lambda0.1-listops-paper-s0  # a run's density
-    python -m experiments.step_time --task recall --runs 'results/frontier/runs/*-n64-recall-cpu-s0' --exclude '*-1h*'
+    python -m experiments.step_time --task recall --runs 'results/matched-cost/runs/*-recall-cpu-s0' --exclude '*-lr*'
 
 One model per variant, the same batches, a training step of each in turn, round after round:
 - `full (as run)`: the preset's recipe (with attention dropout, CPU SDPA leaves its flash kernel for

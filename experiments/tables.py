@@ -48,11 +48,10 @@ def by(recs: List[dict], *keys) -> Dict[tuple, List[dict]]:
     return groups
 
 
-def fair_ratios(timed: dict, suffix: str = "") -> Dict[str, float]:
+def fair_ratios(timed: dict) -> Dict[str, float]:
     """experiments.step_time's JSON: each setting's median step ÷ fair full attention's (NaN without
-    one), by its label less " (as run)" and a claim's cell-name ``suffix``."""
+    one), by its label less " (as run)"."""
     fair = statistics.median(timed.get("step_ms", {}).get("full (fair)") or [math.nan])
     return {
-        name.replace(" (as run)", "").removesuffix(suffix): statistics.median(ms) / fair
-        for name, ms in timed.get("step_ms", {}).items()
+        name.replace(" (as run)", ""): statistics.median(ms) / fair for name, ms in timed.get("step_ms", {}).items()
     }

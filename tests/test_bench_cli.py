@@ -448,7 +448,7 @@ def test_a_killed_grid_rerun_finishes_without_redoing_complete_cells(tmp_path, h
     assert all(json.loads(r.read_text())["status"] == "complete" for r in records)
 
 
-def test_grid_pairs_the_kernel_pipeline_with_its_masked_lm_task_and_refuses_unknown_tasks(tmp_path, here):
+def test_grid_pairs_the_kernel_method_with_its_masked_lm_task_and_refuses_unknown_tasks(tmp_path, here):
     from bench.methods import applicable
 
     assert applicable("kernel", "wikitext2") and not applicable("kernel", "listops")
@@ -468,7 +468,7 @@ def test_grid_pairs_the_kernel_pipeline_with_its_masked_lm_task_and_refuses_unkn
 
 
 def test_grid_runs_methods_with_their_own_entry_points(tmp_path, here):
-    """SBM and SSA cells run their files' main(); the kernel cell runs the whole pipeline on its masked LM."""
+    """SBM, SSA and kernel cells run their files' main(); the kernel cell on its masked LM."""
     import pytest
     from conftest import DATA
 
@@ -484,9 +484,9 @@ def test_grid_runs_methods_with_their_own_entry_points(tmp_path, here):
         "4",
         "--finetune-steps",
         "1",
-        "--thresholds",
-        "0.5",
-        "--top-ks",
+        "--select",
+        "topk",
+        "--top-k",
         "2",
         "--handcrafted-k",
         "4",

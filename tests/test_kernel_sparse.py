@@ -2,7 +2,8 @@
 (threshold and top-K, local, global-column and global-row kernels) against a union built by hand, Eq. 1 and
 the per-kernel loss against numbers worked out by hand, the sparse (query, key)-list path against dense masked
 attention (outputs and gradients, padding, causal, empty rows), the all-kernels mask against the dense
-teacher, causality, bad input and the CLI, and a tiny end-to-end run of the pipeline."""
+teacher, causality, bad input and the CLI, and a tiny end-to-end run of main(), the method's procedure. The paper's
+comparisons (experiments/kernel_pipeline.py) are tests/test_kernel_pipeline.py."""
 
 import json
 import math
@@ -13,7 +14,6 @@ import pytest
 import torch
 
 import kernel_sparse as ks
-from experiments import kernel_report
 from bench.model import Model, ModelConfig
 from conftest import DATA, ROOT, seeded
 
@@ -834,28 +834,18 @@ def test_pair_dropout_keeps_pairs_independently_at_rate_one_minus_p():
     assert (keep[0] != keep[1]).any()  # seeds draw different masks
 
 
-def test_default_config_and_variants():
+def test_default_config_is_the_paper_s():
     cfg = ks.KernelConfig()
-    assert cfg.variants() == [
-        "standard/max",
-        "handcrafted/max",
-        "learned/max",
-        "standard/per-kernel",
-        "handcrafted/per-kernel",
-    ]
+    assert (cfg.family, cfg.loss, cfg.variant) == ("standard", "max", "standard/max")
     assert (cfg.target_threshold, cfg.handcrafted_k, cfg.learned_kernels, cfg.window) == (0.05, 20, 14, 5)
 
 
 @pytest.mark.parametrize(
     "bad",
     [
-        dict(families=("standard", "bogus")),
-        dict(families=()),
-        dict(losses=("l1",)),
-        dict(losses=()),
-        dict(sweep="learned/per-kernel"),
-        dict(sweep="standard"),
-        dict(families=("learned",), sweep="standard/max"),
+        dict(family="bogus"),
+        dict(loss="l1"),
+        dict(family="learned", loss="per-kernel"),
         dict(target="soft"),
         dict(select="all"),
         dict(window=4),
@@ -871,7 +861,8 @@ def test_default_config_and_variants():
         dict(predictor_rows=0),
         dict(predictor_steps=-1),
         dict(finetune_steps=-1),
-        dict(top_ks=(2, 0)),
+        dict(threshold=float("nan")),
+        dict(learned_init=float("inf")),
     ],
 )
 def test_kernel_config_rejects_bad_values(bad):
@@ -917,9 +908,9 @@ def test_bad_shapes_and_inputs_raise():
     [
         (["--attn", "window=3"], "unrecognized arguments: --attn"),
         (["--window", "4"], "odd"),
-        (["--sweep", "learned/per-kernel"], "sweep"),
-        (["--families", "standard,bogus"], "families"),
-        (["--top-ks", "1,0"], "top-K"),
+        (["--family", "learned", "--loss", "per-kernel"], "learned kernels: max only"),
+        (["--family", "bogus"], "argument --family: invalid choice: 'bogus'"),
+        (["--thresholds", "0.5"], "unrecognized arguments: --thresholds"),  # the pipeline's: experiments/
         (["--task", "duplicates"], "argument --task: invalid choice: 'duplicates'"),
     ],
 )
@@ -979,119 +970,28 @@ def test_script_entry_point_exits_non_zero_with_a_message():
 
 
 @pytest.mark.parametrize("task", ["wikitext2", "bytes"])  # a masked-LM teacher, and a causal one
-def test_pipeline_end_to_end_smoke(task, tmp_path, capsys):
+def test_main_end_to_end_smoke(task, tmp_path):
+    """main(): the teacher, §4.1, one family's predictors installed with the selection rule, fine-tuning; the record
+    is the fine-tuned sparse model's, the teacher's and the fit's numbers under `kernel`."""
     if not ((DATA / "wikitext-2" / "valid.txt").is_file() and (DATA / "wikitext-2" / "test.txt").is_file()):
         pytest.skip(f"no WikiText-2 in {DATA} (set SPARSE_ATTN_DATA)")
     out = tmp_path / "run"
-    code = ks.main(
-        [
-            "--task",
-            task,
-            "--device",
-            "cpu",
-            "--data-dir",
-            str(DATA),
-            "--out",
-            str(out),
-            "--seq-len",
-            "32",
-            "--dim",
-            "16",
-            "--depth",
-            "2",
-            "--heads",
-            "2",
-            "--head-dim",
-            "8",
-            "--mlp-dim",
-            "32",
-            "--steps",
-            "4",
-            "--batch-size",
-            "4",
-            "--eval-every",
-            "4",
-            "--eval-batches",
-            "1",
-            "--final-eval-batches",
-            "1",
-            "--analysis-sequences",
-            "8",
-            "--predictor-steps",
-            "3",
-            "--predictor-batch",
-            "2",
-            "--predictor-rows",
-            "8",
-            "--finetune-steps",
-            "2",
-            "--thresholds",
-            "0.5",
-            "--top-ks",
-            "2",
-            "--handcrafted-k",
-            "4",
-            "--learned-kernels",
-            "3",
-            "--hidden",
-            "8",
-            "--matched-top-ks",
-            "1",
-            "--matched-keys",
-            "2",
-        ]
-    )
-    assert code == 0
+    tiny = ["--seq-len", "32", "--dim", "16", "--depth", "2", "--heads", "2", "--head-dim", "8", "--mlp-dim", "32"]
+    steps = ["--steps", "4", "--batch-size", "4", "--eval-every", "4", "--eval-batches", "1"]
+    method = ["--analysis-sequences", "8", "--predictor-steps", "3", "--predictor-batch", "2", "--predictor-rows", "8"]
+    chosen = ["--family", "handcrafted", "--handcrafted-k", "4", "--select", "topk", "--top-k", "2", "--hidden", "8"]
+    where = ["--task", task, "--device", "cpu", "--data-dir", str(DATA), "--out", str(out)]
+    tune = ["--final-eval-batches", "1", "--finetune-steps", "2"]
+    assert ks.main([*where, *tiny, *steps, *method, *chosen, *tune]) == 0
     record = json.loads((out / "metrics.json").read_text())
     kernel = record["kernel"]
-    assert set(kernel["variants"]) == set(ks.KernelConfig().variants())
-    assert len(kernel["analysis"]) == 2 and len(kernel["fig6"]) == 3 and len(kernel["fig5"]) == 2
-    # consistency between independent evaluations of the same setting
-    assert kernel["fig6"][0]["valid_ppl"] == pytest.approx(kernel["teacher"]["valid_ppl"], rel=1e-5)
-    assert kernel["fig6"][0]["density"] == pytest.approx(1.0 if task == "wikitext2" else 33 / 64)  # causal: (N+1)/2N
-    assert kernel["fig6"][-1]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
-    assert kernel["fig5"][0]["valid_ppl"] == pytest.approx(kernel["variants"]["standard/max"]["valid_ppl"], rel=1e-5)
-    rows = [*kernel["variants"].items(), *(("fig5", v) for v in kernel["fig5"]), ("finetune", kernel["finetune"])]
-    for name, v in rows:  # learned kernels start near-empty (logits N(−4, 1)): 3 predictor steps may leave them so
-        assert (0 <= v["density"] if name.startswith("learned") else 0 < v["density"]) and v["density"] <= 1
-        assert math.isfinite(v["valid_ppl"]) and 0 < v["time_x_dense"] < math.inf
-        assert v["keys_per_query"] == pytest.approx(v["density"] * 32)
-    final = kernel["finetune"]
-    control = final["dense_control"]  # the teacher fine-tuned as long, densely: the fair reference
-    assert math.isfinite(control["test_ppl"]) and final["ppl_x_dense_control"] == pytest.approx(
-        final["test_ppl"] / control["test_ppl"]
-    )
-    assert {(r["variant"], r["select"]) for r in kernel["matched"]} == {
-        (v, rule) for v in ks.KernelConfig().variants() if v.endswith("/max") for rule in ("topk", "threshold")
-    }
-    assert record["density"] == final["density"] and record["valid"] == pytest.approx(math.log2(final["valid_ppl"]))
-    assert (out / "analysis.pt").is_file() and (out / "finetuned.pt").is_file()
-    assert kernel_report.main([str(out)]) == 0  # the tables, generated from the record
-    report = capsys.readouterr().out
-    assert "Dense control" in report and f"model inference time {final['time_x_dense']:.2f} × dense" in report
-    assert "core FLOPs × dense | model time × dense" in report and "Verdict (paper's order" in report
-
-
-def test_a_short_run_takes_the_pipeline_in_proportion_unless_it_sets_a_size():
-    """A 20-step run of the 1000-step preset took ~10 minutes in its 128-sequence analysis and 300-step predictors
-    and fine-tuning; now they scale with the steps, as the warm-up does, unless the command sets any of them."""
-    kernel = ks.KernelConfig()
-    short = ks.in_proportion(kernel, 20, 1000, frozenset())
-    assert (short.analysis_sequences, short.predictor_steps, short.finetune_steps) == (3, 6, 6)
-    assert ks.in_proportion(kernel, 20, 1000, frozenset({"predictor_steps"})) == kernel
-    assert ks.in_proportion(kernel, 1000, 1000, frozenset()) == kernel == ks.in_proportion(kernel, 0, 1000, set())
-
-
-def test_calibrated_threshold_gives_the_keys_asked_for():
-    """Table 1 at matched density: at τ from calibrated_threshold the sparse model attends to the keys per query
-    asked for, within what one step of the selection moves (a few queries taking or leaving a kernel)."""
-    model = tiny_model("token")
-    inputs = {"tokens": torch.randint(20, (3, L), generator=seeded(1))}
-    ks.install(model)
-    tau = ks.calibrated_threshold(model, inputs, 4.0)
-    ks.install(model, select="threshold", threshold=tau)
-    keys = float(model(**inputs)[1]["density"].mean()) * L
-    assert 0 < tau < 1 and 3.0 < keys <= 4.0
+    assert record["method"] == "kernel" and record["config"]["family"] == "handcrafted"
+    assert kernel["fit"]["kernels_per_layer"] == 6 and len(kernel["fit"]["train_loss_per_layer"]) == 2
+    assert kernel["finetune"]["steps"] == 2 and math.isfinite(kernel["finetune"]["train_loss_last"])
+    assert all(math.isfinite(v) for v in [*kernel["teacher"].values(), kernel["sparse_valid_ppl"]])
+    # the record is the sparse model's: two handcrafted kernels a query, of ≤ 4 offsets, keys or queries each
+    dense = 1.0 if task == "wikitext2" else 33 / 64  # causal: (N+1)/2N
+    assert 0 < record["density"] < dense and record["valid_loss"] == pytest.approx(record["valid"] * math.log(2))
 
 
 @pytest.mark.parametrize("init, selected", [(0.0, False), (-4.0, True)])

@@ -101,15 +101,43 @@ def test_one_rate_beyond_the_edge_where_the_best_of_four_sits_there(tmp_path, be
 
 
 def test_the_claim_s_cells_drop_a_needless_fifth_rate_and_every_family_is_fixed_or_adaptive(tmp_path):
+    """Rates are run on recall only, and every task's cells take recall's best; the first budgets come first."""
     families = mc.families(100)
     assert set(families) == {"dense", *mc.FIXED, *mc.ADAPTIVE} and not set(mc.FIXED) & set(mc.ADAPTIVE)
     runs = tmp_path / "runs"
     for lr in mc.LEARNING_RATES:
-        write(runs, f"full-lr{lr}-ngram-cpu", lr, 0.9 if lr == "1e-3" else 0.5)
-    names = [c["name"] for c in mc.CLAIM.cells(runs)]
-    assert "full-lrbeyond-ngram-cpu-s0" not in names and "full-lrbeyond-recall-cpu-s0" in names
-    full = next(c for c in mc.CLAIM.cells(runs) if c["name"] == "full-ngram-cpu-s3")
-    assert full["command"][full["command"].index("--lr") + 1] == "1e-3" and "waiting" not in full
+        write(runs, f"full-lr{lr}-recall-cpu", lr, 0.9 if lr == "1e-3" else 0.5)
+    cells = mc.CLAIM.cells(runs)
+    names = [c["name"] for c in cells]
+    assert "full-lrbeyond-recall-cpu-s0" not in names and "window-d0.125-lrbeyond-recall-cpu-s0" in names
+    assert not [n for n in names if "-lr" in n and "-recall-" not in n]
+    for name in ("full-ngram-cpu-s3", "full-duplicates-cpu-s0"):
+        full = next(c for c in cells if c["name"] == name)
+        assert full["command"][full["command"].index("--lr") + 1] == "1e-3" and "waiting" not in full
+    assert "waiting" in next(c for c in cells if c["name"] == "window-d0.125-ngram-cpu-s0")
+    first, later = names.index("window-d0.25-ngram-cpu-s4"), names.index("window-d0.5-duplicates-cpu-s0")
+    assert first < later  # every task's 12.5% and 25% before any task's 6.25% and 50%
+
+
+def test_each_setting_s_computed_pairs_at_128_tokens_are_within_the_budget_it_aims_at():
+    """The stated budget of every fixed and routed setting against its attention's own computed pairs, by hand:
+    a window of w keys each side scores min(i, w) + min(n-1-i, w) + 1 keys of row i; Reformer R · 2C; MoBA (k+1)·B."""
+    n = 128
+    for family, members in mc.families(100).items():
+        for method, tag, options, budget in members:
+            attn = dict(o.split("=", 1) for o in options.get("attn", []))
+            if method == "moba":
+                pairs = (int(attn["topk"]) + 1) * int(attn["block"]) / n
+            elif method == "reformer":
+                pairs = int(attn["n_hashes"]) * 2 * int(attn["bucket_size"]) / n
+            elif method == "window" and "full_heads" not in attn and "full_layers" not in attn:
+                from baselines.window import window_for_density
+
+                w = window_for_density(n, float(attn["density"]), causal=False)
+                pairs = sum(min(i, w) + min(n - 1 - i, w) + 1 for i in range(n)) / n**2
+            else:
+                continue
+            assert budget / 2 < pairs <= mc.SLACK * budget, (family, tag, pairs, budget)
 
 
 @pytest.mark.parametrize("task", ["duplicates", "recall"])

@@ -369,10 +369,59 @@ def test_a_claims_cell_pattern_matching_nothing_is_refused_before_anything_is_wr
     assert result.returncode == 2 and "no cell of sbm-table3 matches '*-s9'" in result.stderr
     assert "full-listops-paper-s0" in result.stderr and not (tmp_path / "claim").exists()
     result = here(
-        "experiments.claims", "run", "frontier", "--cells", "nosuch*", "--out", str(tmp_path / "claim"), check=False
-    )  # 590 cells: the message names the first and the last, not all of them
+        "experiments.claims", "run", "matched-cost", "--cells", "nosuch*", "--out", str(tmp_path / "claim"), check=False
+    )  # hundreds of cells: the message names the first and the last, not all of them
     assert result.returncode == 2 and len(result.stderr.splitlines()[-1]) < 200, result.stderr
-    assert "full-n64-duplicates-cpu-s0 … " in result.stderr and not (tmp_path / "claim").exists()
+    assert "full-duplicates-cpu-s0 … " in result.stderr and not (tmp_path / "claim").exists()
+
+
+@pytest.mark.parametrize("budgets", ["0,0.5", "1.5", "a", ""])
+def test_a_budget_outside_zero_to_one_is_refused_in_one_line(here, budgets):
+    result = here("experiments.claims", "verdicts", "--budgets", budgets, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1].endswith(f"must be comma-separated fractions in (0, 1], got {budgets!r}")
+
+
+def test_the_verdicts_at_chosen_budgets_come_from_the_records_and_none_is_one_line(tmp_path, monkeypatch, here):
+    from experiments import claims
+
+    monkeypatch.setattr(claims, "RESULTS", tmp_path)
+    result = here("experiments.claims", "verdicts", check=False)
+    assert (result.returncode, result.stdout) == (1, "") and len(result.stderr.splitlines()) == 1
+    assert "no setting of matched-cost has a record yet" in result.stderr
+    pairs = {"full": 1.0, "window-d0.125": 0.128, "reformer-h1-b8": 0.125}
+    tests = {"full": 1.0, "window-d0.125": 0.3, "reformer-h1-b8": 0.9}
+    extra = {s: {"computed_pairs": c, "density": c, "flops_per_example": {"attention": c}} for s, c in pairs.items()}
+    claim_records(tmp_path, "matched-cost", tests, **extra)
+    table = " ".join(here("experiments.claims", "verdicts", "--budgets", "0.125,0.03").stdout.split())
+    assert "| recall | 12.5% | reformer | window | +0.600 | [+0.600, +0.600] | 5/5 | pays |" in table
+    assert "| recall | 3% | none within | none within |" in table and "25%" not in table
+    assert not list(tmp_path.glob("*.md")) and not list(tmp_path.rglob("*.png"))  # it prints, it writes nothing
+
+
+def test_a_rerun_compares_a_record_with_its_command_and_a_missing_one_is_one_line(tmp_path, monkeypatch, here):
+    """A tiny claim: its one cell run, then rerun from its command: identical; a changed metric: the field named;
+    a cell without a record, or not of the claim: one line, exit 1."""
+    from experiments import claims, grid
+    from experiments.claims.claim import Claim, Setting
+
+    options = dict(seq_len=16, dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16, batch_size=4, steps=3)
+    options.update(eval_every=3, eval_batches=1, final_eval_batches=1, warmup=1, lr="1e-3")
+    tiny = Claim("tiny", "a tiny claim", "runs", "–", runs=(Setting("full", "recall", "cpu", options),))
+    monkeypatch.setattr(claims, "RESULTS", tmp_path)
+    monkeypatch.setitem(claims.BY_NAME, "matched-cost", tiny)
+    out, (cell,) = tmp_path / "matched-cost", tiny.cells()
+    missing = here("experiments.claims", "rerun", "matched-cost", cell["name"], check=False)
+    assert missing.returncode == 1 and "has no complete record" in missing.stderr.splitlines()[-1]
+    assert not out.exists()
+    strange = here("experiments.claims", "rerun", "matched-cost", "nosuch-s0", check=False)
+    assert strange.returncode == 1 and "'nosuch-s0' is not a cell of the claim" in strange.stderr
+    assert grid.run_cells(out, [cell], 1) == 0
+    assert here("experiments.claims", "rerun", "matched-cost", cell["name"]).stdout.endswith("fields\n")
+    record = out / "runs" / cell["name"] / "metrics.json"
+    record.write_text(json.dumps(dict(json.loads(record.read_text()), test=0.5, extra=1)))
+    changed = here("experiments.claims", "rerun", "matched-cost", cell["name"], check=False)
+    assert changed.returncode == 1 and changed.stdout.endswith("differs in extra, test\n")
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
@@ -480,38 +529,32 @@ def test_a_rerun_with_another_budget_redoes_the_cell_instead_of_mixing(tmp_path,
     assert json.loads(record.read_text())["steps"] == 2
 
 
-def test_frontier_cells_wait_for_their_family_s_learning_rate_and_then_take_the_best(tmp_path, monkeypatch, capsys):
-    """frontier: stage 1 runs three learning rates per family at seed 0; each stage-2 cell waits for its family's
-    three records, then takes the learning rate of the best validation metric (bits per byte: the lowest)."""
+def test_a_claim_s_cells_wait_for_their_family_s_learning_rate_and_then_take_the_best(tmp_path, monkeypatch, capsys):
+    """matched-cost: stage 1 runs four learning rates per family at seed 0; each stage-2 cell waits for its family's
+    records, then takes the rate of the best validation accuracy, in the same run; a rate beyond an edge is not
+    needed where the best lies inside the four."""
     from experiments import claims, grid
 
-    claim, runs = claims.BY_NAME["frontier"], tmp_path / "runs"
+    claim, runs = claims.BY_NAME["matched-cost"], tmp_path / "runs"
     first = [c for c in claim.cells(runs) if "waiting" not in c]
-    assert {c["settings"]["lr"] for c in first} == {"3e-4", "1e-3", "3e-3"}
-    # learning rates × families × tasks, and the kernel method on bytes alone
-    assert all(c["seed"] == 0 for c in first) and len(first) == 3 * 6 * 4 + 3
-    assert [c["name"] for c in first if c["method"] == "kernel"] == [
-        f"kernel-t0.1-lr{lr}-bytes-cpu-s0" for lr in ("3e-4", "1e-3", "3e-3")
-    ]
-    valid = {"3e-4": 0.7, "1e-3": 0.9, "3e-3": 0.8}
+    assert {c["settings"]["lr"] for c in first} == {"3e-4", "1e-3", "3e-3", "1e-2"}
+    assert all(c["seed"] == 0 and "-lr" in c["name"] for c in first)  # stage 2 waits for them
+    valid = {"3e-4": 0.7, "1e-3": 0.9, "3e-3": 0.8, "1e-2": 0.6}
 
     def run_cells(out, cells, jobs):  # the grid: stage-1 records whose validation metric depends on the rate
         for cell in cells:
-            lr = cell["settings"]["lr"]
-            write_record(out / "runs" / cell["name"], cell, valid.get(lr, 0.5))
+            write_record(out / "runs" / cell["name"], cell, valid.get(cell["settings"]["lr"], 0.5))
         return 0
 
     monkeypatch.setattr(grid, "run_cells", run_cells)
-    assert claims.run_claim(claim, tmp_path, "window-d0.2-n64-*-s0", 1) == 0
-    commands = {c["name"]: " ".join(c["command"]) for c in claim.cells(runs)}
-    assert commands["window-d0.2-n64-duplicates-cpu-s0"].endswith("--attn density=0.2 --lr 1e-3")
-    assert "waiting" in {c["name"]: c for c in claim.cells(runs)}["bigbird-d0.2-n64-duplicates-cpu-s0"]
+    assert claims.run_claim(claim, tmp_path, "window-d0.125-*recall-cpu-s0", 1) == 0
+    cells = {c["name"]: c for c in claim.cells(runs)}
+    window = cells["window-d0.125-recall-cpu-s0"]["command"]
+    assert window[window.index("--lr") + 1] == "1e-3" and (runs / "window-d0.125-recall-cpu-s0").is_dir()
+    assert "window-d0.125-lrbeyond-recall-cpu-s0" not in cells and "waiting" in cells["bigbird-d0.125-recall-cpu-s0"]
     monkeypatch.setattr(grid, "run_cells", lambda out, cells, jobs: 0)  # stage 1 leaves no record
-    assert claims.run_claim(claim, tmp_path, "sbm-lambda1e-2-n64-duplicates-cpu-s4", 1) == 1
-    assert (
-        "sbm-lambda1e-2-n64-duplicates-cpu-s4: not run, it waits for the records that give --lr"
-        in capsys.readouterr().out
-    )
+    assert claims.run_claim(claim, tmp_path, "sbm-lambda1e-2-recall-cpu-s4", 1) == 1
+    assert "sbm-lambda1e-2-recall-cpu-s4: not run, it waits for the records that give --lr" in capsys.readouterr().out
 
 
 def claim_records(tmp_path, claim_name, tests, **fields):
@@ -543,127 +586,37 @@ def test_the_fig4_rule_reproduces_only_when_full_and_sbm_reach_99_and_the_low_ra
     assert claim.rule(folder)[1] == "differs: sbm below 99%"
 
 
-def test_the_frontier_verdict_is_the_lowest_density_reaching_full_attention_per_family(tmp_path):
-    """Per task and family, the lowest median density whose median test accuracy is within a point of full
-    attention's, with the seeds that reach it; adaptivity pays on a task where an adaptive family gets there at
-    most 1/1.5 of the density the fixed families need."""
-    from experiments.claims import frontier
-
-    tests = {
-        "full-n64": 0.99,
-        "window-d0.2-n64": 0.70,
-        "window-d0.6-n64": 0.985,
-        "sbm-n64": 0.99,
-        "sbm-lambda1e-2-n64": 0.985,
-        "reformer-h2-b8-n64": 0.95,
-    }
-    density = {
-        "full-n64": 1.0,
-        "window-d0.2-n64": 0.2,
-        "window-d0.6-n64": 0.6,
-        "sbm-n64": 0.9,
-        "sbm-lambda1e-2-n64": 0.3,
-        "reformer-h2-b8-n64": 0.25,
-    }
-    claim, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": d} for s, d in density.items()})
-    rows = {(r["task"], r["family"]): r for r in frontier.verdict_rows(frontier_records(folder))}
-    assert (rows["duplicates64", "sbm"]["density"], rows["duplicates64", "sbm"]["seeds"]) == (0.3, "5/5")
-    assert rows["duplicates64", "window"]["density"] == 0.6 and rows["duplicates64", "window"]["settings"] == 2
-    assert rows["duplicates64", "reformer"]["density"] is None  # 95%: below full attention's 99% − 1 point
-    assert "| duplicates64 | reformer | 0.9900 | 1 | does not | – | – | – |" in frontier.records_table(
-        frontier_records(folder)
-    )
-    (folder / "step_time-duplicates64").mkdir()
-    write_json(
-        folder / "step_time-duplicates64" / "step_time.json",  # experiments.step_time's record of the cells
-        {
-            "step_ms": {
-                "full (fair)": [10.0, 10.0],
-                "full (as run)": [11.0],
-                "sbm-lambda1e-2-n64": [30.0],
-                "sbm-n64": [25.0],
-                "window-d0.6-n64": [12.0],
-            }
-        },
-    )
-    table = frontier.records_table(frontier_records(folder))
-    assert "| duplicates64 | sbm | 0.9900 | 2 | 30.0% | sbm-lambda1e-2 | 5/5 | 2.50 |" in table  # sbm-n64 reaches too
-    assert "| duplicates64 | window | 0.9900 | 2 | 60.0% | window-d0.6 | 5/5 | 1.20 |" in table
-    ours, verdict = claim.rule(folder)
-    assert verdict == "adaptivity pays on duplicates64, recall64"  # 30% ≤ 60% / 1.5 (the -n64 records serve both)
-    assert ours.startswith("duplicates64: adaptive 30% (sbm), fixed 60% (window); duplicates128: adaptive –")
-
-
-def test_the_frontier_learning_rates_show_each_rate_and_the_one_kept_in_bold(tmp_path):
-    """Stage 1 as a table: each family's first setting at every rate (validation metric, test density), in bold
-    the rate its stage-2 cells take (the first of equals); a rate not run yet says so."""
-    from experiments.claims import frontier
-
-    tests = {
-        "window-d0.2-n64-lr3e-4": 0.63,
-        "window-d0.2-n64-lr1e-3": 0.65,
-        "window-d0.2-n64-lr3e-3": 0.65,
-        "sbm-n64-lr3e-4": 0.6,
-    }
-    _, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": 0.2} for s in tests})
-    rows = {
-        tuple(c.strip() for c in line.split("|")[1:4]): [c.strip() for c in line.split("|")[4:7]]
-        for line in frontier.learning_rates(frontier_records(folder)).splitlines()[2:]
-    }
-    assert rows["duplicates64", "window", "window-d0.2-n64"] == [
-        "0.6300 (20.0%)",
-        "**0.6500 (20.0%)**",
-        "0.6500 (20.0%)",
-    ]
-    assert rows["recall64", "sbm", "sbm-n64"] == ["0.6000 (20.0%)", "not run yet", "not run yet"]
-    assert rows["bytes", "kernel", "kernel-t0.1"] == ["not run yet"] * 3
-    assert (
-        frontier.BestLearningRate(
-            tuple(f"window-d0.2-n64-lr{lr}-duplicates-cpu" for lr in frontier.LEARNING_RATES), True
-        ).resolve(folder / "runs")
-        == "1e-3"
-    )  # the cells' own choice, bolded
-
-
-def test_the_frontier_plot_takes_two_settings_that_tie_and_draws_each_against_its_step_time(tmp_path, monkeypatch):
-    """Two settings with the same median density and metric (recall's windows did) are drawn, not compared; the
-    lower panel puts each at its step time ÷ fair full attention's, from the variant's step_time record."""
+def test_the_matched_cost_plot_draws_stage_2_beside_the_gpu_runs_and_its_caption_states_the_verdicts(tmp_path):
+    """Five settings on every task, 5 seeds: the plot is drawn and embedded in the claim's section, and its caption
+    gives each budget's paired difference with its interval and verdict (recall at 12.5%: Reformer against BigBird,
+    the better fixed family on validation; at 25%, against the head allocation); a GPU job's recall runs add a
+    panel."""
     pytest.importorskip("matplotlib")
-    from experiments import plots
+    from experiments import plots, report
 
-    tests = {"full-n64": 0.99, "window-d0.2-n64": 0.7, "window-d0.4-n64": 0.7}
-    _, folder = claim_records(tmp_path, "frontier", tests, **{s: {"density": 0.3} for s in tests})
-    (folder / "step_time-duplicates64").mkdir()
-    write_json(
-        folder / "step_time-duplicates64" / "step_time.json",
-        {
-            "step_ms": {
-                "full (fair)": [10.0],
-                "full (as run)": [11.0],
-                "window-d0.2-n64": [15.0],
-                "window-d0.4-n64": [12.0],
-            }
-        },
-    )
-    drawn, save = [], plots.save
-
-    def keep(fig, path, axes, *more):
-        drawn.extend(axes)
-        save(fig, path, drawn, *more)
-
-    monkeypatch.setattr(plots, "save", keep)
-    plots.frontiers(frontier_records(folder), tmp_path / "frontier.png")
-    assert (tmp_path / "frontier.png").stat().st_size > 0
-    # the first column's panels: duplicates64 against density, then against step time (-n64 records serve recall too)
-    top, bottom = ({line.get_label(): line.get_data() for line in ax.get_lines()} for ax in drawn[:: len(drawn) // 2])
-    assert list(top["window"][0]) == [0.3, 0.3] and list(bottom["window"][0]) == [1.2, 1.5]
-    assert list(bottom["dense"][0]) == [1.1] and list(bottom["window"][1]) == [0.7, 0.7]
-
-
-def frontier_records(folder):
-    from experiments.grid import load
-
-    return load(folder)[0]
+    settings = {  # setting → (test accuracy, computed pairs)
+        "full": (1.0, 1.0),
+        "window-d0.125": (0.3, 0.13),
+        "bigbird-d0.125": (0.35, 0.137),
+        "window-full1-d0.125": (0.95, 0.23),
+        "reformer-h1-b8": (0.9, 0.12),
+    }
+    tests, pairs = ({s: v[i] for s, v in settings.items()} for i in (0, 1))
+    fields = {s: {"computed_pairs": p, "flops_per_example": {"attention": p}} for s, p in pairs.items()}
+    claim, folder = claim_records(tmp_path, "matched-cost", tests, **fields)
+    for path in folder.glob("runs/reformer-*/metrics.json"):  # Reformer's seeds differ: 0.90, 0.88, ..., 0.82
+        record = json.loads(path.read_text())
+        path.write_text(json.dumps(dict(record, test=0.9 - 0.02 * record["seed"])))
+    for setting, ms in (("full", 40.0), ("window", 30.0), ("reformer", 55.0)):  # the GPU job's frontier stage
+        (tmp_path / "gpu" / "nvidia-h200" / "frontier" / setting).mkdir(parents=True)
+        record = {"status": "complete", "test": 0.9, "median_step_ms": ms, "config": {"seq_len": 1024}}
+        write_json(tmp_path / "gpu" / "nvidia-h200" / "frontier" / setting / "metrics.json", record)
+    captions = plots.draw_published(tmp_path, tmp_path / "plots", report.COSTS)
+    assert list(captions) == ["matched-cost"] and (tmp_path / "plots" / "matched-cost.png").stat().st_size > 0
+    caption = captions["matched-cost"]
+    assert "recall 12.5%: +0.510 [+0.486, +0.534] pays" in caption and "recall 6.25%" not in caption
+    assert "recall 25%: -0.090 [-0.114, -0.066] does not pay" in caption and "; nvidia-h200: the GPU job's" in caption
+    assert "(plots/matched-cost.png)" in report.claim_section(claim, tmp_path, captions)
 
 
 def test_the_claims_table_puts_the_rule_s_verdict_beside_the_paper_s_figure(tmp_path):

@@ -87,9 +87,9 @@ class Recall(ExampleSetTask):
     its pair; the target there is the value (K = N / 8). A pair is one token, (key, value), so that one hop of
     content addressing answers a question, as in duplicates, but across token types and with a 16-way readout;
     as two tokens (key, then value) a 2-layer model must first learn a previous-token head, and full attention sat
-    at ~31% for 3,000 steps (results/frontier/calibration.md). Zoology's MQAR (Arora et al. 2023, arXiv 2312.04927)
-    puts its pairs in a prefix, which a pattern attending to the prefix solves without reading content; here a
-    question must find its pair by content. Chance: 1/VALUES."""
+    at ~31% for 3,000 steps (results/frontier-2-heads/calibration.md). Zoology's MQAR (Arora et al. 2023, arXiv
+    2312.04927) puts its pairs in a prefix, which a pattern attending to the prefix solves without reading content;
+    here a question must find its pair by content. Chance: 1/VALUES."""
 
     EVAL_EXAMPLES = 1024
     KEYS, VALUES, FILLERS = 64, 16, 16  # token ids: keys 1..64, pairs 65..1088 (key-major), filler 1089..1104

@@ -4,6 +4,8 @@ holding its records.
     python -m experiments.claims list                   # every claim, its folder and commands
     python -m experiments.claims run sbm-fig4 --jobs 2  # (re)runs a claim's training runs into results/sbm-fig4
     python -m experiments.claims run fastrg             # re-runs a benchmark claim, saving its output and wall time
+    python -m experiments.claims rerun matched-cost window-d0.125-lr1e-3-recall-cpu-s0  # a record against its command
+    python -m experiments.claims verdicts --budgets 0.125,0.25 --axis flops  # matched cost at chosen budgets
 
 A claim's file defines CLAIM (experiments/claims/claim.py says what one holds): its settings or benchmarks, its rule
 and its reading of the records. Adding a claim is adding its file, imported below, and its line in CLAIMS, whose
@@ -18,6 +20,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +29,6 @@ from bench.files import read_json
 from experiments import grid
 from experiments.claims import (
     fastrg,
-    frontier,
     kernel,
     matched_cost,
     sbm_fig4,
@@ -41,7 +43,6 @@ CLAIMS = [
     sbm_fig4.CLAIM,
     sbm_listops.CLAIM,
     sbm_table3.CLAIM,
-    frontier.CLAIM,
     matched_cost.CLAIM,
     ssa_table.CLAIM,
     kernel.CLAIM,
@@ -97,6 +98,50 @@ def run_output(claim: Claim, out: Path) -> int:
     return failures
 
 
+# what two runs of one command may differ in: the clock, memory, and where the record was written
+MEASURED = re.compile(r"time|_ms$|_s$|memory|allocator|versions")
+
+
+def comparable(record: dict) -> dict:
+    config = {k: v for k, v in record.get("config", {}).items() if k != "out"}
+    return {k: v for k, v in dict(record, config=config).items() if not MEASURED.search(k)}
+
+
+def rerun(claim: Claim, out: Path, name: str) -> int:
+    """The recorded cell NAME's command again, in a scratch folder, on as many threads as the record's (its device
+    says; float sums differ between thread counts); its record beside the published one, field by field (every
+    field but times and memory). 0 when they are identical."""
+    record = read_json(out / "runs" / name / "metrics.json") or {}
+    cell = next((c for c in claim.cells(out / "runs") if c["name"] == name), None)
+    if cell is None or record.get("status") != "complete":
+        what = "is not a cell of the claim" if cell is None else f"has no complete record in {out / 'runs'}"
+        raise SystemExit(f"python -m experiments.claims rerun: {name!r} {what}")
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [sys.executable, *cell["command"], "--out", scratch, "--overwrite"]
+        threads = re.search(r"(\d+) threads?\)$", record.get("device", ""))  # "cpu (x86_64, 1 thread)"
+        env = {**os.environ, "OMP_NUM_THREADS": threads.group(1) if threads else "1"}
+        if subprocess.run(command, cwd=grid.ROOT, env=env).returncode:
+            raise SystemExit(f"python -m experiments.claims rerun: {shlex.join(cell['command'])} failed")
+        again = comparable(read_json(Path(scratch) / "metrics.json") or {})
+    published = comparable(record)
+    differing = sorted(k for k in {*published, *again} if published.get(k) != again.get(k))
+    print(
+        f"{name}: " + (f"differs in {', '.join(differing)}" if differing else f"identical in {len(published)} fields")
+    )
+    return 1 if differing else 0
+
+
+def budgets(text: str) -> tuple:
+    """--budgets: comma-separated fractions of the admissible pairs, each in (0, 1]."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated fractions in (0, 1], got {text!r}")
+    return values
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.claims", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="verb", required=True)
@@ -111,7 +156,21 @@ def main(argv=None) -> int:
         metavar="PATTERN",
         help="runs only the cells whose names match this shell pattern (e.g. '*-s0')",
     )
+    again = sub.add_parser("rerun", help="a recorded cell's command again, its metrics beside the record's")
+    again.add_argument("claim", choices=[c.name for c in CLAIMS if c.kind == "runs"])
+    again.add_argument("cell", help="the cell's name, its folder under results/CLAIM/runs")
+    verdicts = sub.add_parser("verdicts", help="the matched-cost verdicts from its records, at chosen budgets")
+    verdicts.add_argument("--budgets", type=budgets, default=matched_cost.BUDGETS, help="e.g. 0.125,0.25")
+    verdicts.add_argument("--axis", choices=("pairs", "flops"), default="pairs", help="computed pairs or FLOPs")
     args = p.parse_args(argv)
+    if args.verb == "rerun":
+        return rerun(BY_NAME[args.claim], RESULTS / args.claim, args.cell)
+    if args.verb == "verdicts":
+        records = grid.load(RESULTS / matched_cost.CLAIM.name)[0]
+        if not matched_cost.by_setting(records):
+            p.exit(1, f"{p.prog} verdicts: no setting of {matched_cost.CLAIM.name} has a record yet\n")
+        print(matched_cost.verdict_table(records, args.axis, args.budgets))
+        return 0
     if args.verb == "list":
         for claim in CLAIMS:
             cells = claim.cells(RESULTS / claim.name / "runs")  # each learning rate resolved where its records are
@@ -122,7 +181,7 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else RESULTS / args.claim
     cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], args.cells)]
     if claim.kind == "runs" and not cells:
-        names = [c["name"] for c in claim.cells()]  # not all of them: a frontier's 590 would be a 20,000-character line
+        names = [c["name"] for c in claim.cells()]  # not all: hundreds of names would make one enormous line
         run.error(f"no cell of {claim.name} matches {args.cells!r}, a shell pattern over {names[0]} … {names[-1]}")
     out.mkdir(parents=True, exist_ok=True)
     with cli.one_line_errors(), grid.grid_lock(out):
