@@ -8,7 +8,6 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from baselines.window import window_density
 from bench.files import kept_log, read_json
 from experiments.claims import matched_cost as mc
 from experiments.grid import load
@@ -164,6 +163,8 @@ def matched_costs(records: List[dict], path: Path, gpu: Dict[str, List[dict]]) -
     """The matched-cost claim: per task, test accuracy against computed pairs ÷ admissible (log), each setting's median
     over its seeds with a bar over their range; then per device of ``gpu`` (folder → its GPU job's recall records),
     accuracy against the median training step, a point per setting."""
+    from baselines.window import window_density  # torch, which a report without this plot does not import
+
     groups, names, verdicts = mc.by_setting(records), [*mc.FIXED, *mc.ADAPTIVE], mc.verdicts(records)
     panels, n = [*mc.TASKS, *gpu], mc.MODEL["seq_len"]
     fig, axes = figure(3, math.ceil(len(panels) / 3), 4.0, 3.3)
