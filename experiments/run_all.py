@@ -1,7 +1,7 @@
 """The comparison end to end: the grid, attention scaling, the report and its plots, in one folder.
 
     ./run_all.sh                  # the quick grid (28 minutes on 2 cores) into runs/grid-quick
-    ./run_all.sh --smoke --out X  # every cell at a few steps (about 6 minutes): the plumbing
+    ./run_all.sh --smoke --out X  # every cell at a few steps (3 min; 4.5 with the data): the plumbing
     ./run_all.sh --full           # paper presets, 3 seeds (a GPU job); scaling to n = 8192
 
 Everything goes to the run folder (ignored by git; a rerun resumes), OUT/REPORT.md last; ``--out

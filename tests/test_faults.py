@@ -227,11 +227,14 @@ def interrupt(out, args, ready):
         text=True,
     )
     deadline = time.time() + 120
-    while not ready(out):
-        assert proc.poll() is None and time.time() < deadline, "the run ended before it could be interrupted"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    err = proc.communicate(timeout=60)[1]
+    try:
+        while not ready(out):
+            assert proc.poll() is None and time.time() < deadline, "the run ended before it could be interrupted"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()  # a failed wait leaves no run of 100,000 steps behind (no effect on one that ended)
     assert "Traceback" not in err, err
     return proc.returncode, err.strip().splitlines()[-1]
 
