@@ -255,7 +255,7 @@ def test_sbm_off_the_cpu_reads_the_device_once_a_layer_whatever_the_batch_and_le
     import fastrg
 
     monkeypatch.setattr(fastrg, "host_syncs", lambda device: True)
-    n = 256 if density is None else 1024  # and 4n: 16× the edges a graph
+    n = 256 if density is None else 512  # and 4n: 16× the edges a graph
     sizes = [(1, n), (4, n), (1, 4 * n), (4, 4 * n)]
     counted = {size: sbm_step(size[1], size[0], density)[0] for size in sizes}
     assert all(c.syncs <= 4 for c in counted.values()), {size: c.syncs for size, c in counted.items()}

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -419,9 +420,16 @@ def test_a_rerun_compares_a_record_with_its_command_and_a_missing_one_is_one_lin
     assert grid.run_cells(out, [cell], 1) == 0
     assert here("experiments.claims", "rerun", "matched-cost", cell["name"]).stdout.endswith("fields\n")
     record = out / "runs" / cell["name"] / "metrics.json"
-    record.write_text(json.dumps(dict(json.loads(record.read_text()), test=0.5, extra=1)))
+    published = json.loads(record.read_text())
+
+    def run(command, **_):  # the same command again, but its record says other things
+        changed = dict(published, test=0.5, extra=1, wall_time_s=0.0, config=dict(published["config"], out="x"))
+        (Path(command[command.index("--out") + 1]) / "metrics.json").write_text(json.dumps(changed))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(claims.subprocess, "run", run)
     changed = here("experiments.claims", "rerun", "matched-cost", cell["name"], check=False)
-    assert changed.returncode == 1 and changed.stdout.endswith("differs in extra, test\n")
+    assert changed.returncode == 1 and changed.stdout.endswith("differs in extra, test\n")  # not times, not --out
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):
