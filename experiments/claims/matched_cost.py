@@ -297,7 +297,9 @@ def lowest_reaching_full(records: List[dict]) -> List[list]:
 
 
 def verdict_table(records: List[dict], axis: str = "pairs", budgets: Tuple[float, ...] = BUDGETS) -> str:
-    """The verdicts at matched cost on ``axis`` ("pairs" or "flops") as a Markdown table."""
+    """The verdicts at matched cost on ``axis`` ("pairs" or "flops") as a Markdown table; a task without a stage-2
+    record says "not run yet", one whose runs leave a kind without a family within the budget says "–"."""
+    run = {task for task, _, _ in by_setting(records)}
     rows = [
         [
             r["task"],
@@ -312,7 +314,7 @@ def verdict_table(records: List[dict], axis: str = "pairs", budgets: Tuple[float
                     r["verdict"],
                 )
                 if "mean" in r
-                else ("–", "–", "–", "not run yet" if r["adaptive"] is None and r["fixed"] is None else "–")
+                else ("–", "–", "–", "–" if r["task"] in run else "not run yet")
             ),
         ]
         for r in verdicts(records, axis, budgets)
