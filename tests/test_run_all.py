@@ -565,6 +565,27 @@ def test_a_claim_s_cells_wait_for_their_family_s_learning_rate_and_then_take_the
     assert "sbm-lambda1e-2-recall-cpu-s4: not run, it waits for the records that give --lr" in capsys.readouterr().out
 
 
+def test_the_whole_claim_runs_its_learning_rates_then_the_first_budgets_then_the_rest(tmp_path, monkeypatch):
+    """One command runs matched-cost in its phases: every learning rate first (a cell waiting on its family's rates
+    is not skipped ahead of), then every task's 12.5% and 25% settings, then the rest, each phase one grid wave."""
+    from experiments import claims, grid
+    from experiments.claims import matched_cost as mc
+
+    waves = []
+
+    def run_cells(out, cells, jobs):
+        waves.append({mc.phase(c) for c in cells})
+        for cell in cells:
+            write_record(out / "runs" / cell["name"], cell, 0.9 if cell["settings"]["lr"] == "1e-3" else 0.5)
+        return 0
+
+    monkeypatch.setattr(grid, "run_cells", run_cells)
+    assert claims.run_claim(mc.CLAIM, tmp_path, "*", 2) == 0
+    assert waves == [{0}, {1}, {2}]
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert len(runs) == len(mc.CLAIM.cells(tmp_path / "runs")) == 44 + 775  # no rate beyond 1e-3, an inside best
+
+
 def claim_records(tmp_path, claim_name, tests, **fields):
     """Records for the cells of a claim whose setting (the cell's name without task, preset and seed) is in
     ``tests`` (setting → test accuracy), with ``fields`` (setting → extra fields) merged in."""

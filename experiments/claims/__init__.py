@@ -59,6 +59,9 @@ def run_claim(claim: Claim, out: Path, pattern: str, jobs: int) -> int:
     while True:
         cells = [c for c in claim.cells(out / "runs") if fnmatch.fnmatch(c["name"], pattern) and c["name"] not in done]
         ready = [c for c in cells if "waiting" not in c]
+        if claim.phase and cells:  # the earliest phase left first, a kept cell included (it is only looked at)
+            first = min(map(claim.phase, cells))
+            ready = [c for c in ready if claim.phase(c) == first]
         if not ready:
             break
         failures += grid.run_cells(out, ready, jobs)

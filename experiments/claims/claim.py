@@ -41,6 +41,8 @@ class Claim:
     table: Callable[[List[dict]], str] = None  # its records as Markdown (None: a row per command, the report's)
     figures: Tuple[str, ...] = ()  # its plots in results/plots/ (experiments.plots draws them)
     calibration: Callable[[Path], str] = None  # its folder → the table of its calibration/ runs, before any sweep
+    # a cell → its phase: no cell runs while one of an earlier phase is left (None: every cell once it is ready)
+    phase: Callable[[dict], int] = None
 
     def cells(self, runs: Path = None) -> List[dict]:
         """Every run as a grid cell, ``"waiting"`` for the records under ``runs`` it needs."""

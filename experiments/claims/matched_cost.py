@@ -1,8 +1,8 @@
 """Where does learning where to look pay? Accuracy at matched cost, paired by seed, against fixed patterns that
 reach every budget.
 
-    python -m experiments.claims run matched-cost --cells '*-lr*'    # stage 1: each family's learning rate, seed 0
-    python -m experiments.claims run matched-cost                    # stage 2: every setting, seeds 0-4 (resumable)
+    python -m experiments.claims run matched-cost --jobs 2      # learning rates, first budgets, the rest (resumable)
+    python -m experiments.claims verdicts --budgets 0.125,0.25  # the verdicts from the records at chosen budgets
 
 Cost is the pairs an attention computes (bench.measure's ``computed_pairs``: Reformer's rounds × 2C keys, SBM's
 sampled edges, a window's band, a head or layer allocation's mean over heads), and, as a second axis, attention
@@ -174,8 +174,24 @@ def settings():
                 rates.append((method, task, beyond, f"{tag}-lrbeyond", (0,), task, family, "lr beyond"))
             for m, t, o, budget in members:
                 group = (m, task, {**options, **o, "lr": BestLearningRate(rated)}, t, SEEDS, task, family, f"{m}{t}")
-                (first if budget is None or budget in FIRST_BUDGETS or family == "dense" else rest).append(group)
+                (first if leads(budget) else rest).append(group)
     return rates + first + rest
+
+
+def leads(budget: Optional[float]) -> bool:
+    """A setting of the first budgets (full attention's and SBM's learned ones among them)."""
+    return budget is None or budget in (*FIRST_BUDGETS, 1.0)
+
+
+def phase(cell: dict) -> int:
+    """The order the claim runs in: the learning rates (0), every task's settings at the first budgets (1), the
+    others (2); a later phase waits until the earlier ones are done (Claim.phase)."""
+    if "-lr" in cell["name"]:
+        return 0
+    budgets = {
+        f"{m}{t}-{task}-cpu": b for task, steps in TASKS.items() for ms in families(steps).values() for m, t, _, b in ms
+    }
+    return 1 if leads(budgets[cell["name"].rsplit("-s", 1)[0]]) else 2
 
 
 def window_limit(task: str, n: int, density: float) -> Optional[float]:
@@ -428,4 +444,5 @@ CLAIM = Claim(
     table=records_table,
     calibration=calibration_table,
     figures=("matched-cost",),
+    phase=phase,
 )
