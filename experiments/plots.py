@@ -208,7 +208,8 @@ def matched_costs(records: List[dict], path: Path, gpu: Dict[str, List[dict]]) -
     xlabels = ["computed pairs ÷ admissible (log)"] * len(mc.TASKS) + ["median training step, ms (log)"] * len(gpu)
     save(fig, path, axes.flat[: len(panels)], xlabels, ["test accuracy"] * len(panels), rect=(0, 0.08, 1, 1))
     said = [
-        f"{r['task']} {100 * r['budget']:g}%: {r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] {r['verdict']}"
+        f"{r['task']} {100 * r['budget']:g}%: {r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] "
+        + (f"provisional (runs to come: {r['waiting']})" if r["waiting"] else r["verdict"])
         for r in verdicts
         if "mean" in r
     ]

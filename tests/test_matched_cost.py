@@ -71,12 +71,13 @@ def test_a_setting_missing_a_seed_is_not_compared():
 def test_at_matched_flops_the_budget_is_a_fraction_of_full_attention_s_attention_flops():
     records = [
         *setting("full-ngram", [1.0] * 5, 1.0, flops=100.0),
-        *setting("window-d0.125-ngram", [0.3] * 5, 0.125, flops=12.0),
-        *setting("reformer-h1-b8-ngram", [0.9] * 5, 0.125, flops=30.0),
+        *setting("window-d0.125-ngram", [0.3] * 5, 0.125, flops=52.0),
+        *setting("reformer-h1-b8-ngram", [0.9] * 5, 0.125, flops=60.0),
     ]
     rows = {(r["task"], r["budget"]): r for r in mc.verdicts(records, "flops")}
-    assert (rows["ngram", 0.125]["fixed"], rows["ngram", 0.125]["adaptive"]) == ("window", None)
-    assert rows["ngram", 0.5]["verdict"] == "pays"
+    assert [b for t, b in rows if t == "ngram"] == list(mc.FLOPS_BUDGETS)  # the projections' half is every family's
+    assert (rows["ngram", 0.5]["fixed"], rows["ngram", 0.5]["adaptive"]) == ("window", None)
+    assert rows["ngram", 0.625]["verdict"] == "pays"
 
 
 def write(runs: Path, name: str, lr: str, valid: float) -> None:
@@ -179,3 +180,28 @@ def test_the_duplicates_limit_is_the_published_figure_and_ngram_s_is_exact_from_
     assert mc.window_limit("duplicates", 64, 0.4) == pytest.approx(0.697, abs=5e-4)
     assert mc.window_limit("ngram", 128, 0.0625) == 1.0 and mc.window_limit("ngram", 128, 0.01) < 0.5
     assert mc.window_limit("chain", 128, 0.25) is None
+
+
+def test_a_verdict_is_provisional_until_every_run_of_the_design_within_its_budget_is_recorded():
+    """The runs that may fall within a budget: every setting aimed at or below it and every one whose density is
+    learned. With one of them missing a seed, the row says how many runs are to come, and the rule counts no verdict."""
+    aims = mc.designed()["ngram"]
+    within = [name for name, aim in aims.items() if aim is None or aim <= 0.125]
+    assert (
+        "full-ngram-cpu" not in within
+        and "sbm-lambda1e-1-ngram-cpu" in within
+        and "window-d0.25-ngram-cpu" not in within
+    )
+    records = [
+        record(name.removesuffix("-cpu"), s, 0.9 if name.startswith("reformer") else 0.3, 0.125)
+        for name in within
+        for s in mc.SEEDS
+    ]
+    rows = {(r["task"], r["budget"]): r for r in mc.verdicts(records)}
+    assert (rows["ngram", 0.125]["waiting"], rows["ngram", 0.125]["verdict"]) == (0, "pays")
+    quarter = [name for name, aim in aims.items() if aim is not None and 0.125 < aim <= 0.25]
+    assert "window-d0.25-ngram-cpu" in quarter and rows["ngram", 0.25]["waiting"] == len(quarter) * len(mc.SEEDS)
+    said = {line.split("|")[2].strip(): line.split("|")[-2].strip() for line in mc.verdict_table(records).splitlines()}
+    assert (said["12.5%"], said["25%"]) == ("pays", f"provisional (runs to come: {5 * len(quarter)})")
+    rows = {(r["task"], r["budget"]): r for r in mc.verdicts(records[1:])}
+    assert rows["ngram", 0.125]["waiting"] == 1 and "provisional (runs to come: 1)" in mc.verdict_table(records[1:])

@@ -163,7 +163,9 @@ def main(argv=None) -> int:
     again.add_argument("claim", choices=[c.name for c in CLAIMS if c.kind == "runs"])
     again.add_argument("cell", help="the cell's name, its folder under results/CLAIM/runs")
     verdicts = sub.add_parser("verdicts", help="the matched-cost verdicts from its records, at chosen budgets")
-    verdicts.add_argument("--budgets", type=budgets, default=matched_cost.BUDGETS, help="e.g. 0.125,0.25")
+    verdicts.add_argument(
+        "--budgets", type=budgets, default=None, help="e.g. 0.125,0.25 (default: the claim's, per axis)"
+    )
     verdicts.add_argument("--axis", choices=("pairs", "flops"), default="pairs", help="computed pairs or FLOPs")
     args = p.parse_args(argv)
     if args.verb == "rerun":
