@@ -467,6 +467,7 @@ def test_ngram_s_target_is_its_table_of_the_tokens_three_apart_and_a_short_windo
     assert (targets[:, :3] == IGNORE).all() and torch.equal(targets[:, 3:], task.table[x[:, :-3], x[:, 3:]])
     guess = torch.mode(task.table, dim=0).values  # (V,): per x_i, the class most x_{i−3} give (a tie: any of them)
     hits = (guess[x[:, 3:]] == targets[:, 3:]).double()
-    limit, sigma = task.window_limit(), (task.window_limit() * (1 - task.window_limit()) / hits.numel()) ** 0.5
+    limit = task.window_limit(task.seq_len, task.OFFSET - 1)
+    sigma = (limit * (1 - limit) / hits.numel()) ** 0.5
     assert abs(hits.mean().item() - limit) < 5 * sigma, (hits.mean().item(), limit)
     assert 1 / task.CLASSES < limit < 0.5

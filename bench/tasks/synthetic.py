@@ -81,6 +81,12 @@ class Duplicates(ExampleSetTask):
     def train_batch(self, batch_size, generator):
         return self.generate(batch_size, generator)
 
+    def window_limit(self, n: int, w: int) -> float:
+        """The Bayes limit of a window of w keys each side at length n: a duplicate seen is certain; unseen, the
+        likelier label given the rest of the sequence unseen (values uniform over n)."""
+        q, seen = 1 - 1 / n, (min(i, w) + min(n - 1 - i, w) for i in range(n))  # q: another token's value differs
+        return sum(1 - q**s * min(q ** (n - 1 - s), 1 - q ** (n - 1 - s)) for s in seen) / n
+
 
 class Recall(ExampleSetTask):
     """K (key, value) pairs at random places among filler tokens, each key asked again at a random place after
@@ -150,6 +156,12 @@ class Recall(ExampleSetTask):
     def train_batch(self, batch_size, generator):
         return self.generate(batch_size, generator)
 
+    def window_limit(self, n: int, w: int) -> float:
+        """The Bayes limit of a window of w keys each side: a pair and its question lie at two distinct uniform
+        places; within w of each other the value is read, else guessed."""
+        reached = sum(2 * (n - d) for d in range(1, min(w, n - 1) + 1)) / (n * (n - 1))
+        return reached + (1 - reached) / self.VALUES
+
 
 class RecallFew(Recall):
     TOKENS_PER_PAIR = 16
@@ -173,6 +185,7 @@ class Chain(Recall):
     distinct within a sequence (first keys from one set, second keys from another). K = N / 16. Chance: 1/VALUES."""
 
     KEYS = 32  # first keys 1..32; second keys 33..64; links, pairs and filler follow (token ids in ``generate``)
+    window_limit = None  # none known: a second layer reaches beyond a window, through the first
     TOKENS_PER_PAIR = 16
 
     def __init__(self):
@@ -215,9 +228,11 @@ class NGram(ExampleSetTask):
         table_rng = torch.Generator().manual_seed(self.TABLE_SEED)
         self.table = torch.randint(self.CLASSES, (self.SYMBOLS, self.SYMBOLS), generator=table_rng)  # (V, V)
 
-    def window_limit(self) -> float:
-        """The best accuracy from x_i alone (x_{i−3} unseen, uniform): the mean over x_i of its table column's
-        most frequent class's share."""
+    def window_limit(self, n: int, w: int) -> float:
+        """The Bayes limit of a window of w keys each side: exact from w ≥ OFFSET; below, the best accuracy from x_i
+        alone (x_{i−3} unseen, uniform), the mean over x_i of its table column's most frequent class's share."""
+        if w >= self.OFFSET:
+            return 1.0
         counts = torch.zeros(self.SYMBOLS, self.CLASSES).scatter_add_(1, self.table.T, torch.ones(self.table.T.shape))
         return counts.max(1).values.mean().item() / self.SYMBOLS
 

@@ -46,20 +46,8 @@ SLACK = 1.1
 PAYS, DOES_NOT_PAY = 0.05, 0.01  # the interval's lower bound ≥ +0.05: pays; its upper bound ≤ +0.01: does not pay
 BOOTSTRAP = 10_000
 
-MODEL = dict(
-    seq_len=128,
-    dim=64,
-    depth=2,
-    heads=8,
-    head_dim=16,
-    mlp_dim=128,
-    batch_size=32,
-    weight_decay=0.0,
-    warmup=100,
-    eval_every=250,
-    eval_batches=4,
-    final_eval_batches=8,
-)
+MODEL = {"seq_len": 128, "dim": 64, "depth": 2, "heads": 8, "head_dim": 16, "mlp_dim": 128, "batch_size": 32}
+MODEL.update(weight_decay=0.0, warmup=100, eval_every=250, eval_batches=4, final_eval_batches=8)  # and the recipe
 # task → steps, from calibration/ (full attention, seed 0): recall and duplicates at ≥ 0.99 by step 500, ngram's
 # positional head formed between steps 500 and 750. The chain is not here yet: through 1,500 steps (and 1,250 at lr
 # 3e-3 with half its keys and chains) full attention stayed at guessing among the values a sequence holds (26-31%).
@@ -96,28 +84,18 @@ def families(steps: int) -> Dict[str, List[Tuple[str, str, dict, Optional[float]
             ("moba", f"-b{c}-k{k}", {"attn": [f"block={c}", f"topk={k}", *(["path=reference"] if k > 1 else [])]}, b)
             for c, k, b in BLOCKS
         ],
-        "sbm": [
-            ("sbm", "", {}, RATES_ONLY),
-            *(
-                ("sbm", f"-lambda{w}", {"density_weight": w, "density_from": steps // 2}, None)
-                for w in ("1e-2", "1e-1")
-            ),
-        ],
+        "sbm": [("sbm", "", {}, RATES_ONLY)]
+        + [("sbm", f"-lambda{w}", {"density_weight": w, "density_from": steps // 2}, None) for w in ("1e-2", "1e-1")],
         **{
             f"hybrid: {name}": [
                 (
                     "hybrid",
-                    f"-{adaptive}-d{d:g}",
-                    {"attn": [f"adaptive={adaptive}", window(d), f"budget={budget}"]},
-                    None if adaptive == "sbm" else b,
+                    f"-{adaptive}-d0.125",
+                    {"attn": [f"adaptive={adaptive}", window(0.125), f"budget={budget}"]},
+                    aim,
                 )
-                for d, b in HYBRID_WINDOWS[adaptive]
             ]
-            for name, adaptive, budget in (
-                ("reformer", "reformer", "n_hashes=1;bucket_size=8"),
-                ("block router", "moba", "block=8;topk=1"),
-                ("sbm", "sbm", "clusters=4"),
-            )
+            for name, adaptive, budget, aim in HYBRIDS
         },
     }
 
@@ -133,8 +111,12 @@ ROUNDS = ((1, 8, 0.125), (1, 4, 0.0625), (2, 8, 0.25), (2, 16, 0.5))  # hashes, 
 # FLOPs are counted on the path taken, 1.04 × full attention's, where the fast path's are 0.65 (blocks of 8) and 0.77
 # (of 16): on the FLOPs axis these two settings are counted high.
 BLOCKS = ((8, 1, 0.125), (4, 1, 0.0625), (8, 3, 0.25), (16, 3, 0.5))
-# seven window heads beside one adaptive head at 12.5%: 12.8%; SBM's head learns its own
-HYBRID_WINDOWS = {"reformer": ((0.125, 0.125),), "moba": ((0.125, 0.125),), "sbm": ((0.125, None),)}
+# seven 12.5% window heads beside one adaptive head at 12.5% (12.8% in all), or beside an SBM head, which learns its own
+HYBRIDS = (
+    ("reformer", "reformer", "n_hashes=1;bucket_size=8", 0.125),
+    ("block router", "moba", "block=8;topk=1", 0.125),
+    ("sbm", "sbm", "clusters=4", None),
+)  # family, adaptive head, its budget, the setting's
 RATES_ONLY = "rates only"  # the budget of a setting run on the learning-rate stage only
 
 
@@ -213,27 +195,13 @@ def designed() -> Dict[str, Dict[str, Optional[float]]]:
 
 
 def window_limit(task: str, n: int, density: float) -> Optional[float]:
-    """The exact Bayes limit of a window (no causal mask) of ``density`` at length n, where one exists: the best
-    accuracy of any rule that sees only the tokens within the window of each scored position."""
+    """The exact Bayes limit of a window (no causal mask) of ``density`` at length n, where the task has one: the
+    best accuracy of any rule that sees only the tokens within the window of each scored position."""
     from baselines.window import window_for_density
     from bench.tasks import get_task
 
-    w = window_for_density(n, density, causal=False)
-    if task == "duplicates":  # values uniform over n: a duplicate seen is certain; unseen, the rest decides
-        limit = 0.0
-        for i in range(n):
-            seen = min(i, w) + min(n - 1 - i, w)
-            unseen = (1 - 1 / n) ** seen  # no other token in the window has the value
-            elsewhere = 1 - (1 - 1 / n) ** (n - 1 - seen)
-            limit += (1 - unseen) + unseen * max(elsewhere, 1 - elsewhere)
-        return limit / n
-    if task.startswith("recall"):  # a pair and its question: two distinct uniform places; unseen, a guess
-        reached = sum(2 * (n - d) for d in range(1, min(w, n - 1) + 1)) / (n * (n - 1))
-        return reached + (1 - reached) / get_task("recall").VALUES
-    if task == "ngram":
-        ngram = get_task("ngram")
-        return 1.0 if w >= ngram.OFFSET else ngram.window_limit()
-    return None  # chain: a second layer reaches further than the window, through the first
+    limit = getattr(get_task(task), "window_limit", None)  # chain: a second layer reaches further, through the first
+    return limit(n, window_for_density(n, density, causal=False)) if limit else None
 
 
 # ------------------------------------------------------------------------------------------------ the statistic
@@ -377,23 +345,14 @@ def records_table(records: List[dict]) -> str:
         + lowest
         + "\n\nLearning rates (validation accuracy, test computed pairs; bold: kept):\n\n"
         + learning_rates(records)
-        + "\n\n"
-        + spent(records)
+        + f"\n\n{spent(records)}"
     )
 
 
 def spent(records: List[dict]) -> str:
-    """The core-hours these records took: each run's CPU time and wall time on its one thread (its cell.json; a
-    resumed run counts its last process only), and the calibration's wall time (its records' own)."""
-    if not records:
-        return "Spent: no run yet."
-    cells = [r["cell"] for r in records]
-    calibration = [read_json(f) or {} for f in records[0]["folder"].parent.parent.glob("calibration/*/metrics.json")]
-    return (
-        f"Spent: {sum(c.get('cpu_s', 0) for c in cells) / 3600:.1f} core-hours of CPU time "
-        f"({sum(c.get('wall_s', 0) for c in cells) / 3600:.1f} of wall time, one thread each) in {len(records)} runs, "
-        f"after {sum(c.get('wall_time_s', 0) for c in calibration) / 3600:.1f} of calibration."
-    )
+    """Core-hours: each run's CPU and wall time on its one thread (cell.json: a resumed run's last process only)."""
+    cpu, wall = (sum(r["cell"].get(key, 0) for r in records) / 3600 for key in ("cpu_s", "wall_s"))
+    return f"Spent: {cpu:.1f} core-hours of CPU time ({wall:.1f} of wall time) in {len(records)} runs."
 
 
 def learning_rates(records: List[dict]) -> str:
