@@ -586,7 +586,7 @@ def test_the_whole_claim_runs_its_learning_rates_then_the_first_budgets_then_the
     assert claims.run_claim(mc.CLAIM, tmp_path, "*", 2) == 0
     assert waves == [{0}, {1}, {2}]
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
-    assert len(runs) == len(mc.CLAIM.cells(tmp_path / "runs")) == 44 + 775  # no rate beyond 1e-3, an inside best
+    assert len(runs) == len(mc.CLAIM.cells(tmp_path / "runs")) == 44 + 650  # no rate beyond 1e-3, an inside best
 
 
 def claim_records(tmp_path, claim_name, tests, **fields):
