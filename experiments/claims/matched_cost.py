@@ -20,6 +20,7 @@ that may fall within B is recorded. Which families are adaptive and which fixed 
 (ADAPTIVE, FIXED).
 """
 
+import functools
 import json
 import random
 import statistics
@@ -116,7 +117,7 @@ HYBRIDS = (
     ("reformer", "reformer", "n_hashes=1;bucket_size=8", 0.125),
     ("block router", "moba", "block=8;topk=1", 0.125),
     ("sbm", "sbm", "clusters=4", None),
-)  # family, adaptive head, its budget, the setting's
+)  # (family, the adaptive head, that head's budget, the setting's budget)
 RATES_ONLY = "rates only"  # the budget of a setting run on the learning-rate stage only
 
 
@@ -186,6 +187,7 @@ def phase(cell: dict) -> int:
     return 1 if leads(next(d[name] for d in designed().values() if name in d)) else 2
 
 
+@functools.cache  # phase() asks it once per cell
 def designed() -> Dict[str, Dict[str, Optional[float]]]:
     """task → {stage-2 setting's run name without its seed: the budget it aims at (None: learned)}."""
     return {
