@@ -106,9 +106,12 @@ def method_table(
             else "not run yet"
             for t in tasks
         ]
-        ran = any(k[0] == m for k in cells)
+        # "–" once it ran, or where the grid runs it on none of its tasks (the hybrid: the matched-cost claim's)
+        costless = any(k[0] == m for k in cells) or (
+            m in registry.METHODS and not any(registry.applicable(m, t) for t in grid.GRID_TASKS)
+        )
         row += [
-            f"{costs[m][k]:.2f}" if k in costs.get(m, {}) else "–" if ran else "not run yet"
+            f"{costs[m][k]:.2f}" if k in costs.get(m, {}) else "–" if costless else "not run yet"
             for k in ("train density", "attention FLOPs", "peak memory", "step time")
         ]
         words = [("—" if n is None else f"{'≤ ' if first else ''}{n}") for n, first in cross.get(m, {}).values()]

@@ -207,6 +207,7 @@ def main(argv=None) -> int:
                 "budget": args.budget,
                 "jobs": jobs,
                 "commit": source_commit(),
+                **{k: previous[k] for k in ("reruns",) if k in previous},  # why cells were taken again, kept
             },
         )
         text = report.write_run_report(out)
