@@ -5,6 +5,7 @@ process, and the cells, settings and measurements it starts are processes as eve
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -658,3 +659,21 @@ def test_sbm_scaling_help_runs_nothing_and_refuses_old_flag_names(here):
     for old in (["--warmup", "1"], ["--batch", "1"], ["--repeats", "0"]):
         failed = here("experiments.sbm_scaling", *old, check=False)
         assert failed.returncode == 2 and "error:" in failed.stderr
+
+
+def test_a_claims_listing_into_a_pipe_closed_early_ends_without_a_traceback():
+    """`python -m experiments.claims list | head -1`: the listing (about 200 kB, more than a pipe holds) meets a
+    closed pipe; it stops quietly instead of printing Python's BrokenPipeError traceback."""
+    result = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m experiments.claims list | head -1",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
+    from experiments.claims import CLAIMS
+
+    assert result.stdout.startswith(f"{CLAIMS[0].name} (") and result.stdout.count("\n") == 1
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
