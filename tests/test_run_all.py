@@ -399,7 +399,8 @@ def test_the_verdicts_at_chosen_budgets_come_from_the_records_and_none_is_one_li
     assert (
         "| recall | 12.5% | reformer | window | +0.600 | [+0.600, +0.600] | 5/5 | provisional (runs to come: " in table
     )
-    assert "| recall | 3% | none within | none within | – | – | – | – |" in table and "25%" not in table
+    # no family within 3% yet; SBM's two settings and its hybrid learn their cost, so their 15 runs may fall within
+    assert "| recall | 3% | none within | none within | – | – | – | runs to come: 15 |" in table and "25%" not in table
     assert not list(tmp_path.glob("*.md")) and not list(tmp_path.rglob("*.png"))  # it prints, it writes nothing
 
 

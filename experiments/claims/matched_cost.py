@@ -307,9 +307,8 @@ def lowest_reaching_full(records: List[dict]) -> List[list]:
 
 
 def verdict_table(records: List[dict], axis: str = "pairs", budgets: Optional[Tuple[float, ...]] = None) -> str:
-    """The verdicts at matched cost on ``axis`` ("pairs" or "flops") as a Markdown table; a task without a stage-2
-    record says "not run yet", one whose runs leave a kind without a family within the budget says "–", and a
-    verdict is provisional while runs of the design that may fall within its budget are not recorded."""
+    """The verdicts at matched cost on ``axis`` ("pairs" or "flops"), a Markdown table: without a verdict, "not run
+    yet" (no record of the task), the runs to come or "–"; a verdict is provisional while runs are to come."""
     run = {task for task, _, _ in by_setting(records)}
     rows = [
         [
@@ -325,7 +324,9 @@ def verdict_table(records: List[dict], axis: str = "pairs", budgets: Optional[Tu
                     f"provisional (runs to come: {r['waiting']})" if r["waiting"] else r["verdict"],
                 )
                 if "mean" in r
-                else ("–", "–", "–", "–" if r["task"] in run else "not run yet")
+                else ("–", "–", "–", "not run yet")
+                if r["task"] not in run
+                else ("–", "–", "–", f"runs to come: {r['waiting']}" if r["waiting"] else "–")
             ),
         ]
         for r in verdicts(records, axis, budgets)
@@ -335,19 +336,17 @@ def verdict_table(records: List[dict], axis: str = "pairs", budgets: Optional[Tu
 
 
 def records_table(records: List[dict]) -> str:
-    parts = [
-        f"At matched {words}:\n\n" + verdict_table(records, axis)
-        for axis, words in (("pairs", "computed pairs"), ("flops", "attention FLOPs ÷ full attention's"))
-    ]
     header = ["task", "family", "lowest reaching full", "setting", "seeds"]
-    lowest = tabulate(lowest_reaching_full(records), header, "github", disable_numparse=True)
-    return (
-        "\n\n".join(parts)
-        + "\n\nThe lowest computed pairs reaching full attention (within one point):\n\n"
-        + lowest
-        + "\n\nLearning rates (validation accuracy, test computed pairs; bold: kept):\n\n"
-        + learning_rates(records)
-        + f"\n\n{spent(records)}"
+    return "\n\n".join(
+        [
+            f"At matched computed pairs:\n\n{verdict_table(records, 'pairs')}",
+            f"At matched attention FLOPs ÷ full attention's:\n\n{verdict_table(records, 'flops')}",
+            "The lowest computed pairs reaching full attention (within one point):",
+            tabulate(lowest_reaching_full(records), header, "github", disable_numparse=True),
+            "Learning rates (validation accuracy, test computed pairs; bold: kept):",
+            learning_rates(records),
+            spent(records),
+        ]
     )
 
 
@@ -359,8 +358,8 @@ def spent(records: List[dict]) -> str:
 
 def learning_rates(records: List[dict]) -> str:
     """Stage 1, seed 0 on RATE_TASK: each family's first setting at every rate, validation accuracy (test computed
-    pairs); in bold the rate its stage-2 cells on every task take. A family whose every rate stays within 0.01 of the base rate has learned
-    nothing to choose by: its row says so, and its cells take the best anyway (the first of equals)."""
+    pairs); in bold the rate its stage-2 cells on every task take. A family whose every rate stays within 0.01 of
+    the base rate has learned nothing to choose by: its row says so; its cells take the best (the first of equals)."""
     runs, rows = {r["folder"].name: r for r in records}, []
     if not records:
         return "no learning-rate run yet"
