@@ -207,7 +207,7 @@ def main(argv=None) -> int:
                 "budget": args.budget,
                 "jobs": jobs,
                 "commit": source_commit(),
-                **{k: previous[k] for k in ("reruns",) if k in previous},  # why cells were taken again, kept
+                **({"reruns": previous["reruns"]} if "reruns" in previous else {}),  # why cells were redone, kept
             },
         )
         text = report.write_run_report(out)
