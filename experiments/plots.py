@@ -187,7 +187,7 @@ def matched_costs(records: List[dict], path: Path, gpu: Dict[str, List[dict]]) -
         for budget in mc.BUDGETS:
             ax.axvline(budget, color="grey", ls=":", lw=0.8)
         said = [
-            f"{100 * r['budget']:g}%: {r['mean']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] "
+            f"{100 * r['budget']:g}%: {r['mean']:+.3f} [{r['low']:+.3f}, {r['high']:+.3f}] "
             + ("provisional" if r["waiting"] else r["verdict"])
             for r in verdicts
             if r["task"] == task and "mean" in r
