@@ -301,10 +301,11 @@ def runs_table(recs: List[dict]) -> str:
 
 
 def verdict(claim, folder: Path) -> tuple:
-    """(ours, verdict) by the claim's rule, or ("–", "not run yet ...") while its records or output are missing."""
-    missing, planned = len(claim.cells()) - len(load(folder)[0]), len(claim.cells())
-    if missing > 0:  # a claim of kind "output" plans no cells
-        return "–", f"not run yet ({missing} of {planned} runs)"
+    """(ours, verdict) by the claim's rule, or ("–", "not run yet" / "in progress") while records or output are
+    missing."""
+    recorded, planned = len(load(folder)[0]), len(claim.cells())
+    if recorded < planned:  # a claim of kind "output" plans no cells
+        return "–", f"in progress: {recorded} of {planned} runs" if recorded else f"not run yet ({planned} runs)"
     try:
         return claim.rule(folder)
     except (FileNotFoundError, KeyError):  # its output, or a setting the rule compares, is missing

@@ -677,7 +677,10 @@ def test_the_claims_table_puts_the_rule_s_verdict_beside_the_paper_s_figure(tmp_
         "reproduced",
     ]
     listops = next(row for name, row in rows.items() if name.startswith("[SBM-Transformer Tables 1-2]"))
-    assert listops[1:] == ["–", "not run yet (9 of 9 runs)"]
+    assert listops[1:] == ["–", "not run yet (9 runs)"]
+    claim_records(tmp_path, "sbm-listops", {"full": 0.38})  # its three seeds of nine runs
+    listops = next(line for line in report.claims_table(tmp_path, "x.md").splitlines() if "Tables 1-2]" in line)
+    assert "| in progress: 3 of 9 runs |" in listops
 
 
 def test_a_smoke_report_says_first_that_its_numbers_carry_no_information(tmp_path):
