@@ -181,9 +181,11 @@ def matched_costs(records: List[dict], path: Path, gpu: Dict[str, List[dict]]) -
         if (task, "dense", "full") in groups:
             full = statistics.median(r["test"] for r in groups[task, "dense", "full"].values())
             ax.axhline(full, color="k", lw=1, label="full attention")
-        limit = [(d, mc.window_limit(task, n, d)) for d in (window_density(n, w, False) for w in range(n))]
-        if limit[0][1] is not None:  # where the task has one
-            ax.plot(*zip(*limit), "--", lw=0.8, color=f"C{names.index('window')}", label="window's Bayes limit")
+        densities = [window_density(n, w, False) for w in range(n)]
+        for layers, style, label in ((1, "--", "one window layer's Bayes limit"), (2, ":", "two layers' Bayes limit")):
+            limit = [(d, mc.window_limit(task, n, d, layers)) for d in densities]
+            if limit[0][1] is not None:  # where the task has one
+                ax.plot(*zip(*limit), style, lw=0.9, color=f"C{names.index('window')}", label=label)
         for budget in mc.BUDGETS:
             ax.axvline(budget, color="grey", ls=":", lw=0.8)
         said = [
@@ -217,8 +219,8 @@ def matched_costs(records: List[dict], path: Path, gpu: Dict[str, List[dict]]) -
     return (
         f"Matched cost: test accuracy against the pairs each attention computes ÷ the admissible pairs (log), a panel "
         f"per task at {n} tokens; each setting's median over its seeds, its bar their range; filled: adaptive "
-        "families, open: fixed; solid: full attention's median; dashed: a window's exact Bayes limit; dotted: the "
-        "budgets; above a panel, per budget: the best adaptive family's test accuracy minus the best fixed one's, mean "
+        "families, open: fixed; solid: full attention's median; dashed: the exact Bayes limit of what one window layer reads, dotted blue: of what two "
+        "layers reach (the models' depth; a bound for a window model); dotted grey: the budgets; above a panel, per budget: the best adaptive family's test accuracy minus the best fixed one's, mean "
         "[95% bootstrap interval] over the paired seeds, with its verdict: "
         + ("; ".join(said) or "no budget has both kinds yet")
         + "".join(f"; {device}: the GPU job's recall runs, accuracy against the median training step" for device in gpu)

@@ -176,6 +176,28 @@ def test_a_window_s_bayes_limit_is_what_its_rule_scores_on_the_task_s_own_data(t
     assert abs(hits.mean().item() - limit) < 5 * sigma, (hits.mean().item(), limit)
 
 
+def test_two_window_layers_reach_twice_as_far_so_their_limit_is_the_one_at_twice_the_width():
+    """Every output of two residual window layers of w keys each side depends on exactly the inputs within 2w of its
+    position: what the layers=2 limit assumes (the MLP between them works per position)."""
+    import torch
+
+    from baselines.window import WindowAttention, window_for_density
+    from bench.tasks import get_task
+
+    n, w = 40, window_for_density(40, 0.25, causal=False)
+    layers = [WindowAttention(8, 2, 4, window=w).double() for _ in range(2)]
+    x = torch.randn(1, n, 8, dtype=torch.double, requires_grad=True)
+    y = x
+    for layer in layers:
+        y = y + layer(y, None, False)[0]
+    for i in (0, n // 2):
+        (grad,) = torch.autograd.grad(y[0, i].sum(), x, retain_graph=True)
+        reached = grad[0].abs().sum(-1) > 0
+        assert reached.tolist() == [abs(i - j) <= 2 * w for j in range(n)], i
+    recall = get_task("recall")
+    assert mc.window_limit("recall", n, 0.25, layers=2) == recall.window_limit(n, 2 * w) > recall.window_limit(n, w)
+
+
 def test_the_duplicates_limit_is_the_published_figure_and_ngram_s_is_exact_from_its_offset():
     assert mc.window_limit("duplicates", 64, 0.4) == pytest.approx(0.697, abs=5e-4)
     assert mc.window_limit("ngram", 128, 0.0625) == 1.0 and mc.window_limit("ngram", 128, 0.01) < 0.5

@@ -196,14 +196,15 @@ def designed() -> Dict[str, Dict[str, Optional[float]]]:
     }
 
 
-def window_limit(task: str, n: int, density: float) -> Optional[float]:
-    """The exact Bayes limit of a window (no causal mask) of ``density`` at length n, where the task has one: the
-    best accuracy of any rule that sees only the tokens within the window of each scored position."""
+def window_limit(task: str, n: int, density: float, layers: int = 1) -> Optional[float]:
+    """The exact Bayes limit of ``layers`` window layers (no causal mask) of ``density`` at length n, where the task
+    has one: the best accuracy of a rule seeing the tokens within layers · w of each scored position (w keys each
+    side). A second layer reaches w further, through the first: for the 2-layer models only layers=2 is a bound."""
     from baselines.window import window_for_density
     from bench.tasks import get_task
 
-    limit = getattr(get_task(task), "window_limit", None)  # chain: a second layer reaches further, through the first
-    return limit(n, window_for_density(n, density, causal=False)) if limit else None
+    limit = getattr(get_task(task), "window_limit", None)  # chain: none known
+    return limit(n, min(layers * window_for_density(n, density, causal=False), n - 1)) if limit else None
 
 
 # ------------------------------------------------------------------------------------------------ the statistic
