@@ -12,12 +12,14 @@ The stages, in order; each starts while budget remains, and stops at its next ru
    full attention (SDPA, float32 and under bf16 autocast; each row says its precision), SBM at 1, 5 and 26%
    density, and the length from which each is faster than float32 SDPA;
 4. ``frontier``: recall at 1,024 tokens (64 pairs), 1,500 steps under bf16 autocast, seed 0, for full attention and
-   each family at 12.5% of the pairs: accuracy against computed pairs and measured step time. Resumable: each
-   run keeps its folder under OUT/frontier, and a job whose budget ends mid-run continues it the next time.
+   each family at 12.5% of the pairs, SBM on the path the scaling stage timed faster: accuracy against computed
+   pairs and measured step time. Resumable: each run keeps its folder under OUT/frontier, and a job whose budget
+   ends mid-run continues it the next time.
 Records: OUT/gpu.json, OUT/README.md, OUT/correctness.log, a folder per device (a table never mixes
 devices); a job of some --stages keeps the others' records of its device.
 """
 
+import math
 import os
 import re
 import subprocess
@@ -98,9 +100,10 @@ FRONTIER = {  # size → recall's length, steps and evaluation; the model is the
 }
 
 
-def frontier_settings(n: int) -> dict:
+def frontier_settings(n: int, sbm_path: str = "fast") -> dict:
     """label → (entry point, its options): full attention, and each family at 12.5% of the pairs at length n (a
-    Reformer round scores 2C keys, a routed query its own block and one more, a full head is 1/8 of the heads)."""
+    Reformer round scores 2C keys, a routed query its own block and one more, a full head is 1/8 of the heads);
+    SBM learns its own density, on ``sbm_path``."""
     c = n // 16
     train = lambda method: ["-m", "bench.train", "--method", method]  # noqa: E731
     return {
@@ -113,8 +116,21 @@ def frontier_settings(n: int) -> dict:
             train("hybrid"),
             {"attn": ["adaptive=reformer", "density=0.125", f"budget=n_hashes=1;bucket_size={c}"]},
         ),
-        "sbm": (["sbm_transformer.py", "--path", "fast"], {}),
+        f"sbm ({sbm_path} path)": (["sbm_transformer.py", "--path", sbm_path], {}),
     }
+
+
+def fastest_sbm_path(scaling: list, n: int, out: Path) -> str:
+    """SBM's path in the frontier: the one its run started on, else the one the scaling stage timed faster at the
+    density SBM starts from (26%), at length n where measured, else at the shortest length measured. Chosen before
+    training: a tile costs the same at any density, the edge path more as SBM's learned density rises."""
+    for path in ("tile", "fast"):
+        if any((out / "frontier" / f"sbm-{path}-path" / f).exists() for f in ("checkpoint.pt", "metrics.json")):
+            return path
+    timed = [r for r in scaling if r["method"] in ("sbm", "sbm@0.26/tile") and "error" not in r]
+    at = n if any(r["n"] == n for r in timed) else min((r["n"] for r in timed), default=n)
+    ms = {r["method"]: r["fwdbwd_ms"] for r in timed if r["n"] == at}
+    return "tile" if ms.get("sbm@0.26/tile", math.inf) < ms.get("sbm", math.inf) else "fast"
 
 
 FUZZ_CASES = {"full": 10, "tiny": 1}
@@ -274,11 +290,12 @@ def crossovers(rows: list) -> list:
     return result
 
 
-def frontier_rows(device: str, size: str, deadline: float, out: Path) -> list:
-    """Each setting's run in OUT/frontier/SLUG: its record where complete, else run (or resumed) until the deadline."""
+def frontier_rows(device: str, size: str, deadline: float, out: Path, scaling: list = ()) -> list:
+    """Each setting's run in OUT/frontier/SLUG: its record where complete, else run (or resumed) until the deadline;
+    SBM on the path ``scaling`` (the scaling stage's rows) timed faster."""
     recipe = {**matched_cost.MODEL, "lr": "1e-3", **FRONTIER[size]}
-    rows = []
-    for label, (entry, options) in frontier_settings(recipe["seq_len"]).items():
+    n, rows = recipe["seq_len"], []
+    for label, (entry, options) in frontier_settings(n, fastest_sbm_path(scaling, n, out)).items():
         folder = out / "frontier" / re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
         record = read_json(folder / "metrics.json") or {}
         result = {"code": 0}
@@ -291,7 +308,7 @@ def frontier_rows(device: str, size: str, deadline: float, out: Path) -> list:
         rows.append(
             {
                 "setting": label,
-                "n": recipe["seq_len"],
+                "n": n,
                 "code": None if result["code"] == "timed out" else result["code"],  # cut at the deadline: resumable
                 "status": "complete" if done else "not run: budget spent" if "seconds" not in result else "resumable",
                 **{k: record.get(k) for k in ("test", "computed_pairs", "density", "median_step_ms")},
@@ -424,7 +441,9 @@ def main(argv=None) -> int:
                 "correctness": lambda: correctness(device, size, share, out),
                 "entry": lambda: entry_points(device, size, share, Path(scratch)),
                 "scaling": lambda: scaling_rows(device, size, share),
-                "frontier": lambda: frontier_rows(device, size, share, out),
+                "frontier": lambda: frontier_rows(
+                    device, size, share, out, record["stages"].get("scaling", {}).get("rows", [])
+                ),
             }[stage]()
             record["stages"][stage] = {
                 "status": stage_status(rows),

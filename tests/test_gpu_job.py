@@ -83,3 +83,26 @@ def test_the_frontier_stage_keeps_complete_runs_resumes_cut_ones_and_starts_the_
     assert calls[0][-1] == "--resume" and all(argv[-1] == "--overwrite" for argv in calls[1:])
     assert {r["status"] for r in rows[1:]} == {"resumable"} and gpu.stage_status(rows) == "ok"
     assert all(argv[argv.index("--task") + 1] == "recall" for argv in calls)
+
+
+def test_the_frontier_runs_sbm_on_the_path_the_scaling_stage_timed_faster_and_keeps_a_started_one(tmp_path):
+    """At the frontier's length where the scaling stage measured it, else at its shortest; a failed or missing
+    cell never wins; a run already started keeps its path (a resume cannot change it)."""
+    rows = [
+        {"method": "sbm", "n": 64, "fwdbwd_ms": 5.0},
+        {"method": "sbm@0.26/tile", "n": 64, "fwdbwd_ms": 9.0},
+        {"method": "sbm", "n": 1024, "fwdbwd_ms": 30.0},
+        {"method": "sbm@0.26/tile", "n": 1024, "fwdbwd_ms": 12.0},
+        {"method": "sbm@0.26/tile", "n": 2048, "error": "out of memory at 2048"},
+    ]
+    assert gpu.fastest_sbm_path(rows, 1024, tmp_path) == "tile"
+    assert gpu.fastest_sbm_path(rows, 32, tmp_path) == "fast"  # not measured at 32: compared at 64
+    assert gpu.fastest_sbm_path(rows, 2048, tmp_path) == "fast"  # compared at 64, the shortest measured
+    assert (
+        gpu.fastest_sbm_path(rows[2:3], 1024, tmp_path) == "fast" and gpu.fastest_sbm_path([], 1024, tmp_path) == "fast"
+    )
+    started = tmp_path / "frontier" / "sbm-fast-path"
+    started.mkdir(parents=True)
+    (started / "checkpoint.pt").write_bytes(b"")
+    assert gpu.fastest_sbm_path(rows, 1024, tmp_path) == "fast"
+    assert list(gpu.frontier_settings(1024, "tile"))[-1] == "sbm (tile path)"
