@@ -68,28 +68,13 @@ ENTRY = {
     "ssa": ["ssa.py"],
     "kernel": ["kernel_sparse.py"],
 }
-FEW_STEPS = {
-    name: ["--steps", "10", "--eval-every", "10"] for name in ("sbm", "sbm (reference path)", "sbm (tile path)")
+FEW_STEPS = dict.fromkeys(("sbm", "sbm (reference path)", "sbm (tile path)"), "--steps 10 --eval-every 10".split())
+RUN = {  # an entry point's run options, per --tiny or not
+    "full": "--steps 100 --eval-every 100 --eval-batches 2 --final-eval-batches 2".split(),
+    "tiny": (
+        "--seq-len 32 --batch-size 4 --warmup 1 --steps 2 --eval-every 2 --eval-batches 1 --final-eval-batches 1"
+    ).split(),
 }
-RUN = {
-    "full": ["--steps", "100", "--eval-every", "100", "--eval-batches", "2", "--final-eval-batches", "2"],
-    "tiny": [
-        "--seq-len",
-        "32",
-        "--steps",
-        "2",
-        "--eval-every",
-        "2",
-        "--batch-size",
-        "4",
-        "--eval-batches",
-        "1",
-        "--final-eval-batches",
-        "1",
-        "--warmup",
-        "1",
-    ],
-}  # an entry point's run options, per --tiny or not
 TASK = {"full": ["--task", "listops", "--preset", "paper"], "tiny": ["--task", "duplicates"]}
 KERNEL_TASK = ["--task", "wikitext2", "--analysis-sequences", "8", "--predictor-steps", "20", "--finetune-steps", "10"]
 SCALING_LENGTHS = {"full": (1024, 2048, 4096, 8192, 16384), "tiny": (64,)}
