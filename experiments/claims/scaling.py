@@ -32,7 +32,7 @@ CLAIM = Claim(
     figure="ListOps 2K, SBM λ = 0.1: FLOPs 0.07×, memory 0.19×",
     commands=(
         "python -m experiments.scaling --methods full,full-ref,linear,linformer,performer,nystromformer,"
-        "reformer,window,bigbird,sbm,sbm@0.01,ssa --lengths 1024,2048,4096,8192 --out results/scaling",
+        "reformer,window,bigbird,moba,sbm,sbm@0.01,ssa --lengths 1024,2048,4096,8192 --out results/scaling",
         "python -m experiments.sbm_scaling --threads 1 --rounds 3 --out results/scaling",
     ),
     figures=("scaling", "sbm_scaling"),
