@@ -34,25 +34,11 @@ from experiments import grid, scaling
 from experiments.claims import matched_cost
 
 STAGES = ("correctness", "entry", "scaling", "frontier")
-SCALING_METHODS = (
-    "full",
-    "full-bf16",  # SDPA under bf16 autocast: the FlashAttention class, beside float32's kernel
-    "full-ref",
-    "sbm",
-    "sbm@0.01",  # SBM at densities set through its memberships (sbm_transformer.at_density)
-    "sbm@0.05",
-    "sbm@0.26",
-    "sbm@0.01/tile",  # the tile path (sbm_tile.py): its cost is the same at any density
-    "sbm@0.26/tile",
-    "ssa",
-    "kernel",
-    "window",
-    "bigbird",
-    "reformer",
-    "performer",
-    "linformer",
-    "nystromformer",
-    "linear",
+# full-bf16: SDPA under bf16 autocast, the FlashAttention class, beside float32's kernel; sbm@D: SBM at density D set
+# through its memberships (sbm_transformer.at_density); /tile: its tile path (sbm_tile.py), the same cost at any density
+SCALING_METHODS = tuple(
+    "full full-bf16 full-ref sbm sbm@0.01 sbm@0.05 sbm@0.26 sbm@0.01/tile sbm@0.26/tile ssa kernel window bigbird "
+    "reformer performer linformer nystromformer linear".split()
 )
 # method → its own training command; SBM first, a stage cut short losing the last, on 10 steps (0.2-0.4 s a step at
 # this size on an H200, 10-20× full attention's), on its tile path (Triton), its fast path (linear in its edges) and
@@ -85,6 +71,11 @@ FRONTIER = {  # size → recall's length, steps and evaluation; the model is the
 }
 
 
+def slug(text: str) -> str:
+    """A folder name for TEXT: lower case, each run of other characters one hyphen."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
 def frontier_settings(n: int, sbm_path: str = "fast") -> dict:
     """label → (entry point, its options): full attention, and each family at 12.5% of the pairs at length n (a
     Reformer round scores 2C keys, a routed query its own block and one more, a full head is 1/8 of the heads);
@@ -110,7 +101,7 @@ def fastest_sbm_path(scaling: list, n: int, out: Path) -> str:
     density SBM starts from (26%), at length n where measured, else at the shortest length measured. Chosen before
     training: a tile costs the same at any density, the edge path more as SBM's learned density rises."""
     for path in ("tile", "fast"):
-        if any((out / "frontier" / f"sbm-{path}-path" / f).exists() for f in ("checkpoint.pt", "metrics.json")):
+        if any((out / "frontier" / slug(f"sbm ({path} path)") / f).exists() for f in ("checkpoint.pt", "metrics.json")):
             return path
     timed = [r for r in scaling if r["method"] in ("sbm", "sbm@0.26/tile") and "error" not in r]
     at = n if any(r["n"] == n for r in timed) else min((r["n"] for r in timed), default=n)
@@ -281,7 +272,7 @@ def frontier_rows(device: str, size: str, deadline: float, out: Path, scaling: l
     recipe = {**matched_cost.MODEL, "lr": "1e-3", **FRONTIER[size]}
     n, rows = recipe["seq_len"], []
     for label, (entry, options) in frontier_settings(n, fastest_sbm_path(scaling, n, out)).items():
-        folder = out / "frontier" / re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+        folder = out / "frontier" / slug(label)
         record = read_json(folder / "metrics.json") or {}
         result = {"code": 0}
         if record.get("status") != "complete" and left(deadline) >= 20:
@@ -396,8 +387,7 @@ def main(argv=None) -> int:
         p.error("--device cpu measures nothing a GPU would: add --tiny (the job's own check)")
     size = "tiny" if args.tiny else "full"
     name = torch.cuda.get_device_name(device) if device != "cpu" else "cpu"
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    out = Path(args.out or grid.ROOT / "results" / "gpu" / slug)
+    out = Path(args.out or grid.ROOT / "results" / "gpu" / slug(name))
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget
     record = {
