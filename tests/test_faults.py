@@ -225,6 +225,9 @@ def interrupt(out, args, ready):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell without job control starts a background command with SIGINT ignored, and children inherit that
+        # (the run then never sees the signal): give the run the disposition a terminal's Ctrl-C meets.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 120
     try:
