@@ -571,7 +571,8 @@ def test_a_claim_s_cells_wait_for_their_family_s_learning_rate_and_then_take_the
 
 def test_the_whole_claim_runs_its_learning_rates_then_the_first_budgets_then_the_rest(tmp_path, monkeypatch):
     """One command runs matched-cost in its phases: every learning rate first (a cell waiting on its family's rates
-    is not skipped ahead of), then every task's 12.5% and 25% settings, then the rest, each phase one grid wave."""
+    is not skipped ahead of), then every task's 12.5% and 25% settings, then its 6.25% ones, then the rest, each
+    phase one grid wave."""
     from experiments import claims, grid
     from experiments.claims import matched_cost as mc
 
@@ -585,7 +586,7 @@ def test_the_whole_claim_runs_its_learning_rates_then_the_first_budgets_then_the
 
     monkeypatch.setattr(grid, "run_cells", run_cells)
     assert claims.run_claim(mc.CLAIM, tmp_path, "*", 2) == 0
-    assert waves == [{0}, {1}, {2}]
+    assert waves == [{0}, {1}, {2}, {3}]
     runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
     assert len(runs) == len(mc.CLAIM.cells(tmp_path / "runs")) == 44 + 650  # no rate beyond 1e-3, an inside best
 

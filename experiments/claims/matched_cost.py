@@ -58,7 +58,7 @@ FIXED = ("window", "bigbird", "head allocation", "layer allocation")
 ADAPTIVE = ("reformer", "block router", "sbm", "hybrid: reformer", "hybrid: block router", "hybrid: sbm")
 # Every family's learning rate is chosen on recall (one model and recipe for every task) and taken by every task.
 RATE_TASK = "recall"
-# The budgets run first; the others follow where core-hours remain (a run of 1,000 steps: ~150 s on one thread).
+# These budgets run first, then the lower ones, then the rest (a run of 1,000 steps: ~150 s on one thread).
 FIRST_BUDGETS = (0.125, 0.25)
 
 
@@ -179,12 +179,14 @@ def leads(budget: Optional[float]) -> bool:
 
 
 def phase(cell: dict) -> int:
-    """The order the claim runs in: the learning rates (0), every task's settings at the first budgets (1), the
-    others (2); a later phase waits until the earlier ones are done (Claim.phase)."""
+    """The order the claim runs in: the learning rates (0), every task's settings at the first budgets (1), those
+    below them (2), which the first budgets' verdicts wait for too (a 6.25% setting counts at 12.5%), then the others
+    (3); a later phase waits until the earlier ones are done (Claim.phase)."""
     if "-lr" in cell["name"]:
         return 0
     name = cell["name"].rsplit("-s", 1)[0]
-    return 1 if leads(next(d[name] for d in designed().values() if name in d)) else 2
+    budget = next(d[name] for d in designed().values() if name in d)
+    return 1 if leads(budget) else 2 if budget < min(FIRST_BUDGETS) else 3
 
 
 @functools.cache  # phase() asks it once per cell
