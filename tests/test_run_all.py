@@ -428,12 +428,20 @@ def test_a_rerun_compares_a_record_with_its_command_and_a_missing_one_is_one_lin
 
     def run(command, **_):  # the same command again, but its record says other things
         changed = dict(published, test=0.5, extra=1, wall_time_s=0.0, config=dict(published["config"], out="x"))
+        changed["versions"] = dict(published["versions"], cpu=processor)
         (Path(command[command.index("--out") + 1]) / "metrics.json").write_text(json.dumps(changed))
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(claims.subprocess, "run", run)
+    processor = published["versions"]["cpu"]
     changed = here("experiments.claims", "rerun", "matched-cost", cell["name"], check=False)
     assert changed.returncode == 1 and changed.stdout.endswith("differs in extra, test\n")  # not times, not --out
+    processor = "Another CPU, AVX2"  # where the processors differ, the rerun names both
+    changed = here("experiments.claims", "rerun", "matched-cost", cell["name"], check=False).stdout.splitlines()
+    assert changed[-2].endswith("differs in extra, test") and changed[-1] == (
+        f"recorded on {published['versions']['cpu']}, rerun on Another CPU, AVX2: a rerun is bit-identical on the "
+        "same kind of processor only"
+    )
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):

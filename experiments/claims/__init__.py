@@ -113,7 +113,7 @@ def comparable(record: dict) -> dict:
 def rerun(claim: Claim, out: Path, name: str) -> int:
     """The recorded cell NAME's command again, in a scratch folder, on as many threads as the record's (its device
     says; float sums differ between thread counts); its record beside the published one, field by field (every
-    field but times and memory). 0 when they are identical."""
+    field but times, memory and versions), and, where they differ, the processors of both. 0 when identical."""
     record = read_json(out / "runs" / name / "metrics.json") or {}
     cell = next((c for c in claim.cells(out / "runs") if c["name"] == name), None)
     if cell is None or record.get("status") != "complete":
@@ -125,12 +125,18 @@ def rerun(claim: Claim, out: Path, name: str) -> int:
         env = {**os.environ, "OMP_NUM_THREADS": threads.group(1) if threads else "1"}
         if subprocess.run(command, cwd=grid.ROOT, env=env).returncode:
             raise SystemExit(f"python -m experiments.claims rerun: {shlex.join(cell['command'])} failed")
-        again = comparable(read_json(Path(scratch) / "metrics.json") or {})
-    published = comparable(record)
+        rerun_record = read_json(Path(scratch) / "metrics.json") or {}
+    published, again = comparable(record), comparable(rerun_record)
     differing = sorted(k for k in {*published, *again} if published.get(k) != again.get(k))
     print(
         f"{name}: " + (f"differs in {', '.join(differing)}" if differing else f"identical in {len(published)} fields")
     )
+    recorded_on, rerun_on = (r.get("versions", {}).get("cpu") for r in (record, rerun_record))
+    if differing and recorded_on != rerun_on:  # float sums differ between kinds of processor (bench.loop.cpu_kind)
+        print(
+            f"recorded on {recorded_on or 'a CPU its record does not name'}, rerun on {rerun_on}: a rerun is "
+            "bit-identical on the same kind of processor only"
+        )
     return 1 if differing else 0
 
 
