@@ -15,7 +15,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -418,26 +417,10 @@ def final_record(run: Run) -> Optional[dict]:
         "train_time_s": done.elapsed,
         "wall_time_s": None,  # finish() sets the whole run's
         "param_fingerprints": fingerprints,
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "cpu": cpu_kind(),
-        },
+        "versions": measure.versions(),
         "allocator": {k: os.environ[k] for k in ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_") if k in os.environ},
         "config": cfg.as_record(),
     }
-
-
-def cpu_kind() -> str:
-    """The processor and the instruction set torch's CPU kernels dispatch to on it. Kernels of different vector
-    widths (and vendors' BLAS paths) sum floats in different orders, so a rerun is bit-identical on the same kind."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            model = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):  # not Linux, or no model named
-        model = platform.processor() or platform.machine()
-    return f"{model}, {torch.backends.cpu.get_cpu_capability()}"
 
 
 def finish(run: Run, record: Optional[dict]) -> None:

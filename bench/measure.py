@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils import flop_counter
@@ -357,6 +358,16 @@ def device_name(device: torch.device) -> str:
         return f"cuda ({torch.cuda.get_device_name(device)})"
     threads = torch.get_num_threads()
     return f"cpu ({platform.processor() or platform.machine()}, {threads} thread{'s' * (threads > 1)})"
+
+
+def versions() -> dict:
+    """What a record's numbers came from, the processor among them with the instruction set torch's kernels dispatch
+    to on it: kernels of other vector widths sum floats in other orders, so reruns are bit-identical on one kind."""
+    model = platform.machine()  # where /proc/cpuinfo names no model
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    cpu = f"{model}, {torch.backends.cpu.get_cpu_capability()}"
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__, "cpu": cpu}
 
 
 def synchronize(device: torch.device) -> None:

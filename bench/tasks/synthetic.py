@@ -39,22 +39,18 @@ class Duplicates(ExampleSetTask):
         # The paper (§5.1, Table 7): one layer, one head, 32 dims, FFN 32, a fresh batch of 256 sequences for
         # each of 2000 steps, lr 1e-3. That is affordable on 2 CPU cores (about 4 minutes), so both presets
         # use it; with 8× fewer sequences (batch 32) full attention stalled near 82% token accuracy.
-        paper = Preset(
+        paper = Preset(  # the rest Preset's defaults: head dim 32, lr 1e-3, 100 warm-up steps, 32 final batches
             seq_len=256,
             dim=32,
             depth=1,
             heads=1,
-            head_dim=32,
             mlp_dim=32,
             dropout=0.0,
             steps=2000,
             batch_size=256,
-            lr=1e-3,
             weight_decay=0.0,
-            warmup=100,
             eval_every=250,
             eval_batches=4,
-            final_eval_batches=32,
         )
         super().__init__(
             "duplicates",
@@ -102,19 +98,12 @@ class Recall(ExampleSetTask):
     TOKENS_PER_PAIR = 8  # K = N / 8; MQAR (arXiv 2312.04927) varies K as its difficulty axis: the subclasses below
 
     def __init__(self, name: str = "recall"):
-        cpu = Preset(
+        cpu = Preset(  # the rest Preset's defaults: width 64, 2 layers of 2 heads × 32, MLP 128, lr 1e-3, warm-up 100
             seq_len=64,
-            dim=64,
-            depth=2,
-            heads=2,
-            head_dim=32,
-            mlp_dim=128,
             dropout=0.0,
             steps=1500,
             batch_size=64,
-            lr=1e-3,
             weight_decay=0.0,
-            warmup=100,
             eval_every=250,
             eval_batches=4,
             final_eval_batches=16,

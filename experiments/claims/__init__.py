@@ -132,7 +132,7 @@ def rerun(claim: Claim, out: Path, name: str) -> int:
         f"{name}: " + (f"differs in {', '.join(differing)}" if differing else f"identical in {len(published)} fields")
     )
     recorded_on, rerun_on = (r.get("versions", {}).get("cpu") for r in (record, rerun_record))
-    if differing and recorded_on != rerun_on:  # float sums differ between kinds of processor (bench.loop.cpu_kind)
+    if differing and recorded_on != rerun_on:  # float sums differ between kinds of processor (bench.measure.versions)
         print(
             f"recorded on {recorded_on or 'a CPU its record does not name'}, rerun on {rerun_on}: a rerun is "
             "bit-identical on the same kind of processor only"

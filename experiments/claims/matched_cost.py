@@ -179,13 +179,11 @@ def leads(budget: Optional[float]) -> bool:
 
 
 def phase(cell: dict) -> int:
-    """The order the claim runs in: the learning rates (0), every task's settings at the first budgets (1), those
-    below them (2), which the first budgets' verdicts wait for too (a 6.25% setting counts at 12.5%), then the others
-    (3); a later phase waits until the earlier ones are done (Claim.phase)."""
+    """The order the claim runs in (a phase waits for the earlier ones): the learning rates (0), every task's settings
+    at the first budgets (1), those below them, which count at 12.5% too (2), then the others (3)."""
     if "-lr" in cell["name"]:
         return 0
-    name = cell["name"].rsplit("-s", 1)[0]
-    budget = next(d[name] for d in designed().values() if name in d)
+    budget = next(d[n] for d in designed().values() for n in [cell["name"].rsplit("-s", 1)[0]] if n in d)
     return 1 if leads(budget) else 2 if budget < min(FIRST_BUDGETS) else 3
 
 
