@@ -58,7 +58,7 @@ FIXED = ("window", "bigbird", "head allocation", "layer allocation")
 ADAPTIVE = ("reformer", "block router", "sbm", "hybrid: reformer", "hybrid: block router", "hybrid: sbm")
 # Every family's learning rate is chosen on recall (one model and recipe for every task) and taken by every task.
 RATE_TASK = "recall"
-# These budgets run first, then the lower ones, then the rest (a run of 1,000 steps: ~150 s on one thread).
+# These budgets run first, then the lower ones, which count at 12.5% too, then the rest (1,000 steps: ~150 s a run).
 FIRST_BUDGETS = (0.125, 0.25)
 
 
@@ -179,11 +179,11 @@ def leads(budget: Optional[float]) -> bool:
 
 
 def phase(cell: dict) -> int:
-    """The order the claim runs in (a phase waits for the earlier ones): the learning rates (0), every task's settings
-    at the first budgets (1), those below them, which count at 12.5% too (2), then the others (3)."""
+    """The run order (each phase waits for the earlier): learning rates 0, first budgets 1, those below 2, others 3."""
     if "-lr" in cell["name"]:
         return 0
-    budget = next(d[n] for d in designed().values() for n in [cell["name"].rsplit("-s", 1)[0]] if n in d)
+    name = cell["name"].rsplit("-s", 1)[0]
+    budget = next(d[name] for d in designed().values() if name in d)
     return 1 if leads(budget) else 2 if budget < min(FIRST_BUDGETS) else 3
 
 
