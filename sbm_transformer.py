@@ -364,7 +364,10 @@ class Edges:
         N, M = mask.shape[-2:]
         R = mask.numel() // max(N * M, 1)
         row, j = mask.reshape(R * N, M).nonzero(as_tuple=True)  # row-major: sorted by (row, j)
-        return cls.from_csr(_offsets(fastrg.count_integers(row, R * N)), (row // N * M + j).int(), R, N, M)
+        ptr = _offsets(fastrg.count_integers(row, R * N))
+        # off the CPU, work is cut at whole graphs from their offsets on the host: one read, after nonzero's
+        graph_ptr = ptr[::N].cpu().numpy().astype(np.int64) if fastrg.host_syncs(mask.device) else None
+        return cls.from_csr(ptr, (row // N * M + j).int(), R, N, M, graph_ptr=graph_ptr)
 
     def key_major(self) -> tuple:
         """(col_ptr (R·M + 1,), blocks), built a block of whole graphs (about BLOCK edges, chunk_size) at a time. Block

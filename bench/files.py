@@ -203,7 +203,8 @@ class Progress:
             **{
                 **state,
                 "step_times": list(state["step_times"]),
-                "train_density": list(density) if density is not None else [],
+                # on the CPU, where the steps to come add theirs (loop.py), whatever device the checkpoint loaded onto
+                "train_density": list(density.cpu()) if density is not None else [],
             }
         )
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bench import train as harness
-from bench.files import load_checkpoint
+from bench.files import Progress, load_checkpoint
 from bench.tasks import TASKS
 from bench.tasks.synthetic import ListOps
 from conftest import DATA as SHARED_DATA, ROOT, exit_code, valid_steps
@@ -204,6 +204,16 @@ def kill_when_checkpointed(args: list, out: Path, after: int) -> int:
     proc.wait()
     assert not (out / "metrics.json").exists(), "the run finished before it could be killed"
     return load_checkpoint(out / "checkpoint.pt")["progress"]["step"]
+
+
+@pytest.mark.on_device
+def test_a_checkpoint_loaded_onto_the_device_resumes_beside_the_new_steps(device):
+    """A resumed run's densities stack with the new steps' at the end: a checkpoint loaded onto a CUDA device once
+    left them there, and the run failed at its record after its last step."""
+    saved = Progress(step=2, step_times=[1.0, 1.0], train_density=[torch.full((2,), 0.5, device=device)] * 2)
+    resumed = Progress.of(saved.state())
+    resumed.train_density += [torch.full((2,), 0.25)] * 2  # as loop.py appends each step's
+    assert torch.stack(resumed.train_density).mean(0).tolist() == [0.375, 0.375]
 
 
 def test_resume_after_a_kill_ends_with_the_metrics_of_an_uninterrupted_run(tmp_path):
