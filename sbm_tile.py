@@ -18,8 +18,8 @@ Deviation: u has 24 random bits (multiples of 2⁻²⁴), so a probability acts 
 
 Besides y the forward keeps one float per query (the softmax's log-normaliser) and an edge count per tile; the
 backward recomputes the tiles twice (queries: dQ, dx; keys: dK, dV, dw), without atomics, so every run gives the
-same bits. Products run in strict IEEE float32 (float64 for float64 inputs; δ, 1/√D and the dropout rate enter as
-float32 scalars): no TF32, so the kernel matches the reference path. Nothing reads a size on the host: no
+same bits. Products run in strict IEEE float32 (float64 for float64 inputs, on the CPU only; δ, 1/√D and the dropout
+rate enter as float32 scalars): no TF32, so the kernel matches the reference path. Nothing reads a size on the host: no
 synchronisation in forward or backward. M = N: a sequence attends to itself (causality, self-loops).
 
 `sample_mask` is the kernel's mask in plain torch (the same hash, the same draws): with the reference path given
@@ -42,7 +42,10 @@ except ImportError as error:  # the one part of SBM-Transformer that needs trito
 
 # The kernels are built for the CPU interpreter when TRITON_INTERPRET=1 is set at import (triton reads it then).
 INTERPRETED = bool(triton.knobs.runtime.interpret)
-BLOCK = tl.constexpr(64)  # queries (keys) a tile; fixed, no autotuning
+# Queries (keys) a tile, fixed, no autotuning, and one pipeline stage: shared memory then stays within the 227 KiB a
+# block may hold on an H100/H200 up to head dim and clusters 256 (204 KiB; triton 3.6, compiled for sm_90). Tiles of
+# 64 with triton's default 3 stages asked 257 KiB at head dim 64 and 128 clusters, and failed there.
+BLOCK, STAGES = tl.constexpr(32), 1
 DTYPES = (torch.float32, torch.float64)
 
 # ---- the law: one Philox draw per pair, and its torch twin ------------------------------------------------------
@@ -297,7 +300,7 @@ class TileAttention(torch.autograd.Function):
         y, lse = torch.empty_like(q), q.new_empty(B, H, N)
         count = torch.empty(grid[::-1], dtype=torch.int32, device=q.device)  # (B·H, tiles) edges a tile
         inputs, scalars = (q, k, v, x, w, valid, seed), (N, D, x.shape[-1], D**-0.5, delta, p_drop)
-        flags = {"BD": _width(D), "BK": _width(x.shape[-1]), "CAUSAL": causal, "SELF_LOOPS": self_loops}
+        flags = dict(BD=_width(D), BK=_width(x.shape[-1]), CAUSAL=causal, SELF_LOOPS=self_loops, num_stages=STAGES)
         _forward[grid](inputs, (y, lse, count), scalars, **flags)
         ctx.save_for_backward(*inputs, y, lse)
         ctx.grid, ctx.scalars, ctx.flags = grid, scalars, dict(flags, PAPER=ste == "paper")
@@ -335,6 +338,8 @@ def attend(q, k, v, graph: dict, valid: Tensor, p_drop: float, ste: str, generat
         )
     if q.dtype not in DTYPES or any(t.dtype != q.dtype for t in (k, v, x, w)):
         raise ValueError(f"the tile path takes float32 or float64, got {[t.dtype for t in (q, k, v, x, w)]}")
+    if q.is_cuda and q.dtype == torch.float64:  # triton 3.6 stops at its float64 product of a product (P·V, sm_80/90)
+        raise ValueError("the tile path takes float32 on CUDA; float64 runs on the CPU under TRITON_INTERPRET=1")
     # no host synchronisation: on CUDA a NaN or infinite membership stops the next synchronising call
     torch._assert_async(torch.isfinite(x).all() & torch.isfinite(w).all(), "the tile path's memberships must be finite")
     seed = draw_seed(generator, q.device)

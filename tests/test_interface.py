@@ -403,6 +403,10 @@ def test_contract(variant, index):
         with pytest.raises(ValueError, match="causal"):
             run(module, x, pad, True, case, draw)
         return
+    if case.budget.get("path") == "tile" and DEVICE.type == "cuda" and case.dtype == torch.float64:
+        with pytest.raises(ValueError, match="float32 on CUDA"):  # sbm_tile.attend: triton does not compile it there
+            run(module, x, pad, case.causal, case, draw)
+        return
 
     # Shapes, finite outputs, float32 math under autocast, the statistics; the global RNG untouched.
     rng_state = torch.get_rng_state()

@@ -10,16 +10,19 @@ run them compiled on SPARSE_ATTN_TEST_DEVICE=cuda.
   1e-5): padded and causal cases, self-loops, both estimators; dropout against the same expression with the twin's
   dropout draws;
 - memory linear in N: no op makes an N × N tensor; on CUDA no host synchronisation (torch's sync debug mode);
+- the kernels compiled for sm_90 (H100/H200) fit a block's shared memory, checked on any machine;
 - bad input: no triton, a CPU tensor without the interpreter, a non-finite membership, another dtype, a given mask
   off the reference path, a second derivative: one clear error each.
 """
 
 import copy
+import os
+import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, ROOT
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -271,3 +274,36 @@ def test_a_second_derivative_is_refused():
     y, _ = SBMAttention(8, 2, 4, clusters=2, path="tile")(x)
     with pytest.raises(RuntimeError, match="no second derivative"):
         torch.autograd.grad(y.square().sum(), x, create_graph=True)
+
+
+SHARED_MEMORY = 232_448  # bytes a block may hold on an H100/H200
+COMPILE = """
+import sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import sbm_tile
+width, p = int(sys.argv[1]), "*fp32"
+inputs, scalars = (p,) * 5 + ("*u8", "*i64"), ("i32",) * 3 + ("fp32",) * 3
+kernels = {"_forward": {"outputs": (p, p, "*i32")}, "_backward_queries": {"grads": (p,) * 4, "outputs": (p, p)},
+           "_backward_keys": {"grads": (p,) * 4, "outputs": (p,) * 3}}
+for name, args in kernels.items():
+    const = dict(BD=width, BK=width, CAUSAL=True, SELF_LOOPS=True, **({} if name == "_forward" else {"PAPER": True}))
+    signature = {"inputs": inputs, **args, "scalars": scalars, **dict.fromkeys(const, "constexpr")}
+    source = ASTSource(getattr(sbm_tile, name), signature, const)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_stages": sbm_tile.STAGES})
+    print(name, kernel.metadata.shared)
+"""
+
+
+def test_the_kernels_compiled_for_an_h200_fit_a_block_s_shared_memory(tmp_path):
+    """Compiled for sm_90 by the installed triton, which needs no GPU for it (its ptxas ships with it), at head dim and
+    clusters 128: each kernel within a block's shared memory. Tiles of 64 with triton's default 3 stages asked 263,296
+    bytes at head dim 64 and 128 clusters on an H200, and the kernels did not run there; at 128, 240 KiB with one."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compiled, not interpreted,
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # and compiled now, not read from an earlier compilation
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE, "128"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    shared = {name: int(size) for name, size in map(str.split, result.stdout.splitlines())}
+    assert len(shared) == 3 and max(shared.values()) <= SHARED_MEMORY, shared
