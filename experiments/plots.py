@@ -198,9 +198,11 @@ def matched_costs(records: List[dict], path: Path, gpu: Dict[str, List[dict]]) -
         ax.set_title(task, fontsize=9, loc="left")
         log_x(ax)
     for ax, (device, rs) in zip(axes.flat[len(mc.TASKS) :], gpu.items()):
-        for r in rs:
+        for k, r in enumerate(rs, 1):  # numbered points, named in a list where the panel is empty: no label overlaps
             ax.scatter([r["median_step_ms"]], [r["test"]], s=14, color="k")
-            ax.text(r["median_step_ms"], r["test"], " " + r["folder"].name, fontsize=6, va="bottom")
+            ax.annotate(str(k), (r["median_step_ms"], r["test"]), xytext=(2, 2), textcoords="offset points", fontsize=6)
+        listed = "\n".join(f"{k} {r['folder'].name}" for k, r in enumerate(rs, 1))
+        ax.text(0.98, 0.55, listed, transform=ax.transAxes, fontsize=6, ha="right", va="center")
         ax.set_title(f"{device}: recall at {rs[0]['config']['seq_len']:,} tokens, seed 0", fontsize=9)
         log_x(ax)
     for ax in axes.flat[len(panels) :]:
