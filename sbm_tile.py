@@ -19,8 +19,8 @@ Deviation: u has 24 random bits (multiples of 2⁻²⁴), so a probability acts 
 Besides y the forward keeps one float per query (the softmax's log-normaliser) and an edge count per tile; the
 backward recomputes the tiles twice (queries: dQ, dx; keys: dK, dV, dw), without atomics, so every run gives the
 same bits. Products run in strict IEEE float32 (float64 for float64 inputs, on the CPU only; δ, 1/√D and the dropout
-rate enter as float32 scalars): no TF32, so the kernel matches the reference path. Nothing reads a size on the host: no
-synchronisation in forward or backward. M = N: a sequence attends to itself (causality, self-loops).
+rate enter as float32 scalars): no TF32, so the kernel matches the reference path. Nothing reads a size on the host:
+no synchronisation in forward or backward. M = N: a sequence attends to itself (causality, self-loops).
 
 `sample_mask` is the kernel's mask in plain torch (the same hash, the same draws): with the reference path given
 that mask (SBMAttention.forward(..., mask=)), the reference path is the kernel's oracle.
