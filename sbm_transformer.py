@@ -16,11 +16,9 @@ one key (a token and its duplicate) the density is at least recall² (tests: the
 
 Three paths draw the same law of M and give the same outputs and gradients on one edge set (tests):
 `path="reference"` (default) forms P and a dense mask, O(N²k), as the official code does; `path="fast"` draws the
-edges with fastRG (fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E), no N × M
-tensor: for long sequences at low density on a CPU (on an H200 13-19× float32 SDPA's time at ~26% density, passing
-it only at 1% from 16,384 tokens, and 8-14× bf16 SDPA's at 1%: results/gpu); `path="tile"` (sbm_tile.py, triton;
-float32 on CUDA) hashes each pair's draw inside a tiled kernel, O(N²(d + k)) time, memory linear in N. Departures
-from the paper are named where they act.
+edges with fastRG (fastrg.py, Algorithm 1), made exact by thinning, and attends on them alone, O(E): for long
+sequences at low density (its GPU costs: results/gpu); `path="tile"` (sbm_tile.py, triton; float32 on CUDA) draws
+each pair inside a tiled kernel, O(N²(d + k)) time, memory linear in N.
 
     python sbm_transformer.py --task listops                          # Table 1's setting (λ = 0), CPU preset
     python sbm_transformer.py --task listops --density-weight 1e-2    # Table 2's λ
@@ -29,7 +27,6 @@ from the paper are named where they act.
     python sbm_transformer.py --task listops --self-loops             # Table 8's (+I)
     python sbm_transformer.py --task duplicates --preset paper       # §5.1, Fig. 4: density → 1
     python -m experiments.sbm_scaling                                       # core and module against full attention
-    python -m pytest -q tests/test_sbm_transformer.py
 (`python -m bench.train --method sbm ...` runs the same code; `--help` lists every option.)
 
 Shape legend: B batch, H heads, N queries, M keys (M = N here), D = d head dim, K = k clusters, E edges,
