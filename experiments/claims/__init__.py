@@ -137,6 +137,10 @@ def rerun(claim: Claim, out: Path, name: str) -> int:
             f"recorded on {recorded_on or 'a CPU its record does not name'}, rerun on {rerun_on}: a rerun is "
             "bit-identical on the same kind of processor only"
         )
+    if differing and threads and threads.group(1) != "1":  # on 2 threads one process in ~20 did (tests/test_run_all)
+        print(
+            f"recorded on {threads.group(1)} threads: such a rerun may differ in the last digits; one thread's do not"
+        )
     return 1 if differing else 0
 
 
