@@ -446,7 +446,7 @@ def test_a_rerun_compares_a_record_with_its_command_and_a_missing_one_is_one_lin
     )
     record.write_text(json.dumps(dict(published, device="cpu (x86_64, 2 threads)")))  # a record of two threads
     changed = here("experiments.claims", "rerun", "matched-cost", cell["name"], check=False).stdout.splitlines()
-    assert changed[-1] == "recorded on 2 threads: such a rerun may differ in the last digits; one thread's do not"
+    assert changed[-1] == "recorded on 2 threads: such reruns may differ in the last digits; one thread's do not"
 
 
 def test_a_second_grid_on_one_folder_is_refused_naming_the_holder(tmp_path):

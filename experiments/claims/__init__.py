@@ -138,9 +138,7 @@ def rerun(claim: Claim, out: Path, name: str) -> int:
             "bit-identical on the same kind of processor only"
         )
     if differing and threads and threads.group(1) != "1":  # on 2 threads one process in ~20 did (tests/test_run_all)
-        print(
-            f"recorded on {threads.group(1)} threads: such a rerun may differ in the last digits; one thread's do not"
-        )
+        print(f"recorded on {threads.group(1)} threads: such reruns may differ in the last digits; one thread's do not")
     return 1 if differing else 0
 
 
